@@ -1,0 +1,47 @@
+# onceflow: the two commands of the README are `make run` and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+ONCEFLOW := $(BIN)/onceflow
+STAMP := $(VENV)/.installed
+RUN_RATE ?= 200
+RUN_SECONDS ?= 3600
+
+.PHONY: setup run stop status test test-unit test-integration clean
+
+$(STAMP): requirements.txt constraints.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q -r requirements.txt -c constraints.txt
+	$(BIN)/pip install -q --no-deps -e .
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## run: the embedded stack (Kafka broker, topics), the generator and the exactly-once job, all detached.
+run: setup
+	$(ONCEFLOW) stack up
+	$(ONCEFLOW) produce --detach --rate $(RUN_RATE) --duration $(RUN_SECONDS) --late 0.01 --malformed 0.01
+	$(ONCEFLOW) job start --wait 300
+	@$(ONCEFLOW) where
+
+stop: setup
+	$(ONCEFLOW) stack down
+
+status: setup
+	$(ONCEFLOW) stack status; $(ONCEFLOW) job status
+
+## test: unit tests, then integration tests against a real broker and real Spark (started and stopped here).
+test: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+test-unit: setup
+	$(BIN)/python -m pytest -q tests/unit
+
+test-integration: setup
+	$(BIN)/python -m pytest -q tests/integration
+
+clean:
+	-$(ONCEFLOW) stack down
+	rm -rf var/kafka var/checkpoints var/run var/log

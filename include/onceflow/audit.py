@@ -1,0 +1,105 @@
+"""Read back what the platform committed (ledger, group offsets, sink, DLQ, source) and check I1-I4.
+
+The reading is plain Kafka consumption with `isolation.level=read_committed`; the deciding is in
+`onceflow.invariants`. Used by the tests today and by the reconciliation later.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+
+from . import invariants, kafka_clients, records
+from .config import Settings
+from .ledger import LedgerEntry
+
+
+@dataclass(frozen=True)
+class Msg:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict
+
+
+def read_topic(settings: Settings, topic: str, isolation: str = "read_committed",
+               timeout_s: float = 120.0) -> list[Msg]:
+    """Every visible record of a topic, from the beginning to the end (the LSO under read_committed)."""
+    import time
+
+    c = kafka_clients.read_committed_consumer(settings, **{"isolation.level": isolation,
+                                                           "enable.partition.eof": True,
+                                                           "fetch.max.bytes": 52428800})
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        if md.error is not None:
+            raise KafkaException(md.error)
+        parts = sorted(md.partitions)
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        pending = set(parts)
+        out: list[Msg] = []
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} did not reach the end of partitions {sorted(pending)}")
+            msg = c.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition())
+                    continue
+                raise KafkaException(msg.error())
+            out.append(Msg(msg.partition(), msg.offset(), msg.key(), msg.value(),
+                           {k: v for k, v in (msg.headers() or [])}))
+        return out
+    finally:
+        c.close()
+
+
+def ledger_entries(settings: Settings, app: str | None = None, kind: str = "stream") -> list[LedgerEntry]:
+    app = app or settings.app_id
+    out = []
+    for m in read_topic(settings, settings.ledger_topic):
+        if m.key == app.encode():
+            e = LedgerEntry.from_json(m.value)
+            if e.kind == kind:
+                out.append(e)
+    return out
+
+
+def committed_offsets(settings: Settings, partitions: Iterable[int]) -> dict[int, int]:
+    c = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
+    try:
+        got = kafka_clients.committed(c, [TopicPartition(settings.source_topic, p) for p in partitions])
+        return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
+    finally:
+        c.close()
+
+
+def source_records(settings: Settings) -> list[invariants.SourceRecord]:
+    """The source, classified by the reference parser (independent of Spark)."""
+    out = []
+    for m in read_topic(settings, settings.source_topic):
+        p = records.parse(m.value)
+        out.append(invariants.SourceRecord(m.partition, m.offset, p.ts_us, p.ip, p.reason))
+    return out
+
+
+def dlq_provenance(msgs: Iterable[Msg]) -> list[tuple[int, int]]:
+    return [(int(m.headers["onceflow.source.partition"]), int(m.headers["onceflow.source.offset"]))
+            for m in msgs]
+
+
+def audit(settings: Settings, source: list[invariants.SourceRecord] | None = None) -> invariants.Report:
+    """Check I1-I4 for the live job's committed history against the source as it is on the broker."""
+    entries = ledger_entries(settings)
+    parts = sorted({p for e in entries for p in e.ranges}) or list(range(settings.source_partitions))
+    committed = committed_offsets(settings, parts)
+    src = source if source is not None else source_records(settings)
+    sink = [invariants.SinkRecord(m.key.decode(), m.value, m.partition, m.offset)
+            for m in read_topic(settings, settings.sink_topic)]
+    dlq = dlq_provenance(read_topic(settings, settings.dlq_topic))
+    return invariants.check(entries, committed, src, sink, dlq, settings.window_s)

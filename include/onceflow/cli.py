@@ -1,0 +1,201 @@
+"""`onceflow`: the command line of the platform (stack, produce, job)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from . import config
+
+
+def _print(obj, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(obj, indent=2, default=str, sort_keys=True))
+    else:
+        for k, v in obj.items():
+            print(f"{k}: {json.dumps(v, default=str) if isinstance(v, (dict, list)) else v}")
+
+
+def _ts_ms(text: str) -> int:
+    if text.isdigit():
+        return int(text)
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def cmd_stack(args, s: config.Settings) -> int:
+    from . import stack
+
+    if args.action == "up":
+        _print(stack.up(s), args.json)
+    elif args.action == "down":
+        _print(stack.down(s), args.json)
+    else:
+        st = stack.status(s)
+        _print(st, args.json)
+        return 0 if st["broker"]["running"] else 1
+    return 0
+
+
+def cmd_produce(args, s: config.Settings) -> int:
+    from . import generator as g
+
+    if args.detach:
+        from . import procs
+
+        argv = [sys.executable, "-m", "onceflow.cli"] + [a for a in sys.argv[1:] if a != "--detach"]
+        proc = procs.spawn_detached(argv, s.log_dir / "generator.log")
+        procs.write_pidfile(g.pidfile(s), proc.pid, "onceflow.cli")
+        _print({"generator_pid": proc.pid, "log": str(s.log_dir / "generator.log")}, args.json)
+        return 0
+
+    spec = g.GeneratorSpec(count=None if args.duration else args.count, duration_s=args.duration, rate=args.rate,
+                           event_rate=args.event_rate, start_ms=_ts_ms(args.start) if args.start else None,
+                           distinct_ips=args.ips, ipv6_fraction=args.ipv6, skew=args.skew,
+                           out_of_order_fraction=args.out_of_order, late_fraction=args.late,
+                           malformed_fraction=args.malformed, json_fraction=args.json_fraction,
+                           tail_s=args.tail, seed=args.seed, watermark_s=s.watermark_s)
+    res = g.generate(s, spec, Path(args.manifest) if args.manifest else None,
+                     progress_every=args.progress_every)
+    _print(vars(res), args.json)
+    return 0
+
+
+def cmd_job(args, s: config.Settings) -> int:
+    from . import jobctl, supervisor
+
+    if args.action == "run":
+        return supervisor.supervise(s)
+    if args.action == "start":
+        info = jobctl.start(s)
+        if args.wait:
+            t0 = int(time.time() * 1000)
+            jobctl.wait_for_commit(s, after_ms=t0 - 1, timeout=args.wait)
+        _print(info | {"status": jobctl.status(s)}, args.json)
+    elif args.action == "stop":
+        _print({"stopped": jobctl.stop(s)}, args.json)
+    elif args.action == "kill":
+        _print({"killed_pid": jobctl.kill(s)}, args.json)
+    else:
+        st = jobctl.status(s)
+        _print(st, args.json)
+        return 0 if st["running"] else 1
+    return 0
+
+
+def cmd_where(args, s: config.Settings) -> int:
+    from . import jobctl
+
+    st = jobctl.status(s)
+    print(f"""
+onceflow is running on the embedded stack.
+  Kafka (KRaft)        {s.bootstrap_servers}   topics: {s.source_topic} -> {s.sink_topic} (+ {s.dlq_topic}, {s.ledger_topic}, {s.events_topic})
+  job                  pid {st['job_pid']}, last committed batch {st['last_batch']}, checkpoint {s.checkpoint}
+  job log              {st['log']}
+Look at the results:
+  .venv/bin/onceflow show sink --limit 10      committed window counts (read_committed)
+  .venv/bin/onceflow show ledger --limit 5     one record per committed batch
+  .venv/bin/onceflow show dlq --limit 5        malformed input with its provenance
+  .venv/bin/onceflow job status --json         progress, rates, watermark, offsets
+  .venv/bin/onceflow audit                     check invariants I1-I4 now
+Stop everything: make stop""")
+    return 0
+
+
+def cmd_show(args, s: config.Settings) -> int:
+    from . import audit
+
+    topic = {"sink": s.sink_topic, "dlq": s.dlq_topic, "ledger": s.ledger_topic, "events": s.events_topic,
+             "source": s.source_topic}[args.what]
+    msgs = audit.read_topic(s, topic)
+    for m in msgs[-args.limit:] if args.limit else msgs:
+        value = m.value.decode(errors="replace") if m.value is not None else None
+        if args.what == "dlq":
+            print(json.dumps({"key": m.key.decode(), "reason": m.headers.get("onceflow.reason", b"").decode(),
+                              "value": value}))
+        else:
+            print(value if args.what != "sink" else f"{m.key.decode()}  {value}")
+    return 0
+
+
+def cmd_audit(args, s: config.Settings) -> int:
+    from . import audit
+
+    rep = audit.audit(s)
+    _print(rep.summary(), True)
+    return 0 if rep.ok else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="onceflow", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    st = sub.add_parser("stack", help="the embedded Kafka broker and topics")
+    st.add_argument("action", choices=["up", "down", "status"])
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=cmd_stack)
+
+    pr = sub.add_parser("produce", help="emulate the NGINX access-log service")
+    pr.add_argument("--count", type=int, default=10_000)
+    pr.add_argument("--duration", type=float, help="seconds to run (needs --rate); overrides --count")
+    pr.add_argument("--rate", type=float, default=0.0, help="records per second (0 = as fast as possible)")
+    pr.add_argument("--event-rate", type=float,
+                    help="records per second of event time (default: --rate, so event time follows the clock)")
+    pr.add_argument("--start", help="event time of the first record (epoch ms or ISO-8601; default now)")
+    pr.add_argument("--ips", type=int, default=1000, help="distinct IPs")
+    pr.add_argument("--ipv6", type=float, default=0.2, help="fraction of IPv6 addresses")
+    pr.add_argument("--skew", type=float, default=0.0, help="Zipf exponent over IPs (0 = uniform)")
+    pr.add_argument("--out-of-order", type=float, default=0.05)
+    pr.add_argument("--late", type=float, default=0.01)
+    pr.add_argument("--malformed", type=float, default=0.01)
+    pr.add_argument("--json-fraction", type=float, default=0.5, help="JSON records; the rest are log lines")
+    pr.add_argument("--tail", type=float, default=0.0,
+                    help="finish with one record per partition this many seconds later, to close windows")
+    pr.add_argument("--seed", type=int, default=1)
+    pr.add_argument("--manifest", help="write what was sent (CSV) to this file")
+    pr.add_argument("--progress-every", type=int, default=0)
+    pr.add_argument("--detach", action="store_true", help="run in the background (stopped by `stack down`)")
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(fn=cmd_produce)
+
+    wh = sub.add_parser("where", help="where everything runs and how to look at the results")
+    wh.set_defaults(fn=cmd_where)
+
+    sh = sub.add_parser("show", help="print committed records of a topic (read_committed)")
+    sh.add_argument("what", choices=["sink", "dlq", "ledger", "events", "source"])
+    sh.add_argument("--limit", type=int, default=20, help="the last N records (0 = all)")
+    sh.set_defaults(fn=cmd_show)
+
+    au = sub.add_parser("audit", help="check the invariants I1-I4 of the live job's committed history")
+    au.set_defaults(fn=cmd_audit)
+
+    jb = sub.add_parser("job", help="the streaming job")
+    jb.add_argument("action", choices=["start", "stop", "status", "run", "kill"],
+                    help="start: detached under the supervisor; run: supervisor in the foreground; "
+                         "kill: kill -9 the job (the supervisor restarts it)")
+    jb.add_argument("--wait", type=float, default=0, help="with start: wait this long for a committed batch")
+    jb.add_argument("--json", action="store_true")
+    jb.set_defaults(fn=cmd_job)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    try:
+        settings = config.load()
+        return args.fn(args, settings) or 0
+    except Exception as e:  # one clear line for the operator; the traceback with -v
+        if args.verbose:
+            raise
+        print(f"onceflow: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

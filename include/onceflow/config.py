@@ -1,0 +1,200 @@
+"""One typed place for every setting: defaults for the embedded stack, overrides from the environment.
+
+The CLI, the streaming job, the supervisor and (later) the DAGs all call `load()`. Every field can be
+overridden by an environment variable `ONCEFLOW_<FIELD>` (upper case), e.g. `ONCEFLOW_BOOTSTRAP_SERVERS`.
+Values are validated on load so a misconfiguration fails before anything starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+ENV_PREFIX = "ONCEFLOW_"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message says which one and what to change."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    # --- where runtime state lives (git-ignored) ---
+    var_dir: Path = REPO_ROOT / "var"
+    # Resolved JVM artifacts (Kafka broker, Spark connector): shared by every var_dir of this checkout.
+    jvm_dir: Path = REPO_ROOT / "var" / "jvm"
+
+    # --- Kafka ---
+    bootstrap_servers: str = "127.0.0.1:9092"
+    controller_port: int = 9093
+    source_topic: str = "ip_count_source"
+    sink_topic: str = "ip_count_sink"
+    dlq_topic: str = "ip_count_dlq"
+    ledger_topic: str = "ip_count_ledger"
+    events_topic: str = "onceflow_events"
+    source_partitions: int = 4
+    sink_partitions: int = 4
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
+    # The broker's ceiling for any producer's transaction.timeout.ms (Kafka default 15 min).
+    broker_transaction_max_timeout_ms: int = 900_000
+    # How often the coordinator looks for timed-out transactions (Kafka default 10 s).
+    broker_txn_abort_check_interval_ms: int = 10_000
+    broker_heap: str = "512m"
+
+    # --- the streaming job ---
+    app_id: str = "ip_count"
+    master: str = "local[2]"
+    checkpoint_uri: str = ""  # default: <var_dir>/checkpoints/<app_id>
+    trigger_interval_s: float = 5.0
+    max_offsets_per_trigger: int = 200_000
+    shuffle_partitions: int = 4
+    min_batches_to_retain: int = 100
+    window_s: int = 5
+    watermark_s: int = 5
+    starting_offsets: str = "earliest"
+    # The seeds' producer setting. Must not exceed broker_transaction_max_timeout_ms.
+    transaction_timeout_ms: int = 60_000
+    near_timeout_fraction: float = 0.8
+    driver_memory: str = "1g"
+
+    # --- the supervisor (the seeds' fixed-delay restart strategy: 3 attempts, 10 s apart) ---
+    restart_attempts: int = 3
+    restart_delay_s: float = 10.0
+
+    # --- fault injection for tests; empty = off (see onceflow.faults) ---
+    fault: str = ""
+
+    # ------------------------------------------------------------------ derived names
+    @property
+    def transactional_id(self) -> str:
+        """Stable per app: a restarted job fences its predecessor (zombie fencing)."""
+        return f"onceflow.{self.app_id}"
+
+    @property
+    def group_id(self) -> str:
+        """The consumer group whose committed offsets are the job's true position."""
+        return f"onceflow.{self.app_id}"
+
+    @property
+    def checkpoint(self) -> str:
+        return self.checkpoint_uri or (self.var_dir / "checkpoints" / self.app_id).as_uri()
+
+    @property
+    def run_dir(self) -> Path:
+        return self.var_dir / "run"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.var_dir / "log"
+
+    @property
+    def status_file(self) -> Path:
+        return self.run_dir / f"{self.app_id}.status.json"
+
+    @property
+    def bootstrap_host_port(self) -> tuple[str, int]:
+        first = self.bootstrap_servers.split(",")[0].strip()
+        host, _, port = first.rpartition(":")
+        return host.strip("[]"), int(port)
+
+    def job_config_hash(self) -> str:
+        """A hash of the settings that shape the job's results (for savepoints and upgrade checks)."""
+        keys = ("source_topic", "sink_topic", "dlq_topic", "window_s", "watermark_s", "app_id")
+        blob = json.dumps({k: getattr(self, k) for k in keys}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> "Settings":
+        s = dataclasses.replace(self, **changes)
+        s.validate()
+        return s
+
+    def as_env(self) -> dict[str, str]:
+        """The environment that reproduces these settings in a child process."""
+        return {ENV_PREFIX + f.name.upper(): str(getattr(self, f.name)) for f in fields(self)}
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["var_dir"] = str(self.var_dir)
+        d["jvm_dir"] = str(self.jvm_dir)
+        d["checkpoint"] = self.checkpoint
+        d["transactional_id"] = self.transactional_id
+        d["group_id"] = self.group_id
+        return d
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ConfigError(msg)
+
+        for name in ("source_partitions", "sink_partitions", "replication_factor", "min_insync_replicas",
+                     "max_offsets_per_trigger", "shuffle_partitions", "min_batches_to_retain",
+                     "window_s", "transaction_timeout_ms", "broker_transaction_max_timeout_ms"):
+            need(getattr(self, name) > 0, f"{ENV_PREFIX}{name.upper()} must be > 0, got {getattr(self, name)}")
+        need(self.watermark_s >= 0, f"{ENV_PREFIX}WATERMARK_S must be >= 0, got {self.watermark_s}")
+        need(self.trigger_interval_s >= 0, f"{ENV_PREFIX}TRIGGER_INTERVAL_S must be >= 0")
+        need(self.restart_attempts >= 0, f"{ENV_PREFIX}RESTART_ATTEMPTS must be >= 0")
+        need(self.restart_delay_s >= 0, f"{ENV_PREFIX}RESTART_DELAY_S must be >= 0")
+        need(0 < self.near_timeout_fraction < 1, f"{ENV_PREFIX}NEAR_TIMEOUT_FRACTION must be in (0, 1)")
+        need(self.min_insync_replicas <= self.replication_factor,
+             f"{ENV_PREFIX}MIN_INSYNC_REPLICAS ({self.min_insync_replicas}) must be <= "
+             f"{ENV_PREFIX}REPLICATION_FACTOR ({self.replication_factor})")
+        need(self.starting_offsets in ("earliest", "latest"),
+             f"{ENV_PREFIX}STARTING_OFFSETS must be 'earliest' or 'latest', got {self.starting_offsets!r}")
+        need(bool(self.app_id) and all(c.isalnum() or c in "._-" for c in self.app_id),
+             f"{ENV_PREFIX}APP_ID must be non-empty and use only letters, digits, '.', '_', '-'")
+        try:
+            self.bootstrap_host_port
+        except ValueError:
+            raise ConfigError(f"{ENV_PREFIX}BOOTSTRAP_SERVERS must be host:port[,host:port], "
+                              f"got {self.bootstrap_servers!r}") from None
+        check_transaction_timeout(self.transaction_timeout_ms, self.broker_transaction_max_timeout_ms)
+
+
+def check_transaction_timeout(job_timeout_ms: int, broker_max_ms: int) -> None:
+    """The broker refuses InitProducerId when a producer asks for more than its maximum; say so up front."""
+    if job_timeout_ms > broker_max_ms:
+        raise ConfigError(
+            f"transaction.timeout.ms of the job ({job_timeout_ms} ms) is above the broker's "
+            f"transaction.max.timeout.ms ({broker_max_ms} ms): lower {ENV_PREFIX}TRANSACTION_TIMEOUT_MS "
+            f"to at most {broker_max_ms}, or raise transaction.max.timeout.ms on the brokers")
+
+
+def _coerce(raw: str, typ: Any, name: str) -> Any:
+    t = typ if isinstance(typ, type) else {"int": int, "float": float, "str": str, "Path": Path,
+                                            "bool": bool}.get(str(typ), str)
+    try:
+        if t is bool:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if t is int:
+            return int(raw.replace("_", ""))
+        return t(raw)
+    except ValueError:
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {t.__name__}") from None
+
+
+def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Defaults, then `ONCEFLOW_*` environment variables, then explicit overrides; validated."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        key = ENV_PREFIX + f.name.upper()
+        if key in env:
+            values[f.name] = _coerce(env[key], f.type, f.name)
+    values.update(overrides)
+    unknown = set(values) - {f.name for f in fields(Settings)}
+    if unknown:
+        raise ConfigError(f"unknown settings: {sorted(unknown)}")
+    s = Settings(**values)
+    s.validate()
+    return s

@@ -1,0 +1,75 @@
+"""Fault injection at named points of the protocol, for tests. Off unless ONCEFLOW_FAULT is set.
+
+ONCEFLOW_FAULT is a comma-separated list of `point@batch[:seconds]`:
+- `crash_before_produce@N`: die before batch N opens its transaction
+- `crash_after_produce@N`:  die with batch N's records produced into an open transaction (before commit)
+- `crash_after_commit@N`:   die after batch N's Kafka commit, before Spark writes commits/N (forces a replay)
+- `stall_in_txn@N:S`:       hold batch N's transaction open for S seconds before committing
+A crash is a SIGKILL of the job's whole process group (the Python driver and its JVM), like `kill -9`.
+Each fault fires once per checkpoint: a marker file beside the checkpoint's run state remembers it, so the
+replayed batch after the restart goes through.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+POINTS = ("crash_before_produce", "crash_after_produce", "crash_after_commit", "stall_in_txn")
+
+
+class FaultSpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Fault:
+    point: str
+    batch: int
+    seconds: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"{self.point}@{self.batch}"
+
+
+def parse(spec: str) -> list[Fault]:
+    out = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        try:
+            point, rest = item.split("@", 1)
+            batch_s, _, secs = rest.partition(":")
+            f = Fault(point, int(batch_s), float(secs) if secs else 0.0)
+        except ValueError:
+            raise FaultSpecError(f"bad fault {item!r}: expected point@batch[:seconds]") from None
+        if f.point not in POINTS:
+            raise FaultSpecError(f"unknown fault point {f.point!r}; known: {', '.join(POINTS)}")
+        if f.point == "stall_in_txn" and f.seconds <= 0:
+            raise FaultSpecError(f"{item!r}: stall_in_txn needs seconds, e.g. stall_in_txn@3:20")
+        out.append(f)
+    return out
+
+
+class Injector:
+    def __init__(self, spec: str, marker_dir: Path, on_fire=None):
+        self.faults = parse(spec)
+        self.marker_dir = marker_dir
+        self.on_fire = on_fire
+
+    def _fired(self, f: Fault) -> Path:
+        return self.marker_dir / f"fault.{f.point}.{f.batch}.fired"
+
+    def hit(self, point: str, batch: int) -> None:
+        for f in self.faults:
+            if f.point != point or f.batch != batch or self._fired(f).exists():
+                continue
+            self.marker_dir.mkdir(parents=True, exist_ok=True)
+            self._fired(f).write_text(str(time.time()))
+            if self.on_fire:
+                self.on_fire(f)
+            if point == "stall_in_txn":
+                time.sleep(f.seconds)
+            else:
+                os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -1,0 +1,85 @@
+"""Start, stop, inspect and kill the streaming job (through its supervisor)."""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+from . import events as ev, launcher, preflight, procs, supervisor
+from .config import Settings
+
+
+class JobControlError(RuntimeError):
+    pass
+
+
+def status(settings: Settings) -> dict:
+    sup = procs.read_pidfile(supervisor.supervisor_pidfile(settings))
+    job = procs.read_pidfile(supervisor.job_pidfile(settings))
+    st = ev.read_status(settings.status_file) or {}
+    now = int(time.time() * 1000)
+    last = st.get("last_commit_ms")
+    return {"app": settings.app_id, "supervisor_pid": sup["pid"] if sup else None,
+            "job_pid": job["pid"] if job else None, "running": job is not None,
+            "restarts": job.get("restarts", 0) if job else None,
+            "state": st.get("state") if job else ("stopped" if not st else f"{st.get('state')} (not running)"),
+            "last_batch": st.get("last_batch"), "last_commit_age_s": round((now - last) / 1000, 1) if last else None,
+            "committed_batches": st.get("committed_batches"), "replays_skipped": st.get("replays_skipped"),
+            "watermark_ms": st.get("watermark_ms"), "end_offsets": st.get("end_offsets"),
+            "last_txn_ms": st.get("last_txn_ms"), "progress": st.get("progress"),
+            "checkpoint": settings.checkpoint, "bootstrap_servers": settings.bootstrap_servers,
+            "transactional_id": settings.transactional_id, "status_file": str(settings.status_file),
+            "log": str(supervisor.job_log(settings)), "error": st.get("error")}
+
+
+def start(settings: Settings) -> dict:
+    """Preflight, then launch the supervisor detached. Refuses if an instance already runs here."""
+    if procs.read_pidfile(supervisor.supervisor_pidfile(settings)) or \
+            procs.read_pidfile(supervisor.job_pidfile(settings)):
+        raise JobControlError(f"app {settings.app_id} is already running: `onceflow job status`")
+    preflight.check_job(settings)
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    proc = procs.spawn_detached([sys.executable, "-m", "onceflow.cli", "job", "run"],
+                                supervisor.job_log(settings), env=launcher.submit_env(settings))
+    procs.write_pidfile(supervisor.supervisor_pidfile(settings), proc.pid, "onceflow.cli")
+    return {"supervisor_pid": proc.pid, "log": str(supervisor.job_log(settings))}
+
+
+def wait_for_commit(settings: Settings, after_ms: int = 0, timeout: float = 180.0) -> dict:
+    """Until the job commits a batch after `after_ms`; fails at once if its supervisor has given up."""
+    def committed():
+        st = ev.read_status(settings.status_file) or {}
+        if int(st.get("last_commit_ms") or 0) > after_ms:
+            return st
+        if not procs.read_pidfile(supervisor.supervisor_pidfile(settings)):
+            log = supervisor.job_log(settings)
+            tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+            raise JobControlError(f"the job of app {settings.app_id} is not running (see {log}):\n" +
+                                  "\n".join(tail))
+        return None
+
+    return procs.wait_until(committed, timeout, interval=0.5, what=f"a committed batch of {settings.app_id}")
+
+
+def stop(settings: Settings, timeout: float = 90.0) -> bool:
+    """Stop at a batch boundary (SIGTERM to the supervisor, which forwards it). True if something ran."""
+    sup = procs.read_pidfile(supervisor.supervisor_pidfile(settings))
+    job = procs.read_pidfile(supervisor.job_pidfile(settings))
+    if not sup and not job:
+        return False
+    if sup:
+        procs.stop_process(sup["pid"], timeout)
+    if job and procs.pid_alive(job["pid"]):
+        procs.stop_process(job["pid"], timeout)
+    supervisor.supervisor_pidfile(settings).unlink(missing_ok=True)
+    supervisor.job_pidfile(settings).unlink(missing_ok=True)
+    return True
+
+
+def kill(settings: Settings) -> int | None:
+    """kill -9 the job's process group (driver JVM and Python); the supervisor restarts it."""
+    job = procs.read_pidfile(supervisor.job_pidfile(settings))
+    if not job:
+        return None
+    procs.signal_group(job["pid"], signal.SIGKILL)
+    return job["pid"]

@@ -1,0 +1,54 @@
+"""Client configurations in one place, so every producer and consumer of the platform agrees on them."""
+from __future__ import annotations
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
+
+from .config import Settings
+
+
+def base(settings: Settings) -> dict:
+    return {"bootstrap.servers": settings.bootstrap_servers, "log_level": 3}
+
+
+def admin(settings: Settings) -> AdminClient:
+    return AdminClient(base(settings))
+
+
+def read_committed_consumer(settings: Settings, group_id: str | None = None, **extra) -> Consumer:
+    """A consumer that sees committed data only; never commits on its own."""
+    conf = {**base(settings), "group.id": group_id or f"onceflow.reader.{settings.app_id}",
+            "isolation.level": "read_committed", "enable.auto.commit": False,
+            "enable.auto.offset.store": False, "auto.offset.reset": "earliest", **extra}
+    return Consumer(conf)
+
+
+def idempotent_producer(settings: Settings, **extra) -> Producer:
+    return Producer({**base(settings), "enable.idempotence": True, "acks": "all", "linger.ms": 20, **extra})
+
+
+def transactional_producer(settings: Settings, transactional_id: str, **extra) -> Producer:
+    return Producer({**base(settings), "transactional.id": transactional_id,
+                     "transaction.timeout.ms": settings.transaction_timeout_ms,
+                     "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                     "message.max.bytes": 1_000_000, **extra})
+
+
+def committed(consumer: Consumer, tps: list, timeout_s: float = 60.0) -> list:
+    """consumer.committed(), retried while the group coordinator is moving, loading or has an open
+    transactional commit pending (read_committed asks for stable offsets)."""
+    import time
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    retriable = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                 KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.UNSTABLE_OFFSET_COMMIT, KafkaError._TIMED_OUT,
+                 KafkaError._TRANSPORT, KafkaError.REQUEST_TIMED_OUT}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.committed(tps, timeout=min(30.0, max(1.0, deadline - time.monotonic())))
+        except KafkaException as e:
+            if e.args[0].code() not in retriable or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)

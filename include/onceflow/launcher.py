@@ -1,0 +1,58 @@
+"""How the streaming job is launched: the spark-submit command line and the Spark settings it carries.
+
+The same arguments serve `onceflow job run/start` and (later) Airflow's SparkSubmitOperator.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from . import jvm
+from .config import REPO_ROOT, Settings
+
+JOB_SCRIPT = REPO_ROOT / "jobs" / "ip_count.py"
+LOG4J = REPO_ROOT / "conf" / "log4j2-job.properties"
+
+
+def spark_conf(settings: Settings) -> dict[str, str]:
+    """Settings the exactly-once protocol depends on are set explicitly, never left to defaults."""
+    return {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.sql.streaming.minBatchesToRetain": str(settings.min_batches_to_retain),
+        "spark.speculation": "false",
+        # Emit windows when the watermark passes them even if no new data arrives.
+        "spark.sql.streaming.noDataMicroBatches.enabled": "true",
+        "spark.sql.adaptive.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.ui.enabled": "false",
+        "spark.sql.streaming.stopTimeout": "60s",
+    }
+
+
+def spark_submit() -> str:
+    local = Path(sys.executable).parent / "spark-submit"
+    return str(local) if local.exists() else (shutil.which("spark-submit") or "spark-submit")
+
+
+def submit_env(settings: Settings) -> dict[str, str]:
+    """The environment spark-submit needs to find this interpreter's pyspark, wherever it is called from."""
+    import os
+
+    import pyspark
+
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+            **settings.as_env()}
+
+
+def submit_argv(settings: Settings) -> list[str]:
+    jars = ",".join(str(j) for j in jvm.spark_kafka_jars(settings))
+    argv = [spark_submit(), "--master", settings.master, "--name", f"onceflow-{settings.app_id}",
+            "--jars", jars, "--driver-memory", settings.driver_memory,
+            "--driver-java-options", f"-Dlog4j2.configurationFile=file:{LOG4J}"]
+    for k, v in spark_conf(settings).items():
+        argv += ["--conf", f"{k}={v}"]
+    return argv + [str(JOB_SCRIPT)]

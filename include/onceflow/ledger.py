@@ -1,0 +1,243 @@
+"""The ledger: one record per committed batch, and the pure logic that checks it.
+
+A ledger record (topic `ip_count_ledger`, key = app id) is written inside the batch's Kafka transaction, so it
+is visible exactly when the batch's outputs are. Nothing in this module does I/O: the replay decision and the
+coverage checks are plain functions over plain data, tested without a broker.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Iterable, Mapping
+
+Offsets = Mapping[int, int]  # partition -> offset
+
+
+class DivergentHistory(RuntimeError):
+    """What Spark's checkpoint says and what the sink has committed disagree. Never skipped silently."""
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What Spark planned for batch N (from the checkpoint's offsets/N and its predecessor)."""
+    batch: int
+    topic: str
+    start: dict[int, int]
+    end: dict[int, int]
+    watermark_ms: int = 0
+    batch_ts_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if set(self.start) != set(self.end):
+            raise ValueError(f"batch {self.batch}: start partitions {sorted(self.start)} != end {sorted(self.end)}")
+        for p in self.start:
+            if self.end[p] < self.start[p]:
+                raise ValueError(f"batch {self.batch}: partition {p} ends at {self.end[p]} before its start "
+                                 f"{self.start[p]}")
+
+    @property
+    def ranges(self) -> dict[int, tuple[int, int]]:
+        return {p: (self.start[p], self.end[p]) for p in sorted(self.start)}
+
+    @property
+    def records(self) -> int:
+        return sum(self.end[p] - self.start[p] for p in self.start)
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    app: str
+    batch: int
+    topic: str
+    ranges: dict[int, tuple[int, int]]
+    watermark_ms: int
+    batch_ts_ms: int
+    outputs: int
+    dlq: int
+    txn_ms: float
+    commit_time_ms: int
+    transactional_id: str
+    kind: str = "stream"  # "stream" for the live job; backfills will write their own kind
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["ranges"] = {str(p): [s, e] for p, (s, e) in sorted(self.ranges.items())}
+        return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "LedgerEntry":
+        d = json.loads(raw)
+        d["ranges"] = {int(p): (int(r[0]), int(r[1])) for p, r in d["ranges"].items()}
+        return cls(**d)
+
+    @classmethod
+    def for_plan(cls, app: str, plan: BatchPlan, outputs: int, dlq: int, txn_ms: float, commit_time_ms: int,
+                 transactional_id: str) -> "LedgerEntry":
+        return cls(app=app, batch=plan.batch, topic=plan.topic, ranges=plan.ranges,
+                   watermark_ms=plan.watermark_ms, batch_ts_ms=plan.batch_ts_ms, outputs=outputs, dlq=dlq,
+                   txn_ms=round(txn_ms, 3), commit_time_ms=commit_time_ms, transactional_id=transactional_id)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """The consumer group's committed position, with the batch id carried in the offset metadata."""
+    offsets: dict[int, int]
+    batch: int | None
+    foreign: bool = False  # offsets exist that onceflow did not write (no batch metadata)
+
+    @classmethod
+    def from_partitions(cls, items: Iterable[tuple[int, int | None, str | None]]) -> "Committed":
+        """items: (partition, offset or None when nothing is committed, metadata)."""
+        offsets: dict[int, int] = {}
+        batches: set[int] = set()
+        foreign = False
+        for p, off, meta in items:
+            if off is None or off < 0:
+                continue
+            offsets[p] = off
+            b = batch_from_metadata(meta)
+            if b is None:
+                foreign = True
+            else:
+                batches.add(b)
+        if len(batches) > 1:
+            # One transaction commits every partition with the same batch: anything else is not ours.
+            raise DivergentHistory(f"committed offsets carry different batch ids {sorted(batches)}")
+        return cls(offsets=offsets, batch=batches.pop() if batches else None, foreign=foreign)
+
+
+def offset_metadata(batch: int) -> str:
+    return json.dumps({"batch": batch}, separators=(",", ":"))
+
+
+def batch_from_metadata(meta: str | None) -> int | None:
+    if not meta:
+        return None
+    try:
+        b = json.loads(meta).get("batch")
+    except (ValueError, AttributeError):
+        return None
+    return b if isinstance(b, int) else None
+
+
+class Decision(Enum):
+    WRITE = "write"   # batch N is not committed yet: write it
+    SKIP = "skip"     # batch N was committed before a crash, with exactly this range: a replay, write nothing
+
+
+def decide(plan: BatchPlan, committed: Committed, entry: LedgerEntry | None) -> Decision:
+    """The replay decision of the protocol (DESIGN.md section 3), by batch id AND offset range.
+
+    `entry` is the committed ledger record of batch `plan.batch`, if any.
+    """
+    n = plan.batch
+    if committed.foreign:
+        raise DivergentHistory(
+            f"batch {n}: the group has committed offsets without onceflow batch metadata; another consumer "
+            f"committed into this group: use a different app id or reset the group")
+    if committed.batch is None:
+        if committed.offsets:
+            raise DivergentHistory(f"batch {n}: committed offsets without a batch id")
+        if entry is not None:
+            raise DivergentHistory(f"batch {n}: the ledger has batch {n} but the group has no committed offsets")
+        return Decision.WRITE
+    if committed.batch == n:
+        if entry is None:
+            raise DivergentHistory(f"batch {n}: the group says batch {n} is committed but the ledger has no "
+                                   f"record of it")
+        if entry.ranges != plan.ranges or entry.topic != plan.topic:
+            raise DivergentHistory(
+                f"batch {n} was committed with ranges {_fmt(entry.ranges)} but Spark now plans "
+                f"{_fmt(plan.ranges)}: the checkpoint and the sink disagree (was a checkpoint restored or "
+                f"the source changed?)")
+        mismatch = {p: (committed.offsets.get(p), e) for p, e in plan.end.items() if committed.offsets.get(p) != e}
+        if mismatch:
+            raise DivergentHistory(f"batch {n} is committed but the group's offsets differ from its end: "
+                                   f"{mismatch} (partition: (committed, planned end))")
+        return Decision.SKIP
+    if committed.batch > n:
+        raise DivergentHistory(
+            f"batch {n}: the sink already committed batch {committed.batch}; Spark's checkpoint is behind the "
+            f"sink (an older checkpoint or savepoint?). Refusing to write batch {n} again.")
+    if committed.batch < n - 1:
+        raise DivergentHistory(
+            f"batch {n}: the last committed batch is {committed.batch}; batches {committed.batch + 1}..{n - 1} "
+            f"were never written to the sink (the checkpoint ran ahead of it)")
+    # committed.batch == n - 1: the normal case. Its end must be exactly where batch n starts.
+    mismatch = {p: (committed.offsets.get(p), s) for p, s in plan.start.items()
+                if p in committed.offsets and committed.offsets[p] != s}
+    if mismatch:
+        raise DivergentHistory(f"batch {n} starts at {plan.start} but batch {n - 1} committed "
+                               f"{committed.offsets}: gap or overlap at {mismatch} (partition: (committed, start))")
+    return Decision.WRITE
+
+
+def _fmt(ranges: Mapping[int, tuple[int, int]]) -> str:
+    return "{" + ", ".join(f"{p}: [{s}, {e})" for p, (s, e) in sorted(ranges.items())) + "}"
+
+
+# ---------------------------------------------------------------------------- coverage (invariant I1)
+@dataclass(frozen=True)
+class CoverageIssue:
+    kind: str          # gap | overlap | batch_sequence | divergent_batch | not_at_committed
+    partition: int | None
+    detail: str
+    start: int | None = None
+    end: int | None = None
+
+
+@dataclass
+class CoverageReport:
+    issues: list[CoverageIssue] = field(default_factory=list)
+    batches: int = 0
+    covered: dict[int, tuple[int, int]] = field(default_factory=dict)  # partition -> [first start, last end)
+
+    @property
+    def ok(self) -> bool:
+        return not self.issues
+
+
+def check_coverage(entries: Iterable[LedgerEntry], committed: Offsets | None = None,
+                   starting: Offsets | None = None) -> CoverageReport:
+    """I1: per partition, the committed ranges are contiguous and non-overlapping, from `starting` (when
+    known) up to the group's `committed` offsets (when given). Entries may arrive in any order; a batch id
+    recorded twice must carry identical ranges (a replay never writes twice, but a divergence might)."""
+    report = CoverageReport()
+    by_batch: dict[int, LedgerEntry] = {}
+    for e in entries:
+        prev = by_batch.get(e.batch)
+        if prev is not None:
+            kind = "divergent_batch" if prev.ranges != e.ranges else "batch_sequence"
+            report.issues.append(CoverageIssue(kind, None, f"batch {e.batch} is in the ledger twice "
+                                               f"({_fmt(prev.ranges)} and {_fmt(e.ranges)})"))
+            continue
+        by_batch[e.batch] = e
+    ordered = [by_batch[b] for b in sorted(by_batch)]
+    report.batches = len(ordered)
+    for a, b in zip(ordered, ordered[1:]):
+        if b.batch != a.batch + 1:
+            report.issues.append(CoverageIssue("batch_sequence", None,
+                                               f"batch ids jump from {a.batch} to {b.batch}"))
+    cursor: dict[int, int] = dict(starting or {})
+    first: dict[int, int] = {}
+    for e in ordered:
+        for p, (s, end) in sorted(e.ranges.items()):
+            if p not in cursor:
+                cursor[p] = s
+            if s > cursor[p]:
+                report.issues.append(CoverageIssue("gap", p, f"offsets [{cursor[p]}, {s}) of partition {p} are in "
+                                                   f"no committed batch (before batch {e.batch})", cursor[p], s))
+            elif s < cursor[p]:
+                report.issues.append(CoverageIssue("overlap", p, f"offsets [{s}, {cursor[p]}) of partition {p} "
+                                                   f"are committed twice (batch {e.batch} again)", s, cursor[p]))
+            first.setdefault(p, s)
+            cursor[p] = max(cursor[p], end)
+    if committed is not None:
+        for p, off in sorted(committed.items()):
+            if cursor.get(p) != off:
+                report.issues.append(CoverageIssue("not_at_committed", p,
+                                                   f"ledger ends at {cursor.get(p)} on partition {p} but the group "
+                                                   f"committed {off}", cursor.get(p), off))
+    report.covered = {p: (first.get(p, c), c) for p, c in cursor.items()}
+    return report

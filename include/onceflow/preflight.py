@@ -1,0 +1,54 @@
+"""Checks that run before the job starts, so a misconfiguration fails at once with what to change."""
+from __future__ import annotations
+
+import socket
+
+from confluent_kafka.admin import ConfigResource, ResourceType
+
+from . import kafka_clients, topics
+from .config import ConfigError, Settings, check_transaction_timeout
+
+
+class PreflightError(RuntimeError):
+    pass
+
+
+def broker_reachable(settings: Settings, timeout: float = 10.0) -> None:
+    host, port = settings.bootstrap_host_port
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as e:
+        raise PreflightError(
+            f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({e}): start it with "
+            f"`onceflow stack up`, or point ONCEFLOW_BOOTSTRAP_SERVERS at a running cluster") from None
+    try:
+        kafka_clients.admin(settings).list_topics(timeout=timeout)
+    except Exception as e:
+        raise PreflightError(f"the broker at {settings.bootstrap_servers} does not answer metadata requests "
+                             f"within {timeout:.0f} s: {e}") from None
+
+
+def broker_transaction_max_timeout_ms(settings: Settings, timeout: float = 10.0) -> int:
+    admin = kafka_clients.admin(settings)
+    brokers = admin.list_topics(timeout=timeout).brokers
+    values = []
+    for broker_id in sorted(brokers):
+        res = ConfigResource(ResourceType.BROKER, str(broker_id))
+        cfg = admin.describe_configs([res])[res].result(timeout)
+        values.append(int(cfg["transaction.max.timeout.ms"].value))
+    return min(values)
+
+
+def check_job(settings: Settings) -> dict:
+    """Everything the streaming job needs before it may start; raises PreflightError/ConfigError."""
+    broker_reachable(settings)
+    problems = topics.check(settings)
+    if problems:
+        raise PreflightError("; ".join(problems))
+    broker_max = broker_transaction_max_timeout_ms(settings)
+    check_transaction_timeout(settings.transaction_timeout_ms, broker_max)
+    return {"broker_transaction_max_timeout_ms": broker_max}
+
+
+__all__ = ["PreflightError", "ConfigError", "check_job", "broker_reachable"]

@@ -1,0 +1,98 @@
+"""Small, careful process helpers: pid files that survive pid reuse, detached starts, bounded waits."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child (exited, not yet reaped) is not alive for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def write_pidfile(path: Path, pid: int, marker: str, **extra: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": pid, "marker": marker, "started": time.time(), **extra}))
+    tmp.replace(path)
+
+
+def read_pidfile(path: Path) -> dict | None:
+    """The pid file's content if its process still runs (and is still ours: the marker is in its cmdline)."""
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    pid = int(info.get("pid", 0))
+    if pid > 0 and pid_alive(pid) and info.get("marker", "") in cmdline(pid):
+        return info
+    return None
+
+
+def spawn_detached(argv: Sequence[str], log_file: Path, env: dict | None = None,
+                   cwd: Path | None = None) -> subprocess.Popen:
+    """Start a process in its own session (so a signal to its group reaches all its children)."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as out:
+        return subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env, cwd=cwd, close_fds=True)
+
+
+def wait_until(cond: Callable[[], object], timeout: float, interval: float = 0.2,
+               what: str = "condition") -> object:
+    """Poll `cond` until it returns a truthy value or the deadline passes (TimeoutError)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(os.getpgid(pid), sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_process(pid: int, timeout: float = 30.0, group: bool = True) -> bool:
+    """SIGTERM, wait up to `timeout`, then SIGKILL. True if it stopped gracefully."""
+    if not pid_alive(pid):
+        return True
+    (signal_group if group else os.kill)(pid, signal.SIGTERM)
+    try:
+        wait_until(lambda: not pid_alive(pid), timeout, what=f"pid {pid} to exit")
+        return True
+    except TimeoutError:
+        (signal_group if group else os.kill)(pid, signal.SIGKILL)
+        wait_until(lambda: not pid_alive(pid), 10, what=f"pid {pid} to die")
+        return False

@@ -1,0 +1,187 @@
+"""The parsing rules of the access-log records, as data, plus a pure-Python reference implementation.
+
+The streaming job applies these rules with Spark SQL built-ins (`onceflow.parsing`); this module states them
+once (the regular expressions are shared) and implements them again in plain Python, so that tests and the
+reconciliation can recount the source independently of Spark and compare.
+
+Accepted forms (DESIGN.md section 2):
+- NGINX combined log line: `IP - user [dd/Mon/yyyy:HH:mm:ss +zzzz] "request" status bytes "referer" "agent"`
+- JSON object: `{"ts": <epoch ms, as a JSON integer or a string of digits, or ISO-8601>, "ip": "<IPv4|IPv6>"}`
+Anything else is malformed, with one of the REASON_* codes. IPs are validated textually; IPv6 keys are
+lower-cased but not otherwise canonicalised (`2001:db8::1` and `2001:db8:0::1` are different keys).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+# ---------------------------------------------------------------------------- the rules, as data
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
+_H = r"[0-9a-f]{1,4}"
+IPV6 = ("(" + "|".join([
+    rf"({_H}:){{7}}{_H}",
+    rf"({_H}:){{1,7}}:",
+    rf"({_H}:){{1,6}}:{_H}",
+    rf"({_H}:){{1,5}}(:{_H}){{1,2}}",
+    rf"({_H}:){{1,4}}(:{_H}){{1,3}}",
+    rf"({_H}:){{1,3}}(:{_H}){{1,4}}",
+    rf"({_H}:){{1,2}}(:{_H}){{1,5}}",
+    rf"{_H}:(:{_H}){{1,6}}",
+    rf":((:{_H}){{1,7}}|:)",
+    rf"({_H}:){{6}}{IPV4}",
+    rf"({_H}:){{1,5}}:{IPV4}",
+    rf"::(ffff(:0{{1,4}})?:)?{IPV4}",
+]) + ")")
+IP_RE = rf"^({IPV4}|{IPV6})$"  # applied to the lower-cased candidate
+
+# `203.0.113.9 - - [21/Nov/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8.5"`
+_QUOTED = r'"((?:[^"\\]|\\.)*)"'
+COMBINED_RE = (r"^(\S+) \S+ \S+ \[([0-9]{2}/[A-Za-z]{3}/[0-9]{4}:[0-9]{2}:[0-9]{2}:[0-9]{2} [+-][0-9]{4})\] "
+               + _QUOTED + r" [0-9]{3} ([0-9]+|-) " + _QUOTED + " " + _QUOTED + "$")
+COMBINED_TS_FORMAT = "dd/MMM/yyyy:HH:mm:ss Z"  # Spark datetime pattern (English month names)
+EPOCH_MS_RE = r"^[0-9]{1,15}$"
+ISO_TS_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})$"
+# Event times outside this range are malformed: one absurd timestamp would otherwise move the watermark
+# years ahead and turn every following record late.
+MIN_TS_MS = 0                      # 1970-01-01T00:00:00Z
+MAX_TS_MS = 4_102_444_800_000      # 2100-01-01T00:00:00Z (exclusive)
+MAX_RECORD_BYTES = 64 * 1024
+
+REASON_EMPTY = "empty"
+REASON_TOO_LARGE = "too_large"
+REASON_NOT_UTF8 = "not_utf8"
+REASON_BAD_JSON = "bad_json"
+REASON_BAD_TS = "bad_timestamp"
+REASON_TS_RANGE = "timestamp_out_of_range"
+REASON_BAD_IP = "bad_ip"
+REASON_UNRECOGNIZED = "unrecognized_format"
+REASONS = (REASON_EMPTY, REASON_TOO_LARGE, REASON_NOT_UTF8, REASON_BAD_JSON, REASON_BAD_TS, REASON_TS_RANGE,
+           REASON_BAD_IP, REASON_UNRECOGNIZED)
+
+_MONTHS = {m: i + 1 for i, m in enumerate(
+    ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"])}
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A record's outcome: ts_us and ip when valid, else reason."""
+    ts_us: int | None = None
+    ip: str | None = None
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def window_start_us(ts_us: int, window_s: int) -> int:
+    w = window_s * 1_000_000
+    return ts_us - (ts_us % w)
+
+
+def iso_ms(ts_us: int) -> str:
+    """The sink's timestamp format: ISO-8601 UTC with milliseconds."""
+    dt = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=ts_us)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def sink_key(window_start_us_: int, ip: str) -> str:
+    return f"{iso_ms(window_start_us_)}|{ip}"
+
+
+# ---------------------------------------------------------------------------- reference implementation
+def _valid_ip(candidate: object) -> str | None:
+    if not isinstance(candidate, str):
+        return None
+    ip = candidate.lower()
+    return ip if re.match(IP_RE, ip) else None
+
+
+def _java_full(pattern: str, s: str) -> bool:
+    # Java's `$` in rlike/regexp_extract does not match before a trailing newline; Python's does. \Z does not.
+    return re.match(pattern.removesuffix("$") + r"\Z", s) is not None
+
+
+def _iso_to_us(s: str) -> int | None:
+    if not _java_full(ISO_TS_RE, s):
+        return None
+    try:
+        dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (dt - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+
+
+def _combined_ts_to_us(s: str) -> int | None:
+    # dd/Mon/yyyy:HH:mm:ss +zzzz
+    try:
+        day, mon, rest = s[0:2], s[3:6], s[7:]
+        year, hh, mm, ss = int(rest[0:4]), int(rest[5:7]), int(rest[8:10]), int(rest[11:13])
+        month = _MONTHS[mon.capitalize()]  # Spark parses month names case-insensitively
+        off = rest[14:]
+        sign = 1 if off[0] == "+" else -1
+        tz = timezone(sign * timedelta(hours=int(off[1:3]), minutes=int(off[3:5])))
+        dt = datetime(year, month, int(day), hh, mm, ss, tzinfo=tz)
+    except (ValueError, KeyError, IndexError):
+        return None
+    return (dt - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+
+
+def _in_range(ts_us: int) -> bool:
+    return MIN_TS_MS * 1000 <= ts_us < MAX_TS_MS * 1000
+
+
+def parse(value: bytes | None) -> Parsed:
+    """Classify one source record exactly as the streaming job does."""
+    if value is None or len(value) == 0:
+        return Parsed(reason=REASON_EMPTY)
+    if len(value) > MAX_RECORD_BYTES:
+        return Parsed(reason=REASON_TOO_LARGE)
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return Parsed(reason=REASON_NOT_UTF8)
+    text = text.strip(" ")
+    if text.startswith("{"):
+        # Like Spark's JSON reader: one object, trailing characters after it ignored, but the record must end
+        # with the closing brace.
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(text)
+        except ValueError:
+            return Parsed(reason=REASON_BAD_JSON)
+        if not text.endswith("}"):
+            return Parsed(reason=REASON_BAD_JSON)
+        if not isinstance(obj, dict):
+            return Parsed(reason=REASON_BAD_JSON)
+        raw_ts = obj.get("ts")
+        ts_us: int | None = None
+        if isinstance(raw_ts, int) and not isinstance(raw_ts, bool):
+            raw_ts = str(raw_ts)
+        if isinstance(raw_ts, str):
+            if _java_full(EPOCH_MS_RE, raw_ts):
+                ts_us = int(raw_ts) * 1000
+            else:
+                ts_us = _iso_to_us(raw_ts)
+        if ts_us is None:
+            return Parsed(reason=REASON_BAD_TS)
+        if not _in_range(ts_us):
+            return Parsed(reason=REASON_TS_RANGE)
+        ip = _valid_ip(obj.get("ip"))
+        if ip is None:
+            return Parsed(reason=REASON_BAD_IP)
+        return Parsed(ts_us=ts_us, ip=ip)
+    m = re.match(COMBINED_RE.removesuffix("$") + r"\Z", text)
+    if not m:
+        return Parsed(reason=REASON_UNRECOGNIZED)
+    ts_us = _combined_ts_to_us(m.group(2))
+    if ts_us is None:
+        return Parsed(reason=REASON_BAD_TS)
+    if not _in_range(ts_us):
+        return Parsed(reason=REASON_TS_RANGE)
+    ip = _valid_ip(m.group(1))
+    if ip is None:
+        return Parsed(reason=REASON_BAD_IP)
+    return Parsed(ts_us=ts_us, ip=ip)

@@ -1,0 +1,202 @@
+"""The onceflow streaming job: IP request counts per 5 s window, Kafka to Kafka, exactly once.
+
+Launched by `onceflow job run|start` through spark-submit (see onceflow.launcher). Settings come from the
+environment (onceflow.config). Exit codes tell the supervisor what to do:
+0 stopped on request, 2 misconfiguration, 3 fenced by a newer instance, 4 divergent history (no restart for
+these); anything else is a crash, restarted with a fixed delay.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQueryListener
+
+from onceflow import checkpoint, config, events as ev, ip_count, preflight
+from onceflow.exactly_once import ExactlyOnceSink, OutRecord, TransactionConfigError, ZombieFenced
+from onceflow.faults import Injector
+from onceflow.ledger import Decision, DivergentHistory
+
+EXIT_OK, EXIT_CONFIG, EXIT_FENCED, EXIT_DIVERGENT, EXIT_FAILED = 0, 2, 3, 4, 1
+log = logging.getLogger("onceflow.job")
+
+
+class InstanceLock:
+    """At most one driver per app on this machine; the kernel releases the lock when the process dies."""
+
+    def __init__(self, settings: config.Settings):
+        settings.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = settings.run_dir / f"{settings.app_id}.lock"
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip()
+            raise preflight.PreflightError(
+                f"another instance of app {settings.app_id} is running (pid {holder or '?'}, lock "
+                f"{self.path}); stop it first with `onceflow job stop`") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+
+class Status:
+    """The job's status file: merged from batch commits and Spark's progress reports."""
+
+    def __init__(self, settings: config.Settings):
+        self.s = settings
+        self.lock = threading.Lock()
+        self.data = {"app": settings.app_id, "pid": os.getpid(), "state": "starting",
+                     "started_ms": int(time.time() * 1000), "checkpoint": settings.checkpoint,
+                     "bootstrap_servers": settings.bootstrap_servers, "transactional_id": settings.transactional_id,
+                     "group_id": settings.group_id, "committed_batches": 0, "replays_skipped": 0}
+        self.flush()
+
+    def update(self, **fields) -> None:
+        with self.lock:
+            self.data.update(fields)
+            self.flush()
+
+    def flush(self) -> None:
+        ev.write_status(self.s.status_file, self.data)
+
+
+class ProgressListener(StreamingQueryListener):
+    def __init__(self, bus: ev.EventBus, status: Status):
+        self.bus, self.status = bus, status
+
+    def onQueryStarted(self, event):
+        pass
+
+    def onQueryProgress(self, event):
+        p = event.progress
+        dropped = sum(op.numRowsDroppedByWatermark for op in p.stateOperators)
+        fields = {"batch": p.batchId, "input_rows": p.numInputRows,
+                  "input_rows_per_s": round(p.inputRowsPerSecond or 0, 1),
+                  "processed_rows_per_s": round(p.processedRowsPerSecond or 0, 1),
+                  "duration_ms": dict(p.durationMs), "watermark": p.eventTime.get("watermark"),
+                  "rows_dropped_by_watermark": dropped,
+                  "state_rows": sum(op.numRowsTotal for op in p.stateOperators),
+                  "source_end_offsets": p.sources[0].endOffset if p.sources else None,
+                  "source_latest_offsets": p.sources[0].latestOffset if p.sources else None}
+        self.status.update(progress=fields, last_progress_ms=int(time.time() * 1000))
+        if p.numInputRows or dropped:
+            self.bus.emit(ev.PROGRESS, logging.DEBUG, **fields)
+
+    def onQueryIdle(self, event):
+        self.status.update(last_progress_ms=int(time.time() * 1000))
+
+    def onQueryTerminated(self, event):
+        pass
+
+
+def build_session(settings: config.Settings) -> SparkSession:
+    return (SparkSession.builder.appName(f"onceflow-{settings.app_id}")
+            .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+
+
+def run(settings: config.Settings) -> int:
+    bus = ev.EventBus(settings)
+    try:
+        info = preflight.check_job(settings)
+        lock = InstanceLock(settings)  # noqa: F841  (held for the life of the process)
+    except (preflight.PreflightError, config.ConfigError) as e:
+        log.error("preflight failed: %s", e)
+        bus.emit(ev.JOB_FAILED, logging.ERROR, flush=True, stage="preflight", error=str(e))
+        print(f"onceflow: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    status = Status(settings)
+    injector = Injector(settings.fault, settings.run_dir / "faults" / settings.app_id,
+                        on_fire=lambda f: bus.emit(ev.FAULT_INJECTED, logging.WARNING, flush=True, fault=f.name))
+    try:
+        sink = ExactlyOnceSink(settings, bus, injector)
+    except TransactionConfigError as e:
+        print(f"onceflow: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ZombieFenced as e:
+        print(f"onceflow: {e}", file=sys.stderr)
+        return EXIT_FENCED
+    spark = build_session(settings)
+    fs = checkpoint.HadoopFS(spark, settings.checkpoint)
+    batch_lock = threading.Lock()
+    failure: list[BaseException] = []
+
+    def write(df, batch_id: int) -> None:
+        with batch_lock:
+            try:
+                plan = checkpoint.batch_plan(fs, batch_id, settings.source_topic)
+                rows = [OutRecord(*r) for r in df.collect()]  # always run: it advances Spark's state store
+                outcome = sink.write_batch(plan, rows)
+            except BaseException as e:
+                failure.append(e)
+                raise
+            now = int(time.time() * 1000)
+            if outcome.decision is Decision.WRITE:
+                status.update(state="running", last_batch=batch_id, last_commit_ms=now,
+                              last_txn_ms=round(outcome.txn_ms, 1), last_outputs=outcome.outputs,
+                              last_dlq=outcome.dlq, watermark_ms=plan.watermark_ms, end_offsets=plan.end,
+                              committed_batches=status.data["committed_batches"] + 1)
+            else:
+                status.update(state="running", last_batch=batch_id, last_commit_ms=now,
+                              replays_skipped=status.data["replays_skipped"] + 1)
+
+    listener = ProgressListener(bus, status)
+    spark.streams.addListener(listener)
+    frame = ip_count.results_and_dlq(ip_count.source(spark, settings), settings)
+    query = (frame.writeStream.foreachBatch(write)
+             .outputMode("append")
+             .option("checkpointLocation", settings.checkpoint)
+             .option("asyncProgressTrackingEnabled", "false")
+             .trigger(processingTime=f"{settings.trigger_interval_s} seconds")
+             .queryName(f"onceflow_{settings.app_id}")
+             .start())
+    bus.emit(ev.JOB_STARTED, checkpoint=settings.checkpoint, transactional_id=settings.transactional_id,
+             spark_version=spark.version, query_id=query.id, run_id=query.runId, **info)
+    status.update(state="running", query_id=query.id, run_id=query.runId, spark_version=spark.version)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while query.isActive and not stop.is_set():
+        try:
+            query.awaitTermination(1)
+        except Exception:
+            break
+    if stop.is_set() and query.isActive:
+        with batch_lock:  # never stop in the middle of a transaction
+            query.stop()
+        status.update(state="stopped", stopped_ms=int(time.time() * 1000))
+        bus.emit(ev.JOB_STOPPED, flush=True, last_batch=status.data.get("last_batch"))
+        sink.close()
+        return EXIT_OK
+    err = failure[-1] if failure else query.exception()
+    code = (EXIT_FENCED if isinstance(err, ZombieFenced) else
+            EXIT_DIVERGENT if isinstance(err, DivergentHistory) else EXIT_FAILED)
+    status.update(state="failed", error=str(err)[:2000], exit_code=code)
+    bus.emit(ev.JOB_FAILED, logging.ERROR, flush=True, error=str(err)[:2000], exit_code=code)
+    return code
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("ONCEFLOW_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        settings = config.load()
+    except config.ConfigError as e:
+        print(f"onceflow: {e}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    code = run(settings)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Exit without waiting for the JVM gateway's non-daemon threads.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

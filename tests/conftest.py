@@ -1,0 +1,69 @@
+"""Shared fixtures: one local Spark session and one real Kafka broker (KRaft) for the whole run.
+
+Each integration test gets its own app id and topics on the shared broker, so tests stay independent while
+the suite pays for one broker start. Everything started here is stopped at the end of the session.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import pytest
+
+from onceflow import broker, config, jobctl, topics
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pyspark.sql import SparkSession
+
+    s = (SparkSession.builder.master("local[2]").appName("onceflow-tests")
+         .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory):
+    """A real single-node KRaft broker on free loopback ports, started once per test session."""
+    var = tmp_path_factory.mktemp("var")
+    base = config.load(env={}, var_dir=var, bootstrap_servers=f"127.0.0.1:{free_port()}",
+                       controller_port=free_port(), broker_txn_abort_check_interval_ms=1000,
+                       broker_transaction_max_timeout_ms=300_000, trigger_interval_s=1.0,
+                       restart_delay_s=1.0, restart_attempts=5, transaction_timeout_ms=60_000)
+    broker.start(base)
+    started: list[config.Settings] = []
+    base_apps = {"apps": started}
+    yield base, base_apps
+    for s in started:
+        try:
+            jobctl.stop(s, timeout=30)
+        except Exception:
+            pass
+    broker.stop(base)
+
+
+@pytest.fixture
+def app(kafka, request):
+    """Settings for one test's own app: its own topics, checkpoint and transactional id on the shared broker."""
+    base, reg = kafka
+    name = request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:40] + "_" + uuid.uuid4().hex[:6]
+
+    def make(**overrides) -> config.Settings:
+        s = base.replace(app_id=name, source_topic=f"{name}.source", sink_topic=f"{name}.sink",
+                         dlq_topic=f"{name}.dlq", ledger_topic=f"{name}.ledger", events_topic=f"{name}.events",
+                         **overrides)
+        topics.ensure(s)
+        reg["apps"].append(s)
+        return s
+
+    return make

@@ -1,0 +1,185 @@
+"""Exactly-once, proven against the real broker and real Spark, with real crashes (SIGKILL)."""
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from onceflow import events as ev
+from onceflow import jobctl, launcher, procs, supervisor
+from onceflow.exactly_once import ExactlyOnceSink, OutRecord, KIND_RESULT, TransactionConfigError, ZombieFenced
+from onceflow.faults import Injector
+from onceflow.ledger import BatchPlan, Decision
+
+from .helpers import assert_exact, events, now_ms, produce, wait_drained, wait_event, wait_job_exit
+
+pytestmark = pytest.mark.integration
+
+
+def test_happy_path_100k_records_exact(app, tmp_path):
+    s = app(max_offsets_per_trigger=25_000)
+    sent = produce(s, tmp_path / "m.csv", count=100_000, event_rate=4000, distinct_ips=3000, skew=0.8,
+                   out_of_order_fraction=0.05, late_fraction=0.02, malformed_fraction=0.02, tail_s=30, seed=1)
+    jobctl.start(s)
+    wait_drained(s, sent)
+    rep = assert_exact(s, sent)
+    assert rep.late > 0 and rep.malformed > 1000 and rep.expected_keys > 1000
+    st = jobctl.status(s)
+    assert st["running"] and st["committed_batches"] >= 4 and st["last_batch"] is not None
+    assert st["progress"]["watermark"] and st["transactional_id"] == f"onceflow.{s.app_id}"
+    committed = events(s, ev.BATCH_COMMITTED)
+    assert all(e["txn_ms"] >= 0 for e in committed) and {e["batch"] for e in committed} >= {0, 1, 2, 3}
+    assert jobctl.stop(s)
+    assert not jobctl.status(s)["running"]
+
+
+def test_crash_at_every_protocol_point_and_random_kill9(app, tmp_path):
+    faults = "crash_before_produce@2,crash_after_produce@4,crash_after_commit@6"
+    s = app(max_offsets_per_trigger=4000, fault=faults, restart_attempts=10)
+    produced: dict = {}
+
+    def feed():
+        produced["sent"] = produce(s, tmp_path / "m.csv", count=80_000, rate=2500, event_rate=2500,
+                                   distinct_ips=500, out_of_order_fraction=0.05, late_fraction=0.01,
+                                   malformed_fraction=0.02, tail_s=30, seed=2)
+
+    jobctl.start(s)
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    rng = random.Random(5)
+    kills = 0
+    deadline = time.monotonic() + 600
+    while kills < 5 and time.monotonic() < deadline:
+        # wait until the (restarted) job has committed something, then kill it at a random moment
+        jobctl.wait_for_commit(s, after_ms=now_ms(), timeout=180)
+        time.sleep(rng.uniform(0.2, 4.0))
+        if jobctl.kill(s):
+            kills += 1
+    assert kills == 5
+    feeder.join(timeout=300)
+    sent = produced["sent"]
+    wait_drained(s, sent, timeout=420)
+    assert_exact(s, sent)
+    fired = {e["fault"] for e in events(s, ev.FAULT_INJECTED)}
+    assert fired == set(faults.split(","))
+    assert len(events(s, ev.SUPERVISOR_RESTART)) >= 8
+    assert events(s, ev.BATCH_REPLAY_SKIPPED), "crash_after_commit must lead to a skipped replay"
+
+
+def _plan(s, batch, start, end):
+    return BatchPlan(batch=batch, topic=s.source_topic, start={0: start}, end={0: end})
+
+
+def _rows(batch, n):
+    return [OutRecord(KIND_RESULT, f"k{batch}-{i}", b'{"x":1}') for i in range(n)]
+
+
+def test_zombie_is_fenced_and_its_transaction_never_visible(app, tmp_path):
+    from .helpers import audit
+
+    s = app()
+    bus = ev.EventBus(s)
+    zombie = ExactlyOnceSink(s, bus, Injector("stall_in_txn@0:6", tmp_path / "faults"))
+    result: dict = {}
+
+    def zombie_writes():
+        try:
+            zombie.write_batch(_plan(s, 0, 0, 10), _rows(0, 10))
+        except BaseException as e:
+            result["error"] = e
+
+    t = threading.Thread(target=zombie_writes)
+    t.start()
+    time.sleep(2)  # the zombie's transaction is open (stalled) now
+    newer = ExactlyOnceSink(s, bus)  # same transactional.id: fences the zombie, aborts its transaction
+    t.join(30)
+    assert isinstance(result.get("error"), ZombieFenced)
+    out = newer.write_batch(_plan(s, 0, 0, 10), _rows(0, 10))
+    assert out.decision is Decision.WRITE
+    assert newer.write_batch(_plan(s, 0, 0, 10), _rows(0, 10)).decision is Decision.SKIP  # replayed: no write
+    keys = [m.key for m in audit.read_topic(s, s.sink_topic)]
+    assert sorted(keys) == sorted(f"k0-{i}".encode() for i in range(10))
+    assert len(audit.read_topic(s, s.sink_topic, isolation="read_uncommitted")) == 20  # the zombie's, aborted
+    assert events(s, ev.FENCED)
+    newer.close()
+    zombie.close()
+
+
+def test_running_job_fenced_by_newer_instance_stops_without_restart(app, tmp_path):
+    s = app()
+    sent = produce(s, tmp_path / "a.csv", count=5000, event_rate=1000, seed=3)
+    jobctl.start(s)
+    jobctl.wait_for_commit(s, timeout=180)
+    # A second instance on this machine is refused before it can touch Kafka.
+    with pytest.raises(jobctl.JobControlError, match="already running"):
+        jobctl.start(s)
+    second = subprocess.run(launcher.submit_argv(s), env=launcher.submit_env(s),
+                            capture_output=True, text=True, timeout=180)
+    # (spark-submit merges the Python driver's stderr into its stdout)
+    assert second.returncode == 2 and "another instance of app" in second.stdout + second.stderr
+    # An instance elsewhere (same app id) initialises transactions: the running job is now a zombie.
+    newer = ExactlyOnceSink(s, ev.EventBus(s))
+    more = produce(s, tmp_path / "b.csv", count=2000, event_rate=1000, seed=4, start_ms=1_795_000_010_000,
+                   tail_s=30)
+    wait_event(s, ev.FENCED)
+    wait_job_exit(s)
+    gave_up = events(s, ev.SUPERVISOR_GAVE_UP)
+    assert gave_up and gave_up[-1]["exit_code"] == 3
+    newer.close()
+    # The legitimate restart takes over again and finishes exactly once.
+    jobctl.start(s)
+    all_sent = sent + more
+    wait_drained(s, all_sent)
+    assert_exact(s, all_sent)
+
+
+def test_transaction_timeout_is_aborted_reported_and_replayed(app, tmp_path):
+    s = app(transaction_timeout_ms=6000, fault="stall_in_txn@1:12", max_offsets_per_trigger=5000)
+    sent = produce(s, tmp_path / "m.csv", count=20_000, event_rate=2000, seed=6, tail_s=30)
+    jobctl.start(s)
+    timeouts = wait_event(s, ev.TRANSACTION_TIMEOUT, timeout=180)
+    wait_drained(s, sent)
+    assert_exact(s, sent)
+    assert len(events(s, ev.TRANSACTION_TIMEOUT)) == 1
+    t = timeouts[0]
+    assert t["timeout_ms"] == 6000 and t["elapsed_ms"] >= 6000 and t["transactional_id"] == s.transactional_id
+    assert "ONCEFLOW_TRANSACTION_TIMEOUT_MS" in t["action"]
+    warned = [e for e in events(s, ev.TRANSACTION_NEAR_TIMEOUT) if not e["committed"]]
+    assert warned and warned[0]["batch"] == 1 and warned[0]["txn_ms"] >= 0.8 * 6000 - 100
+    assert events(s, ev.SUPERVISOR_RESTART)
+
+
+def test_bad_configuration_fails_at_start_with_a_clear_message(app, kafka):
+    from onceflow import preflight
+    from onceflow.config import ConfigError
+
+    base, _ = kafka
+    s = app()
+    # 1. job timeout above the broker's maximum (the broker here allows 300 s)
+    too_long = s.replace(broker_transaction_max_timeout_ms=900_000, transaction_timeout_ms=600_000)
+    with pytest.raises(ConfigError, match=r"above the broker's transaction.max.timeout.ms \(300000 ms\)"):
+        jobctl.start(too_long)
+    run = subprocess.run([sys.executable, "-m", "onceflow.cli", "job", "run"],
+                         env={**__import__("os").environ, **too_long.as_env()}, capture_output=True, text=True,
+                         timeout=180)
+    assert run.returncode == 2
+    assert "lower ONCEFLOW_TRANSACTION_TIMEOUT_MS to at most 300000" in \
+        supervisor.job_log(too_long).read_text()
+    with pytest.raises(TransactionConfigError, match="refused transaction.timeout.ms=600000"):
+        ExactlyOnceSink(too_long, ev.EventBus(too_long))  # and the broker itself refuses it
+    # 2. a missing topic
+    with pytest.raises(preflight.PreflightError, match="topic nope.source is missing"):
+        jobctl.start(s.replace(source_topic="nope.source"))
+    # 3. an unreachable broker
+    from .helpers import procs as _p  # noqa: F401
+    from tests.conftest import free_port
+
+    with pytest.raises(preflight.PreflightError, match="cannot reach the Kafka broker"):
+        jobctl.start(s.replace(bootstrap_servers=f"127.0.0.1:{free_port()}"))
+    cli = subprocess.run([sys.executable, "-m", "onceflow.cli", "job", "start"],
+                         env={**__import__("os").environ, **s.replace(source_topic="nope.source").as_env()},
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 2 and "nope.source is missing" in cli.stderr
+    assert not jobctl.status(s)["running"]

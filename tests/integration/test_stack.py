@@ -1,0 +1,63 @@
+"""The embedded stack: the broker from Maven jars, the topics with explicit settings, the CLI around them."""
+import json
+import subprocess
+import sys
+
+import pytest
+from confluent_kafka.admin import ConfigResource, ResourceType
+
+from onceflow import jvm, kafka_clients, topics
+
+pytestmark = pytest.mark.integration
+
+
+def test_topics_have_explicit_settings(app):
+    s = app()
+    admin = kafka_clients.admin(s)
+    md = admin.list_topics(timeout=10).topics
+    for spec in topics.specs(s):
+        assert len(md[spec.name].partitions) == spec.partitions
+        res = ConfigResource(ResourceType.TOPIC, spec.name)
+        cfg = admin.describe_configs([res])[res].result(10)
+        for k, v in spec.config.items():
+            assert cfg[k].value == v, (spec.name, k)
+    assert len(md[s.source_topic].partitions) == 4
+    assert len(md[s.ledger_topic].partitions) == 1
+    assert topics.check(s) == []
+    assert topics.ensure(s) == []  # idempotent
+
+
+def test_broker_runs_transactions_v2(kafka):
+    base, _ = kafka
+    from onceflow import broker
+
+    log = broker.paths(base).server_log.read_text()
+    assert "transaction.version=2" in log or "transaction.version to 2" in log
+
+
+def test_jvm_artifacts_are_cached(kafka, monkeypatch):
+    base, _ = kafka
+
+    def no_maven(*a, **k):
+        raise AssertionError("Maven ran again although the jars are cached")
+
+    monkeypatch.setattr(subprocess, "run", no_maven)
+    assert any(p.name.startswith("kafka_2.13-") for p in jvm.resolve("kafka-broker", base).glob("*.jar"))
+    names = [p.name for p in jvm.spark_kafka_jars(base)]
+    assert any(n.startswith("spark-sql-kafka-0-10_2.13-") for n in names)
+    assert not any(n.startswith("scala-library") for n in names), "pyspark already ships scala"
+
+
+def test_cli_stack_status_json(kafka):
+    base, _ = kafka
+    env = base.as_env()
+    out = subprocess.run([sys.executable, "-m", "onceflow.cli", "stack", "status", "--json"], env={**env, "PATH": ""},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    st = json.loads(out.stdout)
+    assert st["broker"]["running"] and st["bootstrap_servers"] == base.bootstrap_servers
+
+
+def test_missing_topic_is_reported(app):
+    s = app().replace(sink_topic="no_such_topic")
+    assert any("no_such_topic is missing" in p for p in topics.check(s))

@@ -1,0 +1,70 @@
+import pytest
+
+from onceflow import config, faults
+from onceflow.config import ConfigError
+
+
+def test_defaults_are_the_embedded_stack():
+    s = config.load(env={})
+    assert s.bootstrap_servers == "127.0.0.1:9092" and s.source_partitions == 4
+    assert s.transactional_id == "onceflow.ip_count" and s.group_id == "onceflow.ip_count"
+    assert s.checkpoint.startswith("file://") and s.checkpoint.endswith("/var/checkpoints/ip_count")
+    assert (s.restart_attempts, s.restart_delay_s, s.transaction_timeout_ms) == (3, 10.0, 60_000)
+
+
+def test_environment_overrides_are_typed():
+    s = config.load(env={"ONCEFLOW_SOURCE_PARTITIONS": "8", "ONCEFLOW_TRIGGER_INTERVAL_S": "2.5",
+                         "ONCEFLOW_APP_ID": "x1", "ONCEFLOW_CHECKPOINT_URI": "hdfs://nn/cp"})
+    assert s.source_partitions == 8 and s.trigger_interval_s == 2.5 and s.app_id == "x1"
+    assert s.checkpoint == "hdfs://nn/cp" and s.transactional_id == "onceflow.x1"
+
+
+def test_as_env_roundtrip():
+    s = config.load(env={}, app_id="rt", transaction_timeout_ms=1234)
+    assert config.load(env=s.as_env()) == s
+
+
+@pytest.mark.parametrize("env,match", [
+    ({"ONCEFLOW_SOURCE_PARTITIONS": "four"}, "not a valid int"),
+    ({"ONCEFLOW_SOURCE_PARTITIONS": "0"}, "SOURCE_PARTITIONS must be > 0"),
+    ({"ONCEFLOW_APP_ID": "a b"}, "APP_ID"),
+    ({"ONCEFLOW_STARTING_OFFSETS": "middle"}, "STARTING_OFFSETS"),
+    ({"ONCEFLOW_BOOTSTRAP_SERVERS": "nohostport"}, "BOOTSTRAP_SERVERS"),
+    ({"ONCEFLOW_MIN_INSYNC_REPLICAS": "2"}, "MIN_INSYNC_REPLICAS"),
+    ({"ONCEFLOW_NEAR_TIMEOUT_FRACTION": "1.5"}, "NEAR_TIMEOUT_FRACTION"),
+])
+def test_bad_values_are_rejected_with_the_variable_name(env, match):
+    with pytest.raises(ConfigError, match=match):
+        config.load(env=env)
+
+
+def test_transaction_timeout_above_broker_max_says_what_to_change():
+    with pytest.raises(ConfigError, match=r"lower ONCEFLOW_TRANSACTION_TIMEOUT_MS to at most 60000"):
+        config.load(env={"ONCEFLOW_TRANSACTION_TIMEOUT_MS": "120000",
+                         "ONCEFLOW_BROKER_TRANSACTION_MAX_TIMEOUT_MS": "60000"})
+
+
+def test_unknown_override_rejected():
+    with pytest.raises(ConfigError, match="unknown"):
+        config.load(env={}, nonsense=1)
+
+
+def test_fault_specs():
+    fs = faults.parse("crash_after_commit@3, stall_in_txn@4:2.5")
+    assert [(f.point, f.batch, f.seconds) for f in fs] == [("crash_after_commit", 3, 0.0), ("stall_in_txn", 4, 2.5)]
+    assert faults.parse("") == []
+    for bad in ("explode@1", "crash_after_commit", "stall_in_txn@1", "crash_after_commit@x"):
+        with pytest.raises(faults.FaultSpecError):
+            faults.parse(bad)
+
+
+def test_fault_fires_once(tmp_path):
+    fired = []
+    inj = faults.Injector("stall_in_txn@2:0.01", tmp_path, on_fire=fired.append)
+    inj.hit("stall_in_txn", 1)
+    inj.hit("stall_in_txn", 2)
+    inj.hit("stall_in_txn", 2)
+    assert [f.name for f in fired] == ["stall_in_txn@2"]
+    # a new injector (the restarted job) sees the marker and does not fire again
+    faults.Injector("stall_in_txn@2:0.01", tmp_path, on_fire=fired.append).hit("stall_in_txn", 2)
+    assert len(fired) == 1

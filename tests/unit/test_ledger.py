@@ -1,0 +1,111 @@
+"""The replay decision and the coverage checks (I1), without a broker."""
+import pytest
+
+from onceflow.ledger import (BatchPlan, Committed, Decision, DivergentHistory, LedgerEntry, batch_from_metadata,
+                             check_coverage, decide, offset_metadata)
+
+
+def plan(n, start, end):
+    return BatchPlan(batch=n, topic="src", start=dict(enumerate(start)), end=dict(enumerate(end)))
+
+
+def entry(n, start, end, topic="src"):
+    p = plan(n, start, end)
+    return LedgerEntry.for_plan("app", p, 0, 0, 1.0, 0, "onceflow.app") if topic == "src" else \
+        LedgerEntry("app", n, topic, p.ranges, 0, 0, 0, 0, 1.0, 0, "onceflow.app")
+
+
+def committed(batch, offsets):
+    return Committed.from_partitions((p, o, offset_metadata(batch)) for p, o in enumerate(offsets))
+
+
+def test_first_batch_writes():
+    assert decide(plan(0, [0, 0], [5, 7]), Committed({}, None), None) is Decision.WRITE
+
+
+def test_next_batch_writes_when_contiguous():
+    assert decide(plan(3, [5, 7], [9, 9]), committed(2, [5, 7]), None) is Decision.WRITE
+
+
+def test_replay_with_same_range_is_skipped():
+    assert decide(plan(3, [5, 7], [9, 9]), committed(3, [9, 9]), entry(3, [5, 7], [9, 9])) is Decision.SKIP
+
+
+def test_replay_with_different_range_fails_loudly():
+    with pytest.raises(DivergentHistory, match="committed with ranges"):
+        decide(plan(3, [5, 7], [10, 9]), committed(3, [9, 9]), entry(3, [5, 7], [9, 9]))
+
+
+def test_replay_without_ledger_entry_fails():
+    with pytest.raises(DivergentHistory, match="no record"):
+        decide(plan(3, [5, 7], [9, 9]), committed(3, [9, 9]), None)
+
+
+def test_gap_or_overlap_with_previous_batch_fails():
+    with pytest.raises(DivergentHistory, match="gap or overlap"):
+        decide(plan(3, [6, 7], [9, 9]), committed(2, [5, 7]), None)
+    with pytest.raises(DivergentHistory, match="gap or overlap"):
+        decide(plan(3, [4, 7], [9, 9]), committed(2, [5, 7]), None)
+
+
+def test_checkpoint_behind_sink_fails():
+    with pytest.raises(DivergentHistory, match="behind the sink"):
+        decide(plan(3, [5, 7], [9, 9]), committed(7, [20, 20]), None)
+
+
+def test_checkpoint_ahead_of_sink_fails():
+    with pytest.raises(DivergentHistory, match="never written"):
+        decide(plan(9, [5, 7], [9, 9]), committed(2, [5, 7]), None)
+
+
+def test_foreign_offsets_fail():
+    c = Committed.from_partitions([(0, 5, None), (1, 7, "")])
+    assert c.foreign
+    with pytest.raises(DivergentHistory, match="without onceflow batch metadata"):
+        decide(plan(0, [0, 0], [5, 7]), c, None)
+
+
+def test_mixed_batch_metadata_is_divergent():
+    with pytest.raises(DivergentHistory):
+        Committed.from_partitions([(0, 5, offset_metadata(1)), (1, 7, offset_metadata(2))])
+
+
+def test_metadata_roundtrip():
+    assert batch_from_metadata(offset_metadata(42)) == 42
+    assert batch_from_metadata("garbage") is None and batch_from_metadata(None) is None
+
+
+def test_ledger_entry_json_roundtrip():
+    e = entry(4, [1, 2], [3, 4])
+    assert LedgerEntry.from_json(e.to_json()) == e
+
+
+def test_plan_rejects_backwards_range():
+    with pytest.raises(ValueError):
+        plan(1, [5], [4])
+
+
+def test_coverage_contiguous():
+    es = [entry(0, [0, 0], [5, 3]), entry(1, [5, 3], [5, 3]), entry(2, [5, 3], [9, 8])]
+    rep = check_coverage(reversed(es), committed={0: 9, 1: 8}, starting={0: 0, 1: 0})
+    assert rep.ok and rep.batches == 3 and rep.covered == {0: (0, 9), 1: (0, 8)}
+
+
+def test_coverage_gap_overlap_and_committed_mismatch():
+    es = [entry(0, [0, 0], [5, 3]), entry(1, [6, 3], [8, 4]), entry(2, [7, 4], [9, 5])]
+    rep = check_coverage(es, committed={0: 9, 1: 6})
+    kinds = [(i.kind, i.partition, i.start, i.end) for i in rep.issues]
+    assert ("gap", 0, 5, 6) in kinds
+    assert ("overlap", 0, 7, 8) in kinds
+    assert ("not_at_committed", 1, 5, 6) in kinds
+
+
+def test_coverage_missing_starting_offsets_is_a_gap():
+    rep = check_coverage([entry(0, [3], [5])], starting={0: 0})
+    assert [(i.kind, i.start, i.end) for i in rep.issues] == [("gap", 0, 3)]
+
+
+def test_coverage_divergent_duplicate_batch_and_jump():
+    es = [entry(0, [0], [5]), entry(0, [0], [6]), entry(2, [5], [7])]
+    kinds = {i.kind for i in check_coverage(es).issues}
+    assert {"divergent_batch", "batch_sequence"} <= kinds
