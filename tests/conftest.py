@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import uuid
+from pathlib import Path
+
+# Airflow reads its home at import time: give the test session its own, before anything imports airflow.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="onceflow-airflow-"))
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(__file__).resolve().parents[1] / "dags")
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
 import pytest
 
@@ -61,6 +68,7 @@ def app(kafka, request):
     def make(**overrides) -> config.Settings:
         s = base.replace(app_id=name, source_topic=f"{name}.source", sink_topic=f"{name}.sink",
                          dlq_topic=f"{name}.dlq", ledger_topic=f"{name}.ledger", events_topic=f"{name}.events",
+                         alerts_topic=f"{name}.alerts", health_topic=f"{name}.health",
                          **overrides)
         topics.ensure(s)
         reg["apps"].append(s)

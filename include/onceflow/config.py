@@ -37,6 +37,8 @@ class Settings:
     dlq_topic: str = "ip_count_dlq"
     ledger_topic: str = "ip_count_ledger"
     events_topic: str = "onceflow_events"
+    alerts_topic: str = "onceflow_alerts"
+    health_topic: str = "onceflow_health"
     source_partitions: int = 4
     sink_partitions: int = 4
     replication_factor: int = 1
@@ -66,6 +68,20 @@ class Settings:
     # --- the supervisor (the seeds' fixed-delay restart strategy: 3 attempts, 10 s apart) ---
     restart_attempts: int = 3
     restart_delay_s: float = 10.0
+
+    # --- the control plane (Airflow) ---
+    kafka_conn_id: str = "onceflow_kafka"        # Airflow connection holding bootstrap.servers
+    spark_conn_id: str = "spark_default"         # Airflow connection: Spark master / deploy mode
+    airflow_port: int = 8080
+    health_progress_threshold_s: float = 120.0   # no committed batch for this long while input waits = stalled
+    checkpoint_freshness_threshold_s: float = 600.0
+    health_restart_attempts: int = 3             # restarts by the health check per window, then page
+    health_restart_window_s: float = 3600.0
+    alert_channels: str = ""                     # comma-separated: webhook, slack, smtp
+    alert_webhook_conn_id: str = "onceflow_webhook"
+    alert_slack_conn_id: str = "onceflow_slack"
+    alert_smtp_conn_id: str = "smtp_default"
+    alert_email_to: str = ""
 
     # --- fault injection for tests; empty = off (see onceflow.faults) ---
     fault: str = ""
@@ -140,6 +156,13 @@ class Settings:
         need(self.watermark_s >= 0, f"{ENV_PREFIX}WATERMARK_S must be >= 0, got {self.watermark_s}")
         need(self.trigger_interval_s >= 0, f"{ENV_PREFIX}TRIGGER_INTERVAL_S must be >= 0")
         need(self.restart_attempts >= 0, f"{ENV_PREFIX}RESTART_ATTEMPTS must be >= 0")
+        need(self.health_restart_attempts >= 0, f"{ENV_PREFIX}HEALTH_RESTART_ATTEMPTS must be >= 0")
+        need(self.health_progress_threshold_s > 0, f"{ENV_PREFIX}HEALTH_PROGRESS_THRESHOLD_S must be > 0")
+        channels = {c.strip() for c in self.alert_channels.split(",") if c.strip()}
+        need(channels <= {"webhook", "slack", "smtp"},
+             f"{ENV_PREFIX}ALERT_CHANNELS takes webhook, slack, smtp; got {sorted(channels)}")
+        need("smtp" not in channels or bool(self.alert_email_to),
+             f"{ENV_PREFIX}ALERT_EMAIL_TO is needed when the smtp alert channel is on")
         need(self.restart_delay_s >= 0, f"{ENV_PREFIX}RESTART_DELAY_S must be >= 0")
         need(0 < self.near_timeout_fraction < 1, f"{ENV_PREFIX}NEAR_TIMEOUT_FRACTION must be in (0, 1)")
         need(self.min_insync_replicas <= self.replication_factor,

@@ -80,6 +80,7 @@ class ExactlyOnceSink:
         self.bus = bus
         self.faults = faults
         self.timeout_ms = settings.transaction_timeout_ms
+        self._batch: int | None = None  # the batch whose transaction is open, for events
         self.producer = kafka_clients.transactional_producer(
             settings, settings.transactional_id, **{"partitioner": "murmur2_random", "linger.ms": 5,
                                                      "batch.num.messages": 10000})
@@ -129,6 +130,7 @@ class ExactlyOnceSink:
             return BatchOutcome(plan.batch, decision)
 
         self._fault("crash_before_produce", plan.batch)
+        self._batch = plan.batch
         started = time.monotonic()
         warn = threading.Timer(self.timeout_ms * self.s.near_timeout_fraction / 1000.0, self._near_timeout,
                                args=(plan.batch, started))
@@ -204,7 +206,8 @@ class ExactlyOnceSink:
                     f"the broker refused transaction.timeout.ms={self.timeout_ms}: it is above the broker's "
                     f"transaction.max.timeout.ms; lower ONCEFLOW_TRANSACTION_TIMEOUT_MS") from e
             if started is not None and elapsed_ms >= self.timeout_ms * 0.95:
-                self.bus.emit(ev.TRANSACTION_TIMEOUT, logging.ERROR, flush=True, elapsed_ms=round(elapsed_ms),
+                self.bus.emit(ev.TRANSACTION_TIMEOUT, logging.ERROR, flush=True, batch=self._batch,
+                              elapsed_ms=round(elapsed_ms),
                               timeout_ms=self.timeout_ms, transactional_id=self.s.transactional_id,
                               error=str(err),
                               action="the batch is replayed after the restart; if this repeats, raise "
@@ -239,7 +242,10 @@ class ExactlyOnceSink:
                 c.close()
             except Exception:
                 pass
-        self.producer.flush(10)
+        try:
+            self.producer.flush(10)
+        except KafkaException as e:  # a fenced (fatal) producer has nothing left to flush
+            log.info("producer flush on close: %s", e)
 
 
 class TransactionConfigError(RuntimeError):

@@ -1,6 +1,7 @@
 """Start, stop, inspect and kill the streaming job (through its supervisor)."""
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -32,15 +33,19 @@ def status(settings: Settings) -> dict:
             "log": str(supervisor.job_log(settings)), "error": st.get("error")}
 
 
-def start(settings: Settings) -> dict:
-    """Preflight, then launch the supervisor detached. Refuses if an instance already runs here."""
+def start(settings: Settings, argv=None) -> dict:
+    """Preflight, then launch the supervisor detached. Refuses if an instance already runs here.
+    `argv`: the spark-submit command line to run (default: onceflow.launcher.submit_argv)."""
     if procs.read_pidfile(supervisor.supervisor_pidfile(settings)) or \
             procs.read_pidfile(supervisor.job_pidfile(settings)):
         raise JobControlError(f"app {settings.app_id} is already running: `onceflow job status`")
     preflight.check_job(settings)
     settings.run_dir.mkdir(parents=True, exist_ok=True)
+    env = launcher.submit_env(settings)
+    if argv:
+        env[supervisor.ARGV_ENV] = json.dumps(list(argv))
     proc = procs.spawn_detached([sys.executable, "-m", "onceflow.cli", "job", "run"],
-                                supervisor.job_log(settings), env=launcher.submit_env(settings))
+                                supervisor.job_log(settings), env=env)
     procs.write_pidfile(supervisor.supervisor_pidfile(settings), proc.pid, "onceflow.cli")
     return {"supervisor_pid": proc.pid, "log": str(supervisor.job_log(settings))}
 
@@ -76,10 +81,18 @@ def stop(settings: Settings, timeout: float = 90.0) -> bool:
     return True
 
 
-def kill(settings: Settings) -> int | None:
-    """kill -9 the job's process group (driver JVM and Python); the supervisor restarts it."""
+def kill(settings: Settings, with_supervisor: bool = False) -> int | None:
+    """kill -9 the job's process group (driver JVM and Python); the supervisor restarts it. With
+    `with_supervisor`, the supervisor dies first (as when the driver's machine loses the whole process tree):
+    then only the health check can bring the job back."""
     job = procs.read_pidfile(supervisor.job_pidfile(settings))
+    if with_supervisor:
+        sup = procs.read_pidfile(supervisor.supervisor_pidfile(settings))
+        if sup:
+            procs.signal_group(sup["pid"], signal.SIGKILL)
+            procs.wait_until(lambda: not procs.pid_alive(sup["pid"]), 20, what="the supervisor to die")
     if not job:
         return None
     procs.signal_group(job["pid"], signal.SIGKILL)
+    procs.wait_until(lambda: not procs.pid_alive(job["pid"]), 30, what="the job to die")
     return job["pid"]

@@ -6,6 +6,7 @@ cannot fix (misconfiguration, fenced by a newer instance, divergent history) end
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ from .config import Settings
 log = logging.getLogger(__name__)
 NO_RESTART = {0: "stopped", 2: "misconfiguration", 3: "fenced by a newer instance", 4: "divergent history"}
 JOB_MARKER = str(launcher.JOB_SCRIPT)
+ARGV_ENV = "ONCEFLOW_SUBMIT_ARGV"  # a JSON list: the spark-submit command built by the deployer
 
 
 def job_pidfile(settings: Settings):
@@ -50,11 +52,12 @@ def supervise(settings: Settings, bus: ev.EventBus | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     env = launcher.submit_env(settings)
+    argv = json.loads(os.environ[ARGV_ENV]) if os.environ.get(ARGV_ENV) else launcher.submit_argv(settings)
     failures = 0
     restarts = 0
     while True:
         started_ms = int(time.time() * 1000)
-        proc = procs.spawn_detached(launcher.submit_argv(settings), job_log(settings), env=env)
+        proc = procs.spawn_detached(argv, job_log(settings), env=env)
         child["proc"] = proc
         procs.write_pidfile(job_pidfile(settings), proc.pid, JOB_MARKER, supervisor=os.getpid(),
                             restarts=restarts)

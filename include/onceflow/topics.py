@@ -30,6 +30,9 @@ def specs(settings: Settings) -> list[TopicSpec]:
         # One partition: the ledger is one ordered history per app (key = app id).
         TopicSpec(settings.ledger_topic, 1, {**common, "retention.ms": KEEP_FOREVER}),
         TopicSpec(settings.events_topic, 1, {**common, "retention.ms": WEEK_MS}),
+        # Only state changes are written here: the alert record the console shows, and the dedup state.
+        TopicSpec(settings.alerts_topic, 1, {**common, "retention.ms": str(90 * 24 * 3600 * 1000)}),
+        TopicSpec(settings.health_topic, 1, {**common, "retention.ms": WEEK_MS}),
     ]
 
 

@@ -1,0 +1,89 @@
+"""Deploying the streaming job: preflight, launch (detached), stop at a batch boundary, upgrade.
+
+The deploy DAG calls these; so can scripts. A launch never blocks a worker: the job runs under its supervisor,
+detached, and the health DAG watches it from then on.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Sequence
+from urllib.parse import urlparse
+
+from . import audit, events as ev, jobctl, preflight, supervisor
+from .config import Settings
+
+ACTIONS = ("start", "stop", "restart", "upgrade")
+
+
+class DeployError(RuntimeError):
+    pass
+
+
+def checkpoint_writable(settings: Settings) -> None:
+    u = urlparse(settings.checkpoint)
+    if u.scheme not in ("", "file"):
+        return  # remote stores are checked by Spark itself at start
+    path = u.path
+    probe_dir = path if os.path.isdir(path) else os.path.dirname(path.rstrip("/"))
+    os.makedirs(probe_dir, exist_ok=True)
+    probe = os.path.join(probe_dir, f".onceflow-write-probe-{os.getpid()}")
+    try:
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise DeployError(f"the checkpoint location {settings.checkpoint} is not writable: {e}") from None
+
+
+def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | None:
+    """A batch committed recently by a driver that is not the one running here: another live instance."""
+    within_s = within_s or max(60.0, 6 * settings.trigger_interval_s)
+    now_ms = int(time.time() * 1000)
+    local = jobctl.status(settings)
+    for e in reversed(audit.read_topic(settings, settings.events_topic)):
+        import json
+
+        try:
+            d = json.loads(e.value)
+        except ValueError:
+            continue
+        if d.get("app") != settings.app_id or d.get("type") != ev.BATCH_COMMITTED:
+            continue
+        if now_ms - d["ts_ms"] > within_s * 1000:
+            return None
+        if local["running"]:
+            return None
+        return d
+    return None
+
+
+def preflight_checks(settings: Settings, allow_running: bool = False) -> dict:
+    """Broker reachable, topics present, timeouts consistent, checkpoint writable, no other live driver."""
+    info = preflight.check_job(settings)
+    checkpoint_writable(settings)
+    st = jobctl.status(settings)
+    if st["running"] and not allow_running:
+        raise DeployError(f"app {settings.app_id} is already running (job pid {st['job_pid']}); a second driver "
+                          f"is never started: use action=restart or upgrade")
+    other = live_elsewhere(settings)
+    if other is not None:
+        raise DeployError(f"another driver of app {settings.app_id} committed batch {other.get('batch')} "
+                          f"{(time.time() * 1000 - other['ts_ms']) / 1000:.0f} s ago from {other.get('host')} "
+                          f"pid {other.get('pid')}: stop it before starting one here")
+    return info | {"checkpoint": settings.checkpoint}
+
+
+def start(settings: Settings, argv: Sequence[str] | None = None, wait_s: float = 300.0) -> dict:
+    """Launch detached and return once the job has committed a batch."""
+    t0 = int(time.time() * 1000)
+    info = jobctl.start(settings, argv=argv)
+    st = jobctl.wait_for_commit(settings, after_ms=t0, timeout=wait_s)
+    return info | {"job_pid": jobctl.status(settings)["job_pid"], "first_batch": st.get("last_batch"),
+                   "log": str(supervisor.job_log(settings))}
+
+
+def stop(settings: Settings, timeout: float = 120.0) -> dict:
+    before = jobctl.status(settings)
+    stopped = jobctl.stop(settings, timeout=timeout)
+    return {"stopped": stopped, "last_batch": before.get("last_batch")}

@@ -1,0 +1,74 @@
+"""Consumer lag evaluation modelled on LinkedIn Burrow's rules (pure logic, no I/O).
+
+Each health run appends one sample per partition (time, committed offset, end offset). Over the window of the
+last samples a partition is:
+- OK      lag is zero at some point in the window, or the committed offset moves and lag does not grow;
+- WARN    the committed offset moves but lag grows across the whole window (falling behind);
+- STALL   lag > 0 and the committed offset never moved across the window (the consumer is stuck);
+- STOP    lag > 0 and the newest commit is older than the window's span (the consumer stopped committing);
+- REWIND  the committed offset went backwards.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Sequence
+
+OK, WARN, STALL, STOP, REWIND = "OK", "WARN", "STALL", "STOP", "REWIND"
+SEVERITY = {OK: 0, WARN: 1, REWIND: 2, STALL: 3, STOP: 3}
+
+
+@dataclass(frozen=True)
+class Sample:
+    ts_ms: int
+    committed: int
+    end: int
+    commit_ts_ms: int | None = None  # when the committed offset last changed, if known
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.end - self.committed)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Trend(str, Enum):
+    FLAT = "flat"
+    GROWING = "growing"
+    SHRINKING = "shrinking"
+
+
+def trend(samples: Sequence[Sample]) -> Trend:
+    if len(samples) < 2:
+        return Trend.FLAT
+    first, last = samples[0].lag, samples[-1].lag
+    return Trend.GROWING if last > first else Trend.SHRINKING if last < first else Trend.FLAT
+
+
+def evaluate(samples: Sequence[Sample], min_samples: int = 3) -> str:
+    """The Burrow status of one partition over its sample window (oldest first)."""
+    if not samples:
+        return OK
+    for a, b in zip(samples, samples[1:]):
+        if b.committed < a.committed:
+            return REWIND
+    last = samples[-1]
+    if last.lag == 0 or any(s.lag == 0 for s in samples):
+        return OK
+    if len(samples) < min_samples:
+        return OK
+    span = samples[-1].ts_ms - samples[0].ts_ms
+    moved = samples[-1].committed != samples[0].committed
+    if not moved:
+        if last.commit_ts_ms is not None and last.ts_ms - last.commit_ts_ms > span:
+            return STOP
+        return STALL
+    lags = [s.lag for s in samples]
+    if all(b > a for a, b in zip(lags, lags[1:])):
+        return WARN
+    return OK
+
+
+def worst(statuses: Sequence[str]) -> str:
+    return max(statuses, key=lambda s: SEVERITY[s], default=OK)

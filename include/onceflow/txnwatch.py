@@ -1,0 +1,176 @@
+"""Transaction watch: timeout events from the job, near-timeout warnings, and hanging transactions.
+
+A hanging transaction holds a partition's last stable offset (LSO, what read_committed consumers can reach)
+below its high watermark: every read_committed consumer of that partition is stuck behind it. The open
+transaction's age is read from its first record (the record at the LSO). `hanging()` and `event_conditions()`
+are pure; `open_transactions()` and `new_events()` do the reading.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from confluent_kafka import IsolationLevel, KafkaError, OFFSET_BEGINNING, TopicPartition
+from confluent_kafka.admin import OffsetSpec
+
+from . import alerts, events as ev, kafka_clients
+from .config import Settings
+
+
+@dataclass(frozen=True)
+class OpenTxn:
+    topic: str
+    partition: int
+    lso: int
+    high_watermark: int
+    first_ts_ms: int | None
+    app: str | None          # from the record's onceflow.app header, when a onceflow producer wrote it
+    batch: str | None
+
+
+def _latest(admin, tps: list[TopicPartition], isolation: IsolationLevel) -> dict[tuple[str, int], int]:
+    req = {tp: OffsetSpec.latest() for tp in tps}
+    futs = admin.list_offsets(req, isolation_level=isolation, request_timeout=15)
+    return {(tp.topic, tp.partition): fut.result(15).offset for tp, fut in futs.items()}
+
+
+def open_transactions(settings: Settings, topics: list[str]) -> list[OpenTxn]:
+    admin = kafka_clients.admin(settings)
+    md = admin.list_topics(timeout=10).topics
+    tps = [TopicPartition(t, p) for t in topics if t in md for p in sorted(md[t].partitions)]
+    if not tps:
+        return []
+    lso = _latest(admin, tps, IsolationLevel.READ_COMMITTED)
+    hw = _latest(admin, tps, IsolationLevel.READ_UNCOMMITTED)
+    out = []
+    reader = kafka_clients.read_committed_consumer(settings, **{"isolation.level": "read_uncommitted"})
+    try:
+        for key, stable in sorted(lso.items()):
+            if stable >= hw[key]:
+                continue
+            first = _record_at(reader, key[0], key[1], stable)
+            headers = dict(first.headers() or []) if first is not None else {}
+            out.append(OpenTxn(key[0], key[1], stable, hw[key],
+                               first.timestamp()[1] if first is not None else None,
+                               headers.get("onceflow.app", b"").decode() or None,
+                               headers.get("onceflow.batch", b"").decode() or None))
+    finally:
+        reader.close()
+    return out
+
+
+def _record_at(consumer, topic: str, partition: int, offset: int, timeout_s: float = 10.0):
+    consumer.assign([TopicPartition(topic, partition, offset)])
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or (msg.error() and msg.error().code() == KafkaError._PARTITION_EOF):
+                continue
+            if msg.error():
+                return None
+            return msg
+        return None
+    finally:
+        consumer.unassign()
+
+
+def hanging(txns: list[OpenTxn], now_ms: int, timeout_ms: int) -> list[alerts.Condition]:
+    """Open transactions older than the transaction timeout: the coordinator should have aborted them."""
+    out = []
+    for t in txns:
+        if t.first_ts_ms is None:
+            continue
+        age = now_ms - t.first_ts_ms
+        if age <= timeout_ms:
+            continue
+        who = f"app {t.app} (transactional.id onceflow.{t.app}, batch {t.batch})" if t.app else \
+            "a producer that is not onceflow (no onceflow.app header)"
+        out.append(alerts.Condition(
+            key=f"txn_watch:hanging:{t.topic}:{t.partition}", severity=alerts.CRITICAL,
+            summary=f"hanging transaction on {t.topic}[{t.partition}]: open for {age / 1000:.0f} s "
+                    f"(timeout {timeout_ms / 1000:.0f} s) by {who}; read_committed consumers are stuck at "
+                    f"offset {t.lso} (high watermark {t.high_watermark})",
+            action=f"if that producer is gone for good, abort the transaction: kafka-transactions.sh "
+                   f"--bootstrap-server <brokers> abort --topic {t.topic} --partition {t.partition} "
+                   f"--start-offset {t.lso}; if it is onceflow, restart the job (init_transactions aborts it)",
+            details={"topic": t.topic, "partition": t.partition, "age_ms": age, "lso": t.lso,
+                     "high_watermark": t.high_watermark, "app": t.app, "batch": t.batch}))
+    return out
+
+
+def event_conditions(events: list[dict]) -> list[alerts.Condition]:
+    """One alert per timed-out transaction; a near-timeout warning of the same transaction folds into it."""
+    def txn_key(e):
+        return (e.get("app"), e.get("host"), e.get("pid"), e.get("batch"))
+
+    timed_out = {txn_key(e) for e in events if e["type"] == ev.TRANSACTION_TIMEOUT}
+    out = []
+    for e in events:
+        k = txn_key(e)
+        ident = f"{e.get('app')}:{e.get('host')}:{e.get('pid')}:{e.get('batch')}"
+        if e["type"] == ev.TRANSACTION_TIMEOUT:
+            out.append(alerts.Condition(
+                key=f"txn_watch:event:timeout:{ident}", severity=alerts.CRITICAL, one_off=True,
+                summary=f"transaction of {e.get('transactional_id')} (batch {e.get('batch')}) was aborted by the "
+                        f"coordinator after {e.get('elapsed_ms')} ms (timeout {e.get('timeout_ms')} ms); the job "
+                        f"restarts and replays the batch",
+                action=e.get("action", "raise ONCEFLOW_TRANSACTION_TIMEOUT_MS or make batches smaller"),
+                details=e))
+        elif e["type"] == ev.TRANSACTION_NEAR_TIMEOUT and k not in timed_out:
+            out.append(alerts.Condition(
+                key=f"txn_watch:event:near_timeout:{ident}", severity=alerts.WARNING, one_off=True,
+                summary=f"transaction of {e.get('transactional_id')} (batch {e.get('batch')}) was open "
+                        f"{e.get('txn_ms')} ms, past {int(100 * 0.8)}% of its {e.get('timeout_ms')} ms timeout",
+                action="watch batch durations (onceflow job status); lower ONCEFLOW_MAX_OFFSETS_PER_TRIGGER or "
+                       "raise ONCEFLOW_TRANSACTION_TIMEOUT_MS if this repeats",
+                details=e))
+    return out
+
+
+def new_events(settings: Settings, types: set[str], timeout_s: float = 60.0) -> list[dict]:
+    """Events of this app not seen by the watch before (a consumer group remembers the position)."""
+    c = kafka_clients.read_committed_consumer(settings, group_id=f"onceflow.txn_watch.{settings.app_id}",
+                                              **{"enable.partition.eof": True})
+    try:
+        md = c.list_topics(settings.events_topic, timeout=10).topics[settings.events_topic]
+        parts = sorted(md.partitions)
+        committed = kafka_clients.committed(c, [TopicPartition(settings.events_topic, p) for p in parts])
+        c.assign([TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+                  for tp in committed])
+        pending, out, last = set(parts), [], {}
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            msg = c.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition())
+                continue
+            last[msg.partition()] = msg.offset() + 1
+            try:
+                e = json.loads(msg.value())
+            except ValueError:
+                continue
+            if e.get("app") == settings.app_id and e.get("type") in types:
+                out.append(e)
+        if last:
+            c.commit(offsets=[TopicPartition(settings.events_topic, p, o) for p, o in last.items()],
+                     asynchronous=False)
+        return out
+    finally:
+        c.close()
+
+
+def watch(settings: Settings, sink: alerts.AlertSink, now_ms: int | None = None) -> dict:
+    """One run of the transaction watch: returns what it found and the alerts it sent."""
+    now_ms = now_ms or int(time.time() * 1000)
+    evs = new_events(settings, {ev.TRANSACTION_TIMEOUT, ev.TRANSACTION_NEAR_TIMEOUT})
+    txns = open_transactions(settings, [settings.sink_topic, settings.dlq_topic])
+    hang = hanging(txns, now_ms, settings.transaction_timeout_ms)
+    sent = sink.raise_and_resolve(event_conditions(evs), "txn_watch", scope_prefix="txn_watch:event:")
+    sent += sink.raise_and_resolve(hang, "txn_watch", scope_prefix="txn_watch:hanging:")
+    return {"events": len(evs), "open_transactions": [t.__dict__ for t in txns],
+            "hanging": [c.details for c in hang], "alerts": [a.key + " " + a.status for a in sent]}

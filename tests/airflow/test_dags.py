@@ -1,0 +1,106 @@
+"""The control plane DAGs: import cleanly, and do their job against a real broker, Spark and Airflow DB."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from onceflow import events as ev
+from onceflow import jobctl, kafka_clients, procs
+from tests.integration.helpers import assert_exact, events, produce, wait_drained, wait_event
+
+DAGS = ("ip_count_deploy", "ip_count_health", "ip_count_txn_watch")
+
+
+def test_dags_import_with_owners_retries_tags_and_docs(dagbag):
+    assert dagbag.import_errors == {}
+    for dag_id in DAGS:
+        d = dagbag.dags[dag_id]
+        assert d.owner == "onceflow" and "retries" in d.default_args
+        assert "onceflow" in d.tags and d.doc_md and len(d.doc_md) > 100
+        assert d.max_active_runs == 1 and not d.catchup
+    deploy = dagbag.dags["ip_count_deploy"]
+    assert deploy.schedule is None or str(deploy.timetable.summary) in ("None", "")
+    assert deploy.params.get_param("action").schema["enum"] == ["start", "stop", "restart", "upgrade"]
+
+
+def _run(dagbag, dag_id, **conf):
+    dr = dagbag.dags[dag_id].test(run_conf=conf or None)
+    return dr.state, {ti.task_id: ti.state for ti in dr.get_task_instances()}
+
+
+@pytest.mark.integration
+def test_deploy_refuses_duplicates_and_health_restarts_a_killed_job(dagbag, airflow_app, webhook, tmp_path):
+    s = airflow_app()
+    sent = produce(s, tmp_path / "a.csv", count=20_000, event_rate=2000, seed=11)
+    state, tis = _run(dagbag, "ip_count_deploy", action="start", wait_timeout_s=240)
+    assert state == "success", tis
+    first = jobctl.status(s)
+    assert first["running"] and first["committed_batches"] >= 1
+    # A second start refuses to launch a second driver.
+    state, tis = _run(dagbag, "ip_count_deploy", action="start")
+    assert state == "failed" and tis["preflight"] == "failed" and tis["launch"] != "success"
+    assert jobctl.status(s)["job_pid"] == first["job_pid"]
+    # The driver's whole process tree dies (kill -9): only the health check can bring it back.
+    jobctl.kill(s, with_supervisor=True)
+    assert not jobctl.status(s)["running"]
+    state, _ = _run(dagbag, "ip_count_health")
+    assert state == "success"
+    down = webhook.alerts(f"health:{s.app_id}:down")
+    assert [a["status"] for a in down] == ["firing"] and "not running" in down[0]["summary"]
+    restarted = int(time.time() * 1000)
+    more = produce(s, tmp_path / "b.csv", count=5000, event_rate=2000, seed=12, start_ms=1_795_000_030_000,
+                   tail_s=30)
+    jobctl.wait_for_commit(s, after_ms=restarted, timeout=240)
+    wait_drained(s, sent + more)
+    assert_exact(s, sent + more)
+    state, _ = _run(dagbag, "ip_count_health")
+    assert state == "success"
+    assert [a["status"] for a in webhook.alerts(f"health:{s.app_id}:down")] == ["firing", "resolved"]
+    assert jobctl.stop(s)
+
+
+@pytest.mark.integration
+def test_transaction_timeout_gives_exactly_one_alert(dagbag, airflow_app, webhook, tmp_path):
+    s = airflow_app(transaction_timeout_ms=6000, fault="stall_in_txn@1:12", max_offsets_per_trigger=5000)
+    sent = produce(s, tmp_path / "m.csv", count=15_000, event_rate=2000, seed=13, tail_s=30)
+    jobctl.start(s)
+    wait_event(s, ev.TRANSACTION_TIMEOUT, timeout=180)
+    wait_drained(s, sent)
+    assert _run(dagbag, "ip_count_txn_watch")[0] == "success"
+    assert _run(dagbag, "ip_count_txn_watch")[0] == "success"  # the same event is not alerted twice
+    sent_alerts = webhook.alerts("txn_watch:")
+    assert len(sent_alerts) == 1, sent_alerts
+    a = sent_alerts[0]
+    assert a["key"].startswith("txn_watch:event:timeout:") and a["severity"] == "critical"
+    assert s.transactional_id in a["summary"] and "batch 1" in a["summary"]
+    assert "ONCEFLOW_TRANSACTION_TIMEOUT_MS" in a["action"]
+    assert_exact(s, sent)
+    assert jobctl.stop(s)
+
+
+@pytest.mark.integration
+def test_hanging_transaction_is_detected_with_its_age(dagbag, airflow_app, webhook):
+    s = airflow_app(transaction_timeout_ms=3000)
+    rogue = Producer({**kafka_clients.base(s), "transactional.id": f"rogue-{s.app_id}",
+                      "transaction.timeout.ms": 120_000})
+    rogue.init_transactions(30)
+    rogue.begin_transaction()
+    rogue.produce(s.sink_topic, key=b"k", value=b"v", partition=2)
+    rogue.flush(10)
+    opened = time.time()
+    procs.wait_until(lambda: time.time() - opened > 4, 10, what="the transaction to age")
+    assert _run(dagbag, "ip_count_txn_watch")[0] == "success"
+    hang = webhook.alerts("txn_watch:hanging:")
+    assert len(hang) == 1
+    a = hang[0]
+    assert a["key"] == f"txn_watch:hanging:{s.sink_topic}:2" and a["status"] == "firing"
+    assert a["details"]["partition"] == 2 and a["details"]["age_ms"] >= 3000
+    assert "not onceflow" in a["summary"] and "kafka-transactions.sh" in a["action"]
+    assert _run(dagbag, "ip_count_txn_watch")[0] == "success"   # still hanging: no second alert
+    assert len(webhook.alerts("txn_watch:hanging:")) == 1
+    rogue.abort_transaction(30)
+    assert _run(dagbag, "ip_count_txn_watch")[0] == "success"
+    assert [x["status"] for x in webhook.alerts("txn_watch:hanging:")] == ["firing", "resolved"]
+    assert not events(s, ev.TRANSACTION_TIMEOUT)
