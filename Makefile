@@ -19,11 +19,11 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 
 setup: $(STAMP)
 
-## run: the embedded stack (Kafka broker, topics), the generator and the exactly-once job, all detached.
+## run: the embedded stack (Kafka broker, topics), the generator, Airflow; Airflow's ip_count_deploy starts the job.
 run: setup
 	$(ONCEFLOW) stack up
 	$(ONCEFLOW) produce --detach --rate $(RUN_RATE) --duration $(RUN_SECONDS) --late 0.01 --malformed 0.01
-	$(ONCEFLOW) job start --wait 300
+	$(ONCEFLOW) airflow up
 	@$(ONCEFLOW) where
 
 stop: setup

@@ -31,6 +31,10 @@ def cmd_stack(args, s: config.Settings) -> int:
 
     if args.action == "up":
         _print(stack.up(s), args.json)
+    elif args.action == "topics":  # an existing cluster: create and check the topics only
+        from . import topics
+
+        _print({"created": topics.ensure(s), "bootstrap_servers": s.bootstrap_servers}, args.json)
     elif args.action == "down":
         _print(stack.down(s), args.json)
     else:
@@ -87,11 +91,15 @@ def cmd_job(args, s: config.Settings) -> int:
 
 
 def cmd_where(args, s: config.Settings) -> int:
-    from . import jobctl
+    from . import airflow_local, jobctl, procs
 
     st = jobctl.status(s)
+    ui = (f"  Airflow UI           http://localhost:{s.airflow_port}  user {airflow_local.USER}, password "
+          f"{airflow_local.password(s)}  (DAGs ip_count_deploy, ip_count_health, ip_count_txn_watch)\n"
+          if procs.read_pidfile(airflow_local.pidfile(s)) else "")
     print(f"""
 onceflow is running on the embedded stack.
+{ui}
   Kafka (KRaft)        {s.bootstrap_servers}   topics: {s.source_topic} -> {s.sink_topic} (+ {s.dlq_topic}, {s.ledger_topic}, {s.events_topic})
   job                  pid {st['job_pid']}, last committed batch {st['last_batch']}, checkpoint {s.checkpoint}
   job log              {st['log']}
@@ -129,13 +137,27 @@ def cmd_audit(args, s: config.Settings) -> int:
     return 0 if rep.ok else 1
 
 
+def cmd_airflow(args, s: config.Settings) -> int:
+    from . import airflow_local
+
+    if args.action == "up":
+        info = airflow_local.up(s, trigger_deploy=not args.no_deploy)
+        if not args.no_deploy:
+            airflow_local.wait_job_started(s)
+        _print(info, args.json)
+    else:
+        _print({"stopped": airflow_local.down(s)}, args.json)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="onceflow", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
 
     st = sub.add_parser("stack", help="the embedded Kafka broker and topics")
-    st.add_argument("action", choices=["up", "down", "status"])
+    st.add_argument("action", choices=["up", "down", "status", "topics"],
+                    help="topics: create the topics on the cluster ONCEFLOW_BOOTSTRAP_SERVERS names, start nothing")
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_stack)
 
@@ -161,6 +183,12 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--detach", action="store_true", help="run in the background (stopped by `stack down`)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(fn=cmd_produce)
+
+    af = sub.add_parser("airflow", help="the embedded Airflow (standalone) with the control-plane DAGs")
+    af.add_argument("action", choices=["up", "down"])
+    af.add_argument("--no-deploy", action="store_true", help="do not trigger ip_count_deploy")
+    af.add_argument("--json", action="store_true")
+    af.set_defaults(fn=cmd_airflow)
 
     wh = sub.add_parser("where", help="where everything runs and how to look at the results")
     wh.set_defaults(fn=cmd_where)

@@ -21,7 +21,7 @@ from . import alerts, audit, events as ev, jobctl, kafka_clients, lag
 from .config import Settings
 
 log = logging.getLogger(__name__)
-HEALTHY, DEGRADED, FAILING = "HEALTHY", "DEGRADED", "FAILING"
+HEALTHY, DEGRADED, FAILING, STOPPED = "HEALTHY", "DEGRADED", "FAILING", "STOPPED"
 WINDOW = 10  # lag samples kept per partition
 
 
@@ -39,6 +39,7 @@ class HealthRecord:
     problems: list = field(default_factory=list)
     restarts: list = field(default_factory=list)     # ts_ms of restarts done by the health check
     action: str = "none"
+    desired: str | None = None                       # what the operator asked for: running / stopped
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True, default=str).encode()
@@ -97,12 +98,16 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
                         last_commit_age_s=st["last_commit_age_s"], partitions=parts,
                         total_lag=sum(v["lag"] for v in parts.values()),
                         checkpoint_age_s=checkpoint_age_s(settings, now),
-                        restarts=list(previous.restarts) if previous else [])
+                        restarts=list(previous.restarts) if previous else [], desired=st["desired_state"])
 
 
 def assess(rec: HealthRecord, settings: Settings) -> list[alerts.Condition]:
     """The record's problems as alert conditions; sets rec.status."""
     app, out = settings.app_id, []
+    if not rec.running and rec.desired != "running":
+        # Never deployed, or stopped on purpose: nothing to supervise, nothing to restart.
+        rec.problems, rec.status = [], STOPPED
+        return out
     if not rec.running:
         out.append(alerts.Condition(f"health:{app}:down", alerts.CRITICAL, f"the streaming job {app} is not running",
                                     "the health check restarts it; if it keeps failing read the job log "

@@ -14,6 +14,20 @@ class JobControlError(RuntimeError):
     pass
 
 
+def desired_file(settings: Settings):
+    return settings.run_dir / f"{settings.app_id}.desired.json"
+
+
+def desired_state(settings: Settings) -> str | None:
+    """What the operator asked for last: "running" after a start, "stopped" after a stop; None if never."""
+    st = ev.read_status(desired_file(settings))
+    return st.get("state") if st else None
+
+
+def _set_desired(settings: Settings, state: str) -> None:
+    ev.write_status(desired_file(settings), {"state": state, "ts_ms": int(time.time() * 1000)})
+
+
 def status(settings: Settings) -> dict:
     sup = procs.read_pidfile(supervisor.supervisor_pidfile(settings))
     job = procs.read_pidfile(supervisor.job_pidfile(settings))
@@ -30,7 +44,8 @@ def status(settings: Settings) -> dict:
             "last_txn_ms": st.get("last_txn_ms"), "progress": st.get("progress"),
             "checkpoint": settings.checkpoint, "bootstrap_servers": settings.bootstrap_servers,
             "transactional_id": settings.transactional_id, "status_file": str(settings.status_file),
-            "log": str(supervisor.job_log(settings)), "error": st.get("error")}
+            "log": str(supervisor.job_log(settings)), "error": st.get("error"),
+            "desired_state": desired_state(settings)}
 
 
 def start(settings: Settings, argv=None) -> dict:
@@ -47,6 +62,7 @@ def start(settings: Settings, argv=None) -> dict:
     proc = procs.spawn_detached([sys.executable, "-m", "onceflow.cli", "job", "run"],
                                 supervisor.job_log(settings), env=env)
     procs.write_pidfile(supervisor.supervisor_pidfile(settings), proc.pid, "onceflow.cli")
+    _set_desired(settings, "running")
     return {"supervisor_pid": proc.pid, "log": str(supervisor.job_log(settings))}
 
 
@@ -67,7 +83,10 @@ def wait_for_commit(settings: Settings, after_ms: int = 0, timeout: float = 180.
 
 
 def stop(settings: Settings, timeout: float = 90.0) -> bool:
-    """Stop at a batch boundary (SIGTERM to the supervisor, which forwards it). True if something ran."""
+    """Stop at a batch boundary (SIGTERM to the supervisor, which forwards it). True if something ran.
+    The job is then stopped on purpose: the health check does not bring it back."""
+    if desired_state(settings) is not None:
+        _set_desired(settings, "stopped")
     sup = procs.read_pidfile(supervisor.supervisor_pidfile(settings))
     job = procs.read_pidfile(supervisor.job_pidfile(settings))
     if not sup and not job:

@@ -15,11 +15,14 @@ def up(settings: Settings) -> dict:
 def down(settings: Settings) -> dict:
     from . import generator, jobctl, procs
 
+    from . import airflow_local
+
+    airflow_stopped = airflow_local.down(settings)
     gen = procs.read_pidfile(generator.pidfile(settings))
     if gen:
         procs.stop_process(gen["pid"], 10)
     stopped_job = jobctl.stop(settings)
-    return {"generator_stopped": bool(gen), "job_stopped": stopped_job, "broker_stopped": broker.stop(settings)}
+    return {"airflow_stopped": airflow_stopped, "generator_stopped": bool(gen), "job_stopped": stopped_job, "broker_stopped": broker.stop(settings)}
 
 
 def status(settings: Settings) -> dict:

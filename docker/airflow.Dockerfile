@@ -1,0 +1,15 @@
+# Airflow with onceflow installed (unverified by CI: no Docker engine on the development machines).
+FROM apache/airflow:3.3.2-python3.11
+USER root
+RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless maven curl \
+    && rm -rf /var/lib/apt/lists/*
+USER airflow
+COPY --chown=airflow requirements.txt constraints.txt pyproject.toml /opt/onceflow/
+COPY --chown=airflow include /opt/onceflow/include
+COPY --chown=airflow jobs /opt/onceflow/jobs
+COPY --chown=airflow jvm /opt/onceflow/jvm
+COPY --chown=airflow conf /opt/onceflow/conf
+COPY --chown=airflow dags /opt/onceflow/dags
+COPY --chown=airflow plugins /opt/onceflow/plugins
+RUN pip install --no-cache-dir -r /opt/onceflow/requirements.txt -c /opt/onceflow/constraints.txt \
+    && pip install --no-cache-dir --no-deps -e /opt/onceflow

@@ -1,0 +1,66 @@
+"""docker-compose.yaml (not startable here: no Docker engine) checked against onceflow's configuration."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from onceflow import config, topics
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def compose():
+    return yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
+
+
+def env_of(svc) -> dict:
+    return {k: str(v) for k, v in (svc.get("environment") or {}).items()}
+
+
+def test_services_and_health_checks(compose):
+    svcs = compose["services"]
+    expected = {"kafka-1", "kafka-2", "kafka-3", "spark-master", "spark-worker-1", "spark-worker-2", "postgres",
+                "airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
+                "airflow-triggerer"}
+    assert expected <= set(svcs)
+    for name, svc in svcs.items():
+        if name != "airflow-init":
+            assert "healthcheck" in svc, f"{name} has no health check"
+    assert svcs["airflow-apiserver"]["command"] == "api-server" and "8080:8080" in svcs["airflow-apiserver"]["ports"]
+    assert "postgresql" in env_of(svcs["airflow-scheduler"])["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+
+
+def test_kafka_is_three_kraft_brokers_with_replication_three(compose):
+    svcs = compose["services"]
+    voters = set()
+    for i in (1, 2, 3):
+        env = env_of(svcs[f"kafka-{i}"])
+        assert env["KAFKA_NODE_ID"] == str(i) and "controller" in env["KAFKA_PROCESS_ROLES"]
+        assert env["KAFKA_DEFAULT_REPLICATION_FACTOR"] == "3" and env["KAFKA_MIN_INSYNC_REPLICAS"] == "2"
+        assert env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "3"
+        assert env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == "2"
+        assert env["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://kafka-{i}:9092"
+        voters.add(env["KAFKA_CONTROLLER_QUORUM_VOTERS"])
+    assert voters == {"1@kafka-1:9093,2@kafka-2:9093,3@kafka-3:9093"}
+
+
+def test_onceflow_settings_match_the_topology(compose):
+    svcs = compose["services"]
+    airflow_env = env_of(svcs["airflow-scheduler"])
+    onceflow_env = {k: v for k, v in airflow_env.items() if k.startswith(config.ENV_PREFIX)}
+    s = config.load(env=onceflow_env)  # every name is a real setting and every value validates
+    unknown = {k for k in onceflow_env if k[len(config.ENV_PREFIX):].lower() not in config.Settings.__dataclass_fields__}
+    assert not unknown
+    brokers = {f"kafka-{i}:9092" for i in (1, 2, 3)}
+    assert set(s.bootstrap_servers.split(",")) == brokers
+    assert s.replication_factor == 3 and s.min_insync_replicas == 2
+    kafka_env = env_of(svcs["kafka-1"])
+    assert s.broker_transaction_max_timeout_ms == int(kafka_env["KAFKA_TRANSACTION_MAX_TIMEOUT_MS"])
+    assert s.transaction_timeout_ms <= s.broker_transaction_max_timeout_ms
+    for spec in topics.specs(s):
+        assert spec.config["min.insync.replicas"] == "2"
+    assert s.master == "spark://spark-master:7077" and "spark-master" in svcs
+    assert airflow_env["AIRFLOW_CONN_ONCEFLOW_KAFKA"].count("kafka-") == 3
+    for name in ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"):
+        assert env_of(svcs[name]) == airflow_env, f"{name} must share the same configuration"
