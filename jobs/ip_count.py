@@ -30,6 +30,14 @@ log = logging.getLogger("onceflow.job")
 class InstanceLock:
     """At most one driver per app on this machine; the kernel releases the lock when the process dies."""
 
+    held: list["InstanceLock"] = []  # referenced for the life of the process
+
+    @classmethod
+    def acquire(cls, settings: config.Settings) -> "InstanceLock":
+        lock = cls(settings)
+        cls.held.append(lock)
+        return lock
+
     def __init__(self, settings: config.Settings):
         settings.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = settings.run_dir / f"{settings.app_id}.lock"
@@ -104,7 +112,7 @@ def run(settings: config.Settings) -> int:
     bus = ev.EventBus(settings)
     try:
         info = preflight.check_job(settings)
-        lock = InstanceLock(settings)  # noqa: F841  (held for the life of the process)
+        InstanceLock.acquire(settings)
     except (preflight.PreflightError, config.ConfigError) as e:
         log.error("preflight failed: %s", e)
         bus.emit(ev.JOB_FAILED, logging.ERROR, flush=True, stage="preflight", error=str(e))

@@ -5,6 +5,7 @@ the suite pays for one broker start. Everything started here is stopped at the e
 """
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import tempfile
@@ -18,7 +19,7 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
 import pytest
 
-from onceflow import broker, config, jobctl, topics
+from onceflow import broker, config, jobctl, jvm, topics
 
 
 def free_port() -> int:
@@ -48,6 +49,7 @@ def kafka(tmp_path_factory):
                        broker_transaction_max_timeout_ms=300_000, trigger_interval_s=1.0,
                        restart_delay_s=1.0, restart_attempts=5, transaction_timeout_ms=60_000)
     broker.start(base)
+    jvm.spark_kafka_jars(base)  # resolve Spark's connector once, up front (Maven on a fresh machine)
     started: list[config.Settings] = []
     base_apps = {"apps": started}
     yield base, base_apps
@@ -56,6 +58,8 @@ def kafka(tmp_path_factory):
             jobctl.stop(s, timeout=30)
         except Exception:
             pass
+    # Destroy clients still referenced from cycles while the broker is up, so none retries a dead port at exit.
+    gc.collect()
     broker.stop(base)
 
 

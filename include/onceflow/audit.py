@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
 from . import invariants, kafka_clients, records
 from .config import Settings
@@ -27,8 +27,6 @@ class Msg:
 def read_topic(settings: Settings, topic: str, isolation: str = "read_committed",
                timeout_s: float = 120.0) -> list[Msg]:
     """Every visible record of a topic, from the beginning to the end (the LSO under read_committed)."""
-    import time
-
     c = kafka_clients.read_committed_consumer(settings, **{"isolation.level": isolation,
                                                            "enable.partition.eof": True,
                                                            "fetch.max.bytes": 52428800})
@@ -37,24 +35,9 @@ def read_topic(settings: Settings, topic: str, isolation: str = "read_committed"
         if md.error is not None:
             raise KafkaException(md.error)
         parts = sorted(md.partitions)
-        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        pending = set(parts)
-        out: list[Msg] = []
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic} did not reach the end of partitions {sorted(pending)}")
-            msg = c.poll(1.0)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    pending.discard(msg.partition())
-                    continue
-                raise KafkaException(msg.error())
-            out.append(Msg(msg.partition(), msg.offset(), msg.key(), msg.value(),
-                           {k: v for k, v in (msg.headers() or [])}))
-        return out
+        return [Msg(m.partition(), m.offset(), m.key(), m.value(), {k: v for k, v in (m.headers() or [])})
+                for m in kafka_clients.consume_to_end(c, [TopicPartition(topic, p, OFFSET_BEGINNING)
+                                                          for p in parts], timeout_s)]
     finally:
         c.close()
 

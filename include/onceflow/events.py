@@ -59,6 +59,7 @@ class EventBus:
 
     def close(self) -> None:
         self._producer.flush(10)
+        self._producer.close()
 
 
 def write_status(path: Path, status: dict) -> None:

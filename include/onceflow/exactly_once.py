@@ -24,7 +24,6 @@ no loss, unlike a Flink pre-committed transaction that times out.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -85,7 +84,11 @@ class ExactlyOnceSink:
             settings, settings.transactional_id, **{"partitioner": "murmur2_random", "linger.ms": 5,
                                                      "batch.num.messages": 10000})
         # Fences the previous incarnation and aborts its open transaction, if any.
-        self._call(lambda: self.producer.init_transactions(init_timeout_s), started=None)
+        try:
+            self._call(lambda: self.producer.init_transactions(init_timeout_s), started=None)
+        except BaseException:
+            close_quietly(self.producer)
+            raise
         # The group whose committed offsets are the job's position. It never subscribes: it only supplies
         # group metadata for send_offsets_to_transaction and reads the committed offsets back.
         self.group = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
@@ -242,14 +245,20 @@ class ExactlyOnceSink:
                 c.close()
             except Exception:
                 pass
-        try:
-            self.producer.flush(10)
-        except KafkaException as e:  # a fenced (fatal) producer has nothing left to flush
-            log.info("producer flush on close: %s", e)
+        close_quietly(self.producer)
 
 
 class TransactionConfigError(RuntimeError):
     pass
+
+
+def close_quietly(producer) -> None:
+    """Flush and close; a fenced or otherwise fatal producer has nothing left to deliver."""
+    try:
+        producer.flush(10)
+        producer.close()
+    except KafkaException as e:
+        log.info("closing the transactional producer: %s", e)
 
 
 def read_range(consumer, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0):

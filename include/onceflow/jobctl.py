@@ -6,7 +6,7 @@ import signal
 import sys
 import time
 
-from . import events as ev, launcher, preflight, procs, supervisor
+from . import events as ev, jvm, launcher, preflight, procs, supervisor
 from .config import Settings
 
 
@@ -55,6 +55,7 @@ def start(settings: Settings, argv=None) -> dict:
             procs.read_pidfile(supervisor.job_pidfile(settings)):
         raise JobControlError(f"app {settings.app_id} is already running: `onceflow job status`")
     preflight.check_job(settings)
+    jvm.spark_kafka_jars(settings)  # resolve (first time: Maven) here, where an error is seen, not in the child
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     env = launcher.submit_env(settings)
     if argv:

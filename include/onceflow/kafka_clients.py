@@ -52,3 +52,28 @@ def committed(consumer: Consumer, tps: list, timeout_s: float = 60.0) -> list:
             if e.args[0].code() not in retriable or time.monotonic() >= deadline:
                 raise
             time.sleep(0.2)
+
+
+def consume_to_end(consumer: Consumer, partitions: list, timeout_s: float = 120.0):
+    """Yield the records of the assigned `partitions` (TopicPartitions with start offsets) until each reaches
+    its end (the LSO under read_committed). Needs `enable.partition.eof`."""
+    import time
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    consumer.assign(partitions)
+    pending = {tp.partition for tp in partitions}
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"reading {partitions[0].topic} did not reach the end of partitions "
+                               f"{sorted(pending)} in {timeout_s:.0f}s")
+        msg = consumer.poll(1.0)
+        if msg is None:
+            continue
+        if msg.error():
+            if msg.error().code() == KafkaError._PARTITION_EOF:
+                pending.discard(msg.partition())
+                continue
+            raise KafkaException(msg.error())
+        yield msg

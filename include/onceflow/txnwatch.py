@@ -137,18 +137,10 @@ def new_events(settings: Settings, types: set[str], timeout_s: float = 60.0) -> 
         md = c.list_topics(settings.events_topic, timeout=10).topics[settings.events_topic]
         parts = sorted(md.partitions)
         committed = kafka_clients.committed(c, [TopicPartition(settings.events_topic, p) for p in parts])
-        c.assign([TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
-                  for tp in committed])
-        pending, out, last = set(parts), [], {}
-        deadline = time.monotonic() + timeout_s
-        while pending and time.monotonic() < deadline:
-            msg = c.poll(1.0)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    pending.discard(msg.partition())
-                continue
+        start = [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+                 for tp in committed]
+        out, last = [], {}
+        for msg in kafka_clients.consume_to_end(c, start, timeout_s):
             last[msg.partition()] = msg.offset() + 1
             try:
                 e = json.loads(msg.value())

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from onceflow import events as ev
-from onceflow import jobctl, launcher, procs, supervisor
+from onceflow import jobctl, launcher, supervisor
 from onceflow.exactly_once import ExactlyOnceSink, OutRecord, KIND_RESULT, TransactionConfigError, ZombieFenced
 from onceflow.faults import Injector
 from onceflow.ledger import BatchPlan, Decision
@@ -105,6 +105,7 @@ def test_zombie_is_fenced_and_its_transaction_never_visible(app, tmp_path):
     assert events(s, ev.FENCED)
     newer.close()
     zombie.close()
+    bus.close()
 
 
 def test_running_job_fenced_by_newer_instance_stops_without_restart(app, tmp_path):
@@ -128,6 +129,7 @@ def test_running_job_fenced_by_newer_instance_stops_without_restart(app, tmp_pat
     gave_up = events(s, ev.SUPERVISOR_GAVE_UP)
     assert gave_up and gave_up[-1]["exit_code"] == 3
     newer.close()
+    newer.bus.close()
     # The legitimate restart takes over again and finishes exactly once.
     jobctl.start(s)
     all_sent = sent + more
@@ -167,13 +169,14 @@ def test_bad_configuration_fails_at_start_with_a_clear_message(app, kafka):
     assert run.returncode == 2
     assert "lower ONCEFLOW_TRANSACTION_TIMEOUT_MS to at most 300000" in \
         supervisor.job_log(too_long).read_text()
+    bus = ev.EventBus(too_long)
     with pytest.raises(TransactionConfigError, match="refused transaction.timeout.ms=600000"):
-        ExactlyOnceSink(too_long, ev.EventBus(too_long))  # and the broker itself refuses it
+        ExactlyOnceSink(too_long, bus)  # and the broker itself refuses it
+    bus.close()
     # 2. a missing topic
     with pytest.raises(preflight.PreflightError, match="topic nope.source is missing"):
         jobctl.start(s.replace(source_topic="nope.source"))
     # 3. an unreachable broker
-    from .helpers import procs as _p  # noqa: F401
     from tests.conftest import free_port
 
     with pytest.raises(preflight.PreflightError, match="cannot reach the Kafka broker"):
