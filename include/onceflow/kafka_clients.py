@@ -1,14 +1,20 @@
 """Client configurations in one place, so every producer and consumer of the platform agrees on them."""
 from __future__ import annotations
 
+import logging
+
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from .config import Settings
 
 
+# librdkafka's own log lines go through Python logging (forwarded when a client is polled), not raw stderr.
+CLIENT_LOG = logging.getLogger("onceflow.kafka.client")
+
+
 def base(settings: Settings) -> dict:
-    return {"bootstrap.servers": settings.bootstrap_servers, "log_level": 3}
+    return {"bootstrap.servers": settings.bootstrap_servers, "log_level": 3, "logger": CLIENT_LOG}
 
 
 def admin(settings: Settings) -> AdminClient:
