@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicPartition
 
 from . import invariants, kafka_clients, records
 from .config import Settings
@@ -25,8 +25,9 @@ class Msg:
 
 
 def read_topic(settings: Settings, topic: str, isolation: str = "read_committed",
-               timeout_s: float = 120.0) -> list[Msg]:
-    """Every visible record of a topic, from the beginning to the end (the LSO under read_committed)."""
+               timeout_s: float = 120.0, since_ms: int | None = None) -> list[Msg]:
+    """Every visible record of a topic, from the beginning (or from the first record at or after `since_ms`)
+    to the end (the LSO under read_committed)."""
     c = kafka_clients.read_committed_consumer(settings, **{"isolation.level": isolation,
                                                            "enable.partition.eof": True,
                                                            "fetch.max.bytes": 52428800})
@@ -34,10 +35,13 @@ def read_topic(settings: Settings, topic: str, isolation: str = "read_committed"
         md = c.list_topics(topic, timeout=10).topics[topic]
         if md.error is not None:
             raise KafkaException(md.error)
-        parts = sorted(md.partitions)
+        start = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(md.partitions)]
+        if since_ms is not None:
+            start = [TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END)
+                     for tp in c.offsets_for_times([TopicPartition(topic, tp.partition, since_ms)
+                                                    for tp in start], timeout=10)]
         return [Msg(m.partition(), m.offset(), m.key(), m.value(), {k: v for k, v in (m.headers() or [])})
-                for m in kafka_clients.consume_to_end(c, [TopicPartition(topic, p, OFFSET_BEGINNING)
-                                                          for p in parts], timeout_s)]
+                for m in kafka_clients.consume_to_end(c, start, timeout_s)]
     finally:
         c.close()
 

@@ -5,6 +5,7 @@ detached, and the health DAG watches it from then on.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Sequence
@@ -26,9 +27,9 @@ def checkpoint_writable(settings: Settings) -> None:
         return  # remote stores are checked by Spark itself at start
     path = u.path
     probe_dir = path if os.path.isdir(path) else os.path.dirname(path.rstrip("/"))
-    os.makedirs(probe_dir, exist_ok=True)
     probe = os.path.join(probe_dir, f".onceflow-write-probe-{os.getpid()}")
     try:
+        os.makedirs(probe_dir, exist_ok=True)
         with open(probe, "w") as f:
             f.write("ok")
         os.remove(probe)
@@ -41,9 +42,7 @@ def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | 
     within_s = within_s or max(60.0, 6 * settings.trigger_interval_s)
     now_ms = int(time.time() * 1000)
     local = jobctl.status(settings)
-    for e in reversed(audit.read_topic(settings, settings.events_topic)):
-        import json
-
+    for e in reversed(audit.read_topic(settings, settings.events_topic, since_ms=now_ms - int(within_s * 1000))):
         try:
             d = json.loads(e.value)
         except ValueError:

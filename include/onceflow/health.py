@@ -86,9 +86,8 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
         prev = (previous.partitions.get(str(p)) or previous.partitions.get(p) or {}) if previous else {}
         samples = [lag.Sample(**s) for s in prev.get("samples", [])]
         cur = committed.get(p, 0)
-        commit_ts = prev.get("commit_ts_ms")
-        if not samples or samples[-1].committed != cur or commit_ts is None:
-            commit_ts = int(now * 1000) if samples and samples[-1].committed != cur else commit_ts
+        moved = bool(samples) and samples[-1].committed != cur
+        commit_ts = int(now * 1000) if moved else prev.get("commit_ts_ms")
         sample = lag.Sample(int(now * 1000), cur, end, commit_ts)
         samples = (samples + [sample])[-WINDOW:]
         parts[str(p)] = {"samples": [s.to_dict() for s in samples], "lag": sample.lag,
