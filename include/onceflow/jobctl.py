@@ -83,6 +83,16 @@ def wait_for_commit(settings: Settings, after_ms: int = 0, timeout: float = 180.
     return procs.wait_until(committed, timeout, interval=0.5, what=f"a committed batch of {settings.app_id}")
 
 
+def wait_running(settings: Settings, after_ms: int = 0, timeout: float = 180.0) -> dict:
+    """Until a job process started after `after_ms` has its streaming query running."""
+    def running():
+        st = ev.read_status(settings.status_file) or {}
+        ok = int(st.get("started_ms") or 0) > after_ms and st.get("state") == "running"
+        return st if ok and procs.read_pidfile(supervisor.job_pidfile(settings)) else None
+
+    return procs.wait_until(running, timeout, interval=0.5, what=f"{settings.app_id}'s query to run")
+
+
 def stop(settings: Settings, timeout: float = 90.0) -> bool:
     """Stop at a batch boundary (SIGTERM to the supervisor, which forwards it). True if something ran.
     The job is then stopped on purpose: the health check does not bring it back."""

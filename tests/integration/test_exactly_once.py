@@ -49,12 +49,13 @@ def test_crash_at_every_protocol_point_and_random_kill9(app, tmp_path):
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     rng = random.Random(5)
-    kills = 0
+    kills, last_kill = 0, 0
     deadline = time.monotonic() + 600
     while kills < 5 and time.monotonic() < deadline:
-        # wait until the (restarted) job has committed something, then kill it at a random moment
-        jobctl.wait_for_commit(s, after_ms=now_ms(), timeout=180)
-        time.sleep(rng.uniform(0.2, 4.0))
+        # wait until the (restarted) job's query runs, then kill it at a random moment
+        jobctl.wait_running(s, after_ms=last_kill, timeout=180)
+        time.sleep(rng.uniform(0.5, 5.0))
+        last_kill = now_ms()
         if jobctl.kill(s):
             kills += 1
     assert kills == 5
