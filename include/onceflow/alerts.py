@@ -14,6 +14,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from . import kafka_clients
+from .audit import read_topic
+
 log = logging.getLogger(__name__)
 FIRING, RESOLVED = "firing", "resolved"
 CRITICAL, WARNING, INFO = "critical", "warning", "info"
@@ -89,15 +92,10 @@ class AlertSink:
     """Records alerts on the alerts topic and hands them to notifiers (callables taking an Alert)."""
 
     def __init__(self, settings, notifiers: Sequence = ()):
-        from . import kafka_clients
-
         self.s = settings
         self.notifiers = list(notifiers)
-        self._kc = kafka_clients
 
     def history(self) -> list[Alert]:
-        from .audit import read_topic
-
         return [Alert.from_json(m.value) for m in read_topic(self.s, self.s.alerts_topic)
                 if m.key == self.s.app_id.encode()]
 
@@ -107,7 +105,7 @@ class AlertSink:
     def publish(self, alerts: Sequence[Alert]) -> list[Alert]:
         if not alerts:
             return []
-        p = self._kc.idempotent_producer(self.s)
+        p = kafka_clients.idempotent_producer(self.s)
         for a in alerts:
             p.produce(self.s.alerts_topic, key=self.s.app_id.encode(), value=a.to_json())
         if p.flush(30):

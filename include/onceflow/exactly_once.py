@@ -176,7 +176,8 @@ class ExactlyOnceSink:
                       records=plan.records, watermark_ms=plan.watermark_ms, end_offsets=plan.end)
         if txn_ms >= self.timeout_ms * self.s.near_timeout_fraction:
             self.bus.emit(ev.TRANSACTION_NEAR_TIMEOUT, logging.WARNING, batch=plan.batch, txn_ms=round(txn_ms),
-                          timeout_ms=self.timeout_ms, committed=True, transactional_id=self.s.transactional_id)
+                          timeout_ms=self.timeout_ms, committed=True, transactional_id=self.s.transactional_id,
+                          fraction=self.s.near_timeout_fraction)
         self._fault("crash_after_commit", plan.batch)
         return BatchOutcome(plan.batch, Decision.WRITE, outputs, dlq, txn_ms)
 
@@ -227,7 +228,7 @@ class ExactlyOnceSink:
         age = (time.monotonic() - started) * 1000
         self.bus.emit(ev.TRANSACTION_NEAR_TIMEOUT, logging.WARNING, batch=batch, txn_ms=round(age),
                       timeout_ms=self.timeout_ms, committed=False, transactional_id=self.s.transactional_id,
-                      action="the transaction is still open; it will be aborted at the timeout and replayed")
+                      fraction=self.s.near_timeout_fraction, action="the transaction is still open; it will be aborted at the timeout and replayed")
 
     def _abort_quietly(self) -> None:
         try:

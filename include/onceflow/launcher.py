@@ -1,6 +1,7 @@
 """How the streaming job is launched: the spark-submit command line and the Spark settings it carries.
 
-The same arguments serve `onceflow job run/start` and (later) Airflow's SparkSubmitOperator.
+`submit_spec` is the one description of a launch; `submit_argv` turns it into a command line for the CLI, and
+the deploy DAG hands the same spec to the Spark provider's SparkSubmitHook.
 """
 from __future__ import annotations
 
@@ -28,7 +29,14 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         "spark.ui.enabled": "false",
         "spark.sql.streaming.stopTimeout": "60s",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J}",
     }
+
+
+def submit_spec(settings: Settings) -> dict:
+    """Name, jars, driver memory and Spark conf of the job, for spark-submit or SparkSubmitHook alike."""
+    return {"name": f"onceflow-{settings.app_id}", "jars": ",".join(str(j) for j in jvm.spark_kafka_jars(settings)),
+            "driver_memory": settings.driver_memory, "conf": spark_conf(settings)}
 
 
 def spark_submit() -> str:
@@ -49,10 +57,9 @@ def submit_env(settings: Settings) -> dict[str, str]:
 
 
 def submit_argv(settings: Settings) -> list[str]:
-    jars = ",".join(str(j) for j in jvm.spark_kafka_jars(settings))
-    argv = [spark_submit(), "--master", settings.master, "--name", f"onceflow-{settings.app_id}",
-            "--jars", jars, "--driver-memory", settings.driver_memory,
-            "--driver-java-options", f"-Dlog4j2.configurationFile=file:{LOG4J}"]
-    for k, v in spark_conf(settings).items():
+    spec = submit_spec(settings)
+    argv = [spark_submit(), "--master", settings.master, "--name", spec["name"], "--jars", spec["jars"],
+            "--driver-memory", spec["driver_memory"]]
+    for k, v in spec["conf"].items():
         argv += ["--conf", f"{k}={v}"]
     return argv + [str(JOB_SCRIPT)]

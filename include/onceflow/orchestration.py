@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from . import alerts, config, jvm, launcher
+from . import alerts, config, launcher
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +29,7 @@ def spark_submit_argv(s: config.Settings) -> list[str]:
     (master, deploy mode, spark binary) plus onceflow's own Spark settings."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    conf = launcher.spark_conf(s) | {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{launcher.LOG4J}"}
-    hook = SparkSubmitHook(conf=conf, conn_id=s.spark_conn_id, name=f"onceflow-{s.app_id}",
-                           jars=",".join(str(j) for j in jvm.spark_kafka_jars(s)), driver_memory=s.driver_memory)
+    hook = SparkSubmitHook(conn_id=s.spark_conn_id, **launcher.submit_spec(s))
     return hook._build_spark_submit_command(str(launcher.JOB_SCRIPT))
 
 

@@ -122,7 +122,8 @@ def event_conditions(events: list[dict]) -> list[alerts.Condition]:
             out.append(alerts.Condition(
                 key=f"txn_watch:event:near_timeout:{ident}", severity=alerts.WARNING, one_off=True,
                 summary=f"transaction of {e.get('transactional_id')} (batch {e.get('batch')}) was open "
-                        f"{e.get('txn_ms')} ms, past {int(100 * 0.8)}% of its {e.get('timeout_ms')} ms timeout",
+                        f"{e.get('txn_ms')} ms, past {100 * e.get('fraction', 0.8):.0f}% of its {e.get('timeout_ms')} ms "
+                        f"timeout",
                 action="watch batch durations (onceflow job status); lower ONCEFLOW_MAX_OFFSETS_PER_TRIGGER or "
                        "raise ONCEFLOW_TRANSACTION_TIMEOUT_MS if this repeats",
                 details=e))
