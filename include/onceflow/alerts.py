@@ -65,6 +65,8 @@ def transitions(current: Iterable[Condition], last_state: Mapping[str, str], app
     out: list[Alert] = []
     seen = set()
     for c in current:
+        if c.key in seen:  # the same condition twice in one evaluation is one alert
+            continue
         seen.add(c.key)
         if c.one_off and c.key in last_state:
             continue

@@ -80,6 +80,7 @@ class ExactlyOnceSink:
         self.faults = faults
         self.timeout_ms = settings.transaction_timeout_ms
         self._batch: int | None = None  # the batch whose transaction is open, for events
+        self._warned = False            # the near-timeout warning of the open transaction went out
         self.producer = kafka_clients.transactional_producer(
             settings, settings.transactional_id, **{"partitioner": "murmur2_random", "linger.ms": 5,
                                                      "batch.num.messages": 10000})
@@ -133,7 +134,7 @@ class ExactlyOnceSink:
             return BatchOutcome(plan.batch, decision)
 
         self._fault("crash_before_produce", plan.batch)
-        self._batch = plan.batch
+        self._batch, self._warned = plan.batch, False
         started = time.monotonic()
         warn = threading.Timer(self.timeout_ms * self.s.near_timeout_fraction / 1000.0, self._near_timeout,
                                args=(plan.batch, started))
@@ -174,7 +175,7 @@ class ExactlyOnceSink:
         txn_ms = (time.monotonic() - started) * 1000
         self.bus.emit(ev.BATCH_COMMITTED, batch=plan.batch, outputs=outputs, dlq=dlq, txn_ms=round(txn_ms, 1),
                       records=plan.records, watermark_ms=plan.watermark_ms, end_offsets=plan.end)
-        if txn_ms >= self.timeout_ms * self.s.near_timeout_fraction:
+        if txn_ms >= self.timeout_ms * self.s.near_timeout_fraction and not self._warned:
             self.bus.emit(ev.TRANSACTION_NEAR_TIMEOUT, logging.WARNING, batch=plan.batch, txn_ms=round(txn_ms),
                           timeout_ms=self.timeout_ms, committed=True, transactional_id=self.s.transactional_id,
                           fraction=self.s.near_timeout_fraction)
@@ -225,6 +226,7 @@ class ExactlyOnceSink:
         raise e
 
     def _near_timeout(self, batch: int, started: float) -> None:
+        self._warned = True
         age = (time.monotonic() - started) * 1000
         self.bus.emit(ev.TRANSACTION_NEAR_TIMEOUT, logging.WARNING, batch=batch, txn_ms=round(age),
                       timeout_ms=self.timeout_ms, committed=False, transactional_id=self.s.transactional_id,

@@ -44,6 +44,11 @@ def test_a_check_resolves_only_its_own_conditions():
     assert [(a.key, a.status) for a in out] == [("t:hanging:x", alerts.RESOLVED)]
 
 
+def test_the_same_condition_twice_in_one_evaluation_is_one_alert():
+    out = alerts.transitions([cond("t:event:1", one_off=True), cond("t:event:1", one_off=True)], {}, "a", "t", "t:")
+    assert len(out) == 1
+
+
 def test_one_off_alerts_fire_once_and_never_resolve():
     first = alerts.transitions([cond("t:event:1", one_off=True)], {}, "app", "t", "t:")
     state = alerts.fold_state(first)
