@@ -39,9 +39,10 @@ def checkpoint_writable(settings: Settings) -> None:
 
 def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | None:
     """A batch committed recently by a driver that is not the one running here: another live instance."""
+    if jobctl.status(settings)["running"]:
+        return None  # the recent commits are this machine's own driver
     within_s = within_s or max(60.0, 6 * settings.trigger_interval_s)
     now_ms = int(time.time() * 1000)
-    local = jobctl.status(settings)
     for e in reversed(audit.read_topic(settings, settings.events_topic, since_ms=now_ms - int(within_s * 1000))):
         try:
             d = json.loads(e.value)
@@ -50,8 +51,6 @@ def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | 
         if d.get("app") != settings.app_id or d.get("type") != ev.BATCH_COMMITTED:
             continue
         if now_ms - d["ts_ms"] > within_s * 1000:
-            return None
-        if local["running"]:
             return None
         return d
     return None

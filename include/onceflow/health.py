@@ -14,8 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from confluent_kafka import IsolationLevel, TopicPartition
-from confluent_kafka.admin import OffsetSpec
+from confluent_kafka import TopicPartition
 
 from . import alerts, audit, events as ev, jobctl, kafka_clients, lag
 from .config import Settings
@@ -61,9 +60,8 @@ def last_record(settings: Settings) -> HealthRecord | None:
 def _end_offsets(settings: Settings) -> dict[int, int]:
     admin = kafka_clients.admin(settings)
     md = admin.list_topics(settings.source_topic, timeout=10).topics[settings.source_topic]
-    req = {TopicPartition(settings.source_topic, p): OffsetSpec.latest() for p in md.partitions}
-    futs = admin.list_offsets(req, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=15)
-    return {tp.partition: f.result(15).offset for tp, f in futs.items()}
+    ends = kafka_clients.latest_offsets(admin, [TopicPartition(settings.source_topic, p) for p in md.partitions])
+    return {p: off for (_, p), off in ends.items()}
 
 
 def checkpoint_age_s(settings: Settings, now: float) -> float | None:
@@ -143,13 +141,14 @@ def assess(rec: HealthRecord, settings: Settings) -> list[alerts.Condition]:
     return out
 
 
-def needs_restart(rec: HealthRecord) -> bool:
-    return any(p.startswith("the streaming job") or p.startswith("no batch committed") for p in rec.problems)
+RESTART_ON = ("down", "stalled")  # the conditions a restart can fix
 
 
-def remediate(rec: HealthRecord, settings: Settings, now_ms: int, start_fn=None) -> list[alerts.Condition]:
+def remediate(rec: HealthRecord, conditions: list[alerts.Condition], settings: Settings, now_ms: int,
+              start_fn=None) -> list[alerts.Condition]:
     """Restart a down or stalled job, at most `health_restart_attempts` times per window; then page."""
-    if not needs_restart(rec):
+    fixable = {f"health:{settings.app_id}:{c}" for c in RESTART_ON}
+    if not any(c.key in fixable for c in conditions):
         return []
     window_ms = settings.health_restart_window_s * 1000
     recent = [t for t in rec.restarts if now_ms - t < window_ms]
@@ -178,7 +177,7 @@ def check(settings: Settings, sink: alerts.AlertSink, start_fn=None) -> HealthRe
     """One health run: collect, assess, remediate, alert (deduplicated), publish the record."""
     rec = collect(settings, last_record(settings))
     conditions = assess(rec, settings)
-    conditions += remediate(rec, settings, rec.ts_ms, start_fn)
+    conditions += remediate(rec, conditions, settings, rec.ts_ms, start_fn)
     sink.raise_and_resolve(conditions, "health", scope_prefix=f"health:{settings.app_id}:")
     publish(rec, settings)
     return rec

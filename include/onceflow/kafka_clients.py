@@ -83,3 +83,14 @@ def consume_to_end(consumer: Consumer, partitions: list, timeout_s: float = 120.
                 continue
             raise KafkaException(msg.error())
         yield msg
+
+
+def latest_offsets(admin: AdminClient, tps: list, read_committed: bool = True) -> dict[tuple[str, int], int]:
+    """The end of each partition: the last stable offset under read_committed, else the high watermark."""
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import OffsetSpec
+
+    isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
+    futs = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, isolation_level=isolation,
+                              request_timeout=15)
+    return {(tp.topic, tp.partition): fut.result(15).offset for tp, fut in futs.items()}

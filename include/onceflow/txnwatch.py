@@ -11,8 +11,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import IsolationLevel, KafkaError, OFFSET_BEGINNING, TopicPartition
-from confluent_kafka.admin import OffsetSpec
+from confluent_kafka import KafkaError, OFFSET_BEGINNING, TopicPartition
 
 from . import alerts, events as ev, kafka_clients
 from .config import Settings
@@ -29,20 +28,14 @@ class OpenTxn:
     batch: str | None
 
 
-def _latest(admin, tps: list[TopicPartition], isolation: IsolationLevel) -> dict[tuple[str, int], int]:
-    req = {tp: OffsetSpec.latest() for tp in tps}
-    futs = admin.list_offsets(req, isolation_level=isolation, request_timeout=15)
-    return {(tp.topic, tp.partition): fut.result(15).offset for tp, fut in futs.items()}
-
-
 def open_transactions(settings: Settings, topics: list[str]) -> list[OpenTxn]:
     admin = kafka_clients.admin(settings)
     md = admin.list_topics(timeout=10).topics
     tps = [TopicPartition(t, p) for t in topics if t in md for p in sorted(md[t].partitions)]
     if not tps:
         return []
-    lso = _latest(admin, tps, IsolationLevel.READ_COMMITTED)
-    hw = _latest(admin, tps, IsolationLevel.READ_UNCOMMITTED)
+    lso = kafka_clients.latest_offsets(admin, tps, read_committed=True)
+    hw = kafka_clients.latest_offsets(admin, tps, read_committed=False)
     out = []
     reader = kafka_clients.read_committed_consumer(settings, **{"isolation.level": "read_uncommitted"})
     try:

@@ -108,12 +108,15 @@ def test_remediation_is_bounded(monkeypatch):
     s = config.load(env={}, app_id="a", health_restart_attempts=2, health_restart_window_s=600)
     started = []
     monkeypatch.setattr(health.jobctl, "stop", lambda *a, **k: False)
+    lagging = record(partitions={"0": {"status": lag.WARN, "lag": 9, "trend": "growing"}})
+    assert health.remediate(lagging, health.assess(lagging, s), s, 1_000_000, started.append) == []
+    assert started == [] and lagging.action == "none"  # lag alone is alerted, not restarted
     rec = record(running=False, job_pid=None)
-    health.assess(rec, s)
-    assert health.remediate(rec, s, 1_000_000, started.append) == [] and rec.action == "restarted"
-    assert health.remediate(rec, s, 1_100_000, started.append) == [] and len(started) == 2
-    paged = health.remediate(rec, s, 1_200_000, started.append)
+    found = health.assess(rec, s)
+    assert health.remediate(rec, found, s, 1_000_000, started.append) == [] and rec.action == "restarted"
+    assert health.remediate(rec, found, s, 1_100_000, started.append) == [] and len(started) == 2
+    paged = health.remediate(rec, found, s, 1_200_000, started.append)
     assert [c.key for c in paged] == ["health:a:gave_up"] and len(started) == 2 and rec.action == "gave up"
     # outside the window the budget is back
-    assert health.remediate(rec, s, 1_000_000 + 700_000 + 600_000, started.append) == []
+    assert health.remediate(rec, found, s, 1_000_000 + 700_000 + 600_000, started.append) == []
     assert len(started) == 3
