@@ -131,26 +131,34 @@ def run(settings: config.Settings) -> int:
         return EXIT_FENCED
     spark = build_session(settings)
     fs = checkpoint.HadoopFS(spark, settings.checkpoint)
+    epoch = checkpoint.read_epoch(fs)  # how Spark's batch ids map to the ledger's since the last restore
     batch_lock = threading.Lock()
     failure: list[BaseException] = []
+    written: dict = {}  # the last Spark batch whose transaction this driver finished
 
     def write(df, batch_id: int) -> None:
         with batch_lock:
             try:
-                plan = checkpoint.batch_plan(fs, batch_id, settings.source_topic)
-                rows = [OutRecord(*r) for r in df.collect()]  # always run: it advances Spark's state store
-                outcome = sink.write_batch(plan, rows)
+                plan = checkpoint.batch_plan(fs, batch_id, settings.source_topic, epoch)
+                decision = sink.decide(plan)
+                if decision is Decision.WRITE:
+                    rows = [OutRecord(*r) for r in df.collect()]
+                else:  # committed already: run the batch only to advance Spark's state store
+                    df.write.format("noop").mode("overwrite").save()
+                    rows = []
+                outcome = sink.write_batch(plan, rows, decision)
+                written["spark_batch"] = batch_id
             except BaseException as e:
                 failure.append(e)
                 raise
             now = int(time.time() * 1000)
             if outcome.decision is Decision.WRITE:
-                status.update(state="running", last_batch=batch_id, last_commit_ms=now,
+                status.update(state="running", last_batch=plan.batch, spark_batch=batch_id, last_commit_ms=now,
                               last_txn_ms=round(outcome.txn_ms, 1), last_outputs=outcome.outputs,
                               last_dlq=outcome.dlq, watermark_ms=plan.watermark_ms, end_offsets=plan.end,
                               committed_batches=status.data["committed_batches"] + 1)
             else:
-                status.update(state="running", last_batch=batch_id, last_commit_ms=now,
+                status.update(state="running", last_batch=plan.batch, spark_batch=batch_id, last_commit_ms=now,
                               replays_skipped=status.data["replays_skipped"] + 1)
 
     listener = ProgressListener(bus, status)
@@ -164,8 +172,10 @@ def run(settings: config.Settings) -> int:
              .queryName(f"onceflow_{settings.app_id}")
              .start())
     bus.emit(ev.JOB_STARTED, checkpoint=settings.checkpoint, transactional_id=settings.transactional_id,
-             spark_version=spark.version, query_id=query.id, run_id=query.runId, **info)
-    status.update(state="running", query_id=query.id, run_id=query.runId, spark_version=spark.version)
+             spark_version=spark.version, query_id=query.id, run_id=query.runId, epoch=epoch.epoch,
+             ledger_shift=epoch.ledger_shift, job_config_hash=settings.job_config_hash(), **info)
+    status.update(state="running", query_id=query.id, run_id=query.runId, spark_version=spark.version,
+                  epoch=epoch.epoch, job_config_hash=settings.job_config_hash())
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -176,7 +186,13 @@ def run(settings: config.Settings) -> int:
         except Exception:
             break
     if stop.is_set() and query.isActive:
-        with batch_lock:  # never stop in the middle of a transaction
+        with batch_lock:  # never stop in the middle of a transaction ...
+            # ... nor between a Kafka commit and Spark's commits/N: then the checkpoint and the sink stop at the
+            # same batch, and a stop-with-savepoint is the job's final state.
+            last = written.get("spark_batch")
+            deadline = time.monotonic() + 30
+            while last is not None and fs.read_text(f"commits/{last}") is None and time.monotonic() < deadline:
+                time.sleep(0.05)
             query.stop()
         status.update(state="stopped", stopped_ms=int(time.time() * 1000))
         bus.emit(ev.JOB_STOPPED, flush=True, last_batch=status.data.get("last_batch"))

@@ -12,7 +12,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicP
 
 from . import invariants, kafka_clients, records
 from .config import Settings
-from .ledger import LedgerEntry
+from .ledger import LedgerEntry, RestoreRecord, parse_record
 
 
 @dataclass(frozen=True)
@@ -46,15 +46,18 @@ def read_topic(settings: Settings, topic: str, isolation: str = "read_committed"
         c.close()
 
 
+def ledger_records(settings: Settings, app: str | None = None) -> list[LedgerEntry | RestoreRecord]:
+    """Every committed ledger record of the app, oldest first: batch entries and restore records."""
+    key = (app or settings.app_id).encode()
+    return [parse_record(m.value) for m in read_topic(settings, settings.ledger_topic) if m.key == key]
+
+
 def ledger_entries(settings: Settings, app: str | None = None, kind: str = "stream") -> list[LedgerEntry]:
-    app = app or settings.app_id
-    out = []
-    for m in read_topic(settings, settings.ledger_topic):
-        if m.key == app.encode():
-            e = LedgerEntry.from_json(m.value)
-            if e.kind == kind:
-                out.append(e)
-    return out
+    return [e for e in ledger_records(settings, app) if isinstance(e, LedgerEntry) and e.kind == kind]
+
+
+def restore_records(settings: Settings, app: str | None = None) -> list[RestoreRecord]:
+    return [e for e in ledger_records(settings, app) if isinstance(e, RestoreRecord)]
 
 
 def committed_offsets(settings: Settings, partitions: Iterable[int]) -> dict[int, int]:

@@ -3,12 +3,16 @@
 Spark writes `offsets/N` before it runs batch N (the pre-commit record of the protocol) and `commits/N` after
 foreachBatch returns. Files are read through a small filesystem interface: the Hadoop FileSystem of the running
 Spark driver (any Hadoop-compatible URI), or plain files for `file:` URIs when no Spark is at hand.
+
+onceflow keeps one file of its own in the checkpoint, `onceflow/epoch.json` (Spark ignores it): after a savepoint
+is restored behind the sink, it maps Spark's batch ids to the ledger's (see `Epoch`).
 """
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Mapping, Protocol
 from urllib.parse import urlparse
 
 from .ledger import BatchPlan
@@ -81,7 +85,59 @@ def parse_initial_offsets(text: str, topic: str) -> dict[int, int]:
     return {int(p): int(o) for p, o in src.get(topic, {}).items()}
 
 
-def batch_plan(fs: CheckpointFS, batch: int, topic: str) -> BatchPlan:
+EPOCH_FILE = "onceflow/epoch.json"
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """How Spark's batch ids map to the ledger's since the last restore (epoch 0: they are equal).
+
+    A restore of a savepoint taken at Spark batch S, when the sink has committed up to ledger batch M beyond
+    it, makes Spark's next batch S+1 read the whole committed range in one go (the catch-up batch: state is
+    rebuilt, nothing is written) and stand for ledger batch M; Spark batch n is ledger batch n + ledger_shift
+    from then on.
+    """
+    epoch: int = 0
+    ledger_shift: int = 0
+    spark_batch_from: int = 0
+    catch_up_spark_batch: int | None = None
+    catch_up_from: int | None = None  # the first ledger batch the catch-up batch re-reads
+    savepoint_id: str | None = None
+    restored_ms: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Epoch":
+        return cls(**json.loads(text))
+
+    def ledger_batch(self, spark_batch: int) -> int:
+        return spark_batch + self.ledger_shift
+
+
+def read_epoch(fs: CheckpointFS) -> Epoch:
+    text = fs.read_text(EPOCH_FILE)
+    return Epoch.from_json(text) if text else Epoch()
+
+
+def render_offsets_file(template: str, topic: str, end: Mapping[int, int], watermark_ms: int,
+                        batch_ts_ms: int) -> str:
+    """An `offsets/N` file like `template` (the previous batch's, so Spark's conf entries carry over) with the
+    given end offsets for every source line of `topic` and the given batch watermark and timestamp."""
+    lines = [ln for ln in template.splitlines() if ln.strip()]
+    meta = json.loads(lines[1])
+    meta["batchWatermarkMs"], meta["batchTimestampMs"] = int(watermark_ms), int(batch_ts_ms)
+    out = [lines[0], json.dumps(meta, separators=(",", ":"))]
+    for ln in lines[2:]:
+        if ln.strip() != "-" and topic in json.loads(ln):
+            ln = json.dumps({topic: {str(p): int(o) for p, o in sorted(end.items())}}, separators=(",", ":"))
+        out.append(ln)
+    return "\n".join(out)
+
+
+def batch_plan(fs: CheckpointFS, batch: int, topic: str, epoch: Epoch = Epoch()) -> BatchPlan:
+    """The plan of Spark batch `batch`, under the ledger's batch id (`epoch` maps one to the other)."""
     cur = fs.read_text(f"offsets/{batch}")
     if cur is None:
         raise CheckpointError(f"offsets/{batch} is missing from the checkpoint")
@@ -98,6 +154,8 @@ def batch_plan(fs: CheckpointFS, batch: int, topic: str) -> BatchPlan:
         start = parse_initial_offsets(init, topic)
     # A partition new in this batch starts at the offset Spark began reading it from (0 for a new partition).
     start = {p: start.get(p, 0) for p in end}
-    return BatchPlan(batch=batch, topic=topic, start=start, end=end,
+    catch_up = epoch.catch_up_from if batch == epoch.catch_up_spark_batch else None
+    return BatchPlan(batch=epoch.ledger_batch(batch), topic=topic, start=start, end=end,
                      watermark_ms=int(meta.get("batchWatermarkMs", 0)),
-                     batch_ts_ms=int(meta.get("batchTimestampMs", 0)))
+                     batch_ts_ms=int(meta.get("batchTimestampMs", 0)),
+                     spark_batch=batch, epoch=epoch.epoch, catch_up_from=catch_up)

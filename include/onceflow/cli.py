@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from . import config
@@ -137,6 +137,53 @@ def cmd_audit(args, s: config.Settings) -> int:
     return 0 if rep.ok else 1
 
 
+def cmd_savepoint(args, s: config.Settings) -> int:
+    from . import events as ev, jobctl, rotation, savepoints
+
+    if args.action == "create":
+        m = savepoints.create(s, stop=args.stop, bus=ev.EventBus(s))
+        _print({"id": m.id, "batch": m.ledger_batch, "spark_batch": m.spark_batch, "mode": m.mode,
+                "files": len(m.files), "size_bytes": m.total_size}, args.json)
+    elif args.action == "list":
+        rows = [vars(x) for x in savepoints.list_all(s)]
+        if args.json:
+            _print({"savepoints": rows}, True)
+        for r in rows if not args.json else []:
+            when = datetime.fromtimestamp(r["created_ms"] / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+            print(f"{r['id']:<36} {when}Z  batch {r['ledger_batch']!s:>6}  {r['mode'] or '-':<8} "
+                  f"{r['total_size'] or 0:>10} B  {'complete' if r['complete'] else r['error']}")
+    elif args.action == "verify":
+        v = savepoints.verify(s, _need_id(args))
+        _print(v.as_dict(), args.json)
+        return 0 if v.compatible else 1
+    elif args.action == "restore":
+        plan = savepoints.restore(s, _need_id(args), allow_rewind=args.allow_rewind, dry_run=args.dry_run,
+                                  bus=None if args.dry_run else ev.EventBus(s))
+        out = plan.summary() | {"dry_run": args.dry_run}
+        if args.start and not args.dry_run:
+            out["job"] = jobctl.start(s)
+        _print(out, args.json)
+    elif args.action == "delete":
+        savepoints.delete(s, _need_id(args), bus=ev.EventBus(s))
+        _print({"deleted": args.id}, args.json)
+    elif args.action == "prune":
+        plan = savepoints.prune(s, dry_run=args.dry_run)
+        _print({"kept": plan.keep, "deleted": plan.delete, "dry_run": args.dry_run}, args.json)
+    elif args.action == "rotate":
+        report = rotation.rotate(s)
+        _print(report, args.json)
+        return 0 if report["ok"] else 1
+    else:
+        _print(savepoints.checkpoint_stats(s), args.json)
+    return 0
+
+
+def _need_id(args) -> str:
+    if not args.id:
+        raise SystemExit(f"onceflow savepoint {args.action}: give a savepoint id (or 'latest')")
+    return args.id
+
+
 def cmd_airflow(args, s: config.Settings) -> int:
     from . import airflow_local
 
@@ -200,6 +247,21 @@ def parser() -> argparse.ArgumentParser:
 
     au = sub.add_parser("audit", help="check the invariants I1-I4 of the live job's committed history")
     au.set_defaults(fn=cmd_audit)
+
+    sp = sub.add_parser("savepoint", help="savepoints of the job's checkpoint: take, list, verify, restore")
+    sp.add_argument("action", choices=["create", "list", "verify", "restore", "delete", "prune", "rotate", "stats"],
+                    help="create: copy the checkpoint at its latest committed batch (--stop: stop the job first); "
+                         "restore: replace the checkpoint with a savepoint (job stopped); prune: apply retention; "
+                         "rotate: create + verify + prune + report, as the rotation DAG does; stats: the "
+                         "checkpoint's size")
+    sp.add_argument("id", nargs="?", help="a savepoint id, or 'latest'")
+    sp.add_argument("--stop", action="store_true", help="create: stop-with-savepoint")
+    sp.add_argument("--allow-rewind", action="store_true",
+                    help="restore: allow a savepoint older than the newest (see docs/savepoints.md)")
+    sp.add_argument("--dry-run", action="store_true", help="restore/prune: say what would happen, change nothing")
+    sp.add_argument("--start", action="store_true", help="restore: start the job afterwards")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(fn=cmd_savepoint)
 
     jb = sub.add_parser("job", help="the streaming job")
     jb.add_argument("action", choices=["start", "stop", "status", "run", "kill"],

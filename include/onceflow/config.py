@@ -64,6 +64,16 @@ class Settings:
     transaction_timeout_ms: int = 60_000
     near_timeout_fraction: float = 0.8
     driver_memory: str = "1g"
+    # Fixed by the checkpoint: Spark keeps the provider a query started with; a savepoint records it.
+    state_store_provider: str = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+
+    # --- savepoints and their rotation (Hadoop-compatible URIs through fsspec: file://, hdfs://, s3://) ---
+    savepoint_uri: str = ""  # default: <var_dir>/savepoints/<app_id>
+    savepoint_keep: int = 10                 # the newest K savepoints are kept ...
+    savepoint_max_age_s: float = 86_400.0    # ... and none older than this, except the newest
+    savepoint_incomplete_grace_s: float = 3600.0  # a savepoint without manifest this old was abandoned
+    rotation_interval_minutes: int = 60
+    checkpoint_size_alert_bytes: int = 1 << 30
 
     # --- the supervisor (the seeds' fixed-delay restart strategy: 3 attempts, 10 s apart) ---
     restart_attempts: int = 3
@@ -100,6 +110,10 @@ class Settings:
     @property
     def checkpoint(self) -> str:
         return self.checkpoint_uri or (self.var_dir / "checkpoints" / self.app_id).as_uri()
+
+    @property
+    def savepoints(self) -> str:
+        return (self.savepoint_uri or (self.var_dir / "savepoints" / self.app_id).as_uri()).rstrip("/")
 
     @property
     def run_dir(self) -> Path:
@@ -139,6 +153,7 @@ class Settings:
         d["var_dir"] = str(self.var_dir)
         d["jvm_dir"] = str(self.jvm_dir)
         d["checkpoint"] = self.checkpoint
+        d["savepoints"] = self.savepoints
         d["transactional_id"] = self.transactional_id
         d["group_id"] = self.group_id
         return d
@@ -151,7 +166,9 @@ class Settings:
 
         for name in ("source_partitions", "sink_partitions", "replication_factor", "min_insync_replicas",
                      "max_offsets_per_trigger", "shuffle_partitions", "min_batches_to_retain",
-                     "window_s", "transaction_timeout_ms", "broker_transaction_max_timeout_ms"):
+                     "window_s", "transaction_timeout_ms", "broker_transaction_max_timeout_ms",
+                     "savepoint_keep", "savepoint_max_age_s", "rotation_interval_minutes",
+                     "checkpoint_size_alert_bytes"):
             need(getattr(self, name) > 0, f"{ENV_PREFIX}{name.upper()} must be > 0, got {getattr(self, name)}")
         need(self.watermark_s >= 0, f"{ENV_PREFIX}WATERMARK_S must be >= 0, got {self.watermark_s}")
         need(self.trigger_interval_s >= 0, f"{ENV_PREFIX}TRIGGER_INTERVAL_S must be >= 0")

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from typing import Sequence
 from urllib.parse import urlparse
 
-from . import audit, events as ev, jobctl, preflight, supervisor
+from . import audit, events as ev, jobctl, preflight, procs, supervisor
 from .config import Settings
 
-ACTIONS = ("start", "stop", "restart", "upgrade")
+ACTIONS = ("start", "stop", "restart", "upgrade", "restore")
 
 
 class DeployError(RuntimeError):
@@ -50,6 +51,9 @@ def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | 
             continue
         if d.get("app") != settings.app_id or d.get("type") != ev.BATCH_COMMITTED:
             continue
+        pid = int(d.get("pid") or 0)
+        if d.get("host") == socket.gethostname() and not (pid > 0 and procs.pid_alive(pid)):
+            continue  # a driver of this machine that has exited (stopped or killed): history
         if now_ms - d["ts_ms"] > within_s * 1000:
             return None
         return d
@@ -85,3 +89,41 @@ def stop(settings: Settings, timeout: float = 120.0) -> dict:
     before = jobctl.status(settings)
     stopped = jobctl.stop(settings, timeout=timeout)
     return {"stopped": stopped, "last_batch": before.get("last_batch")}
+
+
+def check_upgrade(settings: Settings) -> dict:
+    """Before anything stops: the new configuration must be able to continue from the running job's state."""
+    st = ev.read_status(settings.status_file) or {}
+    running_hash, new_hash = st.get("job_config_hash"), settings.job_config_hash()
+    if running_hash and running_hash != new_hash:
+        raise DeployError(
+            f"the new configuration changes the query incompatibly (job config hash {running_hash} -> {new_hash}: "
+            f"topics, window or watermark): its state cannot continue from the running job's. Deploy it under a "
+            f"new ONCEFLOW_APP_ID, or backfill")
+    return {"job_config_hash": new_hash}
+
+
+def upgrade(settings: Settings, argv: Sequence[str] | None = None, wait_s: float = 300.0) -> dict:
+    """Stop-with-savepoint, then start the new code and settings from the same checkpoint. The savepoint is the
+    point to go back to (action restore) if the new version misbehaves."""
+    from . import savepoints
+
+    check_upgrade(settings)
+    m = savepoints.create(settings, stop=True, bus=ev.EventBus(settings))
+    v = savepoints.verify(settings, m.id)
+    if not v.compatible:
+        raise DeployError(f"stop-with-savepoint {m.id} was taken but the new version cannot continue from it: "
+                          f"{'; '.join(v.problems + v.incompatibilities)}. The job is stopped; start the previous "
+                          f"version, or restore another savepoint")
+    return {"savepoint": m.id, "savepoint_batch": m.ledger_batch} | start(settings, argv, wait_s)
+
+
+def restore(settings: Settings, sp_id: str, allow_rewind: bool = False, argv: Sequence[str] | None = None,
+            wait_s: float = 300.0) -> dict:
+    """Stop (if running), restore savepoint `sp_id`, start, wait for a committed batch."""
+    from . import savepoints
+
+    savepoints.check_restore(settings, sp_id, allow_rewind)  # refuse before stopping anything
+    jobctl.stop(settings)
+    plan = savepoints.restore(settings, sp_id, allow_rewind=allow_rewind, bus=ev.EventBus(settings))
+    return {"restore": plan.summary()} | start(settings, argv, wait_s)

@@ -9,11 +9,15 @@ is stable per app:
     3. one ledger record            -> ledger topic (app, batch, ranges, watermark, counts, durations)
     4. send_offsets_to_transaction  -> the batch's end offsets for group onceflow.<app>, metadata {"batch": N}
 
-and commits. Before opening the transaction it asks the group what is committed:
+and commits. Before opening the transaction it asks the group what is committed (`ledger.decide`):
 - batch N-1 committed and its end == batch N's start      -> write batch N;
 - batch N already committed with exactly this range        -> it is a replay (crash after the Kafka commit,
                                                               before Spark's commits/N): write nothing;
+- the catch-up batch after a savepoint restore, and the    -> rebuild state only: write nothing (its results
+  sink stands exactly at its end                              were committed before the restore);
 - anything else                                            -> DivergentHistory: fail loudly.
+Batch ids here are the ledger's: equal to Spark's until a restore behind the sink shifts them
+(onceflow.checkpoint.Epoch).
 
 Fencing: `init_transactions()` at start aborts whatever the previous incarnation left open and bumps the
 producer epoch, so a zombie instance of the same app can no longer commit (it gets fenced and stops).
@@ -36,7 +40,7 @@ from . import events as ev
 from . import kafka_clients
 from .config import Settings
 from .faults import Injector
-from .ledger import BatchPlan, Committed, Decision, LedgerEntry, decide, offset_metadata
+from .ledger import BatchPlan, Committed, Decision, LedgerEntry, decide, offset_metadata, parse_record
 
 log = logging.getLogger(__name__)
 KIND_RESULT = "result"
@@ -102,35 +106,30 @@ class ExactlyOnceSink:
         return Committed.from_partitions((tp.partition, tp.offset if tp.offset >= 0 else None,
                                           tp.metadata) for tp in got)
 
-    def ledger_entry(self, batch: int, scan_back: int = 1000) -> LedgerEntry | None:
-        """The committed ledger record of `batch` for this app (newest first scan of the ledger topic)."""
-        tp = TopicPartition(self.s.ledger_topic, 0)
-        low, high = self.ledger_reader.get_watermark_offsets(tp, timeout=10, cached=False)
-        end = high
-        while end > low:
-            start = max(low, end - scan_back)
-            found = None
-            for msg in read_range(self.ledger_reader, self.s.ledger_topic, 0, start, end):
-                if msg.key() == self.s.app_id.encode():
-                    e = LedgerEntry.from_json(msg.value())
-                    if e.batch == batch and e.kind == "stream":
-                        found = e
-            if found is not None:
-                return found
-            end = start
-        return None
+    def ledger_entry(self, batch: int) -> LedgerEntry | None:
+        return find_ledger_entry(self.ledger_reader, self.s, batch)
 
     # ------------------------------------------------------------------ the protocol
-    def write_batch(self, plan: BatchPlan, rows: Sequence[OutRecord]) -> BatchOutcome:
+    def decide(self, plan: BatchPlan) -> Decision:
+        """WRITE, SKIP (a replay of a committed batch) or CATCH_UP (re-reading committed batches after a
+        restore); anything that fits none of them raises DivergentHistory."""
         committed = self.committed(plan.end)
         entry = self.ledger_entry(plan.batch) if committed.batch == plan.batch else None
         try:
-            decision = decide(plan, committed, entry)
+            return decide(plan, committed, entry)
         except Exception as e:
-            self.bus.emit(ev.DIVERGENT_HISTORY, logging.ERROR, flush=True, batch=plan.batch, error=str(e))
+            self.bus.emit(ev.DIVERGENT_HISTORY, logging.ERROR, flush=True, batch=plan.batch,
+                          spark_batch=plan.spark_batch, error=str(e))
             raise
-        if decision is Decision.SKIP:
-            self.bus.emit(ev.BATCH_REPLAY_SKIPPED, batch=plan.batch, ranges=plan.ranges)
+
+    def write_batch(self, plan: BatchPlan, rows: Sequence[OutRecord], decision: Decision | None = None
+                    ) -> BatchOutcome:
+        """Write batch `plan` with `rows` in one transaction, unless `decision` (decided now when not given)
+        says it is committed already."""
+        decision = decision or self.decide(plan)
+        if decision is not Decision.WRITE:
+            self.bus.emit(ev.BATCH_REPLAY_SKIPPED, batch=plan.batch, spark_batch=plan.spark_batch,
+                          ranges=plan.ranges, catch_up_from=plan.catch_up_from, decision=decision.value)
             return BatchOutcome(plan.batch, decision)
 
         self._fault("crash_before_produce", plan.batch)
@@ -161,7 +160,7 @@ class ExactlyOnceSink:
             entry = LedgerEntry.for_plan(self.s.app_id, plan, outputs, dlq, txn_ms, int(time.time() * 1000),
                                          self.s.transactional_id)
             self._produce(self.s.ledger_topic, self.s.app_id.encode(), entry.to_json(), headers, started)
-            offsets = [TopicPartition(plan.topic, p, off, offset_metadata(plan.batch))
+            offsets = [TopicPartition(plan.topic, p, off, offset_metadata(plan.batch, plan.epoch))
                        for p, off in sorted(plan.end.items())]
             self._call(lambda: self.producer.send_offsets_to_transaction(
                 offsets, self.group.consumer_group_metadata(), 60), started)
@@ -173,7 +172,7 @@ class ExactlyOnceSink:
             raise
         warn.cancel()
         txn_ms = (time.monotonic() - started) * 1000
-        self.bus.emit(ev.BATCH_COMMITTED, batch=plan.batch, outputs=outputs, dlq=dlq, txn_ms=round(txn_ms, 1),
+        self.bus.emit(ev.BATCH_COMMITTED, batch=plan.batch, spark_batch=plan.spark_batch, outputs=outputs, dlq=dlq, txn_ms=round(txn_ms, 1),
                       records=plan.records, watermark_ms=plan.watermark_ms, end_offsets=plan.end)
         if txn_ms >= self.timeout_ms * self.s.near_timeout_fraction and not self._warned:
             self.bus.emit(ev.TRANSACTION_NEAR_TIMEOUT, logging.WARNING, batch=plan.batch, txn_ms=round(txn_ms),
@@ -262,6 +261,25 @@ def close_quietly(producer) -> None:
         producer.close()
     except KafkaException as e:
         log.info("closing the transactional producer: %s", e)
+
+
+def find_ledger_entry(consumer, settings: Settings, batch: int, scan_back: int = 1000) -> LedgerEntry | None:
+    """The committed ledger record of stream batch `batch` of this app (scanning the ledger newest first)."""
+    tp = TopicPartition(settings.ledger_topic, 0)
+    low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+    end = high
+    while end > low:
+        start = max(low, end - scan_back)
+        found = None
+        for msg in read_range(consumer, settings.ledger_topic, 0, start, end):
+            if msg.key() == settings.app_id.encode():
+                e = parse_record(msg.value())
+                if isinstance(e, LedgerEntry) and e.batch == batch and e.kind == "stream":
+                    found = e
+        if found is not None:
+            return found
+        end = start
+    return None
 
 
 def read_range(consumer, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0):

@@ -21,7 +21,9 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     return {
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        # Spark's own checkpoint retention: offsets/, commits/ and state versions of this many batches.
         "spark.sql.streaming.minBatchesToRetain": str(settings.min_batches_to_retain),
+        "spark.sql.streaming.stateStore.providerClass": settings.state_store_provider,
         "spark.speculation": "false",
         # Emit windows when the watermark passes them even if no new data arrives.
         "spark.sql.streaming.noDataMicroBatches.enabled": "true",

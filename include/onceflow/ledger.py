@@ -7,7 +7,7 @@ coverage checks are plain functions over plain data, tested without a broker.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Iterable, Mapping
 
@@ -20,13 +20,22 @@ class DivergentHistory(RuntimeError):
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """What Spark planned for batch N (from the checkpoint's offsets/N and its predecessor)."""
+    """What Spark planned for batch N (from the checkpoint's offsets/N and its predecessor).
+
+    `batch` is the ledger's batch id, the one the sink commits under. It equals Spark's batch id until a
+    savepoint is restored behind the sink: from then on Spark's ids run behind the ledger's by a fixed shift
+    (the epoch of the restore, see onceflow.checkpoint.Epoch). `catch_up_from` is set on the one batch after
+    such a restore that re-reads the already-committed ledger batches catch_up_from..batch in one go.
+    """
     batch: int
     topic: str
     start: dict[int, int]
     end: dict[int, int]
     watermark_ms: int = 0
     batch_ts_ms: int = 0
+    spark_batch: int | None = None   # Spark's id, when it differs from `batch`
+    epoch: int = 0
+    catch_up_from: int | None = None
 
     def __post_init__(self) -> None:
         if set(self.start) != set(self.end):
@@ -59,6 +68,8 @@ class LedgerEntry:
     commit_time_ms: int
     transactional_id: str
     kind: str = "stream"  # "stream" for the live job; backfills will write their own kind
+    spark_batch: int | None = None
+    epoch: int = 0
 
     def to_json(self) -> bytes:
         d = asdict(self)
@@ -69,14 +80,66 @@ class LedgerEntry:
     def from_json(cls, raw: bytes | str) -> "LedgerEntry":
         d = json.loads(raw)
         d["ranges"] = {int(p): (int(r[0]), int(r[1])) for p, r in d["ranges"].items()}
-        return cls(**d)
+        return cls(**{k: v for k, v in d.items() if k in _ENTRY_FIELDS})
+
+    @property
+    def end(self) -> dict[int, int]:
+        return {p: e for p, (_, e) in self.ranges.items()}
+
+    @property
+    def start(self) -> dict[int, int]:
+        return {p: s for p, (s, _) in self.ranges.items()}
 
     @classmethod
     def for_plan(cls, app: str, plan: BatchPlan, outputs: int, dlq: int, txn_ms: float, commit_time_ms: int,
                  transactional_id: str) -> "LedgerEntry":
         return cls(app=app, batch=plan.batch, topic=plan.topic, ranges=plan.ranges,
                    watermark_ms=plan.watermark_ms, batch_ts_ms=plan.batch_ts_ms, outputs=outputs, dlq=dlq,
-                   txn_ms=round(txn_ms, 3), commit_time_ms=commit_time_ms, transactional_id=transactional_id)
+                   txn_ms=round(txn_ms, 3), commit_time_ms=commit_time_ms, transactional_id=transactional_id,
+                   spark_batch=plan.spark_batch, epoch=plan.epoch)
+
+
+@dataclass(frozen=True)
+class RestoreRecord:
+    """Written to the ledger when a savepoint is restored: which one, where the sink stood, what is skipped.
+
+    `skipped` is the source range of the ledger batches `skipped_batches` (already committed after the
+    savepoint): the restored job re-reads it to rebuild its state and writes none of its results again.
+    """
+    app: str
+    epoch: int
+    savepoint_id: str
+    savepoint_batch: int            # the ledger batch the savepoint was taken at
+    sink_batch: int | None          # the last ledger batch committed when it was restored
+    rewind: bool                    # an older savepoint than the newest, restored on explicit request
+    skipped_batches: tuple[int, int] | None
+    skipped: dict[int, tuple[int, int]]
+    spark_batch_from: int           # Spark's first batch of the new epoch
+    ledger_shift: int               # ledger batch = Spark batch + ledger_shift from then on
+    restored_ms: int
+    kind: str = "restore"
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["skipped"] = {str(p): [s, e] for p, (s, e) in sorted(self.skipped.items())}
+        return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "RestoreRecord":
+        d = json.loads(raw)
+        d["skipped"] = {int(p): (int(r[0]), int(r[1])) for p, r in d["skipped"].items()}
+        if d.get("skipped_batches") is not None:
+            d["skipped_batches"] = tuple(d["skipped_batches"])
+        return cls(**d)
+
+
+_ENTRY_FIELDS = {f.name for f in fields(LedgerEntry)}
+
+
+def parse_record(raw: bytes | str) -> LedgerEntry | RestoreRecord:
+    """A ledger record of any kind: batch entries (stream, backfill) or restore records."""
+    kind = json.loads(raw).get("kind", "stream")
+    return RestoreRecord.from_json(raw) if kind == "restore" else LedgerEntry.from_json(raw)
 
 
 @dataclass(frozen=True)
@@ -107,8 +170,8 @@ class Committed:
         return cls(offsets=offsets, batch=batches.pop() if batches else None, foreign=foreign)
 
 
-def offset_metadata(batch: int) -> str:
-    return json.dumps({"batch": batch}, separators=(",", ":"))
+def offset_metadata(batch: int, epoch: int = 0) -> str:
+    return json.dumps({"batch": batch, "epoch": epoch} if epoch else {"batch": batch}, separators=(",", ":"))
 
 
 def batch_from_metadata(meta: str | None) -> int | None:
@@ -124,6 +187,7 @@ def batch_from_metadata(meta: str | None) -> int | None:
 class Decision(Enum):
     WRITE = "write"   # batch N is not committed yet: write it
     SKIP = "skip"     # batch N was committed before a crash, with exactly this range: a replay, write nothing
+    CATCH_UP = "catch_up"  # the first batch after a restore re-reads committed batches: rebuild state, write nothing
 
 
 def decide(plan: BatchPlan, committed: Committed, entry: LedgerEntry | None) -> Decision:
@@ -136,6 +200,8 @@ def decide(plan: BatchPlan, committed: Committed, entry: LedgerEntry | None) -> 
         raise DivergentHistory(
             f"batch {n}: the group has committed offsets without onceflow batch metadata; another consumer "
             f"committed into this group: use a different app id or reset the group")
+    if plan.catch_up_from is not None:
+        return _decide_catch_up(plan, committed, entry)
     if committed.batch is None:
         if committed.offsets:
             raise DivergentHistory(f"batch {n}: committed offsets without a batch id")
@@ -171,6 +237,25 @@ def decide(plan: BatchPlan, committed: Committed, entry: LedgerEntry | None) -> 
         raise DivergentHistory(f"batch {n} starts at {plan.start} but batch {n - 1} committed "
                                f"{committed.offsets}: gap or overlap at {mismatch} (partition: (committed, start))")
     return Decision.WRITE
+
+
+def _decide_catch_up(plan: BatchPlan, committed: Committed, entry: LedgerEntry | None) -> Decision:
+    """After a restore behind the sink, Spark's one batch covers the committed ledger batches
+    catch_up_from..N. Their results are in the sink already: the batch only rebuilds state. The sink must
+    still stand exactly where the restore found it, else something wrote to it since."""
+    n, first = plan.batch, plan.catch_up_from
+    if committed.batch != n:
+        raise DivergentHistory(
+            f"the restore expected the sink at batch {n} (catching up batches {first}..{n}) but it has "
+            f"committed batch {committed.batch}: another driver wrote to the sink after the restore")
+    if entry is None or entry.end != plan.end or entry.topic != plan.topic:
+        raise DivergentHistory(f"catching up batches {first}..{n}: the ledger record of batch {n} does not end at "
+                               f"{plan.end} ({_fmt(entry.ranges) if entry else 'missing'})")
+    mismatch = {p: (committed.offsets.get(p), e) for p, e in plan.end.items() if committed.offsets.get(p) != e}
+    if mismatch:
+        raise DivergentHistory(f"catching up batches {first}..{n}: the group's offsets differ from their end: "
+                               f"{mismatch} (partition: (committed, planned end))")
+    return Decision.CATCH_UP
 
 
 def _fmt(ranges: Mapping[int, tuple[int, int]]) -> str:

@@ -34,6 +34,18 @@ def job_log(settings: Settings):
     return settings.log_dir / f"{settings.app_id}.log"
 
 
+def driver_pid(settings: Settings, launcher_pid: int) -> int | None:
+    """The Python driver of the launch `launcher_pid` (spark-submit's JVM runs it as a child, in its process
+    group), from the pid the job writes into its status file."""
+    pid = (ev.read_status(settings.status_file) or {}).get("pid")
+    try:
+        if pid and procs.pid_alive(pid) and os.getpgid(pid) == os.getpgid(launcher_pid):
+            return int(pid)
+    except ProcessLookupError:
+        pass
+    return None
+
+
 def _committed_since(settings: Settings, since_ms: int) -> bool:
     st = ev.read_status(settings.status_file) or {}
     return int(st.get("last_commit_ms") or 0) >= since_ms
@@ -47,7 +59,11 @@ def supervise(settings: Settings, bus: ev.EventBus | None = None) -> int:
     def on_term(*_):
         stopping.set()
         if "proc" in child and child["proc"].poll() is None:
-            procs.signal_group(child["proc"].pid, signal.SIGTERM)
+            drv = driver_pid(settings, child["proc"].pid)
+            if drv:  # only the Python driver: it stops the query at a batch boundary, and the JVM exits after it
+                os.kill(drv, signal.SIGTERM)
+            else:    # no driver yet (still starting): the whole launch goes
+                procs.signal_group(child["proc"].pid, signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
