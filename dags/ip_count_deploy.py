@@ -1,13 +1,20 @@
 """
 ### ip_count_deploy
 
-Start, stop, restart or upgrade the exactly-once `ip_count` streaming job.
+Start, stop, restart, upgrade or restore the exactly-once `ip_count` streaming job.
 
 * **start**: preflight (broker reachable, topics present, transaction timeouts consistent, checkpoint writable,
   no other live driver), then launch through the Spark provider (`spark_default`), detached under the
   onceflow supervisor. Green only once the job has committed a batch.
 * **stop**: stop at a batch boundary.
-* **restart** / **upgrade**: stop at a batch boundary, then start the (new) code from the same checkpoint.
+* **restart**: stop at a batch boundary, then start from the same checkpoint.
+* **upgrade**: stop-with-savepoint (the job stops at a batch boundary and the savepoint is its final state),
+  verify the savepoint, check the new configuration can continue from it, then start the new code and settings.
+  Refused before anything stops if the query changed incompatibly (topics, window, watermark).
+* **restore**: stop, replace the checkpoint with savepoint `savepoint_id` (`latest` for the newest), start. If the
+  sink committed batches after the savepoint, the job re-reads them once to rebuild its state and writes none of
+  them again. A savepoint older than the newest is a rewind: refused unless `allow_rewind`. See
+  `docs/savepoints.md`; `onceflow savepoint list` shows the ids.
 
 The job keeps running after this DAG ends; `ip_count_health` supervises it.
 """
@@ -25,31 +32,39 @@ DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(seco
 @dag(dag_id="ip_count_deploy", schedule=None, catchup=False, max_active_runs=1, doc_md=__doc__,
      default_args=DEFAULT_ARGS, tags=["onceflow", "ip_count", "deploy"],
      params={"action": Param("start", type="string", enum=list(deploy.ACTIONS),
-                             description="start | stop | restart | upgrade"),
+                             description="start | stop | restart | upgrade | restore"),
+             "savepoint_id": Param("latest", type="string", minLength=1,
+                                   description="restore: the savepoint to restore (`latest` = the newest)"),
+             "allow_rewind": Param(False, type="boolean",
+                                   description="restore: allow a savepoint older than the newest (a rewind)"),
              "wait_timeout_s": Param(300, type="integer", minimum=30, maximum=3600,
                                      description="how long to wait for the first committed batch")})
 def ip_count_deploy():
     @task
     def preflight() -> dict:
         params = get_current_context()["params"]
-        s = orchestration.settings()
-        if params["action"] == "stop":
-            return {"action": "stop"}
-        return deploy.preflight_checks(s, allow_running=params["action"] != "start") | {"action": params["action"]}
+        return deploy.preflight_for(orchestration.settings(), params["action"], params["savepoint_id"],
+                                    params["allow_rewind"])
 
     @task
     def stop(checked: dict) -> dict:
-        if checked["action"] == "start":
-            return {"skipped": True}
+        if checked["action"] in ("start", "upgrade", "restore"):
+            return {"skipped": True, "why": "start does not stop; upgrade and restore stop in the launch step"}
         return deploy.stop(orchestration.settings())
 
     @task
     def launch(stopped: dict) -> dict:
         params = get_current_context()["params"]
-        if params["action"] == "stop":
-            return {"launched": False}
         s = orchestration.settings()
-        return deploy.start(s, orchestration.spark_submit_argv(s), wait_s=params["wait_timeout_s"])
+        action = params["action"]
+        if action == "stop":
+            return {"launched": False}
+        argv, wait = orchestration.spark_submit_argv(s), params["wait_timeout_s"]
+        if action == "upgrade":
+            return deploy.upgrade(s, argv, wait_s=wait)
+        if action == "restore":
+            return deploy.restore(s, params["savepoint_id"], params["allow_rewind"], argv, wait_s=wait)
+        return deploy.start(s, argv, wait_s=wait)
 
     launch(stop(preflight()))
 

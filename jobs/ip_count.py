@@ -97,7 +97,8 @@ class ProgressListener(StreamingQueryListener):
             self.bus.emit(ev.PROGRESS, logging.DEBUG, **fields)
 
     def onQueryIdle(self, event):
-        self.status.update(last_progress_ms=int(time.time() * 1000))
+        now = int(time.time() * 1000)
+        self.status.update(last_progress_ms=now, last_idle_ms=now)
 
     def onQueryTerminated(self, event):
         pass

@@ -15,7 +15,8 @@ from . import procs
 from .config import REPO_ROOT, Settings
 
 DEPLOY_DAG = "ip_count_deploy"
-WATCH_DAGS = ("ip_count_health", "ip_count_txn_watch")
+WATCH_DAGS = ("ip_count_health", "ip_count_txn_watch", "ip_count_checkpoint_rotation")
+ALL_DAGS = (DEPLOY_DAG,) + WATCH_DAGS
 USER = "admin"
 
 

@@ -95,7 +95,7 @@ def cmd_where(args, s: config.Settings) -> int:
 
     st = jobctl.status(s)
     ui = (f"  Airflow UI           http://localhost:{s.airflow_port}  user {airflow_local.USER}, password "
-          f"{airflow_local.password(s)}  (DAGs ip_count_deploy, ip_count_health, ip_count_txn_watch)\n"
+          f"{airflow_local.password(s)}\n                       DAGs: {', '.join(airflow_local.ALL_DAGS)}\n"
           if procs.read_pidfile(airflow_local.pidfile(s)) else "")
     print(f"""
 onceflow is running on the embedded stack.

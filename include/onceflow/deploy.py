@@ -76,11 +76,31 @@ def preflight_checks(settings: Settings, allow_running: bool = False) -> dict:
     return info | {"checkpoint": settings.checkpoint}
 
 
+def preflight_for(settings: Settings, action: str, savepoint_id: str = "latest", allow_rewind: bool = False
+                  ) -> dict:
+    """The checks of one deploy action, all before anything is stopped or written."""
+    if action not in ACTIONS:
+        raise DeployError(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
+    if action == "stop":
+        return {"action": action}
+    info = preflight_checks(settings, allow_running=action != "start") | {"action": action}
+    if action == "upgrade":
+        if not jobctl.status(settings)["running"]:
+            raise DeployError(f"app {settings.app_id} is not running: upgrade stops a running job with a "
+                              f"savepoint; use action=start")
+        info |= check_upgrade(settings)
+    if action == "restore":
+        from . import savepoints
+
+        info["restore"] = savepoints.check_restore(settings, savepoint_id, allow_rewind).summary()
+    return info
+
+
 def start(settings: Settings, argv: Sequence[str] | None = None, wait_s: float = 300.0) -> dict:
-    """Launch detached and return once the job has committed a batch."""
+    """Launch detached and return once the job has committed a batch, or runs with nothing to read."""
     t0 = int(time.time() * 1000)
     info = jobctl.start(settings, argv=argv)
-    st = jobctl.wait_for_commit(settings, after_ms=t0, timeout=wait_s)
+    st = jobctl.wait_for_commit(settings, after_ms=t0, timeout=wait_s, or_idle=True)
     return info | {"job_pid": jobctl.status(settings)["job_pid"], "first_batch": st.get("last_batch"),
                    "log": str(supervisor.job_log(settings))}
 

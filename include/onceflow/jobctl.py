@@ -67,11 +67,15 @@ def start(settings: Settings, argv=None) -> dict:
     return {"supervisor_pid": proc.pid, "log": str(supervisor.job_log(settings))}
 
 
-def wait_for_commit(settings: Settings, after_ms: int = 0, timeout: float = 180.0) -> dict:
-    """Until the job commits a batch after `after_ms`; fails at once if its supervisor has given up."""
+def wait_for_commit(settings: Settings, after_ms: int = 0, timeout: float = 180.0, or_idle: bool = False) -> dict:
+    """Until the job commits a batch after `after_ms` (with `or_idle`: or reports that its query runs with no
+    input waiting, as a job that restarts on a drained source does); fails at once if its supervisor has given
+    up."""
     def committed():
         st = ev.read_status(settings.status_file) or {}
         if int(st.get("last_commit_ms") or 0) > after_ms:
+            return st
+        if or_idle and int(st.get("last_idle_ms") or 0) > after_ms and int(st.get("started_ms") or 0) > after_ms:
             return st
         if not procs.read_pidfile(supervisor.supervisor_pidfile(settings)):
             log = supervisor.job_log(settings)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 import pytest
 from confluent_kafka import Producer
@@ -10,7 +11,7 @@ from onceflow import events as ev
 from onceflow import jobctl, kafka_clients, procs
 from tests.integration.helpers import assert_exact, events, produce, wait_drained, wait_event
 
-DAGS = ("ip_count_deploy", "ip_count_health", "ip_count_txn_watch")
+DAGS = ("ip_count_deploy", "ip_count_health", "ip_count_txn_watch", "ip_count_checkpoint_rotation")
 
 
 def test_dags_import_with_owners_retries_tags_and_docs(dagbag):
@@ -22,7 +23,9 @@ def test_dags_import_with_owners_retries_tags_and_docs(dagbag):
         assert d.max_active_runs == 1 and not d.catchup
     deploy = dagbag.dags["ip_count_deploy"]
     assert deploy.schedule is None or str(deploy.timetable.summary) in ("None", "")
-    assert deploy.params.get_param("action").schema["enum"] == ["start", "stop", "restart", "upgrade"]
+    assert deploy.params.get_param("action").schema["enum"] == ["start", "stop", "restart", "upgrade", "restore"]
+    assert deploy.params.get_param("allow_rewind").schema["type"] == "boolean"
+    assert dagbag.dags["ip_count_checkpoint_rotation"].schedule == timedelta(minutes=60)
 
 
 def _run(dagbag, dag_id, **conf):
@@ -104,3 +107,52 @@ def test_hanging_transaction_is_detected_with_its_age(dagbag, airflow_app, webho
     assert _run(dagbag, "ip_count_txn_watch")[0] == "success"
     assert [x["status"] for x in webhook.alerts("txn_watch:hanging:")] == ["firing", "resolved"]
     assert not events(s, ev.TRANSACTION_TIMEOUT)
+
+
+@pytest.mark.integration
+def test_rotation_and_savepoint_actions_of_the_deploy_dag(dagbag, airflow_app, webhook, tmp_path, monkeypatch):
+    from onceflow import savepoints
+
+    s = airflow_app(savepoint_keep=2, checkpoint_size_alert_bytes=1, max_offsets_per_trigger=3000)
+    sent = produce(s, tmp_path / "a.csv", count=15_000, event_rate=2000, seed=41)
+    jobctl.start(s)
+    jobctl.wait_for_commit(s)
+    # Three rotations while the job runs: each takes and verifies a savepoint, retention keeps the newest two,
+    # and the oversized checkpoint alerts once (deduplicated while it lasts).
+    taken = []
+    for _ in range(3):
+        state, tis = _run(dagbag, "ip_count_checkpoint_rotation")
+        assert state == "success", tis
+        taken.append(savepoints.list_all(s)[-1].id)
+    assert [x.id for x in savepoints.list_all(s)] == taken[1:]
+    assert all(savepoints.verify(s, i).ok for i in taken[1:])
+    assert [a["status"] for a in webhook.alerts(f"rotation:{s.app_id}:checkpoint_size")] == ["firing"]
+
+    # A savepoint that cannot be written fails the run and pages; the next good run resolves it.
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("ONCEFLOW_SAVEPOINT_URI", (blocker / "sp").as_uri())
+    state, tis = _run(dagbag, "ip_count_checkpoint_rotation")
+    assert state == "failed" and tis["savepoint"] == "success" and tis["report"] == "failed", tis
+    monkeypatch.setenv("ONCEFLOW_SAVEPOINT_URI", s.savepoints)
+    assert _run(dagbag, "ip_count_checkpoint_rotation")[0] == "success"
+    assert [a["status"] for a in webhook.alerts(f"rotation:{s.app_id}:savepoint_failed")] == ["firing", "resolved"]
+
+    # upgrade = stop-with-savepoint, then start with the new (compatible) settings.
+    monkeypatch.setenv("ONCEFLOW_MAX_OFFSETS_PER_TRIGGER", "6000")
+    state, tis = _run(dagbag, "ip_count_deploy", action="upgrade", wait_timeout_s=240)
+    assert state == "success", tis
+    stop_sp = savepoints.load(s, "latest")
+    assert stop_sp.mode == "stop" and jobctl.status(s)["running"]
+    # restore: an older savepoint is refused in preflight (nothing stops) ...
+    pid = jobctl.status(s)["job_pid"]
+    state, tis = _run(dagbag, "ip_count_deploy", action="restore", savepoint_id=taken[1])
+    assert state == "failed" and tis["preflight"] == "failed" and jobctl.status(s)["job_pid"] == pid
+    # ... the newest restores, and the job continues exactly once.
+    state, tis = _run(dagbag, "ip_count_deploy", action="restore", savepoint_id="latest", wait_timeout_s=240)
+    assert state == "success", tis
+    more = produce(s, tmp_path / "b.csv", count=5000, event_rate=2000, seed=42, start_ms=1_795_000_010_000,
+                   tail_s=30)
+    wait_drained(s, sent + more)
+    assert_exact(s, sent + more)
+    assert jobctl.stop(s)

@@ -1,0 +1,53 @@
+"""
+### ip_count_checkpoint_rotation
+
+Every `ONCEFLOW_ROTATION_INTERVAL_MINUTES` (default 60): take a savepoint of the `ip_count` job's checkpoint while
+it runs and verify it (files, checksums, self-contained at its batch); keep the newest `ONCEFLOW_SAVEPOINT_KEEP`
+(default 10) and none older than `ONCEFLOW_SAVEPOINT_MAX_AGE_S` (default 1 day) except the newest; report the
+checkpoint's size, file count, oldest retained batch and growth since the last run. Alerts when a savepoint fails
+and when the checkpoint grows past `ONCEFLOW_CHECKPOINT_SIZE_ALERT_BYTES`. Spark's own retention of offsets,
+commits and state versions is `ONCEFLOW_MIN_BATCHES_TO_RETAIN` (spark.sql.streaming.minBatchesToRetain).
+Restore a savepoint with `ip_count_deploy` (action restore).
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import dag, task
+
+from onceflow import config, orchestration, rotation
+
+DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minutes=5)}
+
+
+@dag(dag_id="ip_count_checkpoint_rotation", schedule=timedelta(minutes=config.load().rotation_interval_minutes),
+     catchup=False, max_active_runs=1, doc_md=__doc__, default_args=DEFAULT_ARGS,
+     tags=["onceflow", "ip_count", "savepoints"])
+def ip_count_checkpoint_rotation():
+    @task
+    def savepoint() -> dict:
+        s = orchestration.settings()
+        out = rotation.take_savepoint(s, orchestration.alert_sink(s))
+        print(f"savepoint: {out}")
+        return out
+
+    @task
+    def retention(taken: dict) -> dict:
+        out = rotation.apply_retention(orchestration.settings())
+        print(f"retention: {out}")
+        return out
+
+    @task
+    def report(taken: dict, kept: dict) -> dict:
+        s = orchestration.settings()
+        out = rotation.report_checkpoint(s, orchestration.alert_sink(s))
+        print(f"checkpoint: {out}")
+        if taken["status"] == "failed":  # after retention and the report, so both still ran
+            raise RuntimeError(f"the savepoint failed: {taken['error']}")
+        return out
+
+    taken = savepoint()
+    report(taken, retention(taken))
+
+
+ip_count_checkpoint_rotation()
