@@ -32,7 +32,8 @@ def free_port() -> int:
 def spark():
     from pyspark.sql import SparkSession
 
-    s = (SparkSession.builder.master("local[2]").appName("onceflow-tests")
+    jars = ",".join(str(j) for j in jvm.spark_kafka_jars(config.load(env={})))  # for the batch jobs' Kafka reads
+    s = (SparkSession.builder.master("local[2]").appName("onceflow-tests").config("spark.jars", jars)
          .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false")
          .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     s.sparkContext.setLogLevel("ERROR")
@@ -73,6 +74,7 @@ def app(kafka, request):
         s = base.replace(app_id=name, source_topic=f"{name}.source", sink_topic=f"{name}.sink",
                          dlq_topic=f"{name}.dlq", ledger_topic=f"{name}.ledger", events_topic=f"{name}.events",
                          alerts_topic=f"{name}.alerts", health_topic=f"{name}.health",
+                         reconciliation_topic=f"{name}.recon", backfill_topic=f"{name}.backfill",
                          **overrides)
         topics.ensure(s)
         reg["apps"].append(s)

@@ -22,6 +22,7 @@ class Msg:
     key: bytes | None
     value: bytes | None
     headers: dict
+    timestamp_ms: int = 0
 
 
 def read_topic(settings: Settings, topic: str, isolation: str = "read_committed",
@@ -40,7 +41,8 @@ def read_topic(settings: Settings, topic: str, isolation: str = "read_committed"
             start = [TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END)
                      for tp in c.offsets_for_times([TopicPartition(topic, tp.partition, since_ms)
                                                     for tp in start], timeout=10)]
-        return [Msg(m.partition(), m.offset(), m.key(), m.value(), {k: v for k, v in (m.headers() or [])})
+        return [Msg(m.partition(), m.offset(), m.key(), m.value(), {k: v for k, v in (m.headers() or [])},
+                    m.timestamp()[1])
                 for m in kafka_clients.consume_to_end(c, start, timeout_s)]
     finally:
         c.close()

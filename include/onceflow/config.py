@@ -39,6 +39,8 @@ class Settings:
     events_topic: str = "onceflow_events"
     alerts_topic: str = "onceflow_alerts"
     health_topic: str = "onceflow_health"
+    reconciliation_topic: str = "onceflow_reconciliation"
+    backfill_topic: str = "ip_count_backfill"
     source_partitions: int = 4
     sink_partitions: int = 4
     replication_factor: int = 1

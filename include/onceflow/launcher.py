@@ -13,6 +13,8 @@ from . import jvm
 from .config import REPO_ROOT, Settings
 
 JOB_SCRIPT = REPO_ROOT / "jobs" / "ip_count.py"
+RECONCILE_SCRIPT = REPO_ROOT / "jobs" / "reconcile.py"
+BACKFILL_SCRIPT = REPO_ROOT / "jobs" / "backfill.py"
 LOG4J = REPO_ROOT / "conf" / "log4j2-job.properties"
 
 
@@ -65,3 +67,51 @@ def submit_argv(settings: Settings) -> list[str]:
     for k, v in spec["conf"].items():
         argv += ["--conf", f"{k}={v}"]
     return argv + [str(JOB_SCRIPT)]
+
+
+def batch_conf(settings: Settings) -> dict[str, str]:
+    """Spark settings of the batch jobs (reconciliation recount, backfill)."""
+    return {"spark.sql.session.timeZone": "UTC", "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J}"}
+
+
+def batch_spec(settings: Settings, name: str) -> dict:
+    return {"name": f"onceflow-{settings.app_id}-{name}",
+            "jars": ",".join(str(j) for j in jvm.spark_kafka_jars(settings)),
+            "driver_memory": settings.driver_memory, "conf": batch_conf(settings)}
+
+
+def batch_argv(settings: Settings, script: Path, args: list[str]) -> list[str]:
+    spec = batch_spec(settings, script.stem)
+    argv = [spark_submit(), "--master", settings.master, "--name", spec["name"], "--jars", spec["jars"],
+            "--driver-memory", spec["driver_memory"]]
+    for k, v in spec["conf"].items():
+        argv += ["--conf", f"{k}={v}"]
+    return argv + [str(script)] + list(args)
+
+
+def local_session(settings: Settings, name: str):
+    """An in-process SparkSession for the batch jobs, with the Kafka connector (CLI, tests)."""
+    from pyspark.sql import SparkSession
+
+    b = SparkSession.builder.master(settings.master).appName(f"onceflow-{settings.app_id}-{name}")
+    b = b.config("spark.jars", ",".join(str(j) for j in jvm.spark_kafka_jars(settings)))
+    for k, v in batch_conf(settings).items():
+        if k != "spark.driver.extraJavaOptions":
+            b = b.config(k, v)
+    return b.getOrCreate()
+
+
+def run_batch(settings: Settings, argv: list[str], log_file: Path, timeout_s: float) -> int:
+    """Run a batch Spark job to its end (bounded), its output appended to `log_file`; the exit code."""
+    import subprocess
+
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as out:
+        try:
+            return subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  env=submit_env(settings), timeout=timeout_s, start_new_session=True).returncode
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{Path(argv[-1]).name if argv else 'the job'} did not finish in {timeout_s:.0f} s "
+                               f"(log: {log_file})") from None

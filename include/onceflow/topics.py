@@ -33,6 +33,10 @@ def specs(settings: Settings) -> list[TopicSpec]:
         # Only state changes are written here: the alert record the console shows, and the dedup state.
         TopicSpec(settings.alerts_topic, 1, {**common, "retention.ms": str(90 * 24 * 3600 * 1000)}),
         TopicSpec(settings.health_topic, 1, {**common, "retention.ms": WEEK_MS}),
+        # One record per reconciliation run: the proof the console shows.
+        TopicSpec(settings.reconciliation_topic, 1, {**common, "retention.ms": str(90 * 24 * 3600 * 1000)}),
+        # Backfilled windows, apart from the live sink by default (docs/backfill.md).
+        TopicSpec(settings.backfill_topic, settings.sink_partitions, {**common, "retention.ms": WEEK_MS}),
     ]
 
 

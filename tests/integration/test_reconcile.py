@@ -1,0 +1,135 @@
+"""Reconciliation against the real broker and real Spark: a clean history reconciles green (in two chained runs
+and in one); each kind of fault is caught with the exact difference. Faults are made on copies of the topics,
+so the job's own history stays intact."""
+import json
+
+import pytest
+from confluent_kafka.admin import NewTopic
+
+from onceflow import audit, jobctl, kafka_clients, reconcile
+from onceflow.recon_rules import FAIL, PASS
+
+from onceflow.generator import KIND_TAIL
+
+from .helpers import produce, wait_drained
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def history(kafka, tmp_path_factory):
+    """One drained run of the job (late, out-of-order and malformed records), shared by this module's tests."""
+    base, reg = kafka
+    from onceflow import topics
+
+    name = "recon_history"
+    s = base.replace(app_id=name, source_topic=f"{name}.source", sink_topic=f"{name}.sink", dlq_topic=f"{name}.dlq",
+                     ledger_topic=f"{name}.ledger", events_topic=f"{name}.events", alerts_topic=f"{name}.alerts",
+                     health_topic=f"{name}.health", reconciliation_topic=f"{name}.recon",
+                     backfill_topic=f"{name}.backfill", max_offsets_per_trigger=6000)
+    topics.ensure(s)
+    reg["apps"].append(s)
+    sent = produce(s, tmp_path_factory.mktemp("recon") / "m.csv", count=30_000, event_rate=3000, distinct_ips=400,
+                   out_of_order_fraction=0.05, late_fraction=0.03, malformed_fraction=0.02, tail_s=30, seed=51)
+    jobctl.start(s)
+    wait_drained(s, sent)
+    jobctl.stop(s)
+    return s, sent
+
+
+def status(res) -> dict:
+    return {c.name: c.status for c in res.checks}
+
+
+def copy_topic(s, src: str, dst: str, keep=lambda m: True, change=lambda m: m, extra=()):
+    """Copy `src` to a new topic `dst` (same partitions, offsets shift only where records are dropped), record
+    by record with timestamps and headers, dropping or changing what the fault needs."""
+    admin = kafka_clients.admin(s)
+    parts = len(admin.list_topics(src, timeout=10).topics[src].partitions)
+    admin.create_topics([NewTopic(dst, num_partitions=parts, replication_factor=1)])[dst].result(30)
+    p = kafka_clients.idempotent_producer(s)
+    for m in list(audit.read_topic(s, src)) + list(extra):
+        if keep(m):
+            m = change(m)
+            p.produce(dst, key=m.key, value=m.value, partition=m.partition, timestamp=m.timestamp_ms,
+                      headers=list(m.headers.items()))
+    assert p.flush(30) == 0
+
+
+def test_a_clean_history_reconciles_green_in_chained_runs_and_in_one(history, spark):
+    s, sent = history
+    entries = audit.ledger_entries(s)
+    mid = entries[len(entries) // 2].batch
+    first = reconcile.run(spark, s, first=entries[0].batch, last=mid)
+    second = reconcile.run(spark, s, first=mid + 1, last=entries[-1].batch)  # carries the open windows of the first
+    whole = reconcile.run(spark, s, with_gx=False)
+    for res in (first, second, whole):
+        assert res.ok and set(status(res).values()) == {PASS}, json.dumps(res.as_dict(), indent=1, default=str)
+    i2 = whole.check("I2_accounting").figures
+    assert i2["source_records"] == len(sent) and i2["late"] > 0 and i2["malformed_in_dlq"] > 0
+    assert i2["pending"] == sum(1 for r in sent if r.kind == KIND_TAIL)  # only the tail's own windows are open
+    # the late-row rule agrees with Spark's own numRowsDroppedByWatermark, batch by batch
+    assert {b: n for b, n in i2["spark_rows_dropped_by_watermark"].items() if n} == i2["late_groups_by_batch"]
+    assert sum(first.check("I2_accounting").figures[k] + second.check("I2_accounting").figures[k]
+               for k in ("late", "malformed_in_dlq")) == i2["late"] + i2["malformed_in_dlq"]
+    assert first.check("gx_suite").figures["expectations"] == 9 and first.data_docs.endswith("index.html")
+    # the result is recorded where the console can read it
+    out = reconcile.record(s, whole)
+    assert out["ok"] and json.loads(audit.read_topic(s, s.reconciliation_topic)[-1].value)["run_id"] == whole.run_id
+
+
+def test_a_duplicate_key_written_outside_any_transaction_is_caught(history, spark):
+    s, _ = history
+    victim = audit.read_topic(s, s.sink_topic)[7]
+    injected = audit.Msg(victim.partition, -1, victim.key, victim.value, {}, victim.timestamp_ms)
+    copy_topic(s, s.sink_topic, s.sink_topic + ".dup", extra=[injected])
+    res = reconcile.run(spark, s.replace(sink_topic=s.sink_topic + ".dup"))
+    i3 = res.check("I3_results")
+    assert i3.status == FAIL and [d["key"] for d in i3.differences if d["kind"] == "duplicate"] == [victim.key.decode()]
+    assert i3.figures["foreign_records"] == 1 and i3.figures["sink_records"] == i3.figures["ledger_outputs"]
+    gx = res.check("gx_suite")
+    assert gx.status == FAIL and gx.differences[0]["expectation"] == "expect_column_values_to_be_unique"
+    assert status(res)["I1_coverage"] == PASS and status(res)["I2_dlq"] == PASS
+
+
+def test_a_removed_ledger_record_is_a_gap_with_exact_offsets(history, spark):
+    s, _ = history
+    entries = audit.ledger_entries(s)
+    gone = entries[2]
+    copy_topic(s, s.ledger_topic, s.ledger_topic + ".gap",
+               keep=lambda m: json.loads(m.value).get("batch") != gone.batch)
+    res = reconcile.run(spark, s.replace(ledger_topic=s.ledger_topic + ".gap"), with_gx=False)
+    i1 = res.check("I1_coverage")
+    gaps = {(d["partition"], d["start"], d["end"]) for d in i1.differences if d["kind"] == "gap"}
+    assert i1.status == FAIL and gaps == {(p, a, b) for p, (a, b) in gone.ranges.items() if b > a}
+
+
+def test_a_sink_record_rewritten_with_another_value_is_a_wrong_count(history, spark):
+    s, _ = history
+    victim = audit.read_topic(s, s.sink_topic)[3]
+    v = json.loads(victim.value)
+
+    def change(m):
+        if (m.partition, m.offset) != (victim.partition, victim.offset):
+            return m
+        return audit.Msg(m.partition, m.offset, m.key, json.dumps(v | {"count": v["count"] + 1}).encode(),
+                         m.headers, m.timestamp_ms)
+
+    copy_topic(s, s.sink_topic, s.sink_topic + ".wrong", change=change)
+    res = reconcile.run(spark, s.replace(sink_topic=s.sink_topic + ".wrong"), with_gx=False)
+    i3 = res.check("I3_results")
+    assert i3.status == FAIL
+    assert [(d["key"], d["expected"], d["count"]) for d in i3.differences] == \
+        [(victim.key.decode(), v["count"], v["count"] + 1)]
+
+
+def test_a_missing_dlq_record_is_named(history, spark):
+    s, _ = history
+    victim = audit.read_topic(s, s.dlq_topic)[5]
+    copy_topic(s, s.dlq_topic, s.dlq_topic + ".less", keep=lambda m: m.offset != victim.offset)
+    res = reconcile.run(spark, s.replace(dlq_topic=s.dlq_topic + ".less"), with_gx=False)
+    dlq = res.check("I2_dlq")
+    where = (int(victim.headers["onceflow.source.partition"]), int(victim.headers["onceflow.source.offset"]))
+    assert dlq.status == FAIL
+    assert [(d["partition"], d["offset"]) for d in dlq.differences if d["kind"] == "dlq_missing"] == [where]
+    assert res.check("I2_accounting").status == FAIL  # one record unaccounted for
