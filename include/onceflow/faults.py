@@ -5,6 +5,8 @@ ONCEFLOW_FAULT is a comma-separated list of `point@batch[:seconds]`:
 - `crash_after_produce@N`:  die with batch N's records produced into an open transaction (before commit)
 - `crash_after_commit@N`:   die after batch N's Kafka commit, before Spark writes commits/N (forces a replay)
 - `stall_in_txn@N:S`:       hold batch N's transaction open for S seconds before committing
+- `crash_in_chunk@N`:       (backfill) die with chunk N's records in an open transaction
+- `crash_after_chunk@N`:    (backfill) die right after chunk N's transaction committed
 A crash is a SIGKILL of the job's whole process group (the Python driver and its JVM), like `kill -9`.
 Each fault fires once per checkpoint: a marker file beside the checkpoint's run state remembers it, so the
 replayed batch after the restart goes through.
@@ -17,7 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-POINTS = ("crash_before_produce", "crash_after_produce", "crash_after_commit", "stall_in_txn")
+POINTS = ("crash_before_produce", "crash_after_produce", "crash_after_commit", "stall_in_txn", "crash_in_chunk",
+          "crash_after_chunk")
 
 
 class FaultSpecError(ValueError):

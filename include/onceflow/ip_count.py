@@ -30,19 +30,23 @@ def source(spark: SparkSession, settings: Settings) -> DataFrame:
             .load())
 
 
+def result_key_value() -> list:
+    """The sink's key and JSON value of a window count (columns `w` window struct, `ip`, `count`)."""
+    ws = F.date_format(F.col("w.start"), ISO_MS)
+    we = F.date_format(F.col("w.end"), ISO_MS)
+    return [F.concat(ws, F.lit("|"), F.col("ip")).alias("key"),
+            F.to_json(F.struct(ws.alias("window_start"), we.alias("window_end"), F.col("ip"),
+                               F.col("count"))).cast("binary").alias("value")]
+
+
 def results_and_dlq(raw: DataFrame, settings: Settings) -> DataFrame:
     parsed = parsing.classify(raw.select("value", "topic", "partition", "offset", "timestamp"))
     counts = (parsed.where(F.col("reason").isNull())
               .withWatermark("ts", f"{settings.watermark_s} seconds")
               .groupBy(F.window("ts", f"{settings.window_s} seconds").alias("w"), "ip")
               .count())
-    ws = F.date_format(F.col("w.start"), ISO_MS)
-    we = F.date_format(F.col("w.end"), ISO_MS)
     results = counts.select(
-        F.lit(KIND_RESULT).alias("kind"),
-        F.concat(ws, F.lit("|"), F.col("ip")).alias("key"),
-        F.to_json(F.struct(ws.alias("window_start"), we.alias("window_end"), F.col("ip"),
-                           F.col("count"))).cast("binary").alias("value"),
+        F.lit(KIND_RESULT).alias("kind"), *result_key_value(),
         F.lit(None).cast("int").alias("src_partition"),
         F.lit(None).cast("bigint").alias("src_offset"),
         F.lit(None).cast("bigint").alias("src_timestamp_ms"),

@@ -70,6 +70,8 @@ class LedgerEntry:
     kind: str = "stream"  # "stream" for the live job; backfills will write their own kind
     spark_batch: int | None = None
     epoch: int = 0
+    backfill_id: str | None = None    # kind "backfill": which backfill; `batch` is then the chunk number
+    spec_hash: str | None = None      # kind "backfill": the parameters the chunk was computed from
 
     def to_json(self) -> bytes:
         d = asdict(self)

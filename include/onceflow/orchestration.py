@@ -44,3 +44,12 @@ def alert_sink(s: config.Settings, context=None) -> alerts.AlertSink:
     from . import notifiers
 
     return alerts.AlertSink(s, [notifiers.airflow_notify(s, context)] if s.alert_channels else [])
+
+
+def batch_submit_argv(s: config.Settings, script, args: list[str]) -> list[str]:
+    """A batch job's spark-submit command (reconciliation recount, backfill), built by the Spark provider's hook."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    hook = SparkSubmitHook(conn_id=s.spark_conn_id, application_args=list(args),
+                           **launcher.batch_spec(s, script.stem))
+    return hook._build_spark_submit_command(str(script))

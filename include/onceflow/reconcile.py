@@ -360,6 +360,42 @@ def record(settings: Settings, res: rr.Result, sink: alerts.AlertSink | None = N
     return {"file": str(path)} | {"ok": res.ok}
 
 
+SCRIPT = Path(__file__).resolve().parents[2] / "jobs" / "reconcile.py"
+
+
+def _ms(v) -> int | None:
+    if v is None or v == "":
+        return None
+    if hasattr(v, "timestamp"):
+        return int(v.timestamp() * 1000)
+    from datetime import datetime
+
+    try:
+        return int(v) if str(v).isdigit() else int(datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp()
+                                                    * 1000)
+    except ValueError:
+        raise rr.ReconcileError(f"{v!r} is not a time: use ISO-8601 (2026-11-22T10:00:00Z) or epoch ms") from None
+
+
+def range_from(first=None, last=None, since=None, until=None, interval_start=None, interval_end=None) -> dict:
+    """The run's range from a manual trigger's params (batches or times), else the data interval. Checked
+    before anything runs."""
+    if (first is None) != (last is None):
+        raise rr.ReconcileError("give both first_batch and last_batch, or neither")
+    if first is not None:
+        if since or until:
+            raise rr.ReconcileError("give a range of batches or a range of times, not both")
+        if last < first:
+            raise rr.ReconcileError(f"last_batch {last} is before first_batch {first}")
+        return {"first": first, "last": last}
+    since_ms, until_ms = _ms(since), _ms(until)
+    if since_ms is None and until_ms is None:
+        since_ms, until_ms = _ms(interval_start), _ms(interval_end)
+    if since_ms is not None and until_ms is not None and until_ms <= since_ms:
+        raise rr.ReconcileError("the end of the time range is not after its start")
+    return {"since_ms": since_ms, "until_ms": until_ms}
+
+
 def args_for(first=None, last=None, since_ms=None, until_ms=None, with_gx=True) -> list[str]:
     out = []
     for flag, v in (("--first", first), ("--last", last), ("--since-ms", since_ms), ("--until-ms", until_ms)):

@@ -1,0 +1,271 @@
+"""Backfill: recompute the windows of a source range with a Spark batch job and write them exactly once.
+
+What `ip_count_backfill` and `onceflow backfill` run. The parameters are validated (onceflow.backfill_rules)
+before anything is written; then, per chunk, one Kafka transaction of the backfill's own transactional id
+(`onceflow.<app>.backfill.<id>`, never the live job's) carries the chunk's records, a ledger record
+(kind "backfill") and the offsets of the backfill's group with metadata {"chunk": i, "spec": <hash>}. A re-run
+or a resumed run reads that metadata and starts after the last committed chunk, so no chunk is written twice;
+a run with the same id but different parameters is refused.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+from confluent_kafka import TopicPartition
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from . import events as ev, kafka_clients, parsing, procs
+from . import backfill_rules as br
+from .config import Settings
+from .exactly_once import close_quietly
+from .faults import Injector
+from .ip_count import result_key_value
+from .ledger import LedgerEntry
+from .reconcile import read_kafka
+
+log = logging.getLogger(__name__)
+BACKFILL_STARTED, BACKFILL_CHUNK, BACKFILL_DONE = "backfill_started", "backfill_chunk_committed", "backfill_done"
+
+
+def transactional_id(settings: Settings, backfill_id: str) -> str:
+    return f"{settings.transactional_id}.backfill.{backfill_id}"
+
+
+def group_id(settings: Settings, backfill_id: str) -> str:
+    return f"{settings.group_id}.backfill.{backfill_id}"
+
+
+def registry(settings: Settings) -> Path:
+    return settings.run_dir / "backfills"
+
+
+# ---------------------------------------------------------------------------- checks (no writes)
+def topic_facts(settings: Settings, topic: str) -> br.TopicFacts:
+    c = kafka_clients.read_committed_consumer(settings)
+    try:
+        md = c.list_topics(topic, timeout=10).topics.get(topic)
+        if md is None or md.error is not None:
+            return br.TopicFacts(False)
+        wm = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in md.partitions}
+        return br.TopicFacts(True, {p: lo for p, (lo, _) in wm.items()}, {p: hi for p, (_, hi) in wm.items()})
+    finally:
+        c.close()
+
+
+def _offsets_for_time(settings: Settings, topic: str, ts_ms: int, facts: br.TopicFacts) -> dict[int, int]:
+    c = kafka_clients.read_committed_consumer(settings)
+    try:
+        got = c.offsets_for_times([TopicPartition(topic, p, ts_ms) for p in sorted(facts.high)], timeout=10)
+        return {tp.partition: tp.offset if tp.offset >= 0 else facts.high[tp.partition] for tp in got}
+    finally:
+        c.close()
+
+
+def running(settings: Settings) -> list[dict]:
+    """Backfills of this app running now (on this machine), from their registry files."""
+    out = []
+    for f in sorted(registry(settings).glob("*.json")):
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        pid = int(d.get("pid") or 0)
+        if d.get("host") == socket.gethostname() and pid > 0 and procs.pid_alive(pid):
+            out.append(d)
+    return out
+
+
+def validate(settings: Settings, spec: br.Spec) -> br.Spec:
+    """Every check that can refuse the backfill; returns the spec with its time range resolved to offsets."""
+    br.check_params(spec, {settings.sink_topic: "sink", settings.dlq_topic: "DLQ", settings.ledger_topic: "ledger",
+                           settings.source_topic: "source"})
+    source, target = topic_facts(settings, spec.source_topic), topic_facts(settings, spec.target_topic)
+    if spec.since_ms is not None and source.exists:
+        start = _offsets_for_time(settings, spec.source_topic, spec.since_ms, source)
+        end = _offsets_for_time(settings, spec.source_topic, spec.until_ms, source)
+        spec = br.Spec(**{**spec.as_dict(), "start": start, "end": end})
+    br.check_against(spec, source, target)
+    for other in running(settings):
+        if other["id"] == spec.id:
+            raise br.BackfillError(f"backfill {spec.id} is already running (pid {other['pid']})")
+        o_start, o_end = br.parse_offsets(other["start"]), br.parse_offsets(other["end"])
+        if other["source"] == spec.source_topic and br.overlaps(spec.start, spec.end, o_start, o_end):
+            raise br.BackfillError(f"the range overlaps backfill {other['id']}, running now (pid {other['pid']}): "
+                                   f"wait for it, or choose a range that does not overlap")
+    committed, meta = progress(settings, spec)
+    if meta and meta.get("spec") != spec.spec_hash():
+        raise br.BackfillError(f"backfill id {spec.id} was run before with other parameters (spec {meta.get('spec')}, "
+                               f"now {spec.spec_hash()}): use a new id")
+    return spec
+
+
+def progress(settings: Settings, spec: br.Spec) -> tuple[int | None, dict | None]:
+    """The last chunk this backfill committed (None: none), from its group's offset metadata."""
+    c = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings, spec.id))
+    try:
+        parts = sorted(spec.start) or sorted(topic_facts(settings, spec.source_topic).high)
+        got = kafka_clients.committed(c, [TopicPartition(spec.source_topic, p) for p in parts])
+    finally:
+        c.close()
+    metas = {tp.metadata for tp in got if tp.offset >= 0 and tp.metadata}
+    if not metas:
+        return None, None
+    meta = json.loads(sorted(metas)[0])
+    return int(meta["chunk"]), meta
+
+
+# ---------------------------------------------------------------------------- the computation
+def windows(spark: SparkSession, settings: Settings, spec: br.Spec) -> DataFrame:
+    """Every window of the range (all valid records count: no watermark in a batch recount), in chunk order."""
+    raw = read_kafka(spark, settings, spec.source_topic, spec.start, spec.end)
+    valid = parsing.classify(raw.select("value", "topic", "partition", "offset", "timestamp")) \
+        .where(F.col("reason").isNull())
+    counts = valid.groupBy(F.window("ts", f"{settings.window_s} seconds").alias("w"), "ip").count()
+    return counts.orderBy(F.col("w.start"), F.col("ip")).select(*result_key_value())
+
+
+# ---------------------------------------------------------------------------- the run
+def run(spark: SparkSession, settings: Settings, spec: br.Spec, bus: ev.EventBus | None = None) -> dict:
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    spec = validate(settings, spec)
+    committed, _ = progress(settings, spec)
+    first = br.first_chunk_to_write(committed)
+    out = windows(spark, settings, spec).cache()
+    total = out.count()
+    n = br.chunks(total, spec.chunk_size)
+    report = {"id": spec.id, "spec": spec.spec_hash(), "source": spec.source_topic, "target": spec.target_topic,
+              "start": spec.start, "end": spec.end, "records_in_range": sum(spec.end[p] - spec.start[p]
+                                                                           for p in spec.start),
+              "windows": total, "chunks": n, "already_committed_chunks": first, "dry_run": spec.dry_run}
+    if spec.dry_run:
+        report["would_write_chunks"] = max(0, n - first)
+        report["would_write_records"] = max(0, total - first * spec.chunk_size)
+        report["sample"] = [r["key"] for r in out.limit(5).collect()]
+        out.unpersist()
+        return report
+    if first >= n:
+        report |= {"written_chunks": 0, "written_records": 0, "status": "complete (nothing left to write)"}
+        out.unpersist()
+        return report
+
+    bus = bus or ev.EventBus(settings)
+    reg = registry(settings) / f"{spec.id}.json"
+    reg.parent.mkdir(parents=True, exist_ok=True)
+    reg.write_text(json.dumps({"id": spec.id, "pid": os.getpid(), "host": socket.gethostname(),
+                               "source": spec.source_topic, "start": {str(p): o for p, o in spec.start.items()},
+                               "end": {str(p): o for p, o in spec.end.items()}, "started_ms": int(time.time() * 1000)}))
+    injector = Injector(settings.fault, settings.run_dir / "faults" / f"{settings.app_id}.backfill.{spec.id}")
+    writer = ChunkWriter(settings, spec)
+    bus.emit(BACKFILL_STARTED, id=spec.id, chunks=n, from_chunk=first, windows=total)
+    written = records = 0
+    try:
+        chunk, rows = first, []
+        for i, row in enumerate(out.toLocalIterator()):
+            if i < first * spec.chunk_size:
+                continue
+            rows.append((row["key"], row["value"]))
+            if len(rows) == spec.chunk_size:
+                writer.write(chunk, rows, injector)
+                bus.emit(BACKFILL_CHUNK, id=spec.id, chunk=chunk, records=len(rows))
+                written, records, chunk, rows = written + 1, records + len(rows), chunk + 1, []
+        if rows:
+            writer.write(chunk, rows, injector)
+            bus.emit(BACKFILL_CHUNK, id=spec.id, chunk=chunk, records=len(rows))
+            written, records = written + 1, records + len(rows)
+    finally:
+        writer.close()
+        reg.unlink(missing_ok=True)
+        out.unpersist()
+    bus.emit(BACKFILL_DONE, flush=True, id=spec.id, written_chunks=written, written_records=records)
+    return report | {"written_chunks": written, "written_records": records, "status": "complete"}
+
+
+class ChunkWriter:
+    """One transaction per chunk: records + ledger record + the group's offsets carrying the chunk number."""
+
+    def __init__(self, settings: Settings, spec: br.Spec):
+        self.s, self.spec = settings, spec
+        self.tid = transactional_id(settings, spec.id)
+        self.producer = kafka_clients.transactional_producer(settings, self.tid, **{"linger.ms": 5})
+        self.producer.init_transactions(60)  # fences an older run of the same backfill
+        self.group = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings, spec.id))
+
+    def write(self, chunk: int, rows: list[tuple[str, bytes]], injector: Injector) -> None:
+        started = time.monotonic()
+        headers = [("onceflow.app", self.s.app_id.encode()), ("onceflow.backfill", self.spec.id.encode()),
+                   ("onceflow.chunk", str(chunk).encode())]
+        self.producer.begin_transaction()
+        try:
+            for key, value in rows:
+                while True:
+                    try:
+                        self.producer.produce(self.spec.target_topic, key=key.encode(), value=value, headers=headers)
+                        break
+                    except BufferError:
+                        self.producer.poll(0.05)
+            if injector.faults:  # tests: the crash then leaves the chunk's records in the open transaction
+                self.producer.flush(30)
+            injector.hit("crash_in_chunk", chunk)
+            entry = LedgerEntry(app=self.s.app_id, batch=chunk, topic=self.spec.source_topic,
+                                ranges={p: (self.spec.start[p], self.spec.end[p]) for p in sorted(self.spec.start)},
+                                watermark_ms=0, batch_ts_ms=0, outputs=len(rows), dlq=0,
+                                txn_ms=round((time.monotonic() - started) * 1000, 3),
+                                commit_time_ms=int(time.time() * 1000), transactional_id=self.tid, kind="backfill",
+                                backfill_id=self.spec.id, spec_hash=self.spec.spec_hash())
+            self.producer.produce(self.s.ledger_topic, key=self.s.app_id.encode(), value=entry.to_json(),
+                                  headers=headers)
+            meta = json.dumps({"chunk": chunk, "spec": self.spec.spec_hash()}, separators=(",", ":"))
+            self.producer.send_offsets_to_transaction(
+                [TopicPartition(self.spec.source_topic, p, self.spec.end[p], meta) for p in sorted(self.spec.end)],
+                self.group.consumer_group_metadata(), 60)
+            self.producer.commit_transaction(120)
+        except BaseException:
+            try:
+                self.producer.abort_transaction(30)
+            except Exception as e:
+                log.info("abort_transaction: %s", e)
+            raise
+        injector.hit("crash_after_chunk", chunk)
+
+    def close(self) -> None:
+        try:
+            self.group.close()
+        finally:
+            close_quietly(self.producer)
+
+
+def spec_from(settings: Settings, backfill_id: str, start=None, end=None, since=None, until=None,
+              target: str | None = None, chunk_size: int = 5000, dry_run: bool = False) -> br.Spec:
+    """A Spec from CLI or DAG parameters (offsets as JSON objects, times as ISO-8601 or epoch ms)."""
+    from .reconcile import _ms
+
+    try:
+        since_ms, until_ms = _ms(since), _ms(until)
+    except ValueError as e:
+        raise br.BackfillError(str(e)) from None
+    return br.Spec(id=backfill_id, source_topic=settings.source_topic, target_topic=target or settings.backfill_topic,
+                   chunk_size=int(chunk_size), start=br.parse_offsets(start), end=br.parse_offsets(end),
+                   since_ms=since_ms, until_ms=until_ms, dry_run=bool(dry_run))
+
+
+SCRIPT = Path(__file__).resolve().parents[2] / "jobs" / "backfill.py"
+
+
+def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float = 6 * 3600.0) -> dict:
+    """Run jobs/backfill.py through `argv` (spark-submit) and read its report back."""
+    from . import launcher
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log_file = settings.log_dir / f"{settings.app_id}.backfill.log"
+    rc = launcher.run_batch(settings, argv, log_file, timeout_s)
+    report = json.loads(out.read_text()) if out.exists() else None
+    if rc != 0 or report is None:
+        tail = log_file.read_text(errors="replace").splitlines()[-15:] if log_file.exists() else []
+        raise RuntimeError(f"the backfill job exited with {rc} (log {log_file}):\n" + "\n".join(tail))
+    return report

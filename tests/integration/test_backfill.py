@@ -1,0 +1,94 @@
+"""Backfill against the real broker and real Spark: bad parameters refused before any write, a dry run writes
+nothing, a run killed (kill -9) inside a chunk's transaction resumes and writes the rest once, a re-run writes
+nothing; the result equals a recount from the generator's manifest."""
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from onceflow import audit, backfill, launcher, procs, records
+from onceflow.backfill_rules import BackfillError
+from onceflow.generator import KIND_MALFORMED
+
+from .helpers import end_offsets, produce
+
+pytestmark = pytest.mark.integration
+
+
+def expected_windows(s, sent) -> dict[str, int]:
+    """Every valid record of the range counts (a batch recount has no watermark)."""
+    return dict(Counter(records.sink_key(records.window_start_us(r.ts_us, s.window_s), r.ip)
+                        for r in sent if r.kind != KIND_MALFORMED))
+
+
+def written(s, topic, isolation="read_committed"):
+    return audit.read_topic(s, topic, isolation=isolation)
+
+
+def backfill_ledger(s):
+    return [e for e in audit.ledger_records(s) if getattr(e, "kind", "") == "backfill"]
+
+
+def test_backfill_validates_resumes_after_kill9_and_writes_each_window_once(app, spark, tmp_path):
+    s = app()
+    sent = produce(s, tmp_path / "m.csv", count=12_000, event_rate=1000, distinct_ips=300, malformed_fraction=0.02,
+                   late_fraction=0.02, seed=61)
+    ends = end_offsets(sent)
+    start = {p: 0 for p in ends}
+    spec = lambda **kw: backfill.spec_from(s, **({"backfill_id": "bf1", "start": start, "end": ends,
+                                                   "chunk_size": 200} | kw))
+
+    # Refused before anything is written, each with its reason.
+    bad = [(dict(end={p: 0 for p in ends}, start={p: 10 for p in ends}), "before start"),
+           (dict(end={p: e + 5 for p, e in ends.items()}), "beyond the end of the source"),
+           (dict(target="no.such.topic"), "unknown target topic"),
+           (dict(target=s.sink_topic), "live job's sink topic"),
+           (dict(since="2026-11-22T10:00:00Z", until="2026-11-22T09:00:00Z", start=None, end=None), "not after"),
+           (dict(chunk_size=0), "chunk size"),
+           (dict(backfill_id="no spaces"), "backfill id")]
+    for kw, why in bad:
+        with pytest.raises(BackfillError, match=why):
+            backfill.validate(s, spec(**kw))
+    reg = backfill.registry(s) / "other.json"
+    reg.parent.mkdir(parents=True, exist_ok=True)
+    import os
+    import socket
+    reg.write_text(json.dumps({"id": "other", "pid": os.getpid(), "host": socket.gethostname(),
+                               "source": s.source_topic, "start": {"0": 100}, "end": {"0": 200}}))
+    with pytest.raises(BackfillError, match="overlaps backfill other"):
+        backfill.validate(s, spec())
+    reg.unlink()
+
+    dry = backfill.run(spark, s, spec(dry_run=True))
+    want = expected_windows(s, sent)
+    assert dry["windows"] == len(want) and dry["would_write_chunks"] == -(-len(want) // 200) == dry["chunks"]
+    assert not written(s, s.backfill_topic) and not backfill_ledger(s)
+
+    # kill -9 inside chunk 3's transaction (a real SIGKILL of the backfill's process group)
+    env = launcher.submit_env(s) | {"ONCEFLOW_FAULT": "crash_in_chunk@3"}
+    proc = subprocess.run([sys.executable, "-m", "onceflow.cli", "backfill", "--id", "bf1", "--start-offsets",
+                           json.dumps(start), "--end-offsets", json.dumps(ends), "--chunk-size", "200"],
+                          env=env, capture_output=True, timeout=300, start_new_session=True)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert [e.batch for e in backfill_ledger(s)] == [0, 1, 2]
+    assert len(written(s, s.backfill_topic)) == 3 * 200
+    assert len(written(s, s.backfill_topic, "read_uncommitted")) > 3 * 200  # chunk 3 was open when it died
+
+    resumed = backfill.run(spark, s, spec())
+    assert resumed["already_committed_chunks"] == 3 and resumed["written_chunks"] == dry["chunks"] - 3
+    again = backfill.run(spark, s, spec())
+    assert again["written_chunks"] == 0 and again["status"].startswith("complete")
+
+    out = written(s, s.backfill_topic)
+    keys = Counter(m.key.decode() for m in out)
+    assert not [k for k, n in keys.items() if n > 1], "a window was written twice"
+    assert {m.key.decode(): json.loads(m.value)["count"] for m in out} == want
+    assert sorted(e.batch for e in backfill_ledger(s)) == list(range(dry["chunks"]))
+    assert {e.backfill_id for e in backfill_ledger(s)} == {"bf1"}
+    assert all(m.headers["onceflow.backfill"] == b"bf1" for m in out)
+    # the same id with other parameters is a different backfill: refused
+    with pytest.raises(BackfillError, match="other parameters"):
+        backfill.validate(s, spec(chunk_size=300))
+    assert not procs.read_pidfile(backfill.registry(s) / "bf1.json")
