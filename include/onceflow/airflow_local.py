@@ -15,8 +15,9 @@ from . import procs
 from .config import REPO_ROOT, Settings
 
 DEPLOY_DAG = "ip_count_deploy"
-WATCH_DAGS = ("ip_count_health", "ip_count_txn_watch", "ip_count_checkpoint_rotation")
-ALL_DAGS = (DEPLOY_DAG,) + WATCH_DAGS
+WATCH_DAGS = ("ip_count_health", "ip_count_txn_watch", "ip_count_checkpoint_rotation", "ip_count_reconciliation")
+MANUAL_DAGS = ("ip_count_backfill",)
+ALL_DAGS = (DEPLOY_DAG,) + WATCH_DAGS + MANUAL_DAGS
 USER = "admin"
 
 
@@ -85,7 +86,7 @@ def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300) -> dict:
     # The DAGs exist for the CLI once the dag-processor has parsed them.
     procs.wait_until(lambda: _airflow(s, "dags", "unpause", DEPLOY_DAG, check=False).returncode == 0, timeout,
                      interval=5, what=f"the DAG {DEPLOY_DAG} to be parsed")
-    for dag_id in WATCH_DAGS:
+    for dag_id in WATCH_DAGS + MANUAL_DAGS:  # manual DAGs too: a paused DAG's triggered runs would wait
         _airflow(s, "dags", "unpause", dag_id, check=False)
     if trigger_deploy:
         _airflow(s, "dags", "trigger", DEPLOY_DAG, "--conf", json.dumps({"action": "start"}))

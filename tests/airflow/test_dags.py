@@ -1,6 +1,7 @@
 """The control plane DAGs: import cleanly, and do their job against a real broker, Spark and Airflow DB."""
 from __future__ import annotations
 
+import json
 import time
 from datetime import timedelta
 
@@ -9,9 +10,11 @@ from confluent_kafka import Producer
 
 from onceflow import events as ev
 from onceflow import jobctl, kafka_clients, procs
-from tests.integration.helpers import assert_exact, events, produce, wait_drained, wait_event
+from tests.integration.helpers import (assert_exact, copy_topic, end_offsets, events, produce, wait_drained,
+                                      wait_event)
 
-DAGS = ("ip_count_deploy", "ip_count_health", "ip_count_txn_watch", "ip_count_checkpoint_rotation")
+DAGS = ("ip_count_deploy", "ip_count_health", "ip_count_txn_watch", "ip_count_checkpoint_rotation",
+        "ip_count_reconciliation", "ip_count_backfill")
 
 
 def test_dags_import_with_owners_retries_tags_and_docs(dagbag):
@@ -20,7 +23,8 @@ def test_dags_import_with_owners_retries_tags_and_docs(dagbag):
         d = dagbag.dags[dag_id]
         assert d.owner == "onceflow" and "retries" in d.default_args
         assert "onceflow" in d.tags and d.doc_md and len(d.doc_md) > 100
-        assert d.max_active_runs == 1 and not d.catchup
+        # backfills of disjoint ranges may run side by side (overlaps are refused in validation)
+        assert d.max_active_runs == (4 if dag_id == "ip_count_backfill" else 1) and not d.catchup
     deploy = dagbag.dags["ip_count_deploy"]
     assert deploy.schedule is None or str(deploy.timetable.summary) in ("None", "")
     assert deploy.params.get_param("action").schema["enum"] == ["start", "stop", "restart", "upgrade", "restore"]
@@ -156,3 +160,43 @@ def test_rotation_and_savepoint_actions_of_the_deploy_dag(dagbag, airflow_app, w
     wait_drained(s, sent + more)
     assert_exact(s, sent + more)
     assert jobctl.stop(s)
+
+
+@pytest.mark.integration
+def test_reconciliation_and_backfill_dags_submit_spark_jobs(dagbag, airflow_app, webhook, tmp_path, monkeypatch):
+    from onceflow import audit
+
+    s = airflow_app(max_offsets_per_trigger=4000)
+    sent = produce(s, tmp_path / "a.csv", count=12_000, event_rate=1500, distinct_ips=300, late_fraction=0.02,
+                   malformed_fraction=0.02, tail_s=30, seed=71)
+    jobctl.start(s)
+    wait_drained(s, sent)
+    assert jobctl.stop(s)
+    last = audit.ledger_entries(s)[-1].batch
+    state, tis = _run(dagbag, "ip_count_reconciliation", first_batch=0, last_batch=last)
+    assert state == "success", tis
+    recorded = json.loads(audit.read_topic(s, s.reconciliation_topic)[-1].value)
+    assert recorded["ok"] and (recorded["first_batch"], recorded["last_batch"]) == (0, last)
+    assert {c["name"] for c in recorded["checks"]} == {"I1_coverage", "I2_accounting", "I3_results", "I2_dlq",
+                                                       "I4_visibility", "gx_suite"}
+    # A ledger with a batch missing: the run fails and pages with the exact gap.
+    gone = audit.ledger_entries(s)[1]
+    copy_topic(s, s.ledger_topic, s.ledger_topic + ".gap", keep=lambda m: json.loads(m.value).get("batch") != 1)
+    monkeypatch.setenv("ONCEFLOW_LEDGER_TOPIC", s.ledger_topic + ".gap")
+    state, tis = _run(dagbag, "ip_count_reconciliation", first_batch=0, last_batch=last, great_expectations=False)
+    assert state == "failed", tis
+    [alert] = webhook.alerts(f"reconcile:{s.app_id}:I1_coverage")
+    gaps = {(d["partition"], d["start"], d["end"]) for d in alert["details"]["differences"] if d["kind"] == "gap"}
+    assert gaps == {(p, a, b) for p, (a, b) in gone.ranges.items() if b > a}
+    monkeypatch.setenv("ONCEFLOW_LEDGER_TOPIC", s.ledger_topic)
+
+    # Backfill: bad parameters fail in validation, before any write; a good one writes every window once.
+    ends = end_offsets(sent)
+    state, tis = _run(dagbag, "ip_count_backfill", backfill_id="dag-bad", start_offsets=ends,
+                      end_offsets={str(p): 0 for p in ends})
+    assert state == "failed" and tis["validate"] == "failed" and tis["run"] != "success"
+    state, tis = _run(dagbag, "ip_count_backfill", backfill_id="dag-1", start_offsets={str(p): 0 for p in ends},
+                      end_offsets={str(p): e for p, e in ends.items()}, chunk_size=300)
+    assert state == "success", tis
+    out = audit.read_topic(s, s.backfill_topic)
+    assert out and len({m.key for m in out}) == len(out)

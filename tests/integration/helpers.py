@@ -6,7 +6,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from onceflow import audit, generator, invariants, jobctl, procs, records  # noqa: F401  (re-exported for tests)
+from confluent_kafka.admin import NewTopic
+
+from onceflow import audit, generator, invariants, jobctl, kafka_clients, procs, records  # noqa: F401
 from onceflow.config import Settings
 from onceflow.generator import KIND_MALFORMED, KIND_TAIL, GeneratorSpec
 
@@ -103,3 +105,18 @@ def wait_job_exit(s: Settings, timeout: float = 120.0) -> None:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def copy_topic(s, src: str, dst: str, keep=lambda m: True, change=lambda m: m, extra=()):
+    """Copy `src` to a new topic `dst` (same partitions, offsets shift only where records are dropped), record
+    by record with timestamps and headers, dropping or changing what the fault needs."""
+    admin = kafka_clients.admin(s)
+    parts = len(admin.list_topics(src, timeout=10).topics[src].partitions)
+    admin.create_topics([NewTopic(dst, num_partitions=parts, replication_factor=1)])[dst].result(30)
+    p = kafka_clients.idempotent_producer(s)
+    for m in list(audit.read_topic(s, src)) + list(extra):
+        if keep(m):
+            m = change(m)
+            p.produce(dst, key=m.key, value=m.value, partition=m.partition, timestamp=m.timestamp_ms,
+                      headers=list(m.headers.items()))
+    assert p.flush(30) == 0

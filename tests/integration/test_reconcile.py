@@ -4,14 +4,13 @@ so the job's own history stays intact."""
 import json
 
 import pytest
-from confluent_kafka.admin import NewTopic
 
-from onceflow import audit, jobctl, kafka_clients, reconcile
+from onceflow import audit, jobctl, reconcile
 from onceflow.recon_rules import FAIL, PASS
 
 from onceflow.generator import KIND_TAIL
 
-from .helpers import produce, wait_drained
+from .helpers import copy_topic, produce, wait_drained
 
 pytestmark = pytest.mark.integration
 
@@ -39,21 +38,6 @@ def history(kafka, tmp_path_factory):
 
 def status(res) -> dict:
     return {c.name: c.status for c in res.checks}
-
-
-def copy_topic(s, src: str, dst: str, keep=lambda m: True, change=lambda m: m, extra=()):
-    """Copy `src` to a new topic `dst` (same partitions, offsets shift only where records are dropped), record
-    by record with timestamps and headers, dropping or changing what the fault needs."""
-    admin = kafka_clients.admin(s)
-    parts = len(admin.list_topics(src, timeout=10).topics[src].partitions)
-    admin.create_topics([NewTopic(dst, num_partitions=parts, replication_factor=1)])[dst].result(30)
-    p = kafka_clients.idempotent_producer(s)
-    for m in list(audit.read_topic(s, src)) + list(extra):
-        if keep(m):
-            m = change(m)
-            p.produce(dst, key=m.key, value=m.value, partition=m.partition, timestamp=m.timestamp_ms,
-                      headers=list(m.headers.items()))
-    assert p.flush(30) == 0
 
 
 def test_a_clean_history_reconciles_green_in_chained_runs_and_in_one(history, spark):

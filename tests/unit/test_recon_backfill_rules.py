@@ -1,0 +1,99 @@
+"""Reconciliation and backfill rules without a broker: range selection, late-row watermarks, window emission,
+the verdicts and their differences; backfill parameter checks and chunking."""
+import pytest
+
+from onceflow import backfill_rules as br
+from onceflow import recon_rules as rr
+from onceflow import reconcile
+from onceflow.ledger import LedgerEntry, check_coverage
+
+
+def entry(n, ranges, wm, commit_ms=0):
+    return LedgerEntry("app", n, "src", ranges, wm, 0, 1, 0, 1.0, commit_ms, "onceflow.app")
+
+
+ENTRIES = [entry(0, {0: (0, 10), 1: (0, 5)}, 0, 1000), entry(1, {0: (10, 20), 1: (5, 5)}, 5000, 2000),
+           entry(2, {0: (20, 25), 1: (5, 9)}, 5000, 3000), entry(3, {0: (25, 30), 1: (9, 12)}, 15000, 4000)]
+
+
+def test_select_batches_by_id_or_commit_time():
+    assert [e.batch for e in rr.select_batches(ENTRIES, first=1, last=2)] == [1, 2]
+    assert [e.batch for e in rr.select_batches(ENTRIES, since_ms=2000, until_ms=4000)] == [1, 2]
+    assert [e.batch for e in rr.select_batches(ENTRIES)] == [0, 1, 2, 3]
+    with pytest.raises(rr.ReconcileError):
+        rr.select_batches(ENTRIES, first=3, last=1)
+
+
+def test_batch_rows_carry_the_previous_batchs_watermark_and_skip_empty_ranges():
+    rows = rr.batch_rows(rr.select_batches(ENTRIES, first=1, last=3), ENTRIES)
+    assert rows == [rr.BatchRow(0, 10, 20, 1, 0), rr.BatchRow(0, 20, 25, 2, 5000), rr.BatchRow(1, 5, 9, 2, 5000),
+                    rr.BatchRow(0, 25, 30, 3, 5000), rr.BatchRow(1, 9, 12, 3, 5000)]
+    assert rr.source_ranges(ENTRIES[1:]) == {0: (10, 30), 1: (5, 12)}
+
+
+def test_emission_is_the_first_batch_whose_watermark_reaches_the_window_end():
+    em = rr.Emission(ENTRIES)
+    assert em.batch(5000) == 1 and em.batch(4000) == 1 and em.batch(10000) == 3 and em.batch(15001) is None
+    assert em.batch(0) == 0
+
+
+def test_verdicts_list_precise_differences():
+    cov = rr.coverage_check(check_coverage([ENTRIES[0], ENTRIES[2]], {0: 25, 1: 9}))
+    assert cov.status == rr.FAIL and {(d["kind"], d["partition"], d["start"], d["end"]) for d in cov.differences
+                                      if d["kind"] == "gap"} == {("gap", 0, 10, 20)}
+    ok = rr.accounting_check(100, 80, 5, 10, 5, {2: 3}, {2: 3})
+    assert ok.status == rr.PASS
+    off = rr.accounting_check(100, 79, 5, 10, 5, {2: 4}, {2: 3})
+    assert off.status == rr.FAIL and [d["kind"] for d in off.differences] == ["unbalanced", "late_vs_spark"]
+    i3 = rr.results_check(3, 4, [{"key": "k", "times": 2}], [], [{"key": "j", "expected": 2, "count": 3}], [], [], 3)
+    assert i3.status == rr.FAIL and "1 duplicate key(s), 1 wrong count(s), 4 sink records vs 3" in i3.summary
+    assert rr.visibility_check(5, 7, 0, 0).status == rr.PASS and rr.visibility_check(5, 7, 1, 0).status == rr.FAIL
+    res = rr.Result("app", "r1", 1, 3, {0: (10, 30)}, 1, 2, [ok, i3])
+    again = rr.Result.from_dict(res.as_dict())
+    assert again.as_dict() == res.as_dict() and not again.ok and [c.name for c in again.failures()] == ["I3_results"]
+
+
+def test_reconcile_range_params():
+    assert reconcile.range_from(2, 5) == {"first": 2, "last": 5}
+    assert reconcile.range_from(since="2026-11-22T10:00:00Z", until="1795341600001") == \
+        {"since_ms": 1795341600000, "until_ms": 1795341600001}
+    for args, why in [((2, None), "both"), ((5, 2), "before"), ((1, 2, "2026-11-22T10:00:00Z"), "not both"),
+                      ((None, None, "yesterday"), "not a time"),
+                      ((None, None, "2026-11-22T10:00:00Z", "2026-11-22T09:00:00Z"), "not after")]:
+        with pytest.raises(rr.ReconcileError, match=why):
+            reconcile.range_from(*args)
+
+
+def spec(**kw):
+    d = dict(id="b1", source_topic="src", target_topic="bf", chunk_size=10, start={0: 0, 1: 5}, end={0: 100, 1: 50})
+    return br.Spec(**(d | kw))
+
+
+def test_backfill_params_are_checked_before_any_write():
+    protected = {"sink": "sink", "dlq": "DLQ"}
+    br.check_params(spec(), protected)
+    for kw, why in [(dict(id="a b"), "backfill id"), (dict(chunk_size=0), "chunk size"),
+                    (dict(start={}, end={}), "either by offsets"), (dict(since_ms=1, until_ms=2), "either"),
+                    (dict(start={0: 0}, end={1: 5}), "different partitions"),
+                    (dict(end={0: 100, 1: 4}), "before start"), (dict(target_topic="sink"), "live job's sink"),
+                    (dict(start={}, end={}, since_ms=5, until_ms=5), "not after")]:
+        with pytest.raises(br.BackfillError, match=why):
+            br.check_params(spec(**kw), protected)
+    src = br.TopicFacts(True, {0: 0, 1: 10}, {0: 100, 1: 50})
+    with pytest.raises(br.BackfillError, match="no longer in the source"):
+        br.check_against(spec(), src, br.TopicFacts(True))
+    with pytest.raises(br.BackfillError, match="unknown target"):
+        br.check_against(spec(start={0: 0, 1: 10}), src, br.TopicFacts(False))
+    with pytest.raises(br.BackfillError, match="beyond the end"):
+        br.check_against(spec(start={0: 0, 1: 10}, end={0: 101, 1: 50}), src, br.TopicFacts(True))
+    assert br.parse_offsets('{"0": 5}') == {0: 5} and br.parse_offsets(None) == {}
+    with pytest.raises(br.BackfillError):
+        br.parse_offsets('[1, 2]')
+
+
+def test_backfill_overlap_chunks_and_identity():
+    assert br.overlaps({0: 0}, {0: 10}, {0: 9}, {0: 20}) and not br.overlaps({0: 0}, {0: 10}, {0: 10}, {0: 20})
+    assert not br.overlaps({0: 0}, {0: 10}, {1: 0}, {1: 10})
+    assert br.chunks(0, 10) == 0 and br.chunks(10, 10) == 1 and br.chunks(11, 10) == 2
+    assert br.first_chunk_to_write(None) == 0 and br.first_chunk_to_write(3) == 4
+    assert spec().spec_hash() == spec(dry_run=True).spec_hash() != spec(chunk_size=11).spec_hash()
