@@ -89,7 +89,8 @@ def validate(settings: Settings, spec: br.Spec) -> br.Spec:
     if spec.since_ms is not None and source.exists:
         start = _offsets_for_time(settings, spec.source_topic, spec.since_ms, source)
         end = _offsets_for_time(settings, spec.source_topic, spec.until_ms, source)
-        spec = br.Spec(**{**spec.as_dict(), "start": start, "end": end})
+        # From here on the range is these offsets (a re-validation must not see two kinds of range)
+        spec = br.Spec(**{**spec.as_dict(), "start": start, "end": end, "since_ms": None, "until_ms": None})
     br.check_against(spec, source, target)
     for other in running(settings):
         if other["id"] == spec.id:
