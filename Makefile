@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RUN_RATE ?= 200
 RUN_SECONDS ?= 3600
 
-.PHONY: setup run stop status test test-unit test-integration clean
+.PHONY: setup run stop status test test-unit test-integration bench clean
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,6 +41,11 @@ test-unit: setup
 
 test-integration: setup
 	$(BIN)/python -m pytest -q tests/integration
+
+## bench: exactly-once vs Spark's at-least-once Kafka sink vs a plain transactional loop, side by side (~15 min).
+## BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S, BENCH_TRIGGER_S, BENCH_MAX_OFFSETS override the workload.
+bench: setup
+	$(BIN)/python -m onceflow.bench
 
 clean:
 	-$(ONCEFLOW) stack down

@@ -1,6 +1,7 @@
 """The platform's topics, with explicit settings, created and checked through the admin API."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka.admin import NewTopic
@@ -50,7 +51,13 @@ def ensure(settings: Settings, timeout: float = 30.0) -> list[str]:
     for name, fut in (admin.create_topics(todo, operation_timeout=timeout) if todo else {}).items():
         fut.result(timeout)
         created.append(name)
-    problems = check(settings, timeout)
+    # A topic just created can take a moment to appear in the metadata the check reads.
+    deadline = time.monotonic() + timeout
+    while True:
+        problems = check(settings, timeout)
+        if not problems or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
     if problems:
         raise RuntimeError("topics exist with unexpected settings: " + "; ".join(problems))
     return created
