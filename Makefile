@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RUN_RATE ?= 200
 RUN_SECONDS ?= 3600
 
-.PHONY: setup run stop status test test-unit test-integration bench clean
+.PHONY: setup run stop status test test-unit test-integration bench chaos clean
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -46,6 +46,11 @@ test-integration: setup
 ## BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S, BENCH_TRIGGER_S, BENCH_MAX_OFFSETS override the workload.
 bench: setup
 	$(BIN)/python -m onceflow.bench
+
+## chaos: ~10 min of kill -9s, broker restarts, driver pauses and timed-out transactions, then an exact check.
+## CHAOS_SECONDS, CHAOS_RECORDS, CHAOS_JOB_KILLS, CHAOS_BROKER_RESTARTS, CHAOS_STALLS, CHAOS_PAUSES, CHAOS_SEED.
+chaos: setup
+	$(BIN)/python -m onceflow.chaos
 
 clean:
 	-$(ONCEFLOW) stack down

@@ -114,6 +114,10 @@ def run(settings: config.Settings) -> int:
     try:
         info = preflight.check_job(settings)
         InstanceLock.acquire(settings)
+    except preflight.BrokerUnreachable as e:  # transient (a broker restart): the supervisor tries again
+        log.error("preflight: %s", e)
+        bus.emit(ev.JOB_FAILED, logging.ERROR, stage="preflight", error=str(e))
+        return EXIT_FAILED
     except (preflight.PreflightError, config.ConfigError) as e:
         log.error("preflight failed: %s", e)
         bus.emit(ev.JOB_FAILED, logging.ERROR, flush=True, stage="preflight", error=str(e))

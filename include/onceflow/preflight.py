@@ -13,19 +13,23 @@ class PreflightError(RuntimeError):
     pass
 
 
+class BrokerUnreachable(PreflightError):
+    """Transient: a restarted job retries (a broker restart must not retire it); an operator's start refuses."""
+
+
 def broker_reachable(settings: Settings, timeout: float = 10.0) -> None:
     host, port = settings.bootstrap_host_port
     try:
         with socket.create_connection((host, port), timeout=timeout):
             pass
     except OSError as e:
-        raise PreflightError(
+        raise BrokerUnreachable(
             f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({e}): start it with "
             f"`onceflow stack up`, or point ONCEFLOW_BOOTSTRAP_SERVERS at a running cluster") from None
     try:
         kafka_clients.admin(settings).list_topics(timeout=timeout)
     except Exception as e:
-        raise PreflightError(f"the broker at {settings.bootstrap_servers} does not answer metadata requests "
+        raise BrokerUnreachable(f"the broker at {settings.bootstrap_servers} does not answer metadata requests "
                              f"within {timeout:.0f} s: {e}") from None
 
 
@@ -51,4 +55,4 @@ def check_job(settings: Settings) -> dict:
     return {"broker_transaction_max_timeout_ms": broker_max}
 
 
-__all__ = ["PreflightError", "ConfigError", "check_job", "broker_reachable"]
+__all__ = ["PreflightError", "BrokerUnreachable", "ConfigError", "check_job", "broker_reachable"]
