@@ -77,6 +77,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
                      trigger_interval_s=1.0, max_offsets_per_trigger=20_000, transaction_timeout_ms=timeout_ms,
                      restart_attempts=1000, restart_delay_s=1.0,
                      fault=",".join(f"stall_in_txn@{b}:{timeout_ms / 1000 + 4:.0f}" for b in stall_batches(spec)))
+    var_dir.mkdir(parents=True, exist_ok=True)
     broker.start(base)
     counts = {"kill_job": 0, "restart_broker": 0, "pause_driver": 0, "stall_in_txn": 0}
     t0 = time.monotonic()
@@ -95,10 +96,15 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         jobctl.wait_running(s, timeout=300)
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
+        last_restart_ms = 0
         for at, kind, dur in plan(spec):
             time.sleep(max(0.0, at - (time.monotonic() - t0)))
+            if kind in ("kill_job", "pause_driver"):
+                # a fault for a job that is still coming back would hit nothing: wait for its query to run
+                jobctl.wait_running(s, after_ms=last_restart_ms, timeout=300)
             if kind == "kill_job" and jobctl.kill(s):
                 counts[kind] += 1
+                last_restart_ms = int(time.time() * 1000)
             elif kind == "restart_broker":
                 broker.kill(base)
                 time.sleep(dur)

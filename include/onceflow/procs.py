@@ -57,8 +57,23 @@ def spawn_detached(argv: Sequence[str], log_file: Path, env: dict | None = None,
     """Start a process in its own session (so a signal to its group reaches all its children)."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as out:
-        return subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env, cwd=cwd, close_fds=True)
+    # Until the child has exec'd, /proc shows our own command line; a pid file written now would not be
+    # recognised by its marker (read_pidfile) and the child would look dead. Wait for the exec (bounded).
+    own = _raw_cmdline(os.getpid())
+    deadline = time.monotonic() + 10
+    while proc.poll() is None and _raw_cmdline(proc.pid) in (own, b"") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return proc
+
+
+def _raw_cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def wait_until(cond: Callable[[], object], timeout: float, interval: float = 0.2,
