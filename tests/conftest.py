@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import tempfile
 import uuid
 from pathlib import Path
@@ -19,13 +18,10 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
 import pytest
 
-from onceflow import broker, config, jobctl, jvm, topics
+from onceflow import broker, config, jobctl, jvm, procs, topics
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = procs.free_port  # tests import it from here
 
 
 @pytest.fixture(scope="session")

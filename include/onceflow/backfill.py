@@ -47,24 +47,10 @@ def registry(settings: Settings) -> Path:
 
 # ---------------------------------------------------------------------------- checks (no writes)
 def topic_facts(settings: Settings, topic: str) -> br.TopicFacts:
-    c = kafka_clients.read_committed_consumer(settings)
-    try:
-        md = c.list_topics(topic, timeout=10).topics.get(topic)
-        if md is None or md.error is not None:
-            return br.TopicFacts(False)
-        wm = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in md.partitions}
-        return br.TopicFacts(True, {p: lo for p, (lo, _) in wm.items()}, {p: hi for p, (_, hi) in wm.items()})
-    finally:
-        c.close()
-
-
-def _offsets_for_time(settings: Settings, topic: str, ts_ms: int, facts: br.TopicFacts) -> dict[int, int]:
-    c = kafka_clients.read_committed_consumer(settings)
-    try:
-        got = c.offsets_for_times([TopicPartition(topic, p, ts_ms) for p in sorted(facts.high)], timeout=10)
-        return {tp.partition: tp.offset if tp.offset >= 0 else facts.high[tp.partition] for tp in got}
-    finally:
-        c.close()
+    wm = kafka_clients.watermarks(settings, topic)
+    if wm is None:
+        return br.TopicFacts(False)
+    return br.TopicFacts(True, {p: lo for p, (lo, _) in wm.items()}, {p: hi for p, (_, hi) in wm.items()})
 
 
 def running(settings: Settings) -> list[dict]:
@@ -87,8 +73,8 @@ def validate(settings: Settings, spec: br.Spec) -> br.Spec:
                            settings.source_topic: "source"})
     source, target = topic_facts(settings, spec.source_topic), topic_facts(settings, spec.target_topic)
     if spec.since_ms is not None and source.exists:
-        start = _offsets_for_time(settings, spec.source_topic, spec.since_ms, source)
-        end = _offsets_for_time(settings, spec.source_topic, spec.until_ms, source)
+        start = kafka_clients.offsets_at(settings, spec.source_topic, spec.since_ms, source.high)
+        end = kafka_clients.offsets_at(settings, spec.source_topic, spec.until_ms, source.high)
         # From here on the range is these offsets (a re-validation must not see two kinds of range)
         spec = br.Spec(**{**spec.as_dict(), "start": start, "end": end, "since_ms": None, "until_ms": None})
     br.check_against(spec, source, target)
@@ -262,11 +248,5 @@ def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float =
     """Run jobs/backfill.py through `argv` (spark-submit) and read its report back."""
     from . import launcher
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    log_file = settings.log_dir / f"{settings.app_id}.backfill.log"
-    rc = launcher.run_batch(settings, argv, log_file, timeout_s)
-    report = json.loads(out.read_text()) if out.exists() else None
-    if rc != 0 or report is None:
-        tail = log_file.read_text(errors="replace").splitlines()[-15:] if log_file.exists() else []
-        raise RuntimeError(f"the backfill job exited with {rc} (log {log_file}):\n" + "\n".join(tail))
-    return report
+    return launcher.run_batch(settings, "backfill", argv, out, settings.log_dir / f"{settings.app_id}.backfill.log",
+                              timeout_s)

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import TopicPartition
 
 from . import (audit, broker, config, events as ev, generator, jobctl, kafka_clients, launcher, procs, supervisor,
                topics)
@@ -47,12 +45,6 @@ class BenchSpec:
     live_s: int = field(default_factory=lambda: _env_int("BENCH_LIVE_S", 60))
     trigger_s: float = field(default_factory=lambda: float(os.environ.get("BENCH_TRIGGER_S", 2.0)))
     max_offsets: int = field(default_factory=lambda: _env_int("BENCH_MAX_OFFSETS", 500_000))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _settings(base: config.Settings, app: str, source: str, spec: BenchSpec) -> config.Settings:
@@ -255,13 +247,7 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
     time.sleep(spec.live_s / 3)
 
     def lag():
-        c = kafka_clients.read_committed_consumer(s)
-        try:
-            parts = sorted(c.list_topics(s.source_topic, timeout=10).topics[s.source_topic].partitions)
-            hi = {p: c.get_watermark_offsets(TopicPartition(s.source_topic, p), timeout=10, cached=False)[1]
-                  for p in parts}
-        finally:
-            c.close()
+        hi = {p: h for p, (_, h) in kafka_clients.watermarks(s, s.source_topic).items()}
         got = audit.committed_offsets(s, hi)
         return sum(hi[p] - got.get(p, 0) for p in hi)
 
@@ -296,7 +282,7 @@ def main() -> int:
         for sub in ("kafka", "checkpoints", "run", "log"):
             shutil.rmtree(var / sub, ignore_errors=True)
     base = config.load(env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
-                       var_dir=var, bootstrap_servers=f"127.0.0.1:{_free_port()}", controller_port=_free_port(),
+                       var_dir=var, bootstrap_servers=f"127.0.0.1:{procs.free_port()}", controller_port=procs.free_port(),
                        broker_heap="1g", restart_delay_s=2.0)
     broker.start(base)
     apps: dict = {}
@@ -312,10 +298,7 @@ def main() -> int:
             late_fraction=0.01, malformed_fraction=0.01, out_of_order_fraction=0.05, tail_s=30,
             watermark_s=base.watermark_s), progress_every=500_000)
         log.info("backlog written in %.0f s", time.time() - t)
-        c = kafka_clients.read_committed_consumer(base)
-        end = {p: c.get_watermark_offsets(TopicPartition("bench.source", p), timeout=10, cached=False)[1]
-               for p in range(base.source_partitions)}
-        c.close()
+        end = {p: h for p, (_, h) in kafka_clients.watermarks(base, "bench.source").items()}
         n = sum(end.values())
         results["throughput"] = {}
         for key, contender in (("eos", ExactlyOnce(apps["eos"])), ("alo", AtLeastOnce(apps["alo"]))):

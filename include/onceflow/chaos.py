@@ -14,7 +14,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import sys
 import threading
 import time
@@ -61,15 +60,9 @@ def stall_batches(spec: ChaosSpec) -> list[int]:
     return [1 + 2 * i for i in range(spec.stalls)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(spec: ChaosSpec, var_dir) -> dict:
     base = config.load(env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
-                       var_dir=var_dir, bootstrap_servers=f"127.0.0.1:{_free_port()}", controller_port=_free_port(),
+                       var_dir=var_dir, bootstrap_servers=f"127.0.0.1:{procs.free_port()}", controller_port=procs.free_port(),
                        broker_txn_abort_check_interval_ms=1000, broker_heap="1g")
     timeout_ms = 8000
     s = base.replace(app_id="chaos", source_topic="chaos.source", sink_topic="chaos.sink", dlq_topic="chaos.dlq",

@@ -85,6 +85,35 @@ def consume_to_end(consumer: Consumer, partitions: list, timeout_s: float = 120.
         yield msg
 
 
+def watermarks(settings: Settings, topic: str) -> dict[int, tuple[int, int]] | None:
+    """Per partition, (low, high) of `topic` as a read_committed consumer sees them; None if there is no such
+    topic."""
+    from confluent_kafka import TopicPartition
+
+    c = read_committed_consumer(settings)
+    try:
+        md = c.list_topics(topic, timeout=10).topics.get(topic)
+        if md is None or md.error is not None:
+            return None
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                for p in sorted(md.partitions)}
+    finally:
+        c.close()
+
+
+def offsets_at(settings: Settings, topic: str, ts_ms: int, ends: dict[int, int]) -> dict[int, int]:
+    """Per partition of `ends`, the first offset whose timestamp is at or after `ts_ms`; `ends[p]` where no
+    record is that recent."""
+    from confluent_kafka import TopicPartition
+
+    c = read_committed_consumer(settings)
+    try:
+        got = c.offsets_for_times([TopicPartition(topic, p, max(ts_ms, 0)) for p in sorted(ends)], timeout=10)
+        return {tp.partition: tp.offset if tp.offset >= 0 else ends[tp.partition] for tp in got}
+    finally:
+        c.close()
+
+
 def latest_offsets(admin: AdminClient, tps: list, read_committed: bool = True) -> dict[tuple[str, int], int]:
     """The end of each partition: the last stable offset under read_committed, else the high watermark."""
     from confluent_kafka import IsolationLevel

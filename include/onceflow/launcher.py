@@ -82,15 +82,6 @@ def batch_spec(settings: Settings, name: str) -> dict:
             "driver_memory": settings.driver_memory, "conf": batch_conf(settings)}
 
 
-def batch_argv(settings: Settings, script: Path, args: list[str]) -> list[str]:
-    spec = batch_spec(settings, script.stem)
-    argv = [spark_submit(), "--master", settings.master, "--name", spec["name"], "--jars", spec["jars"],
-            "--driver-memory", spec["driver_memory"]]
-    for k, v in spec["conf"].items():
-        argv += ["--conf", f"{k}={v}"]
-    return argv + [str(script)] + list(args)
-
-
 def local_session(settings: Settings, name: str):
     """An in-process SparkSession for the batch jobs, with the Kafka connector (CLI, tests)."""
     from pyspark.sql import SparkSession
@@ -103,15 +94,22 @@ def local_session(settings: Settings, name: str):
     return b.getOrCreate()
 
 
-def run_batch(settings: Settings, argv: list[str], log_file: Path, timeout_s: float) -> int:
-    """Run a batch Spark job to its end (bounded), its output appended to `log_file`; the exit code."""
+def run_batch(settings: Settings, what: str, argv: list[str], out: Path, log_file: Path,
+              timeout_s: float) -> dict:
+    """Run a batch Spark job (jobs/reconcile.py, jobs/backfill.py) to its end, bounded, its output appended to
+    `log_file`, and return the JSON result it wrote to `out`; a failure raises with the log's last lines."""
+    import json
     import subprocess
 
+    out.parent.mkdir(parents=True, exist_ok=True)
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "ab") as out:
+    with open(log_file, "ab") as log:
         try:
-            return subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  env=submit_env(settings), timeout=timeout_s, start_new_session=True).returncode
+            rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=submit_env(settings), timeout=timeout_s, start_new_session=True).returncode
         except subprocess.TimeoutExpired:
-            raise TimeoutError(f"{Path(argv[-1]).name if argv else 'the job'} did not finish in {timeout_s:.0f} s "
-                               f"(log: {log_file})") from None
+            raise TimeoutError(f"the {what} job did not finish in {timeout_s:.0f} s (log: {log_file})") from None
+    if rc != 0 or not out.exists():
+        tail = log_file.read_text(errors="replace").splitlines()[-15:] if log_file.exists() else []
+        raise RuntimeError(f"the {what} job exited with {rc} (log {log_file}):\n" + "\n".join(tail))
+    return json.loads(out.read_text())

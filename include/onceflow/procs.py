@@ -52,6 +52,15 @@ def read_pidfile(path: Path) -> dict | None:
     return None
 
 
+def free_port() -> int:
+    """A loopback port nobody listens on right now (private brokers of tests, bench and chaos)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def spawn_detached(argv: Sequence[str], log_file: Path, env: dict | None = None,
                    cwd: Path | None = None) -> subprocess.Popen:
     """Start a process in its own session (so a signal to its group reaches all its children)."""

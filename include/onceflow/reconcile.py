@@ -16,7 +16,6 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -41,16 +40,12 @@ def home(settings: Settings) -> Path:
 def _offsets_at(settings: Settings, topic: str, ts_ms: int | None) -> dict[int, int]:
     """Per partition, the first offset at or after `ts_ms` (the end of the log when there is none; the
     start when ts_ms is None)."""
-    c = kafka_clients.read_committed_consumer(settings)
-    try:
-        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in parts}
-        if ts_ms is None:
-            return {p: lo for p, (lo, _) in ends.items()}
-        got = c.offsets_for_times([TopicPartition(topic, p, max(ts_ms, 0)) for p in parts], timeout=10)
-        return {tp.partition: tp.offset if tp.offset >= 0 else ends[tp.partition][1] for tp in got}
-    finally:
-        c.close()
+    wm = kafka_clients.watermarks(settings, topic)
+    if wm is None:
+        raise rr.ReconcileError(f"topic {topic} does not exist")
+    if ts_ms is None:
+        return {p: lo for p, (lo, _) in wm.items()}
+    return kafka_clients.offsets_at(settings, topic, ts_ms, {p: hi for p, (_, hi) in wm.items()})
 
 
 def read_kafka(spark: SparkSession, settings: Settings, topic: str, start: dict[int, int], end: dict[int, int],
@@ -409,10 +404,5 @@ def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float =
     its result back."""
     from . import launcher
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    log_file = home(settings) / "reconcile.log"
-    rc = launcher.run_batch(settings, argv, log_file, timeout_s)
-    if rc != 0 or not out.exists():
-        tail = log_file.read_text(errors="replace").splitlines()[-15:] if log_file.exists() else []
-        raise RuntimeError(f"the reconciliation job exited with {rc} (log {log_file}):\n" + "\n".join(tail))
-    return rr.Result.from_dict(json.loads(out.read_text()))
+    return rr.Result.from_dict(launcher.run_batch(settings, "reconciliation", argv, out,
+                                                  home(settings) / "reconcile.log", timeout_s))

@@ -141,12 +141,8 @@ def _ledger_entry(settings: Settings, batch: int | None, wait_s: float = 15.0):
 
 
 def _source_low(settings: Settings, partitions) -> dict[int, int]:
-    c = kafka_clients.read_committed_consumer(settings)
-    try:
-        return {p: c.get_watermark_offsets(TopicPartition(settings.source_topic, p), timeout=10, cached=False)[0]
-                for p in partitions}
-    finally:
-        c.close()
+    wm = kafka_clients.watermarks(settings, settings.source_topic) or {}
+    return {p: wm[p][0] for p in partitions if p in wm}
 
 
 # ---------------------------------------------------------------------------- create
