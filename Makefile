@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RUN_RATE ?= 200
 RUN_SECONDS ?= 3600
 
-.PHONY: setup run stop status test test-unit test-integration bench chaos clean
+.PHONY: setup run stop status test test-unit test-integration bench bench-sweep chaos clean
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -46,6 +46,11 @@ test-integration: setup
 ## BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S, BENCH_TRIGGER_S, BENCH_MAX_OFFSETS override the workload.
 bench: setup
 	$(BIN)/python -m onceflow.bench
+
+## bench-sweep: the exactly-once job once per variant of its settings (trigger, close-out, state store, ...), ~30 min.
+## BENCH_SWEEP=0,2,4 picks variants (see onceflow/bench_sweep.py); the BENCH_* workload variables apply.
+bench-sweep: setup
+	$(BIN)/python -m onceflow.bench_sweep
 
 ## chaos: ~10 min of kill -9s, broker restarts, driver pauses and timed-out transactions, then an exact check.
 ## CHAOS_SECONDS, CHAOS_RECORDS, CHAOS_JOB_KILLS, CHAOS_BROKER_RESTARTS, CHAOS_STALLS, CHAOS_PAUSES, CHAOS_SEED.

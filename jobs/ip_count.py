@@ -18,13 +18,18 @@ import time
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
-from onceflow import checkpoint, config, events as ev, ip_count, preflight
+from onceflow import batch_stats, checkpoint, config, events as ev, ip_count, pacing, preflight
 from onceflow.exactly_once import ExactlyOnceSink, OutRecord, TransactionConfigError, ZombieFenced
 from onceflow.faults import Injector
 from onceflow.ledger import Decision, DivergentHistory
 
 EXIT_OK, EXIT_CONFIG, EXIT_FENCED, EXIT_DIVERGENT, EXIT_FAILED = 0, 2, 3, 4, 1
 log = logging.getLogger("onceflow.job")
+
+
+class StopRequested(RuntimeError):
+    """Raised in foreachBatch when a stop was requested before the batch began: the batch is not written and
+    Spark does not commit it (it is replayed by the next run)."""
 
 
 class InstanceLock:
@@ -140,19 +145,37 @@ def run(settings: config.Settings) -> int:
     batch_lock = threading.Lock()
     failure: list[BaseException] = []
     written: dict = {}  # the last Spark batch whose transaction this driver finished
+    stop = threading.Event()
+    running: dict = {}  # the query, for its batch statistics (onceflow.batch_stats)
+    trigger_ms = int(settings.trigger_interval_s * 1000)
 
     def write(df, batch_id: int) -> None:
-        with batch_lock:
+        # A stop holds the lock while it waits for Spark's commits/N of the last batch; a batch arriving then
+        # must not wait on it (Spark's stop cannot interrupt a Python callback), nor start a transaction.
+        while not batch_lock.acquire(timeout=0.1):
+            if stop.is_set():
+                raise StopRequested(f"stop requested before batch {batch_id}")
+        delay_s = 0.0
+        try:
+            if stop.is_set():
+                raise StopRequested(f"stop requested before batch {batch_id}")
             try:
+                t0 = time.monotonic()
                 plan = checkpoint.batch_plan(fs, batch_id, settings.source_topic, epoch)
                 decision = sink.decide(plan)
+                t1 = time.monotonic()
                 if decision is Decision.WRITE:
                     rows = [OutRecord(*r) for r in df.collect()]
                 else:  # committed already: run the batch only to advance Spark's state store
                     df.write.format("noop").mode("overwrite").save()
                     rows = []
+                t2 = time.monotonic()
                 outcome = sink.write_batch(plan, rows, decision)
                 written["spark_batch"] = batch_id
+                # where a batch's time goes, for tuning (status file and the DEBUG log)
+                timings = {"decide_ms": round((t1 - t0) * 1000), "compute_ms": round((t2 - t1) * 1000),
+                           "txn_ms": round((time.monotonic() - t2) * 1000)}
+                log.debug("batch %s timings %s", plan.batch, timings)
             except BaseException as e:
                 failure.append(e)
                 raise
@@ -161,10 +184,23 @@ def run(settings: config.Settings) -> int:
                 status.update(state="running", last_batch=plan.batch, spark_batch=batch_id, last_commit_ms=now,
                               last_txn_ms=round(outcome.txn_ms, 1), last_outputs=outcome.outputs,
                               last_dlq=outcome.dlq, watermark_ms=plan.watermark_ms, end_offsets=plan.end,
-                              committed_batches=status.data["committed_batches"] + 1)
+                              last_timings=timings, committed_batches=status.data["committed_batches"] + 1)
             else:
                 status.update(state="running", last_batch=plan.batch, spark_batch=batch_id, last_commit_ms=now,
                               replays_skipped=status.data["replays_skipped"] + 1)
+            if settings.close_out_batches:
+                timing = pacing.BatchTiming(plan.batch_ts_ms, plan.watermark_ms,
+                                            batch_stats.max_event_ms(running["query"]) if "query" in running
+                                            else None)
+                closes = pacing.closes_windows(timing, settings.watermark_s * 1000, settings.window_s * 1000)
+                delay_s = pacing.delay_before_next_s(timing, now, trigger_ms, settings.watermark_s * 1000,
+                                                     settings.window_s * 1000,
+                                                     wrote=outcome.decision is Decision.WRITE)
+                if closes and outcome.decision is Decision.WRITE:
+                    status.update(close_out_batches=status.data.get("close_out_batches", 0) + 1)
+        finally:
+            batch_lock.release()
+        stop.wait(delay_s)  # the trigger cadence; a stop ends the wait at once
 
     listener = ProgressListener(bus, status)
     spark.streams.addListener(listener)
@@ -173,16 +209,18 @@ def run(settings: config.Settings) -> int:
              .outputMode("append")
              .option("checkpointLocation", settings.checkpoint)
              .option("asyncProgressTrackingEnabled", "false")
-             .trigger(processingTime=f"{settings.trigger_interval_s} seconds")
+             # close-out batches: the job paces batches itself (onceflow.pacing), Spark runs them back to back
+             .trigger(processingTime="0 seconds" if settings.close_out_batches
+                      else f"{settings.trigger_interval_s} seconds")
              .queryName(f"onceflow_{settings.app_id}")
              .start())
+    running["query"] = query
     bus.emit(ev.JOB_STARTED, checkpoint=settings.checkpoint, transactional_id=settings.transactional_id,
              spark_version=spark.version, query_id=query.id, run_id=query.runId, epoch=epoch.epoch,
              ledger_shift=epoch.ledger_shift, job_config_hash=settings.job_config_hash(), **info)
     status.update(state="running", query_id=query.id, run_id=query.runId, spark_version=spark.version,
                   epoch=epoch.epoch, job_config_hash=settings.job_config_hash())
 
-    stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     while query.isActive and not stop.is_set():
@@ -190,7 +228,8 @@ def run(settings: config.Settings) -> int:
             query.awaitTermination(1)
         except Exception:
             break
-    if stop.is_set() and query.isActive:
+    failed = [e for e in failure if not isinstance(e, StopRequested)]
+    if stop.is_set() and not failed:
         with batch_lock:  # never stop in the middle of a transaction ...
             # ... nor between a Kafka commit and Spark's commits/N: then the checkpoint and the sink stop at the
             # same batch, and a stop-with-savepoint is the job's final state.
@@ -198,12 +237,15 @@ def run(settings: config.Settings) -> int:
             deadline = time.monotonic() + 30
             while last is not None and fs.read_text(f"commits/{last}") is None and time.monotonic() < deadline:
                 time.sleep(0.05)
-            query.stop()
+            try:
+                query.stop()
+            except Exception as e:  # the query ended on StopRequested already
+                log.info("stopping the query: %s", e)
         status.update(state="stopped", stopped_ms=int(time.time() * 1000))
         bus.emit(ev.JOB_STOPPED, flush=True, last_batch=status.data.get("last_batch"))
         sink.close()
         return EXIT_OK
-    err = failure[-1] if failure else query.exception()
+    err = failed[-1] if failed else query.exception()
     code = (EXIT_FENCED if isinstance(err, ZombieFenced) else
             EXIT_DIVERGENT if isinstance(err, DivergentHistory) else EXIT_FAILED)
     status.update(state="failed", error=str(err)[:2000], exit_code=code)

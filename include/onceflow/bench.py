@@ -6,7 +6,8 @@ Phases, each run in turn for every contender on the same machine:
    contender drains it from offset 0 to its own sink; records/s = records / (last result committed - first
    batch started); peak RSS (VmHWM) and CPU seconds of the contender's processes;
 2. latency: records produced live at BENCH_LIVE_RATE/s for BENCH_LIVE_S s with event time = wall clock; a
-   read_committed consumer stamps each result when it sees it; latency = seen - (window end + watermark delay);
+   read_committed consumer stamps each result when it sees it; latency = seen - (window end + watermark delay),
+   over the windows ending after the first BENCH_WARMUP_S s;
 3. recovery (exactly-once job only): live input, then kill -9 of the job; the time to its next committed batch
    and until its lag is back to the level before the crash.
 Prints one table and writes the figures to var/bench/results-<time>.json.
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +32,9 @@ from . import (audit, broker, config, events as ev, generator, jobctl, kafka_cli
                topics)
 
 log = logging.getLogger("onceflow.bench")
+# The job settings a tuning run varies (docs/performance.md); recorded with every result.
+TUNABLES = ("trigger_interval_s", "close_out_batches", "max_offsets_per_trigger", "shuffle_partitions",
+            "state_store_provider", "producer_linger_ms", "producer_batch_messages")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -38,21 +43,29 @@ def _env_int(name: str, default: int) -> int:
 
 @dataclass
 class BenchSpec:
+    """The workload. The job's own settings are the embedded defaults (onceflow.config) unless BENCH_TRIGGER_S
+    or BENCH_MAX_OFFSETS override them."""
     records: int = field(default_factory=lambda: _env_int("BENCH_RECORDS", 2_000_000))
     ips: int = field(default_factory=lambda: _env_int("BENCH_IPS", 10_000))
     event_rate: int = field(default_factory=lambda: _env_int("BENCH_EVENT_RATE", 20_000))
     live_rate: int = field(default_factory=lambda: _env_int("BENCH_LIVE_RATE", 5_000))
     live_s: int = field(default_factory=lambda: _env_int("BENCH_LIVE_S", 60))
-    trigger_s: float = field(default_factory=lambda: float(os.environ.get("BENCH_TRIGGER_S", 2.0)))
-    max_offsets: int = field(default_factory=lambda: _env_int("BENCH_MAX_OFFSETS", 500_000))
+    # results of windows ending in the first seconds of the live phase are not counted: the job's first
+    # batches include the JVM's warm-up (JIT) and the query's first state store loads
+    warmup_s: int = field(default_factory=lambda: _env_int("BENCH_WARMUP_S", 20))
+    trigger_s: float = field(default_factory=lambda: float(os.environ.get(
+        "BENCH_TRIGGER_S", config.Settings.trigger_interval_s)))
+    max_offsets: int = field(default_factory=lambda: _env_int("BENCH_MAX_OFFSETS",
+                                                              config.Settings.max_offsets_per_trigger))
 
 
-def _settings(base: config.Settings, app: str, source: str, spec: BenchSpec) -> config.Settings:
-    return base.replace(app_id=app, source_topic=source, sink_topic=f"{app}.sink", dlq_topic=f"{app}.dlq",
-                        ledger_topic=f"{app}.ledger", events_topic=f"{app}.events", alerts_topic=f"{app}.alerts",
-                        health_topic=f"{app}.health", reconciliation_topic=f"{app}.recon",
-                        backfill_topic=f"{app}.backfill", trigger_interval_s=spec.trigger_s,
-                        max_offsets_per_trigger=spec.max_offsets)
+def _settings(base: config.Settings, app: str, source: str, spec: BenchSpec, **overrides) -> config.Settings:
+    return base.replace(**({"app_id": app, "source_topic": source, "sink_topic": f"{app}.sink",
+                            "dlq_topic": f"{app}.dlq", "ledger_topic": f"{app}.ledger",
+                            "events_topic": f"{app}.events", "alerts_topic": f"{app}.alerts",
+                            "health_topic": f"{app}.health", "reconciliation_topic": f"{app}.recon",
+                            "backfill_topic": f"{app}.backfill", "trigger_interval_s": spec.trigger_s,
+                            "max_offsets_per_trigger": spec.max_offsets} | overrides))
 
 
 # ---------------------------------------------------------------------------- process accounting
@@ -224,9 +237,10 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     stamper.stop_ev.set()
     stamper.join(10)
     delay = s.watermark_s * 1000
-    # windows wholly inside the live period, so none started before the query ran
+    # windows wholly inside the live period after the warm-up, and early enough that a later event closes them
+    first = t_live + max(spec.warmup_s, 2 * s.window_s) * 1000
     lat = sorted(seen - (_iso_ms(we) + delay) for seen, we in stamper.seen
-                 if t_live + 2 * s.window_s * 1000 <= _iso_ms(we) <= t_end - s.window_s * 1000)
+                 if first <= _iso_ms(we) <= t_end - s.window_s * 1000)
     if not lat:
         return {"results": 0}
 
@@ -270,35 +284,63 @@ def _events(s, type_):
 
 
 # ---------------------------------------------------------------------------- the run
-def main() -> int:
+def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     for noisy in ("onceflow.events", "onceflow.generator", "onceflow.kafka.client"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    spec = BenchSpec()
-    var = config.REPO_ROOT / "var" / "bench"
-    if var.exists():
-        import shutil
 
-        for sub in ("kafka", "checkpoints", "run", "log"):
-            shutil.rmtree(var / sub, ignore_errors=True)
+
+@contextmanager
+def bench_stack(spec: BenchSpec, var: Path):
+    """A private broker with the backlog written to `bench.source`; yields (base settings, end offsets)."""
+    import shutil
+
+    for sub in ("kafka", "checkpoints", "run", "log"):
+        shutil.rmtree(var / sub, ignore_errors=True)
     base = config.load(env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
-                       var_dir=var, bootstrap_servers=f"127.0.0.1:{procs.free_port()}", controller_port=procs.free_port(),
-                       broker_heap="1g", restart_delay_s=2.0)
+                       var_dir=var, bootstrap_servers=f"127.0.0.1:{procs.free_port()}",
+                       controller_port=procs.free_port(), broker_heap="1g", restart_delay_s=2.0)
     broker.start(base)
-    apps: dict = {}
-    results: dict = {"spec": spec.__dict__, "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]}}
     try:
-        apps = {name: _settings(base, f"bench_{name}", "bench.source", spec) for name in ("eos", "alo", "ceiling")}
-        for s in apps.values():
-            topics.ensure(s)
+        topics.ensure(_settings(base, "bench_backlog", "bench.source", spec))
         log.info("writing the backlog: %d records", spec.records)
         t = time.time()
-        generator.generate(apps["eos"], generator.GeneratorSpec(
+        generator.generate(_settings(base, "bench_backlog", "bench.source", spec), generator.GeneratorSpec(
             count=spec.records, rate=0, event_rate=spec.event_rate, distinct_ips=spec.ips, skew=0.5, seed=3,
             late_fraction=0.01, malformed_fraction=0.01, out_of_order_fraction=0.05, tail_s=30,
             watermark_s=base.watermark_s), progress_every=500_000)
         log.info("backlog written in %.0f s", time.time() - t)
-        end = {p: h for p, (_, h) in kafka_clients.watermarks(base, "bench.source").items()}
+        yield base, {p: h for p, (_, h) in kafka_clients.watermarks(base, "bench.source").items()}
+    finally:
+        broker.stop(base)
+
+
+def main() -> int:
+    setup_logging()
+    spec = BenchSpec()
+    var = config.REPO_ROOT / "var" / "bench"
+    results: dict = {"spec": spec.__dict__, "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]}}
+    with bench_stack(spec, var) as (base, end):
+        run_contenders(base, end, spec, results)
+    tp = results["throughput"]
+    results["ratios"] = {"eos_vs_alo_throughput": round(tp["eos"]["records_per_s"] / tp["alo"]["records_per_s"], 3),
+                         "eos_vs_ceiling_throughput": round(tp["eos"]["records_per_s"] /
+                                                            tp["ceiling"]["records_per_s"], 3),
+                         "eos_p99_in_trigger_intervals": round(results["latency"]["eos"].get("p99_ms", 0) / 1000 /
+                                                               spec.trigger_s, 2)}
+    out = var / f"results-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.write_text(json.dumps(results, indent=1))
+    print(table(results))
+    print(f"\nfigures: {out}")
+    return 0
+
+
+def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, results: dict) -> None:
+    apps = {name: _settings(base, f"bench_{name}", "bench.source", spec) for name in ("eos", "alo", "ceiling")}
+    try:
+        for s in apps.values():
+            topics.ensure(s)
+        results["settings"] = {k: getattr(apps["eos"], k) for k in TUNABLES}
         n = sum(end.values())
         results["throughput"] = {}
         for key, contender in (("eos", ExactlyOnce(apps["eos"])), ("alo", AtLeastOnce(apps["alo"]))):
@@ -323,18 +365,6 @@ def main() -> int:
     finally:
         for s in apps.values():
             jobctl.stop(s, timeout=30)
-        broker.stop(base)
-    tp = results["throughput"]
-    results["ratios"] = {"eos_vs_alo_throughput": round(tp["eos"]["records_per_s"] / tp["alo"]["records_per_s"], 3),
-                         "eos_vs_ceiling_throughput": round(tp["eos"]["records_per_s"] /
-                                                            tp["ceiling"]["records_per_s"], 3),
-                         "eos_p99_in_trigger_intervals": round(results["latency"]["eos"].get("p99_ms", 0) / 1000 /
-                                                               spec.trigger_s, 2)}
-    out = var / f"results-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps(results, indent=1))
-    print(table(results))
-    print(f"\nfigures: {out}")
-    return 0
 
 
 def table(r: dict) -> str:

@@ -65,12 +65,13 @@ def run(spec: ChaosSpec, var_dir) -> dict:
                        var_dir=var_dir, bootstrap_servers=f"127.0.0.1:{procs.free_port()}", controller_port=procs.free_port(),
                        broker_txn_abort_check_interval_ms=1000, broker_heap="1g")
     timeout_ms = 8000
+    stall_s = timeout_ms / 1000 + 4
     s = base.replace(app_id="chaos", source_topic="chaos.source", sink_topic="chaos.sink", dlq_topic="chaos.dlq",
                      ledger_topic="chaos.ledger", events_topic="chaos.events", alerts_topic="chaos.alerts",
                      health_topic="chaos.health", reconciliation_topic="chaos.recon", backfill_topic="chaos.backfill",
                      trigger_interval_s=1.0, max_offsets_per_trigger=20_000, transaction_timeout_ms=timeout_ms,
                      restart_attempts=1000, restart_delay_s=1.0,
-                     fault=",".join(f"stall_in_txn@{b}:{timeout_ms / 1000 + 4:.0f}" for b in stall_batches(spec)))
+                     fault=",".join(f"stall_in_txn@{b}:{stall_s:.0f}" for b in stall_batches(spec)))
     var_dir.mkdir(parents=True, exist_ok=True)
     broker.start(base)
     counts = {"kill_job": 0, "restart_broker": 0, "pause_driver": 0, "stall_in_txn": 0}
@@ -93,6 +94,8 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         last_restart_ms = 0
         for at, kind, dur in plan(spec):
             time.sleep(max(0.0, at - (time.monotonic() - t0)))
+            # a transaction held open must reach its timeout: no other fault until the coordinator aborted it
+            _wait_stall_over(s, stall_s)
             if kind in ("kill_job", "pause_driver"):
                 # a fault for a job that is still coming back would hit nothing: wait for its query to run
                 jobctl.wait_running(s, after_ms=last_restart_ms, timeout=300)
@@ -116,7 +119,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         sent = generator.read_manifest(manifest)
         _wait_drained(s, sent, timeout=max(600.0, spec.seconds))
         jobctl.stop(s)
-        counts["stall_in_txn"] = len(_events(s, "fault_injected"))
+        counts["stall_in_txn"] = len(_events(s, ev.FAULT_INJECTED))
         report = verify(s, sent)
         report |= {"faults": counts, "restarts": len(_events(s, ev.SUPERVISOR_RESTART)),
                    "transaction_timeouts": len(_events(s, ev.TRANSACTION_TIMEOUT)),
@@ -126,7 +129,9 @@ def run(spec: ChaosSpec, var_dir) -> dict:
 
         res = reconcile.run(spark, s, with_gx=False)
         report["reconciliation"] = {c.name: c.status for c in res.checks}
-        report["ok"] = report["lost"] == 0 and report["duplicated"] == 0 and report["dlq_complete"] and res.ok
+        # every transaction held past its timeout must have been detected and reported as such
+        report["ok"] = (report["lost"] == 0 and report["duplicated"] == 0 and report["dlq_complete"] and res.ok
+                        and report["transaction_timeouts"] >= counts["stall_in_txn"])
         return report
     finally:
         jobctl.stop(s, timeout=30)
@@ -135,6 +140,13 @@ def run(spec: ChaosSpec, var_dir) -> dict:
 
 def _events(s, type_: str) -> list[dict]:
     return [e for e in (json.loads(m.value) for m in audit.read_topic(s, s.events_topic)) if e["type"] == type_]
+
+
+def _wait_stall_over(s, stall_s: float) -> None:
+    stalls = _events(s, ev.FAULT_INJECTED)
+    if stalls:
+        over = max(e["ts_ms"] for e in stalls) / 1000 + stall_s + 3  # + the failed commit and its event
+        time.sleep(max(0.0, over - time.time()))
 
 
 def _wait_drained(s, sent, timeout: float) -> None:

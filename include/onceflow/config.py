@@ -56,6 +56,8 @@ class Settings:
     master: str = "local[2]"
     checkpoint_uri: str = ""  # default: <var_dir>/checkpoints/<app_id>
     trigger_interval_s: float = 5.0
+    # Run the batch that emits newly closed windows at once instead of one trigger later (onceflow.pacing).
+    close_out_batches: bool = True
     max_offsets_per_trigger: int = 200_000
     shuffle_partitions: int = 4
     min_batches_to_retain: int = 100
@@ -65,6 +67,9 @@ class Settings:
     # The seeds' producer setting. Must not exceed broker_transaction_max_timeout_ms.
     transaction_timeout_ms: int = 60_000
     near_timeout_fraction: float = 0.8
+    # The transactional producer's batching (the whole batch is produced, then committed at once).
+    producer_linger_ms: int = 5
+    producer_batch_messages: int = 10_000
     driver_memory: str = "1g"
     # Fixed by the checkpoint: Spark keeps the provider a query started with; a savepoint records it.
     state_store_provider: str = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
@@ -170,7 +175,7 @@ class Settings:
                      "max_offsets_per_trigger", "shuffle_partitions", "min_batches_to_retain",
                      "window_s", "transaction_timeout_ms", "broker_transaction_max_timeout_ms",
                      "savepoint_keep", "savepoint_max_age_s", "rotation_interval_minutes",
-                     "checkpoint_size_alert_bytes"):
+                     "checkpoint_size_alert_bytes", "producer_batch_messages"):
             need(getattr(self, name) > 0, f"{ENV_PREFIX}{name.upper()} must be > 0, got {getattr(self, name)}")
         need(self.watermark_s >= 0, f"{ENV_PREFIX}WATERMARK_S must be >= 0, got {self.watermark_s}")
         need(self.trigger_interval_s >= 0, f"{ENV_PREFIX}TRIGGER_INTERVAL_S must be >= 0")
@@ -182,6 +187,7 @@ class Settings:
              f"{ENV_PREFIX}ALERT_CHANNELS takes webhook, slack, smtp; got {sorted(channels)}")
         need("smtp" not in channels or bool(self.alert_email_to),
              f"{ENV_PREFIX}ALERT_EMAIL_TO is needed when the smtp alert channel is on")
+        need(self.producer_linger_ms >= 0, f"{ENV_PREFIX}PRODUCER_LINGER_MS must be >= 0")
         need(self.restart_delay_s >= 0, f"{ENV_PREFIX}RESTART_DELAY_S must be >= 0")
         need(0 < self.near_timeout_fraction < 1, f"{ENV_PREFIX}NEAR_TIMEOUT_FRACTION must be in (0, 1)")
         need(self.min_insync_replicas <= self.replication_factor,

@@ -86,8 +86,9 @@ class ExactlyOnceSink:
         self._batch: int | None = None  # the batch whose transaction is open, for events
         self._warned = False            # the near-timeout warning of the open transaction went out
         self.producer = kafka_clients.transactional_producer(
-            settings, settings.transactional_id, **{"partitioner": "murmur2_random", "linger.ms": 5,
-                                                     "batch.num.messages": 10000})
+            settings, settings.transactional_id, **{"partitioner": "murmur2_random",
+                                                     "linger.ms": settings.producer_linger_ms,
+                                                     "batch.num.messages": settings.producer_batch_messages})
         # Fences the previous incarnation and aborts its open transaction, if any.
         try:
             self._call(lambda: self.producer.init_transactions(init_timeout_s), started=None)

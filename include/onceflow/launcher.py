@@ -34,7 +34,14 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.sql.streaming.stopTimeout": "60s",
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J}",
+        # With close-out batches the job paces batches itself under a 0 trigger; when a paced batch finds no
+        # new input Spark polls the source at this interval (its default, 10 ms, would poll Kafka 100 times/s).
+        "spark.sql.streaming.pollingDelay": f"{poll_delay_ms(settings)}ms",
     }
+
+
+def poll_delay_ms(settings: Settings) -> int:
+    return max(50, min(500, int(settings.trigger_interval_s * 100)))
 
 
 def submit_spec(settings: Settings) -> dict:

@@ -1,0 +1,48 @@
+"""When the job starts its next micro-batch: the trigger cadence plus close-out batches (pure, no Spark).
+
+Spark evicts a window with the watermark of the *previous* batch: the batch that first reads an event past a
+window's end + watermark delay only raises the watermark, and the window is emitted by the batch after it. Under
+a `ProcessingTime(T)` trigger that next batch starts up to T later, so a result waits up to 2T after its window
+could close, plus two batches' processing.
+
+With close-out on, the job runs Spark's trigger at 0 and paces batches itself, after each batch's transaction:
+- a batch whose input moved the watermark past a window end is followed at once by the next batch (the
+  close-out batch, which emits those windows, with whatever input arrived meanwhile);
+- otherwise the next batch starts at the next multiple of T after this batch's start, like Spark's own trigger;
+- replays and catch-up batches (nothing new to write) are followed at once.
+This changes when batches run, never what they contain: each batch's range, the results and the protocol are
+the same as under any other schedule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    batch_ts_ms: int            # when Spark planned the batch (offsets/N batchTimestampMs)
+    watermark_ms: int           # the watermark the batch evicted with (offsets/N batchWatermarkMs)
+    max_event_ms: int | None    # the newest event time the batch read; None when unknown or no valid event
+
+
+def next_watermark_ms(t: BatchTiming, delay_ms: int) -> int:
+    """The watermark Spark computes after the batch (it never goes back)."""
+    if t.max_event_ms is None:
+        return t.watermark_ms
+    return max(t.watermark_ms, t.max_event_ms - delay_ms)
+
+
+def closes_windows(t: BatchTiming, delay_ms: int, window_ms: int) -> bool:
+    """Does the next batch evict a window the batch did not? Spark evicts window [s, e) once watermark >= e;
+    windows are aligned to the epoch, so that is a multiple of window_ms in (old watermark, new watermark]."""
+    new = next_watermark_ms(t, delay_ms)
+    return new > t.watermark_ms and (new // window_ms) * window_ms > t.watermark_ms
+
+
+def delay_before_next_s(t: BatchTiming, now_ms: int, trigger_ms: int, delay_ms: int, window_ms: int,
+                        wrote: bool = True) -> float:
+    """Seconds to wait before letting Spark plan the next batch."""
+    if not wrote or trigger_ms <= 0 or closes_windows(t, delay_ms, window_ms):
+        return 0.0
+    next_trigger = (t.batch_ts_ms // trigger_ms + 1) * trigger_ms
+    return max(0.0, (next_trigger - now_ms) / 1000.0)

@@ -1,0 +1,49 @@
+"""The batch pacing rules: close-out batches at once, otherwise the trigger cadence."""
+from onceflow.pacing import BatchTiming, closes_windows, delay_before_next_s, next_watermark_ms
+
+W = D = 5000  # window and watermark delay, ms
+T = 2000      # trigger interval, ms
+
+
+def timing(wm: int, max_event: int | None, batch_ts: int = 100_000) -> BatchTiming:
+    return BatchTiming(batch_ts_ms=batch_ts, watermark_ms=wm, max_event_ms=max_event)
+
+
+def test_the_watermark_follows_the_newest_event_and_never_goes_back():
+    assert next_watermark_ms(timing(10_000, 20_000), D) == 15_000
+    assert next_watermark_ms(timing(10_000, 12_000), D) == 10_000
+    assert next_watermark_ms(timing(10_000, None), D) == 10_000
+
+
+def test_a_window_closes_when_the_new_watermark_reaches_its_end():
+    # window [5000, 10000) is evicted once the watermark is >= 10000, i.e. an event at >= 15000 was read
+    assert not closes_windows(timing(9_000, 14_999), D, W)
+    assert closes_windows(timing(9_000, 15_000), D, W)
+    assert closes_windows(timing(9_999, 15_000), D, W)
+    # the watermark already stood at the window's end: that window went out with this batch
+    assert not closes_windows(timing(10_000, 19_999), D, W)
+    assert closes_windows(timing(10_000, 20_000), D, W)
+    assert not closes_windows(timing(10_000, None), D, W)
+
+
+def test_a_batch_that_closes_windows_is_followed_at_once():
+    assert delay_before_next_s(timing(9_000, 15_500, batch_ts=100_000), now_ms=100_300, trigger_ms=T,
+                               delay_ms=D, window_ms=W) == 0.0
+
+
+def test_otherwise_the_next_batch_starts_at_the_next_trigger_boundary():
+    # planned at 100.4 s: the next multiple of 2 s is 102 s; it is now 100.9 s
+    assert delay_before_next_s(timing(9_000, 14_000, batch_ts=100_400), now_ms=100_900, trigger_ms=T,
+                               delay_ms=D, window_ms=W) == 1.1
+    # the batch ran past the boundary: no wait
+    assert delay_before_next_s(timing(9_000, 14_000, batch_ts=100_400), now_ms=102_500, trigger_ms=T,
+                               delay_ms=D, window_ms=W) == 0.0
+    # planned exactly on a boundary: the next one
+    assert delay_before_next_s(timing(9_000, 14_000, batch_ts=100_000), now_ms=100_000, trigger_ms=T,
+                               delay_ms=D, window_ms=W) == 2.0
+
+
+def test_replays_and_a_zero_trigger_never_wait():
+    t = timing(9_000, 14_000, batch_ts=100_400)
+    assert delay_before_next_s(t, now_ms=100_900, trigger_ms=T, delay_ms=D, window_ms=W, wrote=False) == 0.0
+    assert delay_before_next_s(t, now_ms=100_900, trigger_ms=0, delay_ms=D, window_ms=W) == 0.0
