@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -30,15 +31,16 @@ VARIANTS: list[tuple[str, dict]] = [
 
 
 def chosen() -> list[tuple[int, str, dict]]:
+    """The variants to run, in order; one may come twice (a control for drift during the sweep)."""
     pick = os.environ.get("BENCH_SWEEP", "")
     idx = [int(x) for x in pick.split(",") if x.strip()] if pick else range(len(VARIANTS))
     return [(i, *VARIANTS[i]) for i in idx]
 
 
-def run_variant(base: config.Settings, end: dict[int, int], spec: bench.BenchSpec, i: int, overrides: dict
+def run_variant(base: config.Settings, end: dict[int, int], spec: bench.BenchSpec, run: int, overrides: dict
                 ) -> dict:
-    s = bench._settings(base, f"sweep{i}", "bench.source", spec, **overrides)
-    live = bench._settings(base, f"sweep{i}_live", f"sweep{i}_live.source", spec, **overrides)
+    s = bench._settings(base, f"sweep{run}", "bench.source", spec, **overrides)
+    live = bench._settings(base, f"sweep{run}_live", f"sweep{run}_live.source", spec, **overrides)
     try:
         topics.ensure(s)
         topics.ensure(live)
@@ -68,16 +70,17 @@ def main() -> int:
     var = config.REPO_ROOT / "var" / "bench"
     rows: list[tuple[str, dict]] = []
     with bench.bench_stack(spec, var) as (base, end):
-        for i, name, overrides in chosen():
-            bench.log.info("variant %d: %s %s", i, name, overrides)
-            rows.append((name, run_variant(base, end, spec, i, overrides)))
+        for run, (i, name, overrides) in enumerate(chosen()):
+            bench.log.info("run %d, variant %d: %s %s", run, i, name, overrides)
+            rows.append((name, run_variant(base, end, spec, run, overrides)))
             bench.log.info("  %s", rows[-1][1])
     out = var / f"sweep-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps({"spec": spec.__dict__, "variants": dict(rows)}, indent=1))
+    out.write_text(json.dumps({"spec": spec.__dict__, "runs": [{"variant": n} | r for n, r in rows]}, indent=1))
     print(table(rows))
     print(f"\nfigures: {out}")
     return 0
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the private broker and jobs on the way out
     sys.exit(main())

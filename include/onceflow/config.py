@@ -58,7 +58,9 @@ class Settings:
     trigger_interval_s: float = 5.0
     # Run the batch that emits newly closed windows at once instead of one trigger later (onceflow.pacing).
     close_out_batches: bool = True
-    max_offsets_per_trigger: int = 200_000
+    # Per-batch costs (planning, state store commit, checkpoint files, transaction) amortise over the batch:
+    # 500,000 drained a backlog ~10-20 % faster than 200,000 (docs/performance.md, make bench-sweep).
+    max_offsets_per_trigger: int = 500_000
     shuffle_partitions: int = 4
     min_batches_to_retain: int = 100
     window_s: int = 5
