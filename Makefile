@@ -42,8 +42,8 @@ test-unit: setup
 test-integration: setup
 	$(BIN)/python -m pytest -q tests/integration
 
-## bench: exactly-once vs Spark's at-least-once Kafka sink vs a plain transactional loop, side by side (~15 min).
-## BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S, BENCH_TRIGGER_S, BENCH_MAX_OFFSETS override the workload.
+## bench: exactly-once vs Spark's at-least-once Kafka sink vs a plain transactional loop, side by side (~10 min).
+## BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S, BENCH_WARMUP_S, BENCH_TRIGGER_S, BENCH_MAX_OFFSETS.
 bench: setup
 	$(BIN)/python -m onceflow.bench
 
