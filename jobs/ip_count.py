@@ -188,15 +188,14 @@ def run(settings: config.Settings) -> int:
             else:
                 status.update(state="running", last_batch=plan.batch, spark_batch=batch_id, last_commit_ms=now,
                               replays_skipped=status.data["replays_skipped"] + 1)
-            if settings.close_out_batches:
+            # replays and catch-up are followed at once (pacing), so only a written batch needs its statistics
+            if settings.close_out_batches and outcome.decision is Decision.WRITE:
                 timing = pacing.BatchTiming(plan.batch_ts_ms, plan.watermark_ms,
                                             batch_stats.max_event_ms(running["query"]) if "query" in running
                                             else None)
-                closes = pacing.closes_windows(timing, settings.watermark_s * 1000, settings.window_s * 1000)
                 delay_s = pacing.delay_before_next_s(timing, now, trigger_ms, settings.watermark_s * 1000,
-                                                     settings.window_s * 1000,
-                                                     wrote=outcome.decision is Decision.WRITE)
-                if closes and outcome.decision is Decision.WRITE:
+                                                     settings.window_s * 1000)
+                if pacing.closes_windows(timing, settings.watermark_s * 1000, settings.window_s * 1000):
                     status.update(close_out_batches=status.data.get("close_out_batches", 0) + 1)
         finally:
             batch_lock.release()
@@ -228,8 +227,8 @@ def run(settings: config.Settings) -> int:
             query.awaitTermination(1)
         except Exception:
             break
-    failed = [e for e in failure if not isinstance(e, StopRequested)]
-    if stop.is_set() and not failed:
+    # (a StopRequested ends the query but is never a failure: it is raised before a batch starts any work)
+    if stop.is_set() and not failure:
         with batch_lock:  # never stop in the middle of a transaction ...
             # ... nor between a Kafka commit and Spark's commits/N: then the checkpoint and the sink stop at the
             # same batch, and a stop-with-savepoint is the job's final state.
@@ -245,7 +244,7 @@ def run(settings: config.Settings) -> int:
         bus.emit(ev.JOB_STOPPED, flush=True, last_batch=status.data.get("last_batch"))
         sink.close()
         return EXIT_OK
-    err = failed[-1] if failed else query.exception()
+    err = failure[-1] if failure else query.exception()
     code = (EXIT_FENCED if isinstance(err, ZombieFenced) else
             EXIT_DIVERGENT if isinstance(err, DivergentHistory) else EXIT_FAILED)
     status.update(state="failed", error=str(err)[:2000], exit_code=code)

@@ -302,10 +302,11 @@ def bench_stack(spec: BenchSpec, var: Path):
                        controller_port=procs.free_port(), broker_heap="1g", restart_delay_s=2.0)
     broker.start(base)
     try:
-        topics.ensure(_settings(base, "bench_backlog", "bench.source", spec))
+        backlog = _settings(base, "bench_backlog", "bench.source", spec)
+        topics.ensure(backlog)
         log.info("writing the backlog: %d records", spec.records)
         t = time.time()
-        generator.generate(_settings(base, "bench_backlog", "bench.source", spec), generator.GeneratorSpec(
+        generator.generate(backlog, generator.GeneratorSpec(
             count=spec.records, rate=0, event_rate=spec.event_rate, distinct_ips=spec.ips, skew=0.5, seed=3,
             late_fraction=0.01, malformed_fraction=0.01, out_of_order_fraction=0.05, tail_s=30,
             watermark_s=base.watermark_s), progress_every=500_000)
