@@ -31,6 +31,8 @@ def ip_count_health():
         print(f"ip_count health: {summary}")
         if rec.action == "gave up":
             raise RuntimeError(f"the job is down and restarts are exhausted: {rec.problems}")
+        if rec.action == "restart failed":
+            raise RuntimeError(f"restarting the job failed (it is retried on the next runs): {rec.restart_error}")
         return summary
 
     check()

@@ -3,7 +3,7 @@
 
 Every minute: alert on (a) `transaction_timeout` events of the job (a transaction the coordinator aborted;
 the job replays the batch), (b) near-timeout warnings (a transaction past 80% of its timeout), and (c) hanging
-transactions on the sink and DLQ topics: the last stable offset held below the high watermark for longer than
+transactions on the sink, DLQ, ledger and backfill topics: the last stable offset held below the high watermark for longer than
 the transaction timeout, with the open transaction's age from its first record. Each alert names the
 partition, the age, the transactional id or app, and what to do.
 """

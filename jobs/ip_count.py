@@ -2,8 +2,9 @@
 
 Launched by `onceflow job run|start` through spark-submit (see onceflow.launcher). Settings come from the
 environment (onceflow.config). Exit codes tell the supervisor what to do:
-0 stopped on request, 2 misconfiguration, 3 fenced by a newer instance, 4 divergent history (no restart for
-these); anything else is a crash, restarted with a fixed delay.
+0 stopped on request, 2 misconfiguration, 3 fenced by a newer instance, 4 divergent history, 5 another instance
+of the app holds its lock on this machine (no restart for these); anything else is a crash, restarted with a
+fixed delay.
 """
 from __future__ import annotations
 
@@ -23,13 +24,17 @@ from onceflow.exactly_once import ExactlyOnceSink, OutRecord, TransactionConfigE
 from onceflow.faults import Injector
 from onceflow.ledger import Decision, DivergentHistory
 
-EXIT_OK, EXIT_CONFIG, EXIT_FENCED, EXIT_DIVERGENT, EXIT_FAILED = 0, 2, 3, 4, 1
+EXIT_OK, EXIT_CONFIG, EXIT_FENCED, EXIT_DIVERGENT, EXIT_LOCKED, EXIT_FAILED = 0, 2, 3, 4, 5, 1
 log = logging.getLogger("onceflow.job")
 
 
 class StopRequested(RuntimeError):
     """Raised in foreachBatch when a stop was requested before the batch began: the batch is not written and
     Spark does not commit it (it is replayed by the next run)."""
+
+
+class InstanceLocked(RuntimeError):
+    """Another driver of the app runs on this machine: not a misconfiguration, and nothing a restart fixes."""
 
 
 class InstanceLock:
@@ -51,7 +56,7 @@ class InstanceLock:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip()
-            raise preflight.PreflightError(
+            raise InstanceLocked(
                 f"another instance of app {settings.app_id} is running (pid {holder or '?'}, lock "
                 f"{self.path}); stop it first with `onceflow job stop`") from None
         os.ftruncate(self.fd, 0)
@@ -80,8 +85,12 @@ class Status:
 
 
 class ProgressListener(StreamingQueryListener):
-    def __init__(self, bus: ev.EventBus, status: Status):
-        self.bus, self.status = bus, status
+    """Spark's progress of each batch, as an event and in the status file, with the ledger batch and the decision
+    the batch had (Spark's ids repeat after a restore; reconciliation charges late rows by ledger batch, and a
+    catch-up batch's rows belong to no ledger batch)."""
+
+    def __init__(self, bus: ev.EventBus, status: Status, batches: dict):
+        self.bus, self.status, self.batches = bus, status, batches
 
     def onQueryStarted(self, event):
         pass
@@ -95,6 +104,8 @@ class ProgressListener(StreamingQueryListener):
                   "duration_ms": dict(p.durationMs), "watermark": p.eventTime.get("watermark"),
                   "rows_dropped_by_watermark": dropped,
                   "state_rows": sum(op.numRowsTotal for op in p.stateOperators),
+                  "state_rows_updated": sum(op.numRowsUpdated for op in p.stateOperators),
+                  **self.batches.pop(p.batchId, {}),
                   "source_end_offsets": p.sources[0].endOffset if p.sources else None,
                   "source_latest_offsets": p.sources[0].latestOffset if p.sources else None}
         self.status.update(progress=fields, last_progress_ms=int(time.time() * 1000))
@@ -119,6 +130,11 @@ def run(settings: config.Settings) -> int:
     try:
         info = preflight.check_job(settings)
         InstanceLock.acquire(settings)
+    except InstanceLocked as e:
+        log.error("%s", e)
+        bus.emit(ev.JOB_FAILED, logging.ERROR, flush=True, stage="lock", error=str(e))
+        print(f"onceflow: {e}", file=sys.stderr)
+        return EXIT_LOCKED
     except preflight.BrokerUnreachable as e:  # transient (a broker restart): the supervisor tries again
         log.error("preflight: %s", e)
         bus.emit(ev.JOB_FAILED, logging.ERROR, stage="preflight", error=str(e))
@@ -142,6 +158,8 @@ def run(settings: config.Settings) -> int:
     spark = build_session(settings)
     fs = checkpoint.HadoopFS(spark, settings.checkpoint)
     epoch = checkpoint.read_epoch(fs)  # how Spark's batch ids map to the ledger's since the last restore
+    quarantine = checkpoint.read_quarantine(fs)  # source offsets an operator quarantined (records go to the DLQ)
+    batches: dict = {}  # Spark batch id -> its ledger batch and decision, for the progress listener
     batch_lock = threading.Lock()
     failure: list[BaseException] = []
     written: dict = {}  # the last Spark batch whose transaction this driver finished
@@ -159,10 +177,13 @@ def run(settings: config.Settings) -> int:
         try:
             if stop.is_set():
                 raise StopRequested(f"stop requested before batch {batch_id}")
+            # health judges a long batch (a backlog, a catch-up after a restore) by when it began, not as a stall
+            status.update(running_batch=batch_id, batch_started_ms=int(time.time() * 1000))
             try:
                 t0 = time.monotonic()
                 plan = checkpoint.batch_plan(fs, batch_id, settings.source_topic, epoch)
                 decision = sink.decide(plan)
+                batches[batch_id] = {"ledger_batch": plan.batch, "epoch": plan.epoch, "decision": decision.value}
                 t1 = time.monotonic()
                 if decision is Decision.WRITE:
                     rows = [OutRecord(*r) for r in df.collect()]
@@ -182,12 +203,13 @@ def run(settings: config.Settings) -> int:
             now = int(time.time() * 1000)
             if outcome.decision is Decision.WRITE:
                 status.update(state="running", last_batch=plan.batch, spark_batch=batch_id, last_commit_ms=now,
+                              running_batch=None,
                               last_txn_ms=round(outcome.txn_ms, 1), last_outputs=outcome.outputs,
                               last_dlq=outcome.dlq, watermark_ms=plan.watermark_ms, end_offsets=plan.end,
                               last_timings=timings, committed_batches=status.data["committed_batches"] + 1)
             else:
                 status.update(state="running", last_batch=plan.batch, spark_batch=batch_id, last_commit_ms=now,
-                              replays_skipped=status.data["replays_skipped"] + 1)
+                              running_batch=None, replays_skipped=status.data["replays_skipped"] + 1)
             # replays and catch-up are followed at once (pacing), so only a written batch needs its statistics
             if settings.close_out_batches and outcome.decision is Decision.WRITE:
                 timing = pacing.BatchTiming(plan.batch_ts_ms, plan.watermark_ms,
@@ -201,9 +223,9 @@ def run(settings: config.Settings) -> int:
             batch_lock.release()
         stop.wait(delay_s)  # the trigger cadence; a stop ends the wait at once
 
-    listener = ProgressListener(bus, status)
+    listener = ProgressListener(bus, status, batches)
     spark.streams.addListener(listener)
-    frame = ip_count.results_and_dlq(ip_count.source(spark, settings), settings)
+    frame = ip_count.results_and_dlq(ip_count.source(spark, settings), settings, quarantine)
     query = (frame.writeStream.foreachBatch(write)
              .outputMode("append")
              .option("checkpointLocation", settings.checkpoint)
@@ -216,6 +238,7 @@ def run(settings: config.Settings) -> int:
     running["query"] = query
     bus.emit(ev.JOB_STARTED, checkpoint=settings.checkpoint, transactional_id=settings.transactional_id,
              spark_version=spark.version, query_id=query.id, run_id=query.runId, epoch=epoch.epoch,
+             quarantined=[vars(r) for r in quarantine],
              ledger_shift=epoch.ledger_shift, job_config_hash=settings.job_config_hash(), **info)
     status.update(state="running", query_id=query.id, run_id=query.runId, spark_version=spark.version,
                   epoch=epoch.epoch, job_config_hash=settings.job_config_hash())
@@ -247,6 +270,7 @@ def run(settings: config.Settings) -> int:
     err = failure[-1] if failure else query.exception()
     code = (EXIT_FENCED if isinstance(err, ZombieFenced) else
             EXIT_DIVERGENT if isinstance(err, DivergentHistory) else EXIT_FAILED)
+    log.error("the query failed: %s", str(err)[:2000])
     status.update(state="failed", error=str(err)[:2000], exit_code=code)
     bus.emit(ev.JOB_FAILED, logging.ERROR, flush=True, error=str(err)[:2000], exit_code=code)
     return code

@@ -20,10 +20,12 @@ from confluent_kafka import TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from . import events as ev, kafka_clients, parsing, procs
+from dataclasses import dataclass, field
+
+from . import events as ev, kafka_clients, parsing, procs, records
 from . import backfill_rules as br
 from .config import Settings
-from .exactly_once import close_quietly
+from .transactional import TransactionalWriter, TxnError
 from .faults import Injector
 from .ip_count import result_key_value
 from .ledger import LedgerEntry
@@ -68,15 +70,19 @@ def running(settings: Settings) -> list[dict]:
 
 
 def validate(settings: Settings, spec: br.Spec) -> br.Spec:
-    """Every check that can refuse the backfill; returns the spec with its time range resolved to offsets."""
+    """Every check that can refuse the backfill; returns the spec with its time range resolved to offsets (the
+    first run's resolution, when this backfill id has committed chunks already)."""
     br.check_params(spec, {settings.sink_topic: "sink", settings.dlq_topic: "DLQ", settings.ledger_topic: "ledger",
-                           settings.source_topic: "source"})
+                           settings.source_topic: "source"}, resolved=spec.by_time and bool(spec.start))
     source, target = topic_facts(settings, spec.source_topic), topic_facts(settings, spec.target_topic)
-    if spec.since_ms is not None and source.exists:
-        start = kafka_clients.offsets_at(settings, spec.source_topic, spec.since_ms, source.high)
-        end = kafka_clients.offsets_at(settings, spec.source_topic, spec.until_ms, source.high)
-        # From here on the range is these offsets (a re-validation must not see two kinds of range)
-        spec = br.Spec(**{**spec.as_dict(), "start": start, "end": end, "since_ms": None, "until_ms": None})
+    if spec.by_time and not spec.start and source.exists:
+        p = progress(settings, spec)
+        if p.starts:  # resumed: the range is what the first run resolved, whatever came into the source since
+            start, end = p.starts, p.ends
+        else:
+            start = kafka_clients.offsets_at(settings, spec.source_topic, spec.since_ms, source.high)
+            end = kafka_clients.offsets_at(settings, spec.source_topic, spec.until_ms, source.high)
+        spec = br.Spec(**{**spec.as_dict(), "start": start, "end": end})
     br.check_against(spec, source, target)
     for other in running(settings):
         if other["id"] == spec.id:
@@ -85,44 +91,69 @@ def validate(settings: Settings, spec: br.Spec) -> br.Spec:
         if other["source"] == spec.source_topic and br.overlaps(spec.start, spec.end, o_start, o_end):
             raise br.BackfillError(f"the range overlaps backfill {other['id']}, running now (pid {other['pid']}): "
                                    f"wait for it, or choose a range that does not overlap")
-    committed, meta = progress(settings, spec)
-    if meta and meta.get("spec") != spec.spec_hash():
-        raise br.BackfillError(f"backfill id {spec.id} was run before with other parameters (spec {meta.get('spec')}, "
+    p = progress(settings, spec)
+    if p.spec is not None and p.spec != spec.spec_hash():
+        raise br.BackfillError(f"backfill id {spec.id} was run before with other parameters (spec {p.spec}, "
                                f"now {spec.spec_hash()}): use a new id")
     return spec
 
 
-def progress(settings: Settings, spec: br.Spec) -> tuple[int | None, dict | None]:
+@dataclass(frozen=True)
+class Progress:
+    """What a backfill's group has committed: the last chunk, the spec, and the range it resolved to."""
+    chunk: int | None = None
+    spec: str | None = None
+    starts: dict[int, int] = field(default_factory=dict)
+    ends: dict[int, int] = field(default_factory=dict)
+
+
+def read_progress(consumer, topic: str, partitions) -> Progress:
+    got = kafka_clients.committed(consumer, [TopicPartition(topic, p) for p in sorted(partitions)])
+    metas = {tp.partition: (tp.offset, json.loads(tp.metadata)) for tp in got if tp.offset >= 0 and tp.metadata}
+    if not metas:
+        return Progress()
+    first = metas[min(metas)][1]
+    return Progress(int(first["chunk"]), first.get("spec"),
+                    {p: int(m["start"]) for p, (_, m) in metas.items() if "start" in m},
+                    {p: off for p, (off, m) in metas.items() if "start" in m})
+
+
+def progress(settings: Settings, spec: br.Spec) -> Progress:
     """The last chunk this backfill committed (None: none), from its group's offset metadata."""
     c = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings, spec.id))
     try:
-        parts = sorted(spec.start) or sorted(topic_facts(settings, spec.source_topic).high)
-        got = kafka_clients.committed(c, [TopicPartition(spec.source_topic, p) for p in parts])
+        return read_progress(c, spec.source_topic, spec.start or topic_facts(settings, spec.source_topic).high)
     finally:
         c.close()
-    metas = {tp.metadata for tp in got if tp.offset >= 0 and tp.metadata}
-    if not metas:
-        return None, None
-    meta = json.loads(sorted(metas)[0])
-    return int(meta["chunk"]), meta
 
 
 # ---------------------------------------------------------------------------- the computation
 def windows(spark: SparkSession, settings: Settings, spec: br.Spec) -> DataFrame:
     """Every window of the range (all valid records count: no watermark in a batch recount), in chunk order."""
     raw = read_kafka(spark, settings, spec.source_topic, spec.start, spec.end)
-    valid = parsing.classify(raw.select("value", "topic", "partition", "offset", "timestamp")) \
-        .where(F.col("reason").isNull())
-    counts = valid.groupBy(F.window("ts", f"{settings.window_s} seconds").alias("w"), "ip").count()
+    valid = parsing.classify(raw.select("value", "topic", "partition", "offset", "timestamp"),
+                             spec.max_event_ahead_ms).where(F.col("reason").isNull())
+    counts = valid.groupBy(F.window("ts", f"{spec.window_s} seconds").alias("w"), "ip").count()
     return counts.orderBy(F.col("w.start"), F.col("ip")).select(*result_key_value())
 
 
 # ---------------------------------------------------------------------------- the run
 def run(spark: SparkSession, settings: Settings, spec: br.Spec, bus: ev.EventBus | None = None) -> dict:
+    """Fence first, then read progress: an older run of the same id is fenced before this run decides where to
+    start, and every chunk checks that the one before it is the group's last committed chunk."""
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spec = validate(settings, spec)
-    committed, _ = progress(settings, spec)
-    first = br.first_chunk_to_write(committed)
+    injector = Injector(settings.fault, settings.run_dir / "faults" / f"{settings.app_id}.backfill.{spec.id}")
+    writer = None if spec.dry_run else ChunkWriter(settings, spec)  # init_transactions fences older runs
+    try:
+        return _run(spark, settings, spec, writer, injector, bus)
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def _run(spark, settings: Settings, spec: br.Spec, writer: "ChunkWriter | None", injector: Injector, bus) -> dict:
+    first = br.first_chunk_to_write(progress(settings, spec).chunk)
     out = windows(spark, settings, spec).cache()
     total = out.count()
     n = br.chunks(total, spec.chunk_size)
@@ -147,9 +178,8 @@ def run(spark: SparkSession, settings: Settings, spec: br.Spec, bus: ev.EventBus
     reg.write_text(json.dumps({"id": spec.id, "pid": os.getpid(), "host": socket.gethostname(),
                                "source": spec.source_topic, "start": {str(p): o for p, o in spec.start.items()},
                                "end": {str(p): o for p, o in spec.end.items()}, "started_ms": int(time.time() * 1000)}))
-    injector = Injector(settings.fault, settings.run_dir / "faults" / f"{settings.app_id}.backfill.{spec.id}")
-    writer = ChunkWriter(settings, spec)
-    bus.emit(BACKFILL_STARTED, id=spec.id, chunks=n, from_chunk=first, windows=total)
+    bus.emit(BACKFILL_STARTED, flush=True, id=spec.id, chunks=n, from_chunk=first, windows=total, pid=os.getpid())
+    injector.hit("stall_before_chunks", 0)
     written = records = 0
     try:
         chunk, rows = first, []
@@ -166,7 +196,6 @@ def run(spark: SparkSession, settings: Settings, spec: br.Spec, bus: ev.EventBus
             bus.emit(BACKFILL_CHUNK, id=spec.id, chunk=chunk, records=len(rows))
             written, records = written + 1, records + len(rows)
     finally:
-        writer.close()
         reg.unlink(missing_ok=True)
         out.unpersist()
     bus.emit(BACKFILL_DONE, flush=True, id=spec.id, written_chunks=written, written_records=records)
@@ -179,44 +208,43 @@ class ChunkWriter:
     def __init__(self, settings: Settings, spec: br.Spec):
         self.s, self.spec = settings, spec
         self.tid = transactional_id(settings, spec.id)
-        self.producer = kafka_clients.transactional_producer(settings, self.tid, **{"linger.ms": 5})
-        self.producer.init_transactions(60)  # fences an older run of the same backfill
+        # init_transactions fences an older run of the same backfill
+        self.writer = TransactionalWriter(
+            lambda: kafka_clients.transactional_producer(settings, self.tid, **{"linger.ms": 5}), self.tid,
+            settings.transaction_timeout_ms, commit_timeout_s=settings.commit_timeout_s)
         self.group = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings, spec.id))
 
     def write(self, chunk: int, rows: list[tuple[str, bytes]], injector: Injector) -> None:
+        br.check_next_chunk(chunk, read_progress(self.group, self.spec.source_topic, self.spec.end).chunk,
+                            self.spec.id)
         started = time.monotonic()
         headers = [("onceflow.app", self.s.app_id.encode()), ("onceflow.backfill", self.spec.id.encode()),
                    ("onceflow.chunk", str(chunk).encode())]
-        self.producer.begin_transaction()
+        w = self.writer
+        w.begin()
         try:
             for key, value in rows:
-                while True:
-                    try:
-                        self.producer.produce(self.spec.target_topic, key=key.encode(), value=value, headers=headers)
-                        break
-                    except BufferError:
-                        self.producer.poll(0.05)
+                w.produce(self.spec.target_topic, key.encode(), value, headers)
             if injector.faults:  # tests: the crash then leaves the chunk's records in the open transaction
-                self.producer.flush(30)
+                w.producer.flush(30)
             injector.hit("crash_in_chunk", chunk)
             entry = LedgerEntry(app=self.s.app_id, batch=chunk, topic=self.spec.source_topic,
                                 ranges={p: (self.spec.start[p], self.spec.end[p]) for p in sorted(self.spec.start)},
                                 watermark_ms=0, batch_ts_ms=0, outputs=len(rows), dlq=0,
                                 txn_ms=round((time.monotonic() - started) * 1000, 3),
                                 commit_time_ms=int(time.time() * 1000), transactional_id=self.tid, kind="backfill",
-                                backfill_id=self.spec.id, spec_hash=self.spec.spec_hash())
-            self.producer.produce(self.s.ledger_topic, key=self.s.app_id.encode(), value=entry.to_json(),
-                                  headers=headers)
-            meta = json.dumps({"chunk": chunk, "spec": self.spec.spec_hash()}, separators=(",", ":"))
-            self.producer.send_offsets_to_transaction(
-                [TopicPartition(self.spec.source_topic, p, self.spec.end[p], meta) for p in sorted(self.spec.end)],
-                self.group.consumer_group_metadata(), 60)
-            self.producer.commit_transaction(120)
+                                backfill_id=self.spec.id, spec_hash=self.spec.spec_hash(), rules=self.spec.rules,
+                                max_event_ahead_ms=self.spec.max_event_ahead_ms)
+            w.produce(self.s.ledger_topic, self.s.app_id.encode(), entry.to_json(), headers)
+            h = self.spec.spec_hash()
+            w.send_offsets([TopicPartition(self.spec.source_topic, p, self.spec.end[p],
+                                           br.chunk_metadata(chunk, h, self.spec.start[p]))
+                            for p in sorted(self.spec.end)], self.group.consumer_group_metadata())
+            w.commit()
+        except TxnError:
+            raise  # aborted, or the producer replaced (a commit whose outcome is unknown: a re-run settles it)
         except BaseException:
-            try:
-                self.producer.abort_transaction(30)
-            except Exception as e:
-                log.info("abort_transaction: %s", e)
+            w.abort()
             raise
         injector.hit("crash_after_chunk", chunk)
 
@@ -224,7 +252,7 @@ class ChunkWriter:
         try:
             self.group.close()
         finally:
-            close_quietly(self.producer)
+            self.writer.close()
 
 
 def spec_from(settings: Settings, backfill_id: str, start=None, end=None, since=None, until=None,
@@ -238,7 +266,8 @@ def spec_from(settings: Settings, backfill_id: str, start=None, end=None, since=
         raise br.BackfillError(str(e)) from None
     return br.Spec(id=backfill_id, source_topic=settings.source_topic, target_topic=target or settings.backfill_topic,
                    chunk_size=int(chunk_size), start=br.parse_offsets(start), end=br.parse_offsets(end),
-                   since_ms=since_ms, until_ms=until_ms, dry_run=bool(dry_run))
+                   since_ms=since_ms, until_ms=until_ms, dry_run=bool(dry_run), window_s=settings.window_s,
+                   rules=records.RULES_VERSION, max_event_ahead_ms=settings.max_event_ahead_ms)
 
 
 SCRIPT = Path(__file__).resolve().parents[2] / "jobs" / "backfill.py"

@@ -29,15 +29,27 @@ class Spec:
     chunk_size: int
     start: dict[int, int] = field(default_factory=dict)   # per partition, inclusive
     end: dict[int, int] = field(default_factory=dict)     # per partition, exclusive
-    since_ms: int | None = None                           # or a time range (Kafka record timestamps)
-    until_ms: int | None = None
+    since_ms: int | None = None                           # or a time range (Kafka record timestamps): start and
+    until_ms: int | None = None                           # end then hold its resolution to offsets
     dry_run: bool = False
+    window_s: int = 5
+    rules: int = 1                                        # the parsing rules' version (onceflow.records)
+    max_event_ahead_ms: int | None = None
+
+    @property
+    def by_time(self) -> bool:
+        return self.since_ms is not None or self.until_ms is not None
 
     def spec_hash(self) -> str:
-        """What the output depends on: the source and its resolved offsets, the target, the chunking."""
+        """The backfill's identity: what its output depends on. A time range is identified by its times, not by
+        the offsets they resolve to (those are fixed by the first run and reused when it resumes, however much
+        the source has grown since)."""
+        rng = ({"since": self.since_ms, "until": self.until_ms} if self.by_time else
+               {"start": {str(p): o for p, o in sorted(self.start.items())},
+                "end": {str(p): o for p, o in sorted(self.end.items())}})
         blob = json.dumps({"source": self.source_topic, "target": self.target_topic, "chunk": self.chunk_size,
-                           "start": {str(p): o for p, o in sorted(self.start.items())},
-                           "end": {str(p): o for p, o in sorted(self.end.items())}}, sort_keys=True)
+                           "window_s": self.window_s, "rules": self.rules, "ahead": self.max_event_ahead_ms,
+                           **rng}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def as_dict(self) -> dict:
@@ -62,15 +74,15 @@ def parse_offsets(text: str | dict | None) -> dict[int, int]:
         raise BackfillError(f"offsets must map partitions to offsets, e.g. {{\"0\": 100}}; got {text!r}") from None
 
 
-def check_params(spec: Spec, protected_topics: dict[str, str]) -> None:
-    """What can be said from the parameters alone."""
+def check_params(spec: Spec, protected_topics: dict[str, str], resolved: bool = False) -> None:
+    """What can be said from the parameters alone (`resolved`: a time range already carries its offsets)."""
     if not ID_RE.match(spec.id):
         raise BackfillError(f"backfill id {spec.id!r}: use 1-64 letters, digits, '.', '_', '-'")
     if spec.chunk_size < 1:
         raise BackfillError(f"chunk size must be >= 1, got {spec.chunk_size}")
     by_offsets = bool(spec.start or spec.end)
-    by_time = spec.since_ms is not None or spec.until_ms is not None
-    if by_offsets == by_time:
+    by_time = spec.by_time
+    if not (by_offsets or by_time) or (by_offsets and by_time and not resolved):
         raise BackfillError("give the source range either by offsets (start and end) or by time (since and until)")
     if by_offsets and set(spec.start) != set(spec.end):
         raise BackfillError(f"start and end name different partitions: {sorted(spec.start)} vs {sorted(spec.end)}")
@@ -114,3 +126,19 @@ def chunks(total: int, size: int) -> int:
 
 def first_chunk_to_write(committed_chunk: int | None) -> int:
     return 0 if committed_chunk is None else committed_chunk + 1
+
+
+def chunk_metadata(chunk: int, spec_hash: str, start: int) -> str:
+    """The backfill group's offset metadata of one partition: the last chunk committed, the spec, and where the
+    range starts on that partition (the committed offset is its end), so a time range resumes on its first
+    resolution."""
+    return json.dumps({"chunk": chunk, "spec": spec_hash, "start": start}, separators=(",", ":"))
+
+
+def check_next_chunk(chunk: int, committed_chunk: int | None, backfill_id: str) -> None:
+    """Before each chunk: the group's last committed chunk must be the one before it, else another run of the
+    same backfill wrote in between (it fenced this run's producer, or this run fenced it)."""
+    if (committed_chunk if committed_chunk is not None else -1) != chunk - 1:
+        raise BackfillError(f"backfill {backfill_id}: another run committed chunk {committed_chunk} while this run was "
+                            f"about to write chunk {chunk}; this run stops without writing (the other run, or a "
+                            f"re-run, finishes the backfill)")

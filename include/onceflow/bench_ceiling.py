@@ -53,7 +53,7 @@ def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_
             if m.error():
                 raise RuntimeError(m.error())
             pos[m.partition()] = m.offset() + 1
-            r = records.parse(m.value())
+            r = records.parse(m.value(), m.timestamp()[1], settings.max_event_ahead_ms)
             if r.reason is not None:
                 producer.produce(settings.dlq_topic, key=f"{m.topic()}|{m.partition()}|{m.offset()}".encode(),
                                  value=m.value())

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Mapping, Protocol
 from urllib.parse import urlparse
 
-from .ledger import BatchPlan
+from .ledger import BatchPlan, QuarantineRange
 
 
 class CheckpointError(RuntimeError):
@@ -104,6 +104,9 @@ class Epoch:
     catch_up_from: int | None = None  # the first ledger batch the catch-up batch re-reads
     savepoint_id: str | None = None
     restored_ms: int = 0
+    # The mapping of Spark batches before the restore (the savepoint's own batch, until the next commit): a
+    # savepoint taken between a restore and its first commit is at that batch. None: the same as ledger_shift.
+    prior_shift: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -113,12 +116,28 @@ class Epoch:
         return cls(**json.loads(text))
 
     def ledger_batch(self, spark_batch: int) -> int:
+        if spark_batch < self.spark_batch_from and self.prior_shift is not None:
+            return spark_batch + self.prior_shift
         return spark_batch + self.ledger_shift
 
 
 def read_epoch(fs: CheckpointFS) -> Epoch:
     text = fs.read_text(EPOCH_FILE)
     return Epoch.from_json(text) if text else Epoch()
+
+
+# The job's copy of the quarantined source offsets (the ledger's quarantine records are the audited truth; a
+# restore rewrites this file from them).
+QUARANTINE_FILE = "onceflow/quarantine.json"
+
+
+def read_quarantine(fs: CheckpointFS) -> list[QuarantineRange]:
+    text = fs.read_text(QUARANTINE_FILE)
+    return [QuarantineRange(**r) for r in json.loads(text)] if text else []
+
+
+def render_quarantine(ranges) -> str:
+    return json.dumps([{"partition": r.partition, "start": r.start, "end": r.end} for r in ranges])
 
 
 def render_offsets_file(template: str, topic: str, end: Mapping[int, int], watermark_ms: int,

@@ -61,7 +61,8 @@ def cmd_produce(args, s: config.Settings) -> int:
                            distinct_ips=args.ips, ipv6_fraction=args.ipv6, skew=args.skew,
                            out_of_order_fraction=args.out_of_order, late_fraction=args.late,
                            malformed_fraction=args.malformed, json_fraction=args.json_fraction,
-                           tail_s=args.tail, seed=args.seed, watermark_s=s.watermark_s)
+                           future_fraction=args.future, tail_s=args.tail, seed=args.seed, watermark_s=s.watermark_s,
+                           max_ahead_ms=s.max_event_ahead_ms)
     res = g.generate(s, spec, Path(args.manifest) if args.manifest else None,
                      progress_every=args.progress_every)
     _print(vars(res), args.json)
@@ -214,6 +215,21 @@ def cmd_backfill(args, s: config.Settings) -> int:
     return 0
 
 
+def cmd_quarantine(args, s: config.Settings) -> int:
+    from . import quarantine
+
+    if args.action == "add":
+        if args.partition is None or args.offset is None:
+            raise SystemExit("onceflow quarantine add: give --partition and --offset (and --reason)")
+        rec = quarantine.add(s, args.partition, args.offset, args.end if args.end is not None else args.offset + 1,
+                             args.reason or "")
+        _print(json.loads(rec.to_json()), args.json)
+    else:
+        _print({"in_force": [vars(r) for r in quarantine.current(s)],
+                "ledger": [json.loads(r.to_json()) for r in quarantine.records(s)]}, args.json)
+    return 0
+
+
 def cmd_airflow(args, s: config.Settings) -> int:
     from . import airflow_local
 
@@ -251,6 +267,8 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--out-of-order", type=float, default=0.05)
     pr.add_argument("--late", type=float, default=0.01)
     pr.add_argument("--malformed", type=float, default=0.01)
+    pr.add_argument("--future", type=float, default=0.0,
+                    help="fraction of records from a client whose clock is a year ahead (quarantined by the job)")
     pr.add_argument("--json-fraction", type=float, default=0.5, help="JSON records; the rest are log lines")
     pr.add_argument("--tail", type=float, default=0.0,
                     help="finish with one record per partition this many seconds later, to close windows")
@@ -313,6 +331,16 @@ def parser() -> argparse.ArgumentParser:
     bf.add_argument("--dry-run", action="store_true", help="report what would be written; write nothing")
     bf.add_argument("--json", action="store_true")
     bf.set_defaults(fn=cmd_backfill)
+
+    qu = sub.add_parser("quarantine", help="quarantine source records whose output can never be delivered "
+                                          "(the way past a batch that cannot commit; see docs/operations.md)")
+    qu.add_argument("action", choices=["add", "list"])
+    qu.add_argument("--partition", type=int)
+    qu.add_argument("--offset", type=int, help="the first offset to quarantine")
+    qu.add_argument("--end", type=int, help="the offset after the last one (default: --offset + 1)")
+    qu.add_argument("--reason", help="why (kept in the ledger)")
+    qu.add_argument("--json", action="store_true")
+    qu.set_defaults(fn=cmd_quarantine)
 
     jb = sub.add_parser("job", help="the streaming job")
     jb.add_argument("action", choices=["start", "stop", "status", "run", "kill"],

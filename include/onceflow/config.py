@@ -14,6 +14,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from .records import RULES_VERSION
+
 ENV_PREFIX = "ONCEFLOW_"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,6 +75,17 @@ class Settings:
     producer_linger_ms: int = 5
     producer_batch_messages: int = 10_000
     driver_memory: str = "1g"
+    # An event time more than this after its Kafka record's timestamp is quarantined (DLQ `timestamp_ahead`):
+    # a broken client clock must not move the watermark. Recorded per batch in the ledger.
+    max_event_ahead_s: float = 60.0
+    # DLQ copies carry at most this many bytes of the original value (size and sha256 in headers), so a record
+    # near the broker's size limit still fits into the DLQ with its provenance.
+    dlq_max_value_bytes: int = 64 * 1024
+    # How long a replay waits for the ledger's record of its batch when another producer's open transaction
+    # (a backfill chunk) holds the ledger's last stable offset back.
+    ledger_wait_s: float = 120.0
+    # A commit or abort that does not finish in this time has an unknown outcome: the producer is replaced.
+    commit_timeout_s: float = 120.0
     # Fixed by the checkpoint: Spark keeps the provider a query started with; a savepoint records it.
     state_store_provider: str = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 
@@ -96,6 +109,12 @@ class Settings:
     checkpoint_freshness_threshold_s: float = 600.0
     health_restart_attempts: int = 3             # restarts by the health check per window, then page
     health_restart_window_s: float = 3600.0
+    health_batch_grace_s: float = 900.0          # a batch in progress may run this much longer (catch-up, backlog)
+    # Late records over recent batches (health) or a reconciled range above this share: "everything is late"
+    late_fraction_threshold: float = 0.5
+    # The watermark this far behind wall-clock time while the job has caught up: producers' clocks are behind,
+    # or an old topic is being replayed
+    health_event_time_lag_threshold_s: float = 3600.0
     alert_channels: str = ""                     # comma-separated: webhook, slack, smtp
     alert_webhook_conn_id: str = "onceflow_webhook"
     alert_slack_conn_id: str = "onceflow_slack"
@@ -125,6 +144,10 @@ class Settings:
         return (self.savepoint_uri or (self.var_dir / "savepoints" / self.app_id).as_uri()).rstrip("/")
 
     @property
+    def max_event_ahead_ms(self) -> int:
+        return int(self.max_event_ahead_s * 1000)
+
+    @property
     def run_dir(self) -> Path:
         return self.var_dir / "run"
 
@@ -145,7 +168,7 @@ class Settings:
     def job_config_hash(self) -> str:
         """A hash of the settings that shape the job's results (for savepoints and upgrade checks)."""
         keys = ("source_topic", "sink_topic", "dlq_topic", "window_s", "watermark_s", "app_id")
-        blob = json.dumps({k: getattr(self, k) for k in keys}, sort_keys=True)
+        blob = json.dumps({k: getattr(self, k) for k in keys} | {"rules": RULES_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def replace(self, **changes: Any) -> "Settings":
@@ -177,7 +200,8 @@ class Settings:
                      "max_offsets_per_trigger", "shuffle_partitions", "min_batches_to_retain",
                      "window_s", "transaction_timeout_ms", "broker_transaction_max_timeout_ms",
                      "savepoint_keep", "savepoint_max_age_s", "rotation_interval_minutes",
-                     "checkpoint_size_alert_bytes", "producer_batch_messages"):
+                     "checkpoint_size_alert_bytes", "producer_batch_messages", "dlq_max_value_bytes",
+                     "ledger_wait_s", "commit_timeout_s"):
             need(getattr(self, name) > 0, f"{ENV_PREFIX}{name.upper()} must be > 0, got {getattr(self, name)}")
         need(self.watermark_s >= 0, f"{ENV_PREFIX}WATERMARK_S must be >= 0, got {self.watermark_s}")
         need(self.trigger_interval_s >= 0, f"{ENV_PREFIX}TRIGGER_INTERVAL_S must be >= 0")
@@ -189,6 +213,12 @@ class Settings:
              f"{ENV_PREFIX}ALERT_CHANNELS takes webhook, slack, smtp; got {sorted(channels)}")
         need("smtp" not in channels or bool(self.alert_email_to),
              f"{ENV_PREFIX}ALERT_EMAIL_TO is needed when the smtp alert channel is on")
+        need(self.dlq_max_value_bytes <= 900_000,
+             f"{ENV_PREFIX}DLQ_MAX_VALUE_BYTES must leave room for the provenance within the producer's 1,000,000-"
+             f"byte record limit: at most 900000, got {self.dlq_max_value_bytes}")
+        need(self.max_event_ahead_s >= 0, f"{ENV_PREFIX}MAX_EVENT_AHEAD_S must be >= 0")
+        need(0 < self.late_fraction_threshold <= 1, f"{ENV_PREFIX}LATE_FRACTION_THRESHOLD must be in (0, 1]")
+        need(self.health_batch_grace_s >= 0, f"{ENV_PREFIX}HEALTH_BATCH_GRACE_S must be >= 0")
         need(self.producer_linger_ms >= 0, f"{ENV_PREFIX}PRODUCER_LINGER_MS must be >= 0")
         need(self.restart_delay_s >= 0, f"{ENV_PREFIX}RESTART_DELAY_S must be >= 0")
         need(0 < self.near_timeout_fraction < 1, f"{ENV_PREFIX}NEAR_TIMEOUT_FRACTION must be in (0, 1)")

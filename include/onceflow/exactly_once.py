@@ -34,17 +34,19 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from . import events as ev
-from . import kafka_clients
+from . import kafka_clients, ledger_reader, records
+from . import transactional as tw
 from .config import Settings
 from .faults import Injector
-from .ledger import BatchPlan, Committed, Decision, LedgerEntry, decide, offset_metadata, parse_record
+from .ledger import BatchPlan, Committed, Decision, LedgerEntry, decide, offset_metadata
 
 log = logging.getLogger(__name__)
 KIND_RESULT = "result"
 KIND_DLQ = "dlq"
+H_APP, H_BATCH = "onceflow.app", "onceflow.batch"  # headers of every record the job writes
 
 
 class ZombieFenced(RuntimeError):
@@ -65,6 +67,8 @@ class OutRecord:
     src_offset: int | None = None
     src_timestamp_ms: int | None = None
     reason: str | None = None
+    src_size: int | None = None          # the original value's size (DLQ)
+    src_sha256: str | None = None        # set when the DLQ copy holds less than the original value
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,11 @@ class BatchOutcome:
     txn_ms: float = 0.0
 
 
+class UndeliverableRecord(RuntimeError):
+    """A record the broker refuses every time (fault `undeliverable`, standing in for a permanent delivery error):
+    its batch can never commit until the operator quarantines the source record (onceflow.quarantine)."""
+
+
 class ExactlyOnceSink:
     def __init__(self, settings: Settings, bus: ev.EventBus, faults: Injector | None = None,
                  init_timeout_s: float = 60.0):
@@ -85,16 +94,23 @@ class ExactlyOnceSink:
         self.timeout_ms = settings.transaction_timeout_ms
         self._batch: int | None = None  # the batch whose transaction is open, for events
         self._warned = False            # the near-timeout warning of the open transaction went out
-        self.producer = kafka_clients.transactional_producer(
-            settings, settings.transactional_id, **{"partitioner": "murmur2_random",
-                                                     "linger.ms": settings.producer_linger_ms,
-                                                     "batch.num.messages": settings.producer_batch_messages})
-        # Fences the previous incarnation and aborts its open transaction, if any.
+
+        def make_producer():
+            return kafka_clients.transactional_producer(
+                settings, settings.transactional_id, **{"partitioner": "murmur2_random",
+                                                         "linger.ms": settings.producer_linger_ms,
+                                                         "batch.num.messages": settings.producer_batch_messages})
+
+        # init_transactions fences the previous incarnation and aborts its open transaction, if any.
         try:
-            self._call(lambda: self.producer.init_transactions(init_timeout_s), started=None)
-        except BaseException:
-            close_quietly(self.producer)
-            raise
+            self.writer = tw.TransactionalWriter(make_producer, settings.transactional_id, self.timeout_ms,
+                                                 init_timeout_s=init_timeout_s,
+                                                 commit_timeout_s=settings.commit_timeout_s,
+                                                 on_event=self._writer_event)
+        except tw.TxnConfigError as e:
+            raise config_error(e, self.timeout_ms) from e
+        except tw.Fenced as e:
+            raise ZombieFenced(f"fenced while initialising {settings.transactional_id}: {e}") from e
         # The group whose committed offsets are the job's position. It never subscribes: it only supplies
         # group metadata for send_offsets_to_transaction and reads the committed offsets back.
         self.group = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
@@ -108,7 +124,7 @@ class ExactlyOnceSink:
                                           tp.metadata) for tp in got)
 
     def ledger_entry(self, batch: int) -> LedgerEntry | None:
-        return find_ledger_entry(self.ledger_reader, self.s, batch)
+        return ledger_reader.find_entry(self.ledger_reader, self.s, batch)
 
     # ------------------------------------------------------------------ the protocol
     def decide(self, plan: BatchPlan) -> Decision:
@@ -116,8 +132,17 @@ class ExactlyOnceSink:
         restore); anything that fits none of them raises DivergentHistory."""
         committed = self.committed(plan.end)
         entry = self.ledger_entry(plan.batch) if committed.batch == plan.batch else None
+        newest = None
+        if committed.batch is None and not committed.offsets:
+            # No committed offsets at all: a fresh app, or the group's offsets were deleted or expired. The
+            # ledger is the truth; the group is a cache of it.
+            newest = ledger_reader.newest_entry(self.ledger_reader, self.s)
+            if newest is not None:
+                self.bus.emit(ev.GROUP_OFFSETS_LOST, logging.WARNING, flush=True, batch=plan.batch,
+                              group=self.s.group_id, ledger_batch=newest.batch,
+                              action="decided from the ledger; the next commit restores the group's offsets")
         try:
-            return decide(plan, committed, entry)
+            return decide(plan, committed, entry, newest)
         except Exception as e:
             self.bus.emit(ev.DIVERGENT_HISTORY, logging.ERROR, flush=True, batch=plan.batch,
                           spark_batch=plan.spark_batch, error=str(e))
@@ -126,104 +151,98 @@ class ExactlyOnceSink:
     def write_batch(self, plan: BatchPlan, rows: Sequence[OutRecord], decision: Decision | None = None
                     ) -> BatchOutcome:
         """Write batch `plan` with `rows` in one transaction, unless `decision` (decided now when not given)
-        says it is committed already."""
+        says it is committed already. A commit whose outcome is unknown (it timed out) is settled by the writer
+        (a new producer, initialised before anything else is written); the batch is then decided again from what
+        is committed: written at most once more, or found committed."""
         decision = decision or self.decide(plan)
-        if decision is not Decision.WRITE:
-            self.bus.emit(ev.BATCH_REPLAY_SKIPPED, batch=plan.batch, spark_batch=plan.spark_batch,
-                          ranges=plan.ranges, catch_up_from=plan.catch_up_from, decision=decision.value)
-            return BatchOutcome(plan.batch, decision)
+        for attempt in (1, 2):
+            if decision is not Decision.WRITE:
+                self.bus.emit(ev.BATCH_REPLAY_SKIPPED, batch=plan.batch, spark_batch=plan.spark_batch,
+                              ranges=plan.ranges, catch_up_from=plan.catch_up_from, decision=decision.value)
+                return BatchOutcome(plan.batch, decision)
+            try:
+                return self._write(plan, rows)
+            except tw.OutcomeUnknown as e:
+                if attempt == 2:
+                    raise
+                self.bus.emit(ev.TRANSACTION_OUTCOME_UNKNOWN, logging.WARNING, flush=True, batch=plan.batch,
+                              error=str(e), transactional_id=self.s.transactional_id,
+                              action="the producer was replaced; the batch is decided again from what is committed")
+                decision = self.decide(plan)
+        raise AssertionError("unreachable")
 
+    def _write(self, plan: BatchPlan, rows: Sequence[OutRecord]) -> BatchOutcome:
         self._fault("crash_before_produce", plan.batch)
         self._batch, self._warned = plan.batch, False
         started = time.monotonic()
         warn = threading.Timer(self.timeout_ms * self.s.near_timeout_fraction / 1000.0, self._near_timeout,
                                args=(plan.batch, started))
         warn.daemon = True
-        self._call(self.producer.begin_transaction, started)
-        warn.start()
         try:
+            self.writer.begin()
+            warn.start()
             outputs = dlq = 0
-            headers = [("onceflow.app", self.s.app_id.encode()), ("onceflow.batch", str(plan.batch).encode())]
+            headers = [(H_APP, self.s.app_id.encode()), (H_BATCH, str(plan.batch).encode())]
             for r in rows:
                 if r.kind == KIND_RESULT:
-                    self._produce(self.s.sink_topic, r.key.encode(), r.value, headers, started)
+                    self.writer.produce(self.s.sink_topic, r.key.encode(), r.value, headers)
                     outputs += 1
                 else:
-                    self._produce(self.s.dlq_topic, r.key.encode(), r.value, headers + [
-                        ("onceflow.source.topic", plan.topic.encode()),
-                        ("onceflow.source.partition", str(r.src_partition).encode()),
-                        ("onceflow.source.offset", str(r.src_offset).encode()),
-                        ("onceflow.source.timestamp", str(r.src_timestamp_ms).encode()),
-                        ("onceflow.reason", (r.reason or "").encode())], started)
+                    if self.faults is not None and r.value is not None and \
+                            self.faults.undeliverable(r.src_partition, r.src_offset):
+                        raise UndeliverableRecord(f"the broker refuses the DLQ copy of {plan.topic}[{r.src_partition}] "
+                                                  f"offset {r.src_offset} (injected fault): the batch cannot commit; "
+                                                  f"quarantine the record (onceflow quarantine add)")
+                    self.writer.produce(self.s.dlq_topic, r.key.encode(), r.value, headers + dlq_headers(plan.topic, r))
                     dlq += 1
             self._fault("crash_after_produce", plan.batch)
             txn_ms = (time.monotonic() - started) * 1000
             entry = LedgerEntry.for_plan(self.s.app_id, plan, outputs, dlq, txn_ms, int(time.time() * 1000),
-                                         self.s.transactional_id)
-            self._produce(self.s.ledger_topic, self.s.app_id.encode(), entry.to_json(), headers, started)
+                                         self.s.transactional_id, records.RULES_VERSION, self.s.max_event_ahead_ms)
+            self.writer.produce(self.s.ledger_topic, self.s.app_id.encode(), entry.to_json(), headers)
             offsets = [TopicPartition(plan.topic, p, off, offset_metadata(plan.batch, plan.epoch))
                        for p, off in sorted(plan.end.items())]
-            self._call(lambda: self.producer.send_offsets_to_transaction(
-                offsets, self.group.consumer_group_metadata(), 60), started)
+            self.writer.send_offsets(offsets, self.group.consumer_group_metadata())
             self._fault("stall_in_txn", plan.batch)
-            self._call(lambda: self.producer.commit_transaction(120), started)
+            self.writer.commit()
+        except tw.Fenced as e:
+            self.bus.emit(ev.FENCED, logging.ERROR, flush=True, transactional_id=self.s.transactional_id,
+                          error=str(e), action="another instance of this app took over; this one stops")
+            raise ZombieFenced(f"fenced by a newer instance of {self.s.transactional_id}: {e}") from e
+        except tw.CoordinatorTimedOut as e:
+            elapsed_ms = (time.monotonic() - started) * 1000
+            self.bus.emit(ev.TRANSACTION_TIMEOUT, logging.ERROR, flush=True, batch=plan.batch,
+                          elapsed_ms=round(elapsed_ms), timeout_ms=self.timeout_ms,
+                          transactional_id=self.s.transactional_id, error=str(e),
+                          action="the batch is replayed after the restart; if this repeats, raise "
+                                 "ONCEFLOW_TRANSACTION_TIMEOUT_MS or make batches smaller "
+                                 "(ONCEFLOW_MAX_OFFSETS_PER_TRIGGER)")
+            raise TransactionTimedOut(f"transaction aborted by the coordinator after {elapsed_ms:.0f} ms "
+                                      f"(timeout {self.timeout_ms} ms): {e}") from e
+        except tw.TxnConfigError as e:
+            raise config_error(e, self.timeout_ms) from e
+        except tw.TxnError:
+            raise  # the writer has aborted (or replaced its producer) already
         except BaseException:
-            warn.cancel()
-            self._abort_quietly()
+            self.writer.abort()
             raise
-        warn.cancel()
+        finally:
+            warn.cancel()
         txn_ms = (time.monotonic() - started) * 1000
-        self.bus.emit(ev.BATCH_COMMITTED, batch=plan.batch, spark_batch=plan.spark_batch, outputs=outputs, dlq=dlq, txn_ms=round(txn_ms, 1),
-                      records=plan.records, watermark_ms=plan.watermark_ms, end_offsets=plan.end)
+        self.bus.emit(ev.BATCH_COMMITTED, batch=plan.batch, spark_batch=plan.spark_batch, outputs=outputs, dlq=dlq,
+                      txn_ms=round(txn_ms, 1), records=plan.records, watermark_ms=plan.watermark_ms,
+                      end_offsets=plan.end)
         if txn_ms >= self.timeout_ms * self.s.near_timeout_fraction and not self._warned:
             self.bus.emit(ev.TRANSACTION_NEAR_TIMEOUT, logging.WARNING, batch=plan.batch, txn_ms=round(txn_ms),
                           timeout_ms=self.timeout_ms, committed=True, transactional_id=self.s.transactional_id,
                           fraction=self.s.near_timeout_fraction)
         self._fault("crash_after_commit", plan.batch)
+        self._fault("raise_after_commit", plan.batch)
         return BatchOutcome(plan.batch, Decision.WRITE, outputs, dlq, txn_ms)
 
     # ------------------------------------------------------------------ helpers
-    def _produce(self, topic: str, key: bytes, value: bytes | None, headers, started: float) -> None:
-        while True:
-            try:
-                self.producer.produce(topic, key=key, value=value, headers=headers)
-                return
-            except BufferError:
-                self.producer.poll(0.05)
-            except KafkaException as e:
-                self._raise_classified(e, started)
-
-    def _call(self, fn, started: float | None):
-        try:
-            return fn()
-        except KafkaException as e:
-            self._raise_classified(e, started)
-
-    def _raise_classified(self, e: KafkaException, started: float | None):
-        err: KafkaError = e.args[0]
-        code = err.code()
-        fenced_codes = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
-                        KafkaError.INVALID_TXN_STATE, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
-        elapsed_ms = (time.monotonic() - started) * 1000 if started is not None else 0.0
-        if code in fenced_codes or err.fatal() or code == KafkaError.INVALID_TRANSACTION_TIMEOUT:
-            if code == KafkaError.INVALID_TRANSACTION_TIMEOUT:
-                raise TransactionConfigError(
-                    f"the broker refused transaction.timeout.ms={self.timeout_ms}: it is above the broker's "
-                    f"transaction.max.timeout.ms; lower ONCEFLOW_TRANSACTION_TIMEOUT_MS") from e
-            if started is not None and elapsed_ms >= self.timeout_ms * 0.95:
-                self.bus.emit(ev.TRANSACTION_TIMEOUT, logging.ERROR, flush=True, batch=self._batch,
-                              elapsed_ms=round(elapsed_ms),
-                              timeout_ms=self.timeout_ms, transactional_id=self.s.transactional_id,
-                              error=str(err),
-                              action="the batch is replayed after the restart; if this repeats, raise "
-                                     "ONCEFLOW_TRANSACTION_TIMEOUT_MS or make batches smaller "
-                                     "(ONCEFLOW_MAX_OFFSETS_PER_TRIGGER)")
-                raise TransactionTimedOut(f"transaction aborted by the coordinator after {elapsed_ms:.0f} ms "
-                                          f"(timeout {self.timeout_ms} ms): {err}") from e
-            self.bus.emit(ev.FENCED, logging.ERROR, flush=True, transactional_id=self.s.transactional_id,
-                          error=str(err), action="another instance of this app took over; this one stops")
-            raise ZombieFenced(f"fenced by a newer instance of {self.s.transactional_id}: {err}") from e
-        raise e
+    def _writer_event(self, type_: str, fields: dict) -> None:
+        self.bus.emit(type_, logging.WARNING, flush=True, **fields)
 
     def _near_timeout(self, batch: int, started: float) -> None:
         self._warned = True
@@ -231,12 +250,6 @@ class ExactlyOnceSink:
         self.bus.emit(ev.TRANSACTION_NEAR_TIMEOUT, logging.WARNING, batch=batch, txn_ms=round(age),
                       timeout_ms=self.timeout_ms, committed=False, transactional_id=self.s.transactional_id,
                       fraction=self.s.near_timeout_fraction, action="the transaction is still open; it will be aborted at the timeout and replayed")
-
-    def _abort_quietly(self) -> None:
-        try:
-            self.producer.abort_transaction(30)
-        except Exception as e:  # fenced or fatal: the coordinator aborts it for us
-            log.info("abort_transaction: %s", e)
 
     def _fault(self, point: str, batch: int) -> None:
         if self.faults is not None:
@@ -248,65 +261,30 @@ class ExactlyOnceSink:
                 c.close()
             except Exception:
                 pass
-        close_quietly(self.producer)
+        self.writer.close()
 
 
 class TransactionConfigError(RuntimeError):
     pass
 
 
-def close_quietly(producer) -> None:
-    """Flush and close; a fenced or otherwise fatal producer has nothing left to deliver."""
-    try:
-        producer.flush(10)
-        producer.close()
-    except KafkaException as e:
-        log.info("closing the transactional producer: %s", e)
+def config_error(e: "tw.TxnConfigError", timeout_ms: int) -> TransactionConfigError:
+    if e.error is not None and e.error.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
+        return TransactionConfigError(
+            f"the broker refused transaction.timeout.ms={timeout_ms}: it is above the broker's "
+            f"transaction.max.timeout.ms; lower ONCEFLOW_TRANSACTION_TIMEOUT_MS")
+    return TransactionConfigError(str(e))
 
 
-def find_ledger_entry(consumer, settings: Settings, batch: int, scan_back: int = 1000) -> LedgerEntry | None:
-    """The committed ledger record of stream batch `batch` of this app (scanning the ledger newest first)."""
-    tp = TopicPartition(settings.ledger_topic, 0)
-    low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
-    end = high
-    while end > low:
-        start = max(low, end - scan_back)
-        found = None
-        for msg in read_range(consumer, settings.ledger_topic, 0, start, end):
-            if msg.key() == settings.app_id.encode():
-                e = parse_record(msg.value())
-                if isinstance(e, LedgerEntry) and e.batch == batch and e.kind == "stream":
-                    found = e
-        if found is not None:
-            return found
-        end = start
-    return None
-
-
-def read_range(consumer, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0):
-    """Yield the committed records of [start, end) of one partition (fewer when aborted data sits inside)."""
-    if end <= start:
-        return
-    consumer.assign([TopicPartition(topic, partition, start)])
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                # read_committed skips aborted records and markers: done once the position passes `end - 1`.
-                pos = consumer.position([TopicPartition(topic, partition)])[0].offset
-                if pos >= end:
-                    return
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    return
-                raise KafkaException(msg.error())
-            if msg.offset() >= end:
-                return
-            yield msg
-            if msg.offset() >= end - 1:
-                return
-        raise TimeoutError(f"reading {topic}[{partition}] [{start}, {end}) did not finish in {timeout_s}s")
-    finally:
-        consumer.unassign()
+def dlq_headers(source_topic: str, r: OutRecord) -> list[tuple[str, bytes]]:
+    """Provenance of a DLQ record (Kafka Connect style); a copy that holds less than the original value (capped,
+    or quarantined) says so, with the original's size and sha256."""
+    out = [("onceflow.source.topic", source_topic.encode()),
+           ("onceflow.source.partition", str(r.src_partition).encode()),
+           ("onceflow.source.offset", str(r.src_offset).encode()),
+           ("onceflow.source.timestamp", str(r.src_timestamp_ms).encode()),
+           ("onceflow.reason", (r.reason or "").encode()),
+           ("onceflow.original.size", str(r.src_size if r.src_size is not None else -1).encode())]
+    if r.src_sha256 is not None:
+        out += [("onceflow.original.sha256", r.src_sha256.encode()), ("onceflow.truncated", b"true")]
+    return out

@@ -4,9 +4,16 @@ ONCEFLOW_FAULT is a comma-separated list of `point@batch[:seconds]`:
 - `crash_before_produce@N`: die before batch N opens its transaction
 - `crash_after_produce@N`:  die with batch N's records produced into an open transaction (before commit)
 - `crash_after_commit@N`:   die after batch N's Kafka commit, before Spark writes commits/N (forces a replay)
+- `raise_after_commit@N`:   raise an error (no kill) after batch N's Kafka commit: the query fails, Spark does not
+                            write commits/N, the restarted job replays the batch
+- `undeliverable@P:O`:      the DLQ copy of source record (partition P, offset O) is refused like a record the
+                            broker can never accept, every time (not once) while it carries a payload: a poison
+                            record, for the quarantine procedure
 - `stall_in_txn@N:S`:       hold batch N's transaction open for S seconds before committing
 - `crash_in_chunk@N`:       (backfill) die with chunk N's records in an open transaction
 - `crash_after_chunk@N`:    (backfill) die right after chunk N's transaction committed
+- `stall_before_chunks@N:S`: (backfill) wait S seconds after reading its progress and computing, before its first
+                            chunk (N is ignored): another run of the same id can then overtake it
 A crash is a SIGKILL of the job's whole process group (the Python driver and its JVM), like `kill -9`.
 Each fault fires once per checkpoint: a marker file beside the checkpoint's run state remembers it, so the
 replayed batch after the restart goes through.
@@ -19,8 +26,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-POINTS = ("crash_before_produce", "crash_after_produce", "crash_after_commit", "stall_in_txn", "crash_in_chunk",
-          "crash_after_chunk")
+POINTS = ("crash_before_produce", "crash_after_produce", "crash_after_commit", "raise_after_commit", "stall_in_txn",
+          "crash_in_chunk", "crash_after_chunk", "stall_before_chunks", "undeliverable")
+STALLS = ("stall_in_txn", "stall_before_chunks")
+
+
+class InjectedFault(RuntimeError):
+    """An error raised on purpose (fault injection), not a crash."""
 
 
 class FaultSpecError(ValueError):
@@ -49,8 +61,8 @@ def parse(spec: str) -> list[Fault]:
             raise FaultSpecError(f"bad fault {item!r}: expected point@batch[:seconds]") from None
         if f.point not in POINTS:
             raise FaultSpecError(f"unknown fault point {f.point!r}; known: {', '.join(POINTS)}")
-        if f.point == "stall_in_txn" and f.seconds <= 0:
-            raise FaultSpecError(f"{item!r}: stall_in_txn needs seconds, e.g. stall_in_txn@3:20")
+        if f.point in STALLS and f.seconds <= 0:
+            raise FaultSpecError(f"{item!r}: {f.point} needs seconds, e.g. {f.point}@3:20")
         out.append(f)
     return out
 
@@ -64,6 +76,11 @@ class Injector:
     def _fired(self, f: Fault) -> Path:
         return self.marker_dir / f"fault.{f.point}.{f.batch}.fired"
 
+    def undeliverable(self, partition: int | None, offset: int | None) -> bool:
+        """Is the DLQ copy of this source record to be refused (fault `undeliverable@P:O`)?"""
+        return any(f.point == "undeliverable" and f.batch == partition and int(f.seconds) == offset
+                   for f in self.faults)
+
     def hit(self, point: str, batch: int) -> None:
         for f in self.faults:
             if f.point != point or f.batch != batch or self._fired(f).exists():
@@ -72,7 +89,9 @@ class Injector:
             self._fired(f).write_text(str(time.time()))
             if self.on_fire:
                 self.on_fire(f)
-            if point == "stall_in_txn":
+            if point in STALLS:
                 time.sleep(f.seconds)
+            elif point == "raise_after_commit":
+                raise InjectedFault(f"injected error after the commit of batch {batch}")
             else:
                 os.killpg(os.getpgrp(), signal.SIGKILL)

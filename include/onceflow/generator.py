@@ -49,21 +49,23 @@ class GeneratorSpec:
     out_of_order_fraction: float = 0.05  # shifted back by less than the watermark delay: never late
     late_fraction: float = 0.01         # shifted back by 30-120 s: late once the watermark has passed them
     malformed_fraction: float = 0.01
+    future_fraction: float = 0.0        # event time a year ahead of the record (a broken client clock)
     json_fraction: float = 0.5          # the rest are combined log lines
     tail_s: float = 0.0                 # after the run, one record per partition this far past the last event
     seed: int = 1
     partitions: int | None = None       # default: the source topic's partition count
     watermark_s: int = 5
+    max_ahead_ms: int | None = 60_000   # the job's event-time skew rule, to record the reason of future records
 
     def validate(self) -> None:
         fr = {"ipv6_fraction": self.ipv6_fraction, "out_of_order_fraction": self.out_of_order_fraction,
               "late_fraction": self.late_fraction, "malformed_fraction": self.malformed_fraction,
-              "json_fraction": self.json_fraction}
+              "json_fraction": self.json_fraction, "future_fraction": self.future_fraction}
         for k, v in fr.items():
             if not 0 <= v <= 1:
                 raise GeneratorError(f"{k} must be within [0, 1], got {v}")
-        if self.out_of_order_fraction + self.late_fraction + self.malformed_fraction > 1:
-            raise GeneratorError("out_of_order + late + malformed fractions add up to more than 1")
+        if self.out_of_order_fraction + self.late_fraction + self.malformed_fraction + self.future_fraction > 1:
+            raise GeneratorError("out_of_order + late + malformed + future fractions add up to more than 1")
         if self.count is None and self.duration_s is None:
             raise GeneratorError("give a count or a duration")
         if self.count is not None and self.count < 0:
@@ -100,8 +102,8 @@ def _ip_pool(rng: random.Random, n: int, ipv6_fraction: float) -> list[str]:
     pool: set[str] = set()
     while len(pool) < n:
         if rng.random() < ipv6_fraction:
-            pool.add("2001:db8:%x:%x::%x" % (rng.randrange(1 << 16), rng.randrange(1 << 16),
-                                             rng.randrange(1, 1 << 16)))
+            pool.add(records.canonical_ip("2001:db8:%x:%x::%x" % (rng.randrange(1 << 16), rng.randrange(1 << 16),
+                                                                  rng.randrange(1, 1 << 16))))
         else:
             pool.add("%d.%d.%d.%d" % (rng.randrange(1, 224), rng.randrange(256), rng.randrange(256),
                                       rng.randrange(1, 255)))
@@ -148,7 +150,8 @@ def _malformed(ip: str, ts_ms: int, rng: random.Random) -> bytes:
 
 
 def generate(settings: Settings, spec: GeneratorSpec, manifest: Path | None = None,
-             progress_every: int = 0) -> GeneratorResult:
+             progress_every: int = 0, stop=None) -> GeneratorResult:
+    """Send the records of `spec`; `stop` (a threading.Event) ends the run early, like a duration."""
     spec.validate()
     rng = random.Random(spec.seed)
     parts = spec.partitions
@@ -160,7 +163,7 @@ def generate(settings: Settings, spec: GeneratorSpec, manifest: Path | None = No
         parts = len(t.partitions)
     ips = _ip_pool(rng, spec.distinct_ips, spec.ipv6_fraction)
     cum = list(accumulate(1.0 / (i + 1) ** spec.skew for i in range(len(ips))))
-    start_ms = spec.start_ms if spec.start_ms is not None else int(time.time() * 1000)
+    start_ms = spec.start_ms if spec.start_ms is not None else default_start_ms(spec, int(time.time() * 1000))
     producer = kafka_clients.idempotent_producer(settings, **{"linger.ms": 50, "batch.size": 262144,
                                                                 "compression.type": "lz4"})
     sent: list[Sent] = []
@@ -168,7 +171,7 @@ def generate(settings: Settings, spec: GeneratorSpec, manifest: Path | None = No
     result = GeneratorResult()
     t0 = time.monotonic()
 
-    def emit(value: bytes, rec: Sent) -> None:
+    def emit(value: bytes, rec: Sent, ts_ms: int | None = None) -> None:
         idx = len(sent)
         sent.append(rec)
 
@@ -181,7 +184,7 @@ def generate(settings: Settings, spec: GeneratorSpec, manifest: Path | None = No
         while True:
             try:
                 producer.produce(settings.source_topic, value=value, partition=rec.partition,
-                                 on_delivery=on_delivery)
+                                 on_delivery=on_delivery, timestamp=ts_ms or 0)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -193,7 +196,7 @@ def generate(settings: Settings, spec: GeneratorSpec, manifest: Path | None = No
         if spec.count is not None and i >= spec.count:
             break
         elapsed = time.monotonic() - t0
-        if spec.duration_s is not None and elapsed >= spec.duration_s:
+        if spec.duration_s is not None and elapsed >= spec.duration_s or stop is not None and stop.is_set():
             break
         if spec.rate > 0:
             ahead = i / spec.rate - elapsed
@@ -207,8 +210,15 @@ def generate(settings: Settings, spec: GeneratorSpec, manifest: Path | None = No
         if u < spec.malformed_fraction:
             value = _malformed(ip, clock_ms, rng)
             emit(value, Sent(part, KIND_MALFORMED, None, None, records.parse(value).reason))
+        elif u < spec.malformed_fraction + spec.future_fraction:
+            # a client whose clock is a year ahead: its record's Kafka timestamp is the real time of sending
+            now_ms = int(time.time() * 1000)
+            value, _ = _json_record(ip, now_ms + 365 * 86_400_000, rng)
+            emit(value, Sent(part, KIND_MALFORMED, None, None, records.parse(value, now_ms, spec.max_ahead_ms).reason),
+                 now_ms)
         else:
             kind, ts_ms = KIND_OK, clock_ms
+            u -= spec.future_fraction
             if u < spec.malformed_fraction + spec.late_fraction:
                 kind, ts_ms = KIND_LATE, clock_ms - rng.randrange(30_000, 120_000)
             elif u < spec.malformed_fraction + spec.late_fraction + spec.out_of_order_fraction:
@@ -240,6 +250,15 @@ def generate(settings: Settings, spec: GeneratorSpec, manifest: Path | None = No
         write_manifest(manifest, sent)
         result.manifest = str(manifest)
     return result
+
+
+def default_start_ms(spec: GeneratorSpec, now_ms: int) -> int:
+    """Paced: event time starts now and follows the clock. Unpaced (a backlog written as fast as possible): the
+    backlog is history that ends now, so no event time lies ahead of its record's timestamp (the job quarantines
+    event times too far ahead of it)."""
+    if spec.rate > 0 or not spec.count:
+        return now_ms
+    return now_ms - int(spec.count * 1000 / spec.event_rate) - int(spec.tail_s * 1000) - 1000
 
 
 MANIFEST_FIELDS = ["partition", "offset", "kind", "ts_us", "ip", "reason"]

@@ -118,6 +118,7 @@ class Report:
     pending: int = 0
     malformed: int = 0
     counted: int = 0
+    snapshot_batch: int | None = None   # the last committed batch the check covers
 
     @property
     def ok(self) -> bool:
@@ -127,7 +128,8 @@ class Report:
                 and self.ledger_outputs == self.sink_records)
 
     def summary(self) -> dict:
-        return {"ok": self.ok, "batches": self.coverage.batches, "coverage_issues": [i.detail for i in
+        return {"ok": self.ok, "snapshot_batch": self.snapshot_batch, "batches": self.coverage.batches,
+                "coverage_issues": [i.detail for i in
                                                                                    self.coverage.issues][:20],
                 "sink_records": self.sink_records, "ledger_outputs": self.ledger_outputs,
                 "expected_keys": self.expected_keys, "counted": self.counted, "late": self.late,

@@ -8,15 +8,19 @@ transaction, carries both.
 """
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+from typing import Sequence
+
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from . import parsing
+from . import records as R
 from .config import Settings
 from .exactly_once import KIND_DLQ, KIND_RESULT
 
 ISO_MS = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"
-OUTPUT_COLUMNS = ["kind", "key", "value", "src_partition", "src_offset", "src_timestamp_ms", "reason"]
+OUTPUT_COLUMNS = ["kind", "key", "value", "src_partition", "src_offset", "src_timestamp_ms", "reason", "src_size",
+                  "src_sha256"]
 
 
 def source(spark: SparkSession, settings: Settings) -> DataFrame:
@@ -39,8 +43,20 @@ def result_key_value() -> list:
                                F.col("count"))).cast("binary").alias("value")]
 
 
-def results_and_dlq(raw: DataFrame, settings: Settings) -> DataFrame:
-    parsed = parsing.classify(raw.select("value", "topic", "partition", "offset", "timestamp"))
+def dlq_value(reason: Column, value: Column, cap: int) -> tuple[Column, Column, Column]:
+    """The DLQ copy of a record's value, its original size, and its sha256 when the copy holds less than the
+    original: capped at `cap` bytes, so a record near the broker's size limit still fits with its headers, and
+    nothing at all for a quarantined record (its payload is what cannot be delivered)."""
+    size = F.length(value)
+    withheld = reason == R.REASON_QUARANTINED
+    short = withheld | (size > cap)
+    copy = F.when(withheld, F.lit(None).cast("binary")).when(size > cap, F.substring(value, 1, cap)).otherwise(value)
+    return copy, size, F.when(short, F.sha2(value, 256))
+
+
+def results_and_dlq(raw: DataFrame, settings: Settings, quarantine: Sequence = ()) -> DataFrame:
+    parsed = parsing.classify(raw.select("value", "topic", "partition", "offset", "timestamp"),
+                              settings.max_event_ahead_ms, quarantine)
     # Good records are exactly those with an event time. Filtering on it after the watermark keeps the filter
     # there: Spark would push a filter on `reason` below the parse and evaluate the parse twice per record.
     counts = (parsed.withWatermark("ts", f"{settings.watermark_s} seconds")
@@ -52,14 +68,17 @@ def results_and_dlq(raw: DataFrame, settings: Settings) -> DataFrame:
         F.lit(None).cast("int").alias("src_partition"),
         F.lit(None).cast("bigint").alias("src_offset"),
         F.lit(None).cast("bigint").alias("src_timestamp_ms"),
-        F.lit(None).cast("string").alias("reason"))
+        F.lit(None).cast("string").alias("reason"),
+        F.lit(None).cast("int").alias("src_size"),
+        F.lit(None).cast("string").alias("src_sha256"))
+    copy, size, sha = dlq_value(F.col("reason"), F.col("value"), settings.dlq_max_value_bytes)
     dlq = parsed.where(F.col("reason").isNotNull()).select(
         F.lit(KIND_DLQ).alias("kind"),
         F.concat_ws("|", F.col("topic"), F.col("partition").cast("string"),
                     F.col("offset").cast("string")).alias("key"),
-        F.col("value"),
+        copy.alias("value"),
         F.col("partition").alias("src_partition"),
         F.col("offset").alias("src_offset"),
         F.unix_millis(F.col("timestamp")).alias("src_timestamp_ms"),
-        F.col("reason"))
+        F.col("reason"), size.alias("src_size"), sha.alias("src_sha256"))
     return results.unionByName(dlq)

@@ -1,7 +1,10 @@
 """Start, stop, inspect and kill the streaming job (through its supervisor)."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import signal
 import sys
 import time
@@ -34,6 +37,8 @@ def status(settings: Settings) -> dict:
     st = ev.read_status(settings.status_file) or {}
     now = int(time.time() * 1000)
     last = st.get("last_commit_ms")
+    started = st.get("started_ms") if job else None
+    batch_since = st.get("batch_started_ms") if job and st.get("running_batch") is not None else None
     return {"app": settings.app_id, "supervisor_pid": sup["pid"] if sup else None,
             "job_pid": job["pid"] if job else None, "running": job is not None,
             "restarts": job.get("restarts", 0) if job else None,
@@ -46,25 +51,41 @@ def status(settings: Settings) -> dict:
             "checkpoint": settings.checkpoint, "bootstrap_servers": settings.bootstrap_servers,
             "transactional_id": settings.transactional_id, "status_file": str(settings.status_file),
             "log": str(supervisor.job_log(settings)), "error": st.get("error"),
-            "desired_state": desired_state(settings)}
+            "desired_state": desired_state(settings), "started_ms": started, "last_commit_ms": last,
+            "running_batch": st.get("running_batch") if job else None, "batch_started_ms": batch_since,
+            "last_exit": None if job else ev.read_status(supervisor.exit_file(settings))}
+
+
+@contextlib.contextmanager
+def _start_lock(settings: Settings):
+    """One start at a time per app on this machine: the check for a running instance, the launch and its pid
+    file happen under this lock, so two concurrent starts cannot both launch (one pid file would be lost)."""
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(settings.run_dir / f"{settings.app_id}.start.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def start(settings: Settings, argv=None) -> dict:
     """Preflight, then launch the supervisor detached. Refuses if an instance already runs here.
     `argv`: the spark-submit command line to run (default: onceflow.launcher.submit_argv)."""
-    if procs.read_pidfile(supervisor.supervisor_pidfile(settings)) or \
-            procs.read_pidfile(supervisor.job_pidfile(settings)):
-        raise JobControlError(f"app {settings.app_id} is already running: `onceflow job status`")
     preflight.check_job(settings)
     jvm.spark_kafka_jars(settings)  # resolve (first time: Maven) here, where an error is seen, not in the child
-    settings.run_dir.mkdir(parents=True, exist_ok=True)
     env = launcher.submit_env(settings)
     if argv:
         env[supervisor.ARGV_ENV] = json.dumps(list(argv))
-    proc = procs.spawn_detached([sys.executable, "-m", "onceflow.cli", "job", "run"],
-                                supervisor.job_log(settings), env=env)
-    procs.write_pidfile(supervisor.supervisor_pidfile(settings), proc.pid, "onceflow.cli")
-    _set_desired(settings, "running")
+    with _start_lock(settings):
+        if procs.read_pidfile(supervisor.supervisor_pidfile(settings)) or \
+                procs.read_pidfile(supervisor.job_pidfile(settings)):
+            raise JobControlError(f"app {settings.app_id} is already running: `onceflow job status`")
+        supervisor.exit_file(settings).unlink(missing_ok=True)
+        proc = procs.spawn_detached([sys.executable, "-m", "onceflow.cli", "job", "run"],
+                                    supervisor.job_log(settings), env=env)
+        procs.write_pidfile(supervisor.supervisor_pidfile(settings), proc.pid, "onceflow.cli")
+        _set_desired(settings, "running")
     return {"supervisor_pid": proc.pid, "log": str(supervisor.job_log(settings))}
 
 
@@ -98,10 +119,11 @@ def wait_running(settings: Settings, after_ms: int = 0, timeout: float = 180.0) 
     return procs.wait_until(running, timeout, interval=0.5, what=f"{settings.app_id}'s query to run")
 
 
-def stop(settings: Settings, timeout: float = 90.0) -> bool:
+def stop(settings: Settings, timeout: float = 90.0, record_intent: bool = True) -> bool:
     """Stop at a batch boundary (SIGTERM to the supervisor, which forwards it). True if something ran.
-    The job is then stopped on purpose: the health check does not bring it back."""
-    if desired_state(settings) is not None:
+    An operator's stop records the intent (desired "stopped"): the health check then leaves the job alone. A
+    restart by the health check passes `record_intent=False`: it never changes what the operator asked for."""
+    if record_intent and desired_state(settings) is not None:
         _set_desired(settings, "stopped")
     sup = procs.read_pidfile(supervisor.supervisor_pidfile(settings))
     job = procs.read_pidfile(supervisor.job_pidfile(settings))

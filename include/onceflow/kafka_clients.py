@@ -85,6 +85,46 @@ def consume_to_end(consumer: Consumer, partitions: list, timeout_s: float = 120.
         yield msg
 
 
+def read_range(consumer, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0):
+    """Yield the committed records of [start, end) of one partition (fewer when aborted data sits inside)."""
+    import time
+
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    if end <= start:
+        return
+    consumer.assign([TopicPartition(topic, partition, start)])
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                # read_committed skips aborted records and markers: done once the position passes `end - 1`.
+                pos = consumer.position([TopicPartition(topic, partition)])[0].offset
+                if pos >= end:
+                    return
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return
+                raise KafkaException(msg.error())
+            if msg.offset() >= end:
+                return
+            yield msg
+            if msg.offset() >= end - 1:
+                return
+        raise TimeoutError(f"reading {topic}[{partition}] [{start}, {end}) did not finish in {timeout_s}s")
+    finally:
+        consumer.unassign()
+
+
+def low_offset(admin: AdminClient, tp) -> int:
+    """The earliest offset still kept of one partition."""
+    from confluent_kafka.admin import OffsetSpec
+
+    return admin.list_offsets({tp: OffsetSpec.earliest()}, request_timeout=15)[tp].result(15).offset
+
+
 def watermarks(settings: Settings, topic: str) -> dict[int, tuple[int, int]] | None:
     """Per partition, (low, high) of `topic` as a read_committed consumer sees them; None if there is no such
     topic."""

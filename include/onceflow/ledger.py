@@ -72,6 +72,10 @@ class LedgerEntry:
     epoch: int = 0
     backfill_id: str | None = None    # kind "backfill": which backfill; `batch` is then the chunk number
     spec_hash: str | None = None      # kind "backfill": the parameters the chunk was computed from
+    # The parsing rules the batch was classified with (onceflow.records): their version and the event-time
+    # skew allowed over the record timestamp (None: no such rule, as in batches written before it existed).
+    rules: int | None = None
+    max_event_ahead_ms: int | None = None
 
     def to_json(self) -> bytes:
         d = asdict(self)
@@ -94,11 +98,13 @@ class LedgerEntry:
 
     @classmethod
     def for_plan(cls, app: str, plan: BatchPlan, outputs: int, dlq: int, txn_ms: float, commit_time_ms: int,
-                 transactional_id: str) -> "LedgerEntry":
+                 transactional_id: str, rules: int | None = None, max_event_ahead_ms: int | None = None
+                 ) -> "LedgerEntry":
         return cls(app=app, batch=plan.batch, topic=plan.topic, ranges=plan.ranges,
                    watermark_ms=plan.watermark_ms, batch_ts_ms=plan.batch_ts_ms, outputs=outputs, dlq=dlq,
                    txn_ms=round(txn_ms, 3), commit_time_ms=commit_time_ms, transactional_id=transactional_id,
-                   spark_batch=plan.spark_batch, epoch=plan.epoch)
+                   spark_batch=plan.spark_batch, epoch=plan.epoch, rules=rules,
+                   max_event_ahead_ms=max_event_ahead_ms)
 
 
 @dataclass(frozen=True)
@@ -135,13 +141,49 @@ class RestoreRecord:
         return cls(**d)
 
 
+@dataclass(frozen=True)
+class QuarantineRange:
+    """Source offsets [start, end) of one partition whose records an operator quarantined: they go to the DLQ
+    with reason `quarantined` and their provenance only (the way out of a batch that can never commit)."""
+    partition: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class QuarantineRecord:
+    """Written to the ledger when an operator quarantines source offsets (`onceflow quarantine add`)."""
+    app: str
+    topic: str
+    ranges: tuple[QuarantineRange, ...]
+    reason: str
+    by: str
+    ts_ms: int
+    kind: str = "quarantine"
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["ranges"] = [asdict(r) for r in self.ranges]
+        return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "QuarantineRecord":
+        d = json.loads(raw)
+        d["ranges"] = tuple(QuarantineRange(**r) for r in d["ranges"])
+        return cls(**d)
+
+
 _ENTRY_FIELDS = {f.name for f in fields(LedgerEntry)}
 
 
-def parse_record(raw: bytes | str) -> LedgerEntry | RestoreRecord:
-    """A ledger record of any kind: batch entries (stream, backfill) or restore records."""
+def parse_record(raw: bytes | str) -> LedgerEntry | RestoreRecord | QuarantineRecord:
+    """A ledger record of any kind: batch entries (stream, backfill), restore and quarantine records."""
     kind = json.loads(raw).get("kind", "stream")
-    return RestoreRecord.from_json(raw) if kind == "restore" else LedgerEntry.from_json(raw)
+    if kind == "restore":
+        return RestoreRecord.from_json(raw)
+    if kind == "quarantine":
+        return QuarantineRecord.from_json(raw)
+    return LedgerEntry.from_json(raw)
 
 
 @dataclass(frozen=True)
@@ -192,16 +234,28 @@ class Decision(Enum):
     CATCH_UP = "catch_up"  # the first batch after a restore re-reads committed batches: rebuild state, write nothing
 
 
-def decide(plan: BatchPlan, committed: Committed, entry: LedgerEntry | None) -> Decision:
-    """The replay decision of the protocol (DESIGN.md section 3), by batch id AND offset range.
+def committed_from_ledger(newest: LedgerEntry) -> Committed:
+    """The position the group would hold after the app's newest ledger record: the group's offsets are a cache
+    of the ledger (kept forever), which is the truth when the cache is lost."""
+    return Committed(offsets=newest.end, batch=newest.batch)
 
-    `entry` is the committed ledger record of batch `plan.batch`, if any.
+
+def decide(plan: BatchPlan, committed: Committed, entry: LedgerEntry | None,
+           newest: LedgerEntry | None = None) -> Decision:
+    """The replay decision of the protocol (onceflow.exactly_once), by batch id AND offset range.
+
+    `entry` is the committed ledger record of batch `plan.batch`, if any. `newest` is the app's newest stream
+    ledger record, needed only when the group has no committed offsets at all (deleted by a clean-up, expired):
+    then the decision is taken from the ledger, never by writing blindly.
     """
     n = plan.batch
     if committed.foreign:
         raise DivergentHistory(
             f"batch {n}: the group has committed offsets without onceflow batch metadata; another consumer "
             f"committed into this group: use a different app id or reset the group")
+    if committed.batch is None and not committed.offsets and newest is not None:
+        committed = committed_from_ledger(newest)
+        entry = newest if newest.batch == n else None
     if plan.catch_up_from is not None:
         return _decide_catch_up(plan, committed, entry)
     if committed.batch is None:
@@ -209,6 +263,10 @@ def decide(plan: BatchPlan, committed: Committed, entry: LedgerEntry | None) -> 
             raise DivergentHistory(f"batch {n}: committed offsets without a batch id")
         if entry is not None:
             raise DivergentHistory(f"batch {n}: the ledger has batch {n} but the group has no committed offsets")
+        if n != 0 and plan.epoch == 0:
+            raise DivergentHistory(f"batch {n}: neither the group nor the ledger has any committed batch, but "
+                                   f"Spark's checkpoint is at batch {n}: the ledger or the checkpoint belongs to "
+                                   f"another history")
         return Decision.WRITE
     if committed.batch == n:
         if entry is None:

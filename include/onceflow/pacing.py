@@ -41,8 +41,9 @@ def closes_windows(t: BatchTiming, delay_ms: int, window_ms: int) -> bool:
 
 def delay_before_next_s(t: BatchTiming, now_ms: int, trigger_ms: int, delay_ms: int, window_ms: int,
                         wrote: bool = True) -> float:
-    """Seconds to wait before letting Spark plan the next batch."""
+    """Seconds to wait before letting Spark plan the next batch: never more than one trigger interval, whatever
+    the wall clock does (a clock stepped back between the batch's start and now must not stall the job)."""
     if not wrote or trigger_ms <= 0 or closes_windows(t, delay_ms, window_ms):
         return 0.0
     next_trigger = (t.batch_ts_ms // trigger_ms + 1) * trigger_ms
-    return max(0.0, (next_trigger - now_ms) / 1000.0)
+    return min(trigger_ms, max(0, next_trigger - now_ms)) / 1000.0

@@ -44,12 +44,29 @@ def broker_transaction_max_timeout_ms(settings: Settings, timeout: float = 10.0)
     return min(values)
 
 
+DLQ_OVERHEAD_BYTES = 8192  # the DLQ record's key and provenance headers, with room to spare
+
+
+def dlq_fits(settings: Settings, timeout: float = 10.0) -> None:
+    """A DLQ copy (capped at dlq_max_value_bytes) plus its provenance must fit the DLQ topic's record limit, or a
+    large malformed record would fail its batch for good."""
+    admin = kafka_clients.admin(settings)  # held: a collected client fails its pending futures
+    res = ConfigResource(ResourceType.TOPIC, settings.dlq_topic)
+    limit = int(admin.describe_configs([res])[res].result(timeout)["max.message.bytes"].value)
+    need = settings.dlq_max_value_bytes + DLQ_OVERHEAD_BYTES
+    if limit < need:
+        raise PreflightError(f"the DLQ topic {settings.dlq_topic} accepts records up to {limit} bytes "
+                             f"(max.message.bytes), but a DLQ copy may need {need}: raise max.message.bytes on the "
+                             f"topic, or lower ONCEFLOW_DLQ_MAX_VALUE_BYTES to at most {limit - DLQ_OVERHEAD_BYTES}")
+
+
 def check_job(settings: Settings) -> dict:
     """Everything the streaming job needs before it may start; raises PreflightError/ConfigError."""
     broker_reachable(settings)
     problems = topics.check(settings)
     if problems:
         raise PreflightError("; ".join(problems))
+    dlq_fits(settings)
     broker_max = broker_transaction_max_timeout_ms(settings)
     check_transaction_timeout(settings.transaction_timeout_ms, broker_max)
     return {"broker_transaction_max_timeout_ms": broker_max}

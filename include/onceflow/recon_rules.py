@@ -32,6 +32,7 @@ class BatchRow:
     end: int
     batch: int
     late_wm_ms: int
+    max_ahead_ms: int | None = None   # the batch's event-time skew rule (None: none, as in older batches)
 
 
 def select_batches(entries: Sequence[LedgerEntry], first: int | None = None, last: int | None = None,
@@ -53,7 +54,7 @@ def select_batches(entries: Sequence[LedgerEntry], first: int | None = None, las
 
 def batch_rows(selected: Sequence[LedgerEntry], all_entries: Sequence[LedgerEntry]) -> list[BatchRow]:
     wm = {e.batch: e.watermark_ms for e in all_entries}
-    return [BatchRow(p, s, end, e.batch, wm.get(e.batch - 1, 0))
+    return [BatchRow(p, s, end, e.batch, wm.get(e.batch - 1, 0), e.max_event_ahead_ms)
             for e in selected for p, (s, end) in sorted(e.ranges.items()) if end > s]
 
 
@@ -142,12 +143,21 @@ def coverage_check(rep: CoverageReport, cap: int = 50) -> Check:
 
 
 def accounting_check(total: int, counted_in_sink: int, late: int, malformed_in_dlq: int, pending: int,
-                     spark_dropped: dict[int, int] | None, late_groups: dict[int, int]) -> Check:
+                     spark_dropped: dict[int, int] | None, late_groups: dict[int, int],
+                     late_threshold: float = 1.0) -> Check:
     """I2: every source record of the range is counted in a sink window, late, malformed (in the DLQ), or still
-    pending in a window that is not final yet; each term measured on its own."""
+    pending in a window that is not final yet; each term measured on its own. A range where more than
+    `late_threshold` of the valid records were late fails too: the books balance, but "everything is late" (a
+    watermark run ahead of the input) is never a healthy history."""
+    valid = total - malformed_in_dlq
+    late_fraction = round(late / valid, 4) if valid > 0 else 0.0
     figures = {"source_records": total, "counted_in_sink": counted_in_sink, "late": late,
-               "malformed_in_dlq": malformed_in_dlq, "pending": pending}
+               "malformed_in_dlq": malformed_in_dlq, "pending": pending, "late_fraction": late_fraction}
     diffs = []
+    if valid > 0 and late_fraction > late_threshold:
+        diffs.append({"kind": "late_fraction", "late": late, "valid": valid,
+                      "detail": f"{late} of the {valid} valid records ({100 * late_fraction:.0f}%) were late, above "
+                                f"{100 * late_threshold:.0f}%: the watermark ran ahead of the input"})
     balance = counted_in_sink + late + malformed_in_dlq + pending - total
     if balance:
         diffs.append({"kind": "unbalanced", "detail": f"counted {counted_in_sink} + late {late} + malformed "

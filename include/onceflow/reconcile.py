@@ -89,17 +89,20 @@ def _bounded(spark, settings, topic, selected, all_entries, isolation="read_comm
 
 # ---------------------------------------------------------------------------- the source pass
 def classified_source(spark: SparkSession, settings: Settings, selected: list[LedgerEntry],
-                      all_entries: list[LedgerEntry]) -> DataFrame:
+                      all_entries: list[LedgerEntry], quarantine: list = ()) -> DataFrame:
     """The range's source records with their batch, late-row watermark, window and classification."""
     ranges = rr.source_ranges(selected)
     raw = read_kafka(spark, settings, settings.source_topic, {p: s for p, (s, _) in ranges.items()},
-                     {p: e for p, (_, e) in ranges.items()})
+                     {p: e for p, (_, e) in ranges.items()}).select("value", "topic", "partition", "offset",
+                                                                     "timestamp")
     rows = rr.batch_rows(selected, all_entries)
-    table = spark.createDataFrame([(r.partition, r.start, r.end, r.batch, r.late_wm_ms) for r in rows],
-                                  "p int, s long, e long, batch long, late_wm_ms long")
-    parsed = parsing.classify(raw.select("value", "topic", "partition", "offset", "timestamp"))
-    joined = parsed.join(F.broadcast(table), (parsed["partition"] == table["p"]) & (parsed["offset"] >= table["s"])
-                         & (parsed["offset"] < table["e"]), "inner")
+    table = spark.createDataFrame([(r.partition, r.start, r.end, r.batch, r.late_wm_ms, r.max_ahead_ms)
+                                   for r in rows],
+                                  "p int, s long, e long, batch long, late_wm_ms long, max_ahead_ms long")
+    # each record is classified with the rules of the batch that read it (its skew limit, the quarantine)
+    with_batch = raw.join(F.broadcast(table), (raw["partition"] == table["p"]) & (raw["offset"] >= table["s"])
+                          & (raw["offset"] < table["e"]), "inner")
+    joined = parsing.classify(with_batch, F.col("max_ahead_ms"), quarantine)
     w_ms = settings.window_s * 1000
     ts_ms = F.unix_millis("ts")
     start = (F.floor(ts_ms / w_ms) * w_ms).cast("long")
@@ -134,7 +137,8 @@ def carry_path(settings: Settings, batch: int) -> Path:
     return home(settings) / "carry" / f"b{batch}.parquet"
 
 
-def carry_in(spark: SparkSession, settings: Settings, entries: list[LedgerEntry], a: int) -> DataFrame:
+def carry_in(spark: SparkSession, settings: Settings, entries: list[LedgerEntry], a: int,
+             quarantine: list = ()) -> DataFrame:
     """Windows still open after batch a-1, with the counts of the records read before a: the previous run's
     carry-out, or (no previous run) one pass over the batches before a, done now and kept."""
     empty = spark.createDataFrame([], "window_start_ms long, ip string, n long")
@@ -144,7 +148,7 @@ def carry_in(spark: SparkSession, settings: Settings, entries: list[LedgerEntry]
     path = carry_path(settings, a - 1)
     if not path.exists():
         log.info("no carry for batch %d: reading batches %d..%d once", a - 1, before[0].batch, a - 1)
-        src = classified_source(spark, settings, before, entries)
+        src = classified_source(spark, settings, before, entries, quarantine)
         keys = with_emission(spark, contributions(src), entries, settings.window_s)
         save_carry(settings, keys.where(F.col("emit_batch").isNull() | (F.col("emit_batch") > a - 1))
                    .select("window_start_ms", "ip", "n"), a - 1)
@@ -165,21 +169,21 @@ def run(spark: SparkSession, settings: Settings, first: int | None = None, last:
         since_ms: int | None = None, until_ms: int | None = None, with_gx: bool = True) -> rr.Result:
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     t0 = int(time.time() * 1000)
-    entries = audit.ledger_entries(settings)
+    snap = audit.snapshot(settings)  # a consistent cut: a running job's later batches are left out
+    entries, quarantine = snap.entries, audit.quarantined(snap.records)
     selected = rr.select_batches(entries, first, last, since_ms, until_ms)
     res = rr.Result(app=settings.app_id, run_id=uuid.uuid4().hex[:12],
                     first_batch=selected[0].batch if selected else None,
                     last_batch=selected[-1].batch if selected else None,
                     ranges=rr.source_ranges(selected), started_ms=t0)
-    parts = sorted({p for e in entries for p in e.ranges}) or list(range(settings.source_partitions))
-    res.checks.append(rr.coverage_check(check_coverage(entries, audit.committed_offsets(settings, parts),
+    res.checks.append(rr.coverage_check(check_coverage(entries, snap.committed.offsets or None,
                                                         starting_offsets(settings))))
     if not selected:
         res.checks.append(rr.Check("range", rr.SKIP, "no committed batch in the requested range"))
         res.finished_ms = int(time.time() * 1000)
         return res
     a, b = selected[0].batch, selected[-1].batch
-    src = classified_source(spark, settings, selected, entries).cache()
+    src = classified_source(spark, settings, selected, entries, quarantine).cache()
     totals = src.agg(F.count(F.lit(1)).alias("total"),
                      F.sum(F.col("reason").isNotNull().cast("long")).alias("malformed"),
                      F.sum(F.col("late").cast("long")).alias("late")).first()
@@ -189,7 +193,7 @@ def run(spark: SparkSession, settings: Settings, first: int | None = None, last:
                    .distinct().groupBy("batch").agg(F.count(F.lit(1)).alias("n")).collect()}
 
     contrib = contributions(src).withColumn("from_range", F.col("n"))
-    prior = carry_in(spark, settings, entries, a).withColumn("from_range", F.lit(0).cast("long"))
+    prior = carry_in(spark, settings, entries, a, quarantine).withColumn("from_range", F.lit(0).cast("long"))
     keys = (contrib.unionByName(prior).groupBy("window_start_ms", "ip")
             .agg(F.sum("n").alias("n"), F.sum("from_range").alias("from_range")))
     keys = with_emission(spark, keys, entries, settings.window_s).cache()
@@ -259,7 +263,7 @@ def _results(expected, sink, selected, totals, late_groups, pending, settings, d
     i3.figures["foreign_records"] = sink.where(F.col("batch").isNull()).count()
     counted_in_sink = int((figs["sink_counted"] or 0) - (figs["carried_in"] or 0))
     i2 = rr.accounting_check(totals["total"], counted_in_sink, int(totals["late"] or 0), dlq_records, int(pending),
-                             spark_dropped(settings, selected), late_groups)
+                             spark_dropped(settings, selected), late_groups, settings.late_fraction_threshold)
     i2.figures["malformed_by_parser"] = int(totals["malformed"] or 0)
     return [i2, i3]
 
@@ -324,6 +328,10 @@ def spark_dropped(settings: Settings, selected: list[LedgerEntry]) -> dict[int, 
         except ValueError:
             continue
         if d.get("app") != settings.app_id or d.get("type") != "progress":
+            continue
+        if "ledger_batch" in d:  # the job names the ledger batch and the decision (a catch-up writes nothing)
+            if d.get("decision") == "write" and any(e.batch == d["ledger_batch"] for e in selected):
+                got[d["ledger_batch"]] = int(d.get("rows_dropped_by_watermark") or 0)
             continue
         cands = [e for e in by_spark.get(d.get("batch"), []) if e.commit_time_ms <= d["ts_ms"]]
         if cands:

@@ -7,8 +7,16 @@ reconciliation can recount the source independently of Spark and compare.
 Accepted forms (DESIGN.md section 2):
 - NGINX combined log line: `IP - user [dd/Mon/yyyy:HH:mm:ss +zzzz] "request" status bytes "referer" "agent"`
 - JSON object: `{"ts": <epoch ms, as a JSON integer or a string of digits, or ISO-8601>, "ip": "<IPv4|IPv6>"}`
-Anything else is malformed, with one of the REASON_* codes. IPs are validated textually; IPv6 keys are
-lower-cased but not otherwise canonicalised (`2001:db8::1` and `2001:db8:0::1` are different keys).
+Anything else is malformed, with one of the REASON_* codes. IPs are validated textually and counted under
+their canonical text form (RFC 5952: `2001:DB8::1` and `2001:db8:0:0::1` are one key, `2001:db8::1`).
+
+Two rules depend on more than the record's bytes, and both take their inputs from the record itself, so every
+reader (the job, a replay, this reference parser, reconciliation, backfills) reaches the same verdict:
+- an event time more than `max_ahead_ms` after the Kafka record's own timestamp is quarantined
+  (`timestamp_ahead`): a client with a broken clock must not move the watermark ahead and turn every later record
+  late. The wall clock of whoever processes the record plays no part.
+- an operator can quarantine source offsets whose output can never be delivered (`quarantined`, see
+  docs/operations.md): they go to the DLQ with their provenance only.
 """
 from __future__ import annotations
 
@@ -49,6 +57,8 @@ ISO_TS_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6
 MIN_TS_MS = 0                      # 1970-01-01T00:00:00Z
 MAX_TS_MS = 4_102_444_800_000      # 2100-01-01T00:00:00Z (exclusive)
 MAX_RECORD_BYTES = 64 * 1024
+# The version of these rules; recorded with every batch (ledger) and part of a backfill's identity.
+RULES_VERSION = 2
 
 REASON_EMPTY = "empty"
 REASON_TOO_LARGE = "too_large"
@@ -58,8 +68,10 @@ REASON_BAD_TS = "bad_timestamp"
 REASON_TS_RANGE = "timestamp_out_of_range"
 REASON_BAD_IP = "bad_ip"
 REASON_UNRECOGNIZED = "unrecognized_format"
+REASON_TS_AHEAD = "timestamp_ahead"
+REASON_QUARANTINED = "quarantined"
 REASONS = (REASON_EMPTY, REASON_TOO_LARGE, REASON_NOT_UTF8, REASON_BAD_JSON, REASON_BAD_TS, REASON_TS_RANGE,
-           REASON_BAD_IP, REASON_UNRECOGNIZED)
+           REASON_BAD_IP, REASON_UNRECOGNIZED, REASON_TS_AHEAD, REASON_QUARANTINED)
 
 _MONTHS = {m: i + 1 for i, m in enumerate(
     ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"])}
@@ -93,11 +105,59 @@ def sink_key(window_start_us_: int, ip: str) -> str:
 
 
 # ---------------------------------------------------------------------------- reference implementation
-def _valid_ip(candidate: object) -> str | None:
+_IPV4_FULL = re.compile(IPV4 + r"\Z")
+_HEXTET = re.compile(r"[0-9a-f]{1,4}\Z")
+
+
+def canonical_ip(candidate: object) -> str | None:
+    """The canonical text of a valid IPv4 or IPv6 address (RFC 5952), else None: one address, one key.
+
+    IPv4 stays as it is (dotted decimal, no leading zeros). IPv6: lower-case hex, no leading zeros in a group,
+    the longest run of two or more zero groups written `::` (the first of equally long runs), a single zero
+    group written `0`; an IPv4-mapped address (::ffff:0:0/96) keeps its last 32 bits dotted (section 5), every
+    other address is pure hex. A dotted IPv4 may end any IPv6 spelling (`::ffff:1.2.3.4`, `64:ff9b::1.2.3.4`).
+    Zone ids (`%eth0`) are not addresses. `onceflow.parsing.canonical_ip_column` is the same rule in Spark SQL."""
     if not isinstance(candidate, str):
         return None
-    ip = candidate.lower()
-    return ip if re.match(IP_RE, ip) else None
+    s = candidate.lower()
+    if _IPV4_FULL.match(s):
+        return s
+    if ":" not in s:
+        return None
+    if "." in s:  # an embedded IPv4 in the last 32 bits: two hex groups
+        head, _, v4 = s.rpartition(":")
+        if not _IPV4_FULL.match(v4):
+            return None
+        a, b, c, d = (int(x) for x in v4.split("."))
+        s = f"{head}:{(a << 8) | b:x}:{(c << 8) | d:x}"
+    halves = s.split("::")
+    if len(halves) > 2:
+        return None
+    if len(halves) == 2:
+        left = halves[0].split(":") if halves[0] else []
+        right = halves[1].split(":") if halves[1] else []
+        if len(left) + len(right) > 7:
+            return None
+        groups = left + ["0"] * (8 - len(left) - len(right)) + right
+    else:
+        groups = s.split(":")
+    if len(groups) != 8 or not all(_HEXTET.match(g) for g in groups):
+        return None
+    return _render_ipv6([int(g, 16) for g in groups])
+
+
+def _render_ipv6(v: list[int]) -> str:
+    if v[:5] == [0] * 5 and v[5] == 0xFFFF:
+        return f"::ffff:{v[6] >> 8}.{v[6] & 255}.{v[7] >> 8}.{v[7] & 255}"
+    best, best_len, run = 0, 0, 0
+    for i, x in enumerate(v):
+        run = run + 1 if x == 0 else 0
+        if run > best_len:
+            best, best_len = i - run + 1, run
+    h = [f"{x:x}" for x in v]
+    if best_len < 2:
+        return ":".join(h)
+    return ":".join(h[:best]) + "::" + ":".join(h[best + best_len:])
 
 
 def _java_full(pattern: str, s: str) -> bool:
@@ -134,8 +194,26 @@ def _in_range(ts_us: int) -> bool:
     return MIN_TS_MS * 1000 <= ts_us < MAX_TS_MS * 1000
 
 
-def parse(value: bytes | None) -> Parsed:
-    """Classify one source record exactly as the streaming job does."""
+def ahead(ts_us: int, record_ts_ms: int | None, max_ahead_ms: int | None) -> bool:
+    """Is the event time more than `max_ahead_ms` after the Kafka record's timestamp? (No rule without both.)"""
+    if record_ts_ms is None or max_ahead_ms is None:
+        return False
+    return ts_us // 1000 > record_ts_ms + max_ahead_ms
+
+
+def parse(value: bytes | None, record_ts_ms: int | None = None, max_ahead_ms: int | None = None,
+          quarantined: bool = False) -> Parsed:
+    """Classify one source record exactly as the streaming job does (`record_ts_ms`: the Kafka record's
+    timestamp; `quarantined`: the operator quarantined its offset)."""
+    if quarantined:
+        return Parsed(reason=REASON_QUARANTINED)
+    parsed = _parse_value(value)
+    if parsed.ok and ahead(parsed.ts_us, record_ts_ms, max_ahead_ms):
+        return Parsed(reason=REASON_TS_AHEAD)
+    return parsed
+
+
+def _parse_value(value: bytes | None) -> Parsed:
     if value is None or len(value) == 0:
         return Parsed(reason=REASON_EMPTY)
     if len(value) > MAX_RECORD_BYTES:
@@ -169,7 +247,7 @@ def parse(value: bytes | None) -> Parsed:
             return Parsed(reason=REASON_BAD_TS)
         if not _in_range(ts_us):
             return Parsed(reason=REASON_TS_RANGE)
-        ip = _valid_ip(obj.get("ip"))
+        ip = canonical_ip(obj.get("ip"))
         if ip is None:
             return Parsed(reason=REASON_BAD_IP)
         return Parsed(ts_us=ts_us, ip=ip)
@@ -181,7 +259,7 @@ def parse(value: bytes | None) -> Parsed:
         return Parsed(reason=REASON_BAD_TS)
     if not _in_range(ts_us):
         return Parsed(reason=REASON_TS_RANGE)
-    ip = _valid_ip(m.group(1))
+    ip = canonical_ip(m.group(1))
     if ip is None:
         return Parsed(reason=REASON_BAD_IP)
     return Parsed(ts_us=ts_us, ip=ip)

@@ -311,7 +311,7 @@ def plan_restore(m: Manifest, rt: Runtime, facts: RestoreFacts, allow_rewind: bo
                                  f"{c.offsets} differ from the savepoint's {m.end_offsets}")
         catch_up = None
         epoch = Epoch(epoch=epoch_no, ledger_shift=shift_old, spark_batch_from=nxt, savepoint_id=m.id,
-                      restored_ms=facts.now_ms)
+                      restored_ms=facts.now_ms, prior_shift=shift_old)
         skipped: dict[int, tuple[int, int]] = {}
         notes.append("the sink stands at the savepoint: the job continues with the next batch")
     else:
@@ -334,7 +334,8 @@ def plan_restore(m: Manifest, rt: Runtime, facts: RestoreFacts, allow_rewind: bo
         catch_up = CatchUp(spark_batch=nxt, ledger_from=m.ledger_batch + 1, ledger_to=c.batch, start=start,
                            end=dict(c.offsets), watermark_ms=sink.watermark_ms, batch_ts_ms=sink.batch_ts_ms)
         epoch = Epoch(epoch=epoch_no, ledger_shift=c.batch - nxt, spark_batch_from=nxt, catch_up_spark_batch=nxt,
-                      catch_up_from=m.ledger_batch + 1, savepoint_id=m.id, restored_ms=facts.now_ms)
+                      catch_up_from=m.ledger_batch + 1, savepoint_id=m.id, restored_ms=facts.now_ms,
+                      prior_shift=shift_old)
         skipped = {p: (start[p], c.offsets[p]) for p in sorted(start)}
         notes.append(f"the sink is {c.batch - m.ledger_batch} batch(es) ahead: Spark batch {nxt} re-reads "
                      f"{catch_up.records} records of ledger batches {m.ledger_batch + 1}..{c.batch} to rebuild "

@@ -21,10 +21,10 @@ from datetime import datetime, timezone
 import fsspec
 from confluent_kafka import TopicPartition
 
-from . import events as ev, jobctl, kafka_clients, retention
-from .checkpoint import EPOCH_FILE, Epoch, parse_offsets_file, render_offsets_file
+from . import events as ev, jobctl, kafka_clients, ledger_reader, ledger_writes, retention
+from .checkpoint import (EPOCH_FILE, QUARANTINE_FILE, Epoch, parse_offsets_file, render_offsets_file,
+                         render_quarantine)
 from .config import Settings
-from .exactly_once import close_quietly, find_ledger_entry
 from .ledger import Committed, RestoreRecord
 from .savepoint_rules import (DATA_DIR, MANIFEST, FileEntry, Manifest, RestoreFacts, RestorePlan, Runtime,
                               SavepointError, cut_problems, file_problems, in_cut, incompatibilities, log_batches,
@@ -132,7 +132,7 @@ def _ledger_entry(settings: Settings, batch: int | None, wait_s: float = 15.0):
     deadline = time.monotonic() + wait_s
     try:
         while True:
-            found = find_ledger_entry(c, settings, batch)
+            found = ledger_reader.find_entry(c, settings, batch)
             if found is not None or time.monotonic() >= deadline:
                 return found
             time.sleep(0.5)
@@ -354,25 +354,24 @@ def restore(settings: Settings, sp_id: str, allow_rewind: bool = False, dry_run:
     if other is not None:
         raise SavepointError(f"a driver of app {settings.app_id} committed batch {other.get('batch')} recently "
                              f"from {other.get('host')} pid {other.get('pid')}: stop it before restoring")
-    plan = check_restore(settings, sp_id, allow_rewind)
-    m = plan.manifest
     if dry_run:
-        return plan
+        return check_restore(settings, sp_id, allow_rewind)
 
-    producer = kafka_clients.transactional_producer(settings, settings.transactional_id)
+    from . import audit
+
+    # Fence first: a zombie driver of the app can no longer commit, so the facts read next stay true.
+    writer = ledger_writes.app_writer(settings)
     try:
-        producer.init_transactions(60)  # fences any zombie driver before the checkpoint changes under it
-        moved = _swap_in(settings, m, plan)
+        plan = check_restore(settings, sp_id, allow_rewind)
+        m = plan.manifest
+        moved = _swap_in(settings, m, plan, audit.quarantined(audit.ledger_records(settings)))
         try:
-            producer.begin_transaction()
-            producer.produce(settings.ledger_topic, key=settings.app_id.encode(), value=plan.record.to_json(),
-                             headers=[("onceflow.app", settings.app_id.encode()), ("onceflow.kind", b"restore")])
-            producer.commit_transaction(60)
+            ledger_writes.commit_record(writer, settings, plan.record.to_json(), "restore")
         except BaseException:
             _swap_back(settings, moved)
             raise
     finally:
-        close_quietly(producer)
+        writer.close()
     if bus is not None:
         bus.emit(SAVEPOINT_RESTORED, logging.WARNING, flush=True, **plan.summary(),
                  replaced_checkpoint=moved)
@@ -380,9 +379,9 @@ def restore(settings: Settings, sp_id: str, allow_rewind: bool = False, dry_run:
     return plan
 
 
-def _swap_in(settings: Settings, m: Manifest, plan: RestorePlan) -> str | None:
-    """Move the current checkpoint aside and put the savepoint's copy (plus onceflow's epoch file, plus the
-    catch-up batch's offsets file) in its place."""
+def _swap_in(settings: Settings, m: Manifest, plan: RestorePlan, quarantine=()) -> str | None:
+    """Move the current checkpoint aside and put the savepoint's copy (plus onceflow's epoch file, the
+    catch-up batch's offsets file and every quarantine the ledger records) in its place."""
     ckpt = Store(settings.checkpoint)
     moved = None
     if ckpt.exists():
@@ -394,6 +393,7 @@ def _swap_in(settings: Settings, m: Manifest, plan: RestorePlan) -> str | None:
         for rel in sorted(src.files()):
             ckpt.write(rel, src.read(rel))
         ckpt.write(EPOCH_FILE, plan.epoch.to_json().encode())
+        ckpt.write(QUARANTINE_FILE, render_quarantine(quarantine).encode())
         c = plan.catch_up
         if c is not None:
             template = src.read(f"offsets/{m.spark_batch}").decode()

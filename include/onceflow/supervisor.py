@@ -17,7 +17,8 @@ from . import events as ev, launcher, procs
 from .config import Settings
 
 log = logging.getLogger(__name__)
-NO_RESTART = {0: "stopped", 2: "misconfiguration", 3: "fenced by a newer instance", 4: "divergent history"}
+NO_RESTART = {0: "stopped", 2: "misconfiguration", 3: "fenced by a newer instance", 4: "divergent history",
+              5: "another instance holds the app's lock on this machine"}
 JOB_MARKER = str(launcher.JOB_SCRIPT)
 ARGV_ENV = "ONCEFLOW_SUBMIT_ARGV"  # a JSON list: the spark-submit command built by the deployer
 
@@ -32,6 +33,16 @@ def supervisor_pidfile(settings: Settings):
 
 def job_log(settings: Settings):
     return settings.log_dir / f"{settings.app_id}.log"
+
+
+def exit_file(settings: Settings):
+    """Why supervision ended (exit code and reason): health pages instead of restarting what a restart cannot fix."""
+    return settings.run_dir / f"{settings.app_id}.exit.json"
+
+
+def _ended(settings: Settings, rc: int, reason: str) -> int:
+    ev.write_status(exit_file(settings), {"exit_code": rc, "reason": reason, "ts_ms": int(time.time() * 1000)})
+    return rc
 
 
 def driver_pid(settings: Settings, launcher_pid: int) -> int | None:
@@ -79,19 +90,19 @@ def supervise(settings: Settings, bus: ev.EventBus | None = None) -> int:
                             restarts=restarts)
         rc = proc.wait()
         if stopping.is_set():
-            return 0
+            return _ended(settings, 0, "stopped")
         if rc in NO_RESTART:
             if rc != 0:
                 bus.emit(ev.SUPERVISOR_GAVE_UP, logging.ERROR, flush=True, exit_code=rc, reason=NO_RESTART[rc],
                          log=str(job_log(settings)))
-            return rc
+            return _ended(settings, rc, NO_RESTART[rc])
         failures = 1 if _committed_since(settings, started_ms) else failures + 1
         if failures > settings.restart_attempts:
             bus.emit(ev.SUPERVISOR_GAVE_UP, logging.ERROR, flush=True, exit_code=rc, attempts=failures - 1,
                      reason="restart attempts exhausted", log=str(job_log(settings)))
-            return rc
+            return _ended(settings, rc, "restart attempts exhausted")
         restarts += 1
         bus.emit(ev.SUPERVISOR_RESTART, logging.WARNING, exit_code=rc, attempt=failures,
                  max_attempts=settings.restart_attempts, delay_s=settings.restart_delay_s, restarts=restarts)
         if stopping.wait(settings.restart_delay_s):
-            return 0
+            return _ended(settings, 0, "stopped")

@@ -26,6 +26,7 @@ class OpenTxn:
     first_ts_ms: int | None
     app: str | None          # from the record's onceflow.app header, when a onceflow producer wrote it
     batch: str | None
+    backfill: str | None = None  # from the onceflow.backfill header: a backfill's chunk
 
 
 def open_transactions(settings: Settings, topics: list[str]) -> list[OpenTxn]:
@@ -47,7 +48,8 @@ def open_transactions(settings: Settings, topics: list[str]) -> list[OpenTxn]:
             out.append(OpenTxn(key[0], key[1], stable, hw[key],
                                first.timestamp()[1] if first is not None else None,
                                headers.get("onceflow.app", b"").decode() or None,
-                               headers.get("onceflow.batch", b"").decode() or None))
+                               headers.get("onceflow.batch", b"").decode() or None,
+                               headers.get("onceflow.backfill", b"").decode() or None))
     finally:
         reader.close()
     return out
@@ -78,8 +80,12 @@ def hanging(txns: list[OpenTxn], now_ms: int, timeout_ms: int) -> list[alerts.Co
         age = now_ms - t.first_ts_ms
         if age <= timeout_ms:
             continue
-        who = f"app {t.app} (transactional.id onceflow.{t.app}, batch {t.batch})" if t.app else \
-            "a producer that is not onceflow (no onceflow.app header)"
+        if t.backfill:
+            who = f"backfill {t.backfill} of app {t.app} (transactional.id onceflow.{t.app}.backfill.{t.backfill})"
+        elif t.app:
+            who = f"app {t.app} (transactional.id onceflow.{t.app}, batch {t.batch})"
+        else:
+            who = "a producer that is not onceflow (no onceflow.app header)"
         out.append(alerts.Condition(
             key=f"txn_watch:hanging:{t.topic}:{t.partition}", severity=alerts.CRITICAL,
             summary=f"hanging transaction on {t.topic}[{t.partition}]: open for {age / 1000:.0f} s "
@@ -87,7 +93,8 @@ def hanging(txns: list[OpenTxn], now_ms: int, timeout_ms: int) -> list[alerts.Co
                     f"offset {t.lso} (high watermark {t.high_watermark})",
             action=f"if that producer is gone for good, abort the transaction: kafka-transactions.sh "
                    f"--bootstrap-server <brokers> abort --topic {t.topic} --partition {t.partition} "
-                   f"--start-offset {t.lso}; if it is onceflow, restart the job (init_transactions aborts it)",
+                   f"--start-offset {t.lso}; if it is onceflow, restart the job or re-run the backfill (its "
+                   f"init_transactions aborts it)",
             details={"topic": t.topic, "partition": t.partition, "age_ms": age, "lso": t.lso,
                      "high_watermark": t.high_watermark, "app": t.app, "batch": t.batch}))
     return out
@@ -154,7 +161,10 @@ def watch(settings: Settings, sink: alerts.AlertSink, now_ms: int | None = None)
     """One run of the transaction watch: returns what it found and the alerts it sent."""
     now_ms = now_ms or int(time.time() * 1000)
     evs = new_events(settings, {ev.TRANSACTION_TIMEOUT, ev.TRANSACTION_NEAR_TIMEOUT})
-    txns = open_transactions(settings, [settings.sink_topic, settings.dlq_topic])
+    # every topic the platform writes in transactions: the job's sink, DLQ and ledger (shared with restores and
+    # backfills, whose open chunk would hide the job's own records), and the backfills' target
+    txns = open_transactions(settings, [settings.sink_topic, settings.dlq_topic, settings.ledger_topic,
+                                        settings.backfill_topic])
     hang = hanging(txns, now_ms, settings.transaction_timeout_ms)
     sent = sink.raise_and_resolve(event_conditions(evs), "txn_watch", scope_prefix="txn_watch:event:")
     sent += sink.raise_and_resolve(hang, "txn_watch", scope_prefix="txn_watch:hanging:")

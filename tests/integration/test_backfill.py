@@ -98,3 +98,54 @@ def test_backfill_validates_resumes_after_kill9_and_writes_each_window_once(app,
     with pytest.raises(BackfillError, match="other parameters"):
         backfill.validate(s, spec(chunk_size=300))
     assert not procs.read_pidfile(backfill.registry(s) / "bf1.json")
+
+
+def test_two_runs_of_one_backfill_never_write_a_chunk_twice(app, spark, tmp_path):
+    """Run A fences, reads its progress and computes, then waits; run B of the same id overtakes it and writes
+    every chunk. A must not write them again: it checks, before each chunk, that the group's last committed
+    chunk is the one before it (and its producer is fenced anyway)."""
+    from .helpers import wait_event
+
+    s = app()
+    sent = produce(s, tmp_path / "m.csv", count=6000, event_rate=1000, distinct_ips=200, seed=62)
+    ends = end_offsets(sent)
+    start = {p: 0 for p in ends}
+    env = launcher.submit_env(s) | {"ONCEFLOW_FAULT": "stall_before_chunks@0:25"}
+    a = subprocess.Popen([sys.executable, "-m", "onceflow.cli", "backfill", "--id", "twice", "--start-offsets",
+                          json.dumps(start), "--end-offsets", json.dumps(ends), "--chunk-size", "100"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_event(s, backfill.BACKFILL_STARTED, timeout=180)  # A is past its progress read, waiting
+        b = backfill.run(spark, s, backfill.spec_from(s, "twice", start, ends, chunk_size=100))
+        _, err = a.communicate(timeout=180)
+    finally:
+        if a.poll() is None:
+            a.kill()
+    assert b["written_chunks"] == b["chunks"] and b["already_committed_chunks"] == 0
+    assert a.returncode != 0 and "another run committed chunk" in err, err[-2000:]
+    out = written(s, s.backfill_topic)
+    assert len(out) == len({m.key for m in out}) == b["windows"]
+    assert {m.key.decode(): json.loads(m.value)["count"] for m in out} == expected_windows(s, sent)
+
+
+def test_a_time_range_backfill_resumes_after_the_source_grew(app, spark, tmp_path):
+    """The range [since, until) reaches past the source's end when the backfill first runs: it resolves to the end
+    of the log then, and a resumed run keeps that resolution (and its identity) however much arrives since."""
+    s = app()
+    since = int(time.time() * 1000) - 1000
+    sent = produce(s, tmp_path / "a.csv", count=4000, event_rate=1000, distinct_ips=200, seed=63)
+    until = int(time.time() * 1000) + 3_600_000
+    argv = [sys.executable, "-m", "onceflow.cli", "backfill", "--id", "by-time", "--since", str(since), "--until",
+            str(until), "--chunk-size", "100"]
+    env = launcher.submit_env(s) | {"ONCEFLOW_FAULT": "crash_in_chunk@2"}
+    proc = subprocess.run(argv, env=env, capture_output=True, timeout=300, start_new_session=True)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert [e.batch for e in backfill_ledger(s)] == [0, 1]
+    produce(s, tmp_path / "b.csv", count=2000, event_rate=1000, distinct_ips=200, seed=64,
+            start_ms=1_795_000_100_000)  # more records inside [since, until) by their Kafka timestamps
+    spec = backfill.spec_from(s, "by-time", since=str(since), until=str(until), chunk_size=100)
+    resumed = backfill.run(spark, s, spec)
+    assert resumed["already_committed_chunks"] == 2 and resumed["end"] == end_offsets(sent), resumed
+    out = written(s, s.backfill_topic)
+    assert len(out) == len({m.key for m in out})
+    assert {m.key.decode(): json.loads(m.value)["count"] for m in out} == expected_windows(s, sent)

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from onceflow import deploy, kafka_clients
+from onceflow import audit, deploy, kafka_clients
 from onceflow import events as ev
 
 pytestmark = pytest.mark.integration
@@ -20,8 +20,35 @@ def test_preflight_refuses_when_another_driver_committed_recently(app):
     p.flush(10)
     with pytest.raises(deploy.DeployError, match="another driver of app .* committed batch 17 .* from elsewhere"):
         deploy.preflight_checks(s)
-    # An old commit from elsewhere is history, not a live driver.
-    assert deploy.live_elsewhere(s, within_s=0.001) is None
+    # An old commit from elsewhere is history, not a live driver: its record is read (written just now) but the
+    # commit it reports is ten minutes old.
+    old = app()
+    p.produce(old.events_topic, key=old.app_id.encode(), value=json.dumps(
+        other | {"app": old.app_id, "ts_ms": int(time.time() * 1000) - 600_000}).encode())
+    p.flush(10)
+    assert len(audit.read_topic(old, old.events_topic, since_ms=int(time.time() * 1000) - 60_000)) == 1
+    assert deploy.live_elsewhere(old) is None
+
+
+def test_two_concurrent_starts_launch_one_driver(app):
+    """Both pass preflight at once; only one may launch (the other's pid file would overwrite the first's)."""
+    import subprocess
+    import sys
+
+    from onceflow import jobctl, launcher
+
+    s = app()
+    env = launcher.submit_env(s)
+    procs_ = [subprocess.Popen([sys.executable, "-m", "onceflow.cli", "job", "start"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs_]
+    codes = sorted(p.returncode for p in procs_)
+    assert codes == [0, 2], outs
+    assert any("already running" in err for _, err in outs)
+    st = jobctl.status(s)
+    assert st["running"] and st["supervisor_pid"]
+    assert jobctl.stop(s)
+    assert not jobctl.status(s)["running"]
 
 
 def test_preflight_refuses_an_unwritable_checkpoint(app, tmp_path):

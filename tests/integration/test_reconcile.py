@@ -117,3 +117,29 @@ def test_a_missing_dlq_record_is_named(history, spark):
     assert dlq.status == FAIL
     assert [(d["partition"], d["offset"]) for d in dlq.differences if d["kind"] == "dlq_missing"] == [where]
     assert res.check("I2_accounting").status == FAIL  # one record unaccounted for
+
+
+def test_a_running_job_reconciles_green_while_it_commits(app, spark, tmp_path):
+    """Input flowing, batches committing during the run: the reconciliation reads a consistent cut (the group's
+    position first, then the ledger up to it), so a batch committed meanwhile is neither a gap nor foreign."""
+    import threading
+
+    from onceflow import procs
+
+    s = app(max_offsets_per_trigger=1500)
+    fed: dict = {}
+    done = threading.Event()
+    feeder = threading.Thread(target=lambda: fed.update(sent=produce(
+        s, tmp_path / "m.csv", stop=done, count=60_000, rate=400, event_rate=400, distinct_ips=200, late_fraction=0.02,
+        malformed_fraction=0.02, seed=52, start_ms=1_795_000_000_000)), daemon=True)
+    jobctl.start(s)
+    feeder.start()
+    procs.wait_until(lambda: len(audit.ledger_entries(s)) >= 4, 180, what="a few committed batches")
+    for _ in range(2):
+        before = audit.ledger_entries(s)[-1].batch
+        res = reconcile.run(spark, s, with_gx=False)
+        assert res.ok and set(status(res).values()) == {PASS}, json.dumps(res.as_dict(), indent=1, default=str)
+        assert audit.ledger_entries(s)[-1].batch > before, "the job committed while the reconciliation ran"
+    done.set()
+    feeder.join(30)
+    assert jobctl.stop(s)

@@ -34,7 +34,7 @@ def checkpoint_listing(s) -> dict:
     return savepoints.Store(s.checkpoint).files()
 
 
-def test_savepoint_under_load_then_kill9_and_restore_latest_is_exact(app, tmp_path):
+def test_savepoint_under_load_then_kill9_and_restore_latest_is_exact(app, tmp_path, spark):
     s = app(max_offsets_per_trigger=2500, restart_attempts=10)
     feeder, fed = feed_in_background(s, tmp_path / "m.csv", count=50_000, rate=2500, event_rate=2500,
                                      distinct_ips=800, late_fraction=0.02, malformed_fraction=0.02, tail_s=30,
@@ -67,6 +67,13 @@ def test_savepoint_under_load_then_kill9_and_restore_latest_is_exact(app, tmp_pa
     after = [e for e in audit.ledger_entries(s) if e.batch > sink_batch]
     assert after and after[0].spark_batch == m.spark_batch + 2 and after[0].epoch == rec.epoch
     assert jobctl.stop(s)
+    # The whole history reconciles, across the restore: the catch-up batch's late rows are charged to no ledger
+    # batch (it wrote nothing), and each progress event names the ledger batch it belongs to.
+    from onceflow import reconcile
+
+    res = reconcile.run(spark, s, with_gx=False)
+    assert res.ok, json.dumps([c.__dict__ for c in res.failures()], default=str)
+    assert res.check("I2_accounting").figures["spark_rows_dropped_by_watermark"]
 
 
 def test_stop_with_savepoint_upgrade_continues_exact_and_damaged_savepoints_are_refused(app, tmp_path):

@@ -84,39 +84,95 @@ def test_timeout_event_absorbs_its_near_timeout_warning():
 
 def record(**kw):
     base = dict(app="a", ts_ms=1_000_000, running=True, job_pid=1, last_commit_age_s=5.0, partitions={},
-                total_lag=0, checkpoint_age_s=5.0, desired="running")
+                total_lag=0, checkpoint_age_s=5.0, desired="running", progress_age_s=5.0)
     return health.HealthRecord(**(base | kw))
 
 
 def test_health_assessment():
     s = config.load(env={}, app_id="a")
-    assert health.assess(record(), s) == [] 
+    assert health.assess(record(), s) == []
     down = health.assess(rec := record(running=False, job_pid=None), s)
     assert [c.key for c in down] == ["health:a:down"] and rec.status == health.FAILING
     stopped = health.assess(rec := record(running=False, job_pid=None, desired="stopped", total_lag=50), s)
     assert stopped == [] and rec.status == health.STOPPED  # stopped on purpose: not restarted, not alerted
     assert health.assess(record(running=False, job_pid=None, desired=None), s) == []  # never deployed
-    stalled = health.assess(record(total_lag=500, last_commit_age_s=999.0), s)
+    stalled = health.assess(record(total_lag=500, progress_age_s=999.0), s)
     assert [c.key for c in stalled] == ["health:a:stalled"]
-    idle = health.assess(record(total_lag=0, last_commit_age_s=9999.0, checkpoint_age_s=9999.0), s)
+    idle = health.assess(record(total_lag=0, progress_age_s=9999.0, checkpoint_age_s=9999.0), s)
     assert idle == []  # no input waiting: an idle job is healthy
     warn = health.assess(rec := record(partitions={"0": {"status": lag.WARN, "lag": 9, "trend": "growing"}}), s)
     assert [c.severity for c in warn] == [alerts.WARNING] and rec.status == health.DEGRADED
 
 
-def test_remediation_is_bounded(monkeypatch):
-    s = config.load(env={}, app_id="a", health_restart_attempts=2, health_restart_window_s=600)
+def test_a_job_that_just_started_or_runs_a_long_batch_is_not_stalled():
+    s = config.load(env={}, app_id="a", health_progress_threshold_s=120, health_batch_grace_s=600)
+    # progress is judged from the later of the last commit and the start: a job started 10 s ago is fine
+    assert health.assess(record(total_lag=500, last_commit_age_s=None, progress_age_s=10.0), s) == []
+    # a batch in progress (a catch-up after a restore) gets the grace on top of the threshold ...
+    assert health.assess(record(total_lag=500, progress_age_s=500.0, batch_running_s=500.0), s) == []
+    # ... and no more
+    late = health.assess(record(total_lag=500, progress_age_s=800.0, batch_running_s=800.0), s)
+    assert [c.key for c in late] == ["health:a:stalled"] and "batch running for 800.0 s" in late[0].summary
+
+
+def test_a_job_that_ended_for_good_pages_and_is_not_restarted():
+    s = config.load(env={}, app_id="a")
+    for code, why in ((3, "fenced"), (4, "divergent history"), (2, "misconfiguration")):
+        rec = record(running=False, job_pid=None, last_exit={"exit_code": code, "reason": why})
+        found = health.assess(rec, s)
+        assert [c.key for c in found] == ["health:a:not_restartable"] and why in found[0].summary
+        started = []
+        assert health.remediate(rec, found, s, 1_000_000, started.append) == [] and started == []
+    # a crash the supervisor gave up on (exit 1) is restarted
+    rec = record(running=False, job_pid=None, last_exit={"exit_code": 1, "reason": "restart attempts exhausted"})
+    assert [c.key for c in health.assess(rec, s)] == ["health:a:down"]
+
+
+def test_everything_late_and_a_watermark_off_the_clock_alert():
+    s = config.load(env={}, app_id="a", max_event_ahead_s=60, watermark_s=5)
+    now = 1_800_000_000_000
+    assert health.late_share([{"decision": "write", "input_rows": 100, "rows_dropped_by_watermark": 90,
+                               "state_rows_updated": 10},
+                              {"decision": "catch_up", "input_rows": 100, "rows_dropped_by_watermark": 0,
+                               "state_rows_updated": 500}]) == (0.9, 1)
+    assert health.late_share([{"input_rows": 5, "rows_dropped_by_watermark": 1, "state_rows_updated": 2}]) == (None, 1)
+    late = health.assess(record(ts_ms=now, watermark_ms=now - 10_000, late_fraction=0.9, late_batches=4), s)
+    assert [c.key for c in late] == ["health:a:late"] and "90%" in late[0].summary
+    ahead = health.assess(record(ts_ms=now, watermark_ms=now + 365 * 86_400_000), s)
+    assert [c.key for c in ahead] == ["health:a:watermark_ahead"]
+    assert health.assess(record(ts_ms=now, watermark_ms=now + 60_000), s) == []   # within the allowed skew
+    behind = health.assess(record(ts_ms=now, watermark_ms=now - 2 * 3600_000), s)
+    assert [c.key for c in behind] == ["health:a:event_time_lag"] and behind[0].severity == alerts.WARNING
+    # a backlog explains an old watermark
+    assert health.assess(record(ts_ms=now, watermark_ms=now - 2 * 3600_000, total_lag=10**7,
+                                progress_age_s=1.0), s) == []
+
+
+def test_remediation_is_bounded_and_never_changes_the_operators_intent(tmp_path):
+    """No stub of jobctl: the real stop runs (nothing is running in this var dir), and the desired state the
+    operator set must survive a restart by the health check, also one whose start fails."""
+    from onceflow import jobctl
+
+    s = config.load(env={}, app_id="a", var_dir=tmp_path, health_restart_attempts=2, health_restart_window_s=600)
+    jobctl._set_desired(s, "running")
     started = []
-    monkeypatch.setattr(health.jobctl, "stop", lambda *a, **k: False)
     lagging = record(partitions={"0": {"status": lag.WARN, "lag": 9, "trend": "growing"}})
     assert health.remediate(lagging, health.assess(lagging, s), s, 1_000_000, started.append) == []
     assert started == [] and lagging.action == "none"  # lag alone is alerted, not restarted
+
+    def failing_start(_):
+        raise RuntimeError("cannot reach the Kafka broker")
+
     rec = record(running=False, job_pid=None)
     found = health.assess(rec, s)
-    assert health.remediate(rec, found, s, 1_000_000, started.append) == [] and rec.action == "restarted"
-    assert health.remediate(rec, found, s, 1_100_000, started.append) == [] and len(started) == 2
-    paged = health.remediate(rec, found, s, 1_200_000, started.append)
-    assert [c.key for c in paged] == ["health:a:gave_up"] and len(started) == 2 and rec.action == "gave up"
+    paged = health.remediate(rec, found, s, 1_000_000, failing_start)
+    assert [c.key for c in paged] == ["health:a:restart_failed"] and "cannot reach" in paged[0].summary
+    assert rec.action == "restart failed" and rec.restarts == [1_000_000]
+    assert jobctl.desired_state(s) == "running"  # the operator's intent is untouched
+    assert health.remediate(rec, found, s, 1_100_000, started.append) == [] and rec.action == "restarted"
+    assert jobctl.desired_state(s) == "running" and len(started) == 1
+    paged = health.remediate(rec, found, s, 1_200_000, started.append)   # two attempts (one failed) used up
+    assert [c.key for c in paged] == ["health:a:gave_up"] and len(started) == 1 and rec.action == "gave up"
     # outside the window the budget is back
     assert health.remediate(rec, found, s, 1_000_000 + 700_000 + 600_000, started.append) == []
-    assert len(started) == 3
+    assert len(started) == 2

@@ -109,3 +109,27 @@ def test_coverage_divergent_duplicate_batch_and_jump():
     es = [entry(0, [0], [5]), entry(0, [0], [6]), entry(2, [5], [7])]
     kinds = {i.kind for i in check_coverage(es).issues}
     assert {"divergent_batch", "batch_sequence"} <= kinds
+
+
+NO_OFFSETS = Committed({}, None)
+
+
+def test_lost_group_offsets_are_decided_from_the_ledger_never_by_writing_blindly():
+    newest = entry(3, [5, 7], [9, 9])
+    # a replay of the newest committed batch: skipped, not written twice
+    assert decide(plan(3, [5, 7], [9, 9]), NO_OFFSETS, None, newest) is Decision.SKIP
+    # the batch after it, starting where it ended: written
+    assert decide(plan(4, [9, 9], [12, 10]), NO_OFFSETS, None, newest) is Decision.WRITE
+    # anything else is divergent history
+    with pytest.raises(DivergentHistory, match="ranges"):
+        decide(plan(3, [5, 7], [10, 9]), NO_OFFSETS, None, newest)
+    with pytest.raises(DivergentHistory, match="gap or overlap"):
+        decide(plan(4, [8, 9], [12, 10]), NO_OFFSETS, None, newest)
+    with pytest.raises(DivergentHistory, match="never written"):
+        decide(plan(6, [9, 9], [12, 10]), NO_OFFSETS, None, newest)
+    with pytest.raises(DivergentHistory, match="behind the sink"):
+        decide(plan(2, [1, 1], [5, 7]), NO_OFFSETS, None, newest)
+    # nothing anywhere: only a first batch may be written
+    assert decide(plan(0, [0, 0], [5, 7]), NO_OFFSETS, None, None) is Decision.WRITE
+    with pytest.raises(DivergentHistory, match="neither the group nor the ledger"):
+        decide(plan(5, [0, 0], [5, 7]), NO_OFFSETS, None, None)

@@ -47,3 +47,9 @@ def test_replays_and_a_zero_trigger_never_wait():
     t = timing(9_000, 14_000, batch_ts=100_400)
     assert delay_before_next_s(t, now_ms=100_900, trigger_ms=T, delay_ms=D, window_ms=W, wrote=False) == 0.0
     assert delay_before_next_s(t, now_ms=100_900, trigger_ms=0, delay_ms=D, window_ms=W) == 0.0
+
+
+def test_a_wall_clock_stepped_back_never_waits_more_than_one_trigger():
+    # the batch was planned at 100.4 s; the clock has since been stepped back by an hour
+    assert delay_before_next_s(timing(9_000, 14_000, batch_ts=100_400), now_ms=100_400 - 3_600_000, trigger_ms=T,
+                               delay_ms=D, window_ms=W) == T / 1000

@@ -1,5 +1,7 @@
 """Reconciliation and backfill rules without a broker: range selection, late-row watermarks, window emission,
 the verdicts and their differences; backfill parameter checks and chunking."""
+import json
+
 import pytest
 
 from onceflow import backfill_rules as br
@@ -97,3 +99,34 @@ def test_backfill_overlap_chunks_and_identity():
     assert br.chunks(0, 10) == 0 and br.chunks(10, 10) == 1 and br.chunks(11, 10) == 2
     assert br.first_chunk_to_write(None) == 0 and br.first_chunk_to_write(3) == 4
     assert spec().spec_hash() == spec(dry_run=True).spec_hash() != spec(chunk_size=11).spec_hash()
+    # the window, the parsing rules and the skew rule are part of a backfill's identity
+    assert len({spec().spec_hash(), spec(window_s=10).spec_hash(), spec(rules=2).spec_hash(),
+                spec(max_event_ahead_ms=1).spec_hash()}) == 4
+
+
+def test_a_time_range_is_identified_by_its_times_and_resumes_on_its_first_resolution():
+    by_time = spec(start={}, end={}, since_ms=1000, until_ms=2000)
+    resolved_now = spec(start={0: 0, 1: 10}, end={0: 100, 1: 50}, since_ms=1000, until_ms=2000)
+    grown = spec(start={0: 0, 1: 10}, end={0: 180, 1: 90}, since_ms=1000, until_ms=2000)
+    assert by_time.spec_hash() == resolved_now.spec_hash() == grown.spec_hash()
+    assert by_time.spec_hash() != spec(start={}, end={}, since_ms=1000, until_ms=3000).spec_hash()
+    br.check_params(resolved_now, {}, resolved=True)   # a resolved time range carries both
+    with pytest.raises(br.BackfillError, match="either"):
+        br.check_params(resolved_now, {})
+    meta = br.chunk_metadata(4, "abc", 10)
+    assert json.loads(meta) == {"chunk": 4, "spec": "abc", "start": 10}
+
+
+def test_each_chunk_follows_the_groups_last_committed_chunk():
+    br.check_next_chunk(0, None, "b")
+    br.check_next_chunk(5, 4, "b")
+    for chunk, committed in ((0, 3), (2, None), (5, 5)):
+        with pytest.raises(br.BackfillError, match="another run committed chunk"):
+            br.check_next_chunk(chunk, committed, "b")
+
+
+def test_everything_late_fails_i2_though_the_books_balance():
+    ok = rr.accounting_check(100, 80, 5, 10, 5, None, {}, late_threshold=0.5)
+    assert ok.status == rr.PASS and ok.figures["late_fraction"] == round(5 / 90, 4)
+    bad = rr.accounting_check(100, 0, 85, 10, 5, None, {}, late_threshold=0.5)
+    assert bad.status == rr.FAIL and bad.differences[0]["kind"] == "late_fraction" and "94%" in bad.summary

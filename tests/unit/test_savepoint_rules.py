@@ -116,7 +116,8 @@ def test_incompatible_savepoints_are_refused_with_the_reason():
 def test_restore_at_the_sinks_batch_continues_without_catch_up():
     p = plan_restore(manifest(), RT, facts(5, [50, 60], last_epoch=2))
     assert p.catch_up is None and not p.rewind
-    assert p.epoch == Epoch(epoch=3, ledger_shift=0, spark_batch_from=6, savepoint_id=manifest().id, restored_ms=9)
+    assert p.epoch == Epoch(epoch=3, ledger_shift=0, spark_batch_from=6, savepoint_id=manifest().id, restored_ms=9,
+                            prior_shift=0)
     assert p.record.skipped == {} and p.record.sink_batch == 5
 
 
@@ -126,6 +127,9 @@ def test_restore_behind_the_sink_catches_up_in_one_batch_that_writes_nothing():
     assert (c.spark_batch, c.ledger_from, c.ledger_to) == (6, 6, 9)
     assert c.start == {0: 50, 1: 60} and c.end == {0: 90, 1: 95} and c.watermark_ms == 77_000 and c.records == 75
     assert p.epoch.ledger_shift == 3 and p.epoch.catch_up_spark_batch == 6 and p.epoch.catch_up_from == 6
+    # until the catch-up batch commits, the checkpoint's last batch is the savepoint's: still ledger batch 5 (a
+    # savepoint taken then must not be labelled with the sink's batch 8)
+    assert p.epoch.ledger_batch(5) == 5 and p.epoch.ledger_batch(6) == 9 and p.epoch.ledger_batch(7) == 10
     assert p.record.skipped_batches == (6, 9) and p.record.skipped == {0: (50, 90), 1: (60, 95)}
     assert RestoreRecord.from_json(p.record.to_json()) == p.record
     assert isinstance(parse_record(p.record.to_json()), RestoreRecord)

@@ -1,0 +1,84 @@
+"""Quarantine: the operator's way past a batch that can never commit (`onceflow quarantine add|list`).
+
+A batch whose transaction fails for good on one source record (its output refused by the broker every time)
+would be replayed from the same `offsets/N` after every restart: the job could never get past it. The operator
+quarantines that record's offsets; from the next start, the job (and every reader that recounts: the reference
+parser, reconciliation, the audit) classifies them as `quarantined`: they go to the DLQ with their provenance,
+original size and sha256, but without the payload. I1-I4 hold: each quarantined record is accounted for once, in
+the DLQ.
+
+Rules, checked before anything is written: the job is stopped; the offsets exist in the source and are not yet
+committed (quarantining a committed record would rewrite history). The quarantine is recorded in the ledger, in a
+transaction of the app's transactional id (which also fences any zombie driver), and in the checkpoint's
+`onceflow/quarantine.json`, which the job reads at start (a restore rewrites that file from the ledger).
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import time
+
+from . import audit, events as ev, jobctl, kafka_clients, ledger_writes
+from .checkpoint import QUARANTINE_FILE, render_quarantine
+from .config import Settings
+from .ledger import QuarantineRange, QuarantineRecord
+
+log = logging.getLogger(__name__)
+QUARANTINED = "records_quarantined"
+
+
+class QuarantineError(ValueError):
+    """The quarantine is refused; nothing was written. The message says why."""
+
+
+def current(settings: Settings) -> list[QuarantineRange]:
+    """The ranges in force for the job (its checkpoint's copy)."""
+    from .savepoints import Store
+
+    store = Store(settings.checkpoint)
+    if not store.exists(QUARANTINE_FILE):
+        return []
+    return [QuarantineRange(**r) for r in json.loads(store.read(QUARANTINE_FILE))]
+
+
+def add(settings: Settings, partition: int, start: int, end: int, reason: str, by: str | None = None
+        ) -> QuarantineRecord:
+    if not reason.strip():
+        raise QuarantineError("say why the records are quarantined (--reason): the ledger keeps it")
+    if end <= start:
+        raise QuarantineError(f"the range [{start}, {end}) is empty")
+    if jobctl.status(settings)["running"]:
+        raise QuarantineError(f"app {settings.app_id} is running: stop it first (`onceflow job stop`); the job "
+                              f"reads the quarantine when it starts")
+    wm = kafka_clients.watermarks(settings, settings.source_topic) or {}
+    if partition not in wm:
+        raise QuarantineError(f"the source topic {settings.source_topic} has no partition {partition}")
+    if end > wm[partition][1]:
+        raise QuarantineError(f"partition {partition} ends at offset {wm[partition][1]}; {end} is beyond it")
+    snap = audit.snapshot(settings)
+    done = snap.committed.offsets.get(partition) if snap.committed.offsets else \
+        (snap.entries[-1].end.get(partition) if snap.entries else None)
+    if done is not None and start < done:
+        raise QuarantineError(f"offsets of partition {partition} below {done} are committed already: a "
+                              f"quarantine applies only to records the job has not processed yet")
+    record = QuarantineRecord(app=settings.app_id, topic=settings.source_topic,
+                              ranges=(QuarantineRange(partition, start, end),), reason=reason.strip(),
+                              by=by or getpass.getuser(), ts_ms=int(time.time() * 1000))
+    writer = ledger_writes.app_writer(settings)  # fences any zombie driver of the app
+    try:
+        ledger_writes.commit_record(writer, settings, record.to_json(), "quarantine")
+    finally:
+        writer.close()
+    from .savepoints import Store
+
+    Store(settings.checkpoint).write(QUARANTINE_FILE,
+                                     render_quarantine(current(settings) + list(record.ranges)).encode())
+    ev.EventBus(settings).emit(QUARANTINED, logging.WARNING, flush=True, partition=partition, start=start, end=end,
+                               reason=record.reason, by=record.by)
+    log.warning("quarantined %s[%d] [%d, %d): %s", settings.source_topic, partition, start, end, record.reason)
+    return record
+
+
+def records(settings: Settings) -> list[QuarantineRecord]:
+    return [r for r in audit.ledger_records(settings) if isinstance(r, QuarantineRecord)]

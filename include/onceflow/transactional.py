@@ -1,0 +1,290 @@
+"""The one transactional writer: the only code that touches a Kafka producer's transaction internals.
+
+The streaming job (a batch), backfills (a chunk) and operator records (a restore, a quarantine) all write through
+`TransactionalWriter`: begin, produce, send offsets, commit; every Kafka error is classified once, here, into what
+the caller must do:
+
+| error             | what happened                                            | the writer           | the caller          |
+|-------------------|----------------------------------------------------------|----------------------|---------------------|
+| `Fenced`          | a newer producer with this transactional.id took over    | marks itself dead    | stops for good      |
+| `CoordinatorTimedOut` | the coordinator aborted the transaction at its timeout | aborts             | replays the work    |
+| `OutcomeUnknown`  | commit or abort timed out: it may still land             | replaces its producer| reads back, decides |
+| `Aborted`         | an abortable error (a record refused, a broker moved)    | aborts               | retries or fails    |
+| `FatalProducerError` | fatal, not fencing (the producer is unusable)         | marks itself dead    | restarts            |
+| `TxnConfigError`  | the broker refuses our settings or permissions           | aborts if it can     | fixes configuration |
+
+Why a timed-out commit replaces the producer: librdkafka does not implement KIP-890's server-side defence, so a
+commit or abort that timed out on the client may still be applied later, to the next transaction of the same
+producer. The writer therefore never reuses it: it initialises a new producer with the same transactional.id first
+(InitProducerId waits until the pending commit or abort has settled, and bumps the epoch, fencing the old one),
+then closes the old. Never after `Fenced`: re-initialising would steal the id back from the newer instance.
+Modelled on flink-connector-kafka's sink/internal (one class owns the producer's transaction internals) and
+quix-streams' internal producer (typed exceptions, named retry bounds).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from confluent_kafka import KafkaError, KafkaException
+
+log = logging.getLogger(__name__)
+
+FENCED, COORDINATOR_TIMEOUT, OUTCOME_UNKNOWN = "fenced", "coordinator_timeout", "outcome_unknown"
+ABORTABLE, FATAL, RETRIABLE, CONFIG = "abortable", "fatal", "retriable", "config"
+
+FENCING_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+                 KafkaError.INVALID_TXN_STATE}
+CONFIG_CODES = {KafkaError.INVALID_TRANSACTION_TIMEOUT, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
+                KafkaError.CLUSTER_AUTHORIZATION_FAILED}
+TIMEOUT_SHARE = 0.95   # a transaction this close to transaction.timeout.ms was aborted by the coordinator
+RETRY_PAUSE_S = 0.2    # between tries of a retriable init or commit
+
+
+class TxnError(RuntimeError):
+    def __init__(self, message: str, error: KafkaError | None = None, phase: str | None = None,
+                 elapsed_ms: float | None = None):
+        super().__init__(message)
+        self.error, self.phase, self.elapsed_ms = error, phase, elapsed_ms
+
+
+class Fenced(TxnError):
+    """Another producer with this transactional.id took over: stop for good, never re-initialise."""
+
+
+class CoordinatorTimedOut(TxnError):
+    """The coordinator aborted the transaction after transaction.timeout.ms: the work can be replayed."""
+
+
+class OutcomeUnknown(TxnError):
+    """The commit (or abort) timed out. The writer has replaced its producer, which settled the outcome: read back
+    what is committed and decide."""
+
+
+class Aborted(TxnError):
+    """An abortable error; the writer aborted the transaction. The work may be retried."""
+
+
+class FatalProducerError(TxnError):
+    """A fatal error that is not fencing: the producer is unusable; restart."""
+
+
+class TxnConfigError(TxnError):
+    """The broker refuses our configuration or permissions: fix them."""
+
+
+_CLASSES = {FENCED: Fenced, COORDINATOR_TIMEOUT: CoordinatorTimedOut, OUTCOME_UNKNOWN: OutcomeUnknown,
+            ABORTABLE: Aborted, FATAL: FatalProducerError, CONFIG: TxnConfigError, RETRIABLE: Aborted}
+
+
+def classify(err: KafkaError, *, phase: str, elapsed_ms: float | None, timeout_ms: int) -> str:
+    """What a Kafka error in `phase` (init, begin, produce, send_offsets, commit, abort) means, in this order:
+    configuration and permission codes are CONFIG; `_TIMED_OUT` of a commit or abort is OUTCOME_UNKNOWN; a fencing
+    code or an abortable error after TIMEOUT_SHARE of the timeout is COORDINATOR_TIMEOUT (the coordinator's abort
+    bumps the epoch, which looks like fencing); other fencing codes are FENCED; then fatal, abortable, retriable
+    as librdkafka flags them; anything else is ABORTABLE inside a transaction and FATAL at init."""
+    code = err.code()
+    if code in CONFIG_CODES:
+        return CONFIG
+    if code == KafkaError._TIMED_OUT and phase in ("commit", "abort"):
+        return OUTCOME_UNKNOWN
+    late = elapsed_ms is not None and elapsed_ms >= TIMEOUT_SHARE * timeout_ms
+    if late and phase not in ("init", "abort") and (code in FENCING_CODES or err.txn_requires_abort()):
+        return COORDINATOR_TIMEOUT
+    if code in FENCING_CODES:
+        return FENCED
+    if err.fatal():
+        return FATAL
+    if err.txn_requires_abort():
+        return ABORTABLE
+    if err.retriable():
+        return RETRIABLE
+    return FATAL if phase == "init" else ABORTABLE
+
+
+def _advice(err: KafkaError) -> str:
+    code = err.code()
+    if code == KafkaError.INVALID_TRANSACTION_TIMEOUT:
+        return ("the broker refuses transaction.timeout.ms: it is above the broker's transaction.max.timeout.ms; "
+                "lower ONCEFLOW_TRANSACTION_TIMEOUT_MS")
+    if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+        return "the principal may not use this transactional.id: grant it WRITE and DESCRIBE on it"
+    if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        return "the principal may not write a topic of the transaction: grant it WRITE on the topic"
+    if code == KafkaError.GROUP_AUTHORIZATION_FAILED:
+        return "the principal may not commit the group's offsets: grant it READ on the consumer group"
+    return "check the broker's configuration and the client's permissions"
+
+
+class TransactionalWriter:
+    def __init__(self, make_producer: Callable[[], Any], transactional_id: str, timeout_ms: int, *,
+                 init_timeout_s: float = 60.0, commit_timeout_s: float = 120.0, abort_timeout_s: float = 30.0,
+                 on_event: Callable[[str, dict], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        self._make, self.transactional_id, self.timeout_ms = make_producer, transactional_id, timeout_ms
+        self.init_timeout_s, self.commit_timeout_s, self.abort_timeout_s = init_timeout_s, commit_timeout_s, \
+            abort_timeout_s
+        self._on_event, self._clock, self._sleep = on_event, clock, sleep
+        self._dead: TxnError | None = None
+        self._started: float | None = None       # when the open transaction began (clock)
+        self._failed_delivery: str | None = None
+        self._producer = self._initialised(self._make())
+
+    # ------------------------------------------------------------------ state
+    @property
+    def producer(self) -> Any:
+        return self._producer
+
+    @property
+    def elapsed_ms(self) -> float | None:
+        return None if self._started is None else (self._clock() - self._started) * 1000
+
+    def _check(self) -> None:
+        if self._dead is not None:
+            d = self._dead
+            raise type(d)(f"the producer of {self.transactional_id} is unusable: {d}", d.error, d.phase)
+
+    # ------------------------------------------------------------------ the transaction
+    def begin(self) -> None:
+        self._check()
+        self._failed_delivery = None
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as e:
+            raise self._failure(e, "begin") from e
+        self._started = self._clock()
+
+    def produce(self, topic: str, key: bytes | None, value: bytes | None, headers: list | None = None,
+                partition: int | None = None) -> None:
+        self._check()
+        kw: dict = {"key": key, "value": value, "headers": headers, "on_delivery": self._on_delivery}
+        if partition is not None:
+            kw["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(topic, **kw)
+                return
+            except BufferError:  # the local queue is full: let deliveries drain it
+                self._producer.poll(0.05)
+            except KafkaException as e:
+                raise self._failure(e, "produce") from e
+
+    def send_offsets(self, offsets: list, group_metadata: Any, timeout_s: float = 60.0) -> None:
+        self._check()
+        try:
+            self._producer.send_offsets_to_transaction(offsets, group_metadata, timeout_s)
+        except KafkaException as e:
+            raise self._failure(e, "send_offsets") from e
+
+    def commit(self) -> None:
+        self._check()
+        deadline = self._clock() + self.commit_timeout_s
+        while True:
+            try:
+                self._producer.commit_transaction(max(0.1, deadline - self._clock()))
+                self._started = None
+                return
+            except KafkaException as e:
+                kind = classify(e.args[0], phase="commit", elapsed_ms=self.elapsed_ms, timeout_ms=self.timeout_ms)
+                if kind == RETRIABLE and self._clock() < deadline:  # librdkafka: call commit again
+                    self._sleep(RETRY_PAUSE_S)
+                    continue
+                raise self._failure(e, "commit", kind) from e
+
+    def abort(self) -> None:
+        """Abort the open transaction, if any; quiet about errors that leave nothing to abort."""
+        if self._dead is not None or self._producer is None:
+            self._started = None
+            return
+        try:
+            self._producer.abort_transaction(self.abort_timeout_s)
+        except KafkaException as e:
+            err = e.args[0]
+            kind = classify(err, phase="abort", elapsed_ms=None, timeout_ms=self.timeout_ms)
+            if kind == OUTCOME_UNKNOWN:
+                self._replace(f"abort timed out: {err}")
+            elif kind in (FENCED, FATAL):
+                self._dead = _CLASSES[kind](f"abort of {self.transactional_id} failed: {err}", err, "abort")
+            else:
+                log.info("abort_transaction of %s: %s", self.transactional_id, err)
+        finally:
+            self._started = None
+
+    def close(self) -> None:
+        """Flush briefly and close; a fenced or fatal producer has nothing left to deliver."""
+        if self._producer is not None:
+            _close(self._producer)
+            self._producer = None
+
+    # ------------------------------------------------------------------ errors
+    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None and self._failed_delivery is None:
+            self._failed_delivery = (f"record key {msg.key()!r} to topic {msg.topic()} partition {msg.partition()} "
+                                     f"failed: {err.str() if hasattr(err, 'str') else err}")
+
+    def _failure(self, e: KafkaException, phase: str, kind: str | None = None) -> TxnError:
+        """Classify, do what the class requires (abort, replace the producer, give up on it), return the error."""
+        err: KafkaError = e.args[0]
+        elapsed = self.elapsed_ms
+        kind = kind or classify(err, phase=phase, elapsed_ms=elapsed, timeout_ms=self.timeout_ms)
+        detail = f"; {self._failed_delivery}" if self._failed_delivery else ""
+        message = f"{phase} in a transaction of {self.transactional_id} failed: {err.str()}{detail}"
+        if kind == CONFIG:
+            message += f" ({_advice(err)})"
+        exc = _CLASSES[kind](message, err, phase, elapsed)
+        if kind in (FENCED, FATAL):
+            self._dead, self._started = exc, None     # never abort or re-initialise a fenced producer
+        elif kind == OUTCOME_UNKNOWN:
+            self._started = None
+            self._replace(message)
+        elif phase != "init":
+            self.abort()
+        return exc
+
+    def _replace(self, why: str) -> None:
+        """A new producer with the same transactional.id, initialised before anything else can be written: its
+        InitProducerId waits for the old producer's pending commit or abort, and fences the old epoch."""
+        old, self._producer = self._producer, None
+        try:
+            self._producer = self._initialised(self._make())
+        except TxnError as e:
+            self._dead = e
+            raise
+        if old is not None:
+            _close(old, purge=True)
+        log.warning("replaced the producer of %s: %s", self.transactional_id, why)
+        if self._on_event is not None:
+            self._on_event("transaction_outcome_unknown", {"transactional_id": self.transactional_id,
+                                                           "why": why[:500]})
+
+    def _initialised(self, producer: Any) -> Any:
+        """init_transactions: fences the previous incarnation and aborts its open transaction; retriable errors are
+        tried again within init_timeout_s."""
+        deadline = self._clock() + self.init_timeout_s
+        while True:
+            try:
+                producer.init_transactions(max(1.0, deadline - self._clock()))
+                return producer
+            except KafkaException as e:
+                err = e.args[0]
+                kind = classify(err, phase="init", elapsed_ms=None, timeout_ms=self.timeout_ms)
+                if kind == RETRIABLE and self._clock() < deadline:
+                    self._sleep(RETRY_PAUSE_S)
+                    continue
+                _close(producer)
+                message = f"init_transactions of {self.transactional_id} failed: {err.str()}"
+                if kind == CONFIG:
+                    message += f" ({_advice(err)})"
+                raise _CLASSES[kind if kind != RETRIABLE else FATAL](message, err, "init") from e
+
+
+def _close(producer: Any, purge: bool = False) -> None:
+    try:
+        if purge:
+            producer.purge(in_queue=True, in_flight=False)
+        producer.flush(10)
+        producer.close()
+    except (KafkaException, RuntimeError) as e:
+        log.info("closing a transactional producer: %s", e)

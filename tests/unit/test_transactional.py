@@ -1,0 +1,228 @@
+"""The transactional writer through every error branch, with a scripted fake producer (no broker), the way
+flink-connector-kafka's KafkaCommitterTest drives its committer with a mock producer."""
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from onceflow import transactional as t
+
+
+def kerr(code, fatal=False, retriable=False, abortable=False):
+    return KafkaException(KafkaError(code, f"scripted {code}", fatal=fatal, retriable=retriable,
+                                     txn_requires_abort=abortable))
+
+
+class Msg:
+    def __init__(self, topic, key):
+        self._topic, self._key = topic, key
+
+    def topic(self):
+        return self._topic
+
+    def key(self):
+        return self._key
+
+    def partition(self):
+        return 0
+
+
+class FakeProducer:
+    """Records every call; `script[method]` is a list of outcomes (an exception to raise, or None) taken in order."""
+
+    def __init__(self, name, calls, script=None, fail_delivery=None):
+        self.name, self.calls, self.script = name, calls, {k: list(v) for k, v in (script or {}).items()}
+        self.fail_delivery, self.pending = fail_delivery, []
+
+    def _call(self, method, *args):
+        self.calls.append((self.name, method))
+        outcomes = self.script.get(method)
+        if outcomes:
+            outcome = outcomes.pop(0)
+            if outcome is not None:
+                raise outcome
+
+    def init_transactions(self, timeout):
+        self._call("init_transactions")
+
+    def begin_transaction(self):
+        self._call("begin_transaction")
+
+    def produce(self, topic, key=None, value=None, headers=None, on_delivery=None, partition=None):
+        self._call("produce")
+        self.pending.append((on_delivery, topic, key))
+
+    def poll(self, timeout):
+        self.calls.append((self.name, "poll"))
+
+    def send_offsets_to_transaction(self, offsets, metadata, timeout):
+        self._call("send_offsets_to_transaction")
+
+    def commit_transaction(self, timeout):
+        for cb, topic, key in self.pending:  # deliveries are reported when the commit flushes
+            err = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large") \
+                if self.fail_delivery == key else None
+            cb(err, Msg(topic, key))
+        self.pending = []
+        self._call("commit_transaction")
+
+    def abort_transaction(self, timeout):
+        self.pending = []
+        self._call("abort_transaction")
+
+    def purge(self, **kw):
+        self.calls.append((self.name, "purge"))
+
+    def flush(self, timeout):
+        return 0
+
+    def close(self):
+        self.calls.append((self.name, "close"))
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def writer(scripts, timeout_ms=60_000, clock=None, fail_delivery=None, events=None):
+    """scripts: one script per producer the writer will create, in order."""
+    calls, made = [], []
+
+    def make():
+        p = FakeProducer(f"p{len(made)}", calls, scripts[len(made)] if len(made) < len(scripts) else {},
+                         fail_delivery)
+        made.append(p)
+        return p
+
+    w = t.TransactionalWriter(make, "onceflow.app", timeout_ms, clock=clock or Clock(), sleep=lambda s: None,
+                              on_event=(lambda k, d: events.append(k)) if events is not None else None)
+    return w, calls, made
+
+
+def one_batch(w, key=b"k"):
+    w.begin()
+    w.produce("sink", key, b"v")
+    w.send_offsets([], object())
+    w.commit()
+
+
+def test_happy_path_calls_in_order():
+    w, calls, _ = writer([{}])
+    one_batch(w)
+    assert [m for _, m in calls] == ["init_transactions", "begin_transaction", "produce",
+                                    "send_offsets_to_transaction", "commit_transaction"]
+    assert w.elapsed_ms is None
+
+
+def test_backpressure_on_produce_polls_and_retries():
+    w, calls, _ = writer([{"produce": [BufferError(), BufferError(), None]}])
+    w.begin()
+    w.produce("sink", b"k", b"v")
+    assert [m for _, m in calls][2:] == ["produce", "poll", "produce", "poll", "produce"]
+
+
+def test_an_abortable_produce_error_aborts():
+    w, calls, _ = writer([{"produce": [kerr(KafkaError._STATE, abortable=True)]}])
+    w.begin()
+    with pytest.raises(t.Aborted):
+        w.produce("sink", b"k", b"v")
+    assert calls[-1] == ("p0", "abort_transaction")
+    one_batch(w)  # the writer goes on with the same producer
+
+
+def test_a_failed_delivery_is_named_when_the_commit_fails():
+    w, calls, _ = writer([{"commit_transaction": [kerr(KafkaError.MSG_SIZE_TOO_LARGE, abortable=True)]}],
+                         fail_delivery=b"big")
+    with pytest.raises(t.Aborted, match=r"record key b'big' to topic sink .*Message size too large"):
+        one_batch(w, key=b"big")
+    assert calls[-1] == ("p0", "abort_transaction")
+
+
+def test_a_retriable_commit_error_is_retried():
+    w, calls, _ = writer([{"commit_transaction": [kerr(KafkaError.COORDINATOR_NOT_AVAILABLE, retriable=True), None]}])
+    one_batch(w)
+    assert [m for _, m in calls].count("commit_transaction") == 2 and "abort_transaction" not in [m for _, m in calls]
+
+
+@pytest.mark.parametrize("method", ["commit_transaction", "abort_transaction"])
+def test_a_commit_or_abort_that_times_out_replaces_the_producer_before_anything_else(method):
+    events = []
+    script = {"commit_transaction": [kerr(KafkaError._TIMED_OUT, retriable=True)]} if method == "commit_transaction" \
+        else {"produce": [kerr(KafkaError._STATE, abortable=True)], "abort_transaction": [kerr(KafkaError._TIMED_OUT)]}
+    w, calls, made = writer([script, {}], events=events)
+    with pytest.raises(t.OutcomeUnknown if method == "commit_transaction" else t.Aborted):
+        one_batch(w)
+    assert w.producer is made[1]
+    # the new producer is initialised before the old one is closed, and before anything else happens
+    after = calls[calls.index(("p0", method)) + 1:]
+    assert after[0] == ("p1", "init_transactions") and ("p0", "close") in after
+    assert events == ["transaction_outcome_unknown"]
+    one_batch(w)
+    assert all(name == "p1" for name, m in calls[calls.index(("p1", "init_transactions")):] if m != "close"
+               and m != "purge")
+
+
+def test_a_fenced_producer_is_never_aborted_nor_initialised_again():
+    w, calls, made = writer([{"commit_transaction": [kerr(KafkaError.PRODUCER_FENCED, fatal=True)]}])
+    with pytest.raises(t.Fenced):
+        one_batch(w)
+    assert "abort_transaction" not in [m for _, m in calls] and len(made) == 1
+    with pytest.raises(t.Fenced):
+        w.begin()
+
+
+def test_fatal_is_not_fenced():
+    w, calls, made = writer([{"send_offsets_to_transaction": [kerr(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                                                                   fatal=True)]}])
+    with pytest.raises(t.FatalProducerError):
+        one_batch(w)
+    with pytest.raises(t.FatalProducerError):
+        w.begin()
+    assert len(made) == 1
+
+
+def test_an_epoch_error_late_in_the_transaction_is_the_coordinators_timeout():
+    clock = Clock()
+    w, calls, _ = writer([{"commit_transaction": [kerr(KafkaError.INVALID_PRODUCER_EPOCH, abortable=True)]}],
+                         timeout_ms=6000, clock=clock)
+    w.begin()
+    w.produce("sink", b"k", b"v")
+    clock.now += 5.8   # 97 % of the timeout
+    with pytest.raises(t.CoordinatorTimedOut):
+        w.commit()
+    w2, _, _ = writer([{"commit_transaction": [kerr(KafkaError.INVALID_PRODUCER_EPOCH, fatal=True)]}],
+                      timeout_ms=6000, clock=Clock())
+    with pytest.raises(t.Fenced):   # early: another producer bumped the epoch
+        one_batch(w2)
+
+
+def test_init_errors():
+    with pytest.raises(t.TxnConfigError, match="lower ONCEFLOW_TRANSACTION_TIMEOUT_MS"):
+        writer([{"init_transactions": [kerr(KafkaError.INVALID_TRANSACTION_TIMEOUT, fatal=True)]}])
+    w, calls, _ = writer([{"init_transactions": [kerr(KafkaError._TIMED_OUT, retriable=True), None]}])
+    assert [m for _, m in calls] == ["init_transactions", "init_transactions"]
+    with pytest.raises(t.Fenced):
+        writer([{"init_transactions": [kerr(KafkaError._FENCED, fatal=True)]}])
+
+
+@pytest.mark.parametrize("code, flags, phase, elapsed, expected", [
+    (KafkaError.INVALID_TRANSACTION_TIMEOUT, {"fatal": True}, "init", None, t.CONFIG),
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED, {}, "produce", 10, t.CONFIG),
+    (KafkaError._TIMED_OUT, {"retriable": True}, "commit", 10, t.OUTCOME_UNKNOWN),
+    (KafkaError._TIMED_OUT, {"retriable": True}, "abort", None, t.OUTCOME_UNKNOWN),
+    (KafkaError._TIMED_OUT, {"retriable": True}, "send_offsets", 10, t.RETRIABLE),
+    (KafkaError._FENCED, {"fatal": True}, "commit", 10, t.FENCED),
+    (KafkaError._FENCED, {"fatal": True}, "commit", 59_000, t.COORDINATOR_TIMEOUT),
+    (KafkaError.INVALID_PRODUCER_EPOCH, {"abortable": True}, "produce", 57_001, t.COORDINATOR_TIMEOUT),
+    (KafkaError._STATE, {"abortable": True}, "commit", 58_000, t.COORDINATOR_TIMEOUT),
+    (KafkaError._STATE, {"abortable": True}, "commit", 10, t.ABORTABLE),
+    (KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, {"fatal": True}, "produce", 10, t.FATAL),
+    (KafkaError.UNKNOWN, {}, "produce", 10, t.ABORTABLE),
+    (KafkaError.UNKNOWN, {}, "init", None, t.FATAL),
+])
+def test_classify(code, flags, phase, elapsed, expected):
+    err = KafkaError(code, "x", fatal=flags.get("fatal", False), retriable=flags.get("retriable", False),
+                     txn_requires_abort=flags.get("abortable", False))
+    assert t.classify(err, phase=phase, elapsed_ms=elapsed, timeout_ms=60_000) == expected
