@@ -256,7 +256,7 @@ class TransactionalWriter:
             _close(old, purge=True)
         log.warning("replaced the producer of %s: %s", self.transactional_id, why)
         if self._on_event is not None:
-            self._on_event("transaction_outcome_unknown", {"transactional_id": self.transactional_id,
+            self._on_event("producer_replaced", {"transactional_id": self.transactional_id,
                                                            "why": why[:500]})
 
     def _initialised(self, producer: Any) -> Any:

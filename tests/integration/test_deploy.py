@@ -22,7 +22,10 @@ def test_preflight_refuses_when_another_driver_committed_recently(app):
         deploy.preflight_checks(s)
     # An old commit from elsewhere is history, not a live driver: its record is read (written just now) but the
     # commit it reports is ten minutes old.
-    old = app()
+    from onceflow import topics
+
+    old = s.replace(app_id=s.app_id + "_old", events_topic=s.events_topic + ".old")
+    topics.ensure(old)
     p.produce(old.events_topic, key=old.app_id.encode(), value=json.dumps(
         other | {"app": old.app_id, "ts_ms": int(time.time() * 1000) - 600_000}).encode())
     p.flush(10)
@@ -45,8 +48,8 @@ def test_two_concurrent_starts_launch_one_driver(app):
     codes = sorted(p.returncode for p in procs_)
     assert codes == [0, 2], outs
     assert any("already running" in err for _, err in outs)
-    st = jobctl.status(s)
-    assert st["running"] and st["supervisor_pid"]
+    jobctl.wait_running(s, timeout=180)  # the one launched driver runs
+    assert jobctl.status(s)["running"]
     assert jobctl.stop(s)
     assert not jobctl.status(s)["running"]
 

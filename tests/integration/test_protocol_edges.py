@@ -211,6 +211,7 @@ def test_a_commit_that_times_out_is_settled_before_anything_else_is_written(app,
     assert sink.writer.producer is not old  # never used again after its commit timed out
     unknown = events(s, ev.TRANSACTION_OUTCOME_UNKNOWN)
     assert len(unknown) == 1 and unknown[0]["batch"] == 0
+    assert len(events(s, "producer_replaced")) == 1
     assert out.decision in (Decision.WRITE, Decision.SKIP)
     assert sink.write_batch(_plan(s, 1, 10, 20), _rows(1, 10)).decision is Decision.WRITE
     keys = sorted(m.key for m in audit.read_topic(s, s.sink_topic))

@@ -158,7 +158,7 @@ def test_a_commit_or_abort_that_times_out_replaces_the_producer_before_anything_
     # the new producer is initialised before the old one is closed, and before anything else happens
     after = calls[calls.index(("p0", method)) + 1:]
     assert after[0] == ("p1", "init_transactions") and ("p0", "close") in after
-    assert events == ["transaction_outcome_unknown"]
+    assert events == ["producer_replaced"]
     one_batch(w)
     assert all(name == "p1" for name, m in calls[calls.index(("p1", "init_transactions")):] if m != "close"
                and m != "purge")
