@@ -14,21 +14,21 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from dataclasses import dataclass, field
-
-from . import events as ev, kafka_clients, parsing, procs, records
+from . import events as ev, kafka_clients, parsing, procs
 from . import backfill_rules as br
 from .config import Settings
 from .transactional import TransactionalWriter, TxnError
 from .faults import Injector
 from .ip_count import result_key_value
 from .ledger import LedgerEntry
+from .records import RULES_VERSION
 from .reconcile import read_kafka
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,8 @@ def validate(settings: Settings, spec: br.Spec) -> br.Spec:
     br.check_params(spec, {settings.sink_topic: "sink", settings.dlq_topic: "DLQ", settings.ledger_topic: "ledger",
                            settings.source_topic: "source"}, resolved=spec.by_time and bool(spec.start))
     source, target = topic_facts(settings, spec.source_topic), topic_facts(settings, spec.target_topic)
+    p = progress(settings, spec) if source.exists else Progress()
     if spec.by_time and not spec.start and source.exists:
-        p = progress(settings, spec)
         if p.starts:  # resumed: the range is what the first run resolved, whatever came into the source since
             start, end = p.starts, p.ends
         else:
@@ -91,7 +91,6 @@ def validate(settings: Settings, spec: br.Spec) -> br.Spec:
         if other["source"] == spec.source_topic and br.overlaps(spec.start, spec.end, o_start, o_end):
             raise br.BackfillError(f"the range overlaps backfill {other['id']}, running now (pid {other['pid']}): "
                                    f"wait for it, or choose a range that does not overlap")
-    p = progress(settings, spec)
     if p.spec is not None and p.spec != spec.spec_hash():
         raise br.BackfillError(f"backfill id {spec.id} was run before with other parameters (spec {p.spec}, "
                                f"now {spec.spec_hash()}): use a new id")
@@ -153,7 +152,11 @@ def run(spark: SparkSession, settings: Settings, spec: br.Spec, bus: ev.EventBus
 
 
 def _run(spark, settings: Settings, spec: br.Spec, writer: "ChunkWriter | None", injector: Injector, bus) -> dict:
-    first = br.first_chunk_to_write(progress(settings, spec).chunk)
+    done = progress(settings, spec)
+    if done.starts and (done.starts, done.ends) != (spec.start, spec.end):
+        raise br.BackfillError(f"backfill {spec.id}: another run committed chunks of the range {done.starts} -> "
+                               f"{done.ends}, not {spec.start} -> {spec.end}; run it again to resume that range")
+    first = br.first_chunk_to_write(done.chunk)
     out = windows(spark, settings, spec).cache()
     total = out.count()
     n = br.chunks(total, spec.chunk_size)
@@ -267,7 +270,7 @@ def spec_from(settings: Settings, backfill_id: str, start=None, end=None, since=
     return br.Spec(id=backfill_id, source_topic=settings.source_topic, target_topic=target or settings.backfill_topic,
                    chunk_size=int(chunk_size), start=br.parse_offsets(start), end=br.parse_offsets(end),
                    since_ms=since_ms, until_ms=until_ms, dry_run=bool(dry_run), window_s=settings.window_s,
-                   rules=records.RULES_VERSION, max_event_ahead_ms=settings.max_event_ahead_ms)
+                   rules=RULES_VERSION, max_event_ahead_ms=settings.max_event_ahead_ms)
 
 
 SCRIPT = Path(__file__).resolve().parents[2] / "jobs" / "backfill.py"

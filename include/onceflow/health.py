@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 from confluent_kafka import TopicPartition
 
-from . import alerts, audit, events as ev, jobctl, kafka_clients, lag
+from . import alerts, audit, events as ev, jobctl, kafka_clients, lag, supervisor
 from .config import Settings
 
 log = logging.getLogger(__name__)
@@ -143,14 +143,12 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
                         progress_age_s=round((now_ms - max(marks)) / 1000, 1) if marks else None,
                         batch_running_s=round((now_ms - st["batch_started_ms"]) / 1000, 1)
                         if st.get("batch_started_ms") else None,
-                        last_exit=st.get("last_exit"), watermark_ms=(ev.read_status(settings.status_file) or {})
-                        .get("watermark_ms") if st["running"] else None,
+                        last_exit=st.get("last_exit"), watermark_ms=st["watermark_ms"] if st["running"] else None,
                         late_fraction=share, late_batches=n)
 
 
-# Exit codes after which the supervisor stops for good, and a restart would not help either (onceflow.supervisor).
-NOT_RESTARTABLE = {2: "misconfiguration", 3: "fenced by a newer instance", 4: "divergent history",
-                   5: "another instance holds the app's lock on this machine"}
+# Exit codes after which the supervisor stops for good: a restart would not help either.
+NOT_RESTARTABLE = {code: why for code, why in supervisor.NO_RESTART.items() if code != 0}
 
 
 def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> list[alerts.Condition]:

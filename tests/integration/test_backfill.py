@@ -103,14 +103,18 @@ def test_backfill_validates_resumes_after_kill9_and_writes_each_window_once(app,
 def test_two_runs_of_one_backfill_never_write_a_chunk_twice(app, spark, tmp_path):
     """Run A fences, reads its progress and computes, then waits; run B of the same id overtakes it and writes
     every chunk. A must not write them again: it checks, before each chunk, that the group's last committed
-    chunk is the one before it (and its producer is fenced anyway)."""
+    chunk is the one before it (and its producer is fenced anyway).
+
+    A runs as if on another machine (its own var dir): on one machine the registry of running backfills refuses
+    B before it starts, so only two hosts (two Airflow workers, say) can race like this."""
     from .helpers import wait_event
 
     s = app()
     sent = produce(s, tmp_path / "m.csv", count=6000, event_rate=1000, distinct_ips=200, seed=62)
     ends = end_offsets(sent)
     start = {p: 0 for p in ends}
-    env = launcher.submit_env(s) | {"ONCEFLOW_FAULT": "stall_before_chunks@0:25"}
+    env = launcher.submit_env(s) | {"ONCEFLOW_FAULT": "stall_before_chunks@0:25",
+                                    "ONCEFLOW_VAR_DIR": str(tmp_path / "other-host")}
     a = subprocess.Popen([sys.executable, "-m", "onceflow.cli", "backfill", "--id", "twice", "--start-offsets",
                           json.dumps(start), "--end-offsets", json.dumps(ends), "--chunk-size", "100"],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
