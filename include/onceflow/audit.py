@@ -13,6 +13,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicP
 
 from . import invariants, kafka_clients, records
 from .config import Settings
+from .ledger_reader import LedgerNotVisible
 from .ledger import Committed, LedgerEntry, QuarantineRange, QuarantineRecord, RestoreRecord, parse_record
 
 
@@ -112,9 +113,15 @@ def snapshot(settings: Settings, wait_s: float = 30.0) -> Snapshot:
         recs = ledger_records(settings)
         entries = sorted((e for e in recs if isinstance(e, LedgerEntry) and e.kind == "stream"),
                          key=lambda e: e.batch)
-        if committed.batch is None or any(e.batch == committed.batch for e in entries) \
-                or time.monotonic() >= deadline:
+        if committed.batch is None or any(e.batch == committed.batch for e in entries):
             break
+        if time.monotonic() >= deadline:
+            # Never check a cut without its last batch: the missing record would read as a gap (I1).
+            raise LedgerNotVisible(
+                f"the group {settings.group_id} has committed batch {committed.batch}, but its ledger record is not "
+                f"visible in {settings.ledger_topic} after {wait_s:.0f} s (an open transaction holds the ledger "
+                f"back, or the record is missing): try again; if it persists, `onceflow show ledger` and the "
+                f"transaction watch tell which")
         time.sleep(0.5)
     if committed.batch is not None:
         entries = [e for e in entries if e.batch <= committed.batch]

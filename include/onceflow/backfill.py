@@ -142,7 +142,11 @@ def run(spark: SparkSession, settings: Settings, spec: br.Spec, bus: ev.EventBus
     start, and every chunk checks that the one before it is the group's last committed chunk."""
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spec = validate(settings, spec)
-    injector = Injector(settings.fault, settings.run_dir / "faults" / f"{settings.app_id}.backfill.{spec.id}")
+    bus = bus or ev.EventBus(settings)
+    injector = Injector(settings.fault, settings.run_dir / "faults" / f"{settings.app_id}.backfill.{spec.id}",
+                        on_fire=lambda f: bus.emit(ev.FAULT_INJECTED, logging.WARNING, flush=True, fault=f.name,
+                                                   backfill=spec.id))
+    injector.hit("stall_before_fence", 0)  # validation read the progress; nothing of it is trusted past here
     writer = None if spec.dry_run else ChunkWriter(settings, spec)  # init_transactions fences older runs
     try:
         return _run(spark, settings, spec, writer, injector, bus)
@@ -175,7 +179,6 @@ def _run(spark, settings: Settings, spec: br.Spec, writer: "ChunkWriter | None",
         out.unpersist()
         return report
 
-    bus = bus or ev.EventBus(settings)
     reg = registry(settings) / f"{spec.id}.json"
     reg.parent.mkdir(parents=True, exist_ok=True)
     reg.write_text(json.dumps({"id": spec.id, "pid": os.getpid(), "host": socket.gethostname(),

@@ -14,6 +14,8 @@ ONCEFLOW_FAULT is a comma-separated list of `point@batch[:seconds]`:
 - `crash_after_chunk@N`:    (backfill) die right after chunk N's transaction committed
 - `stall_before_chunks@N:S`: (backfill) wait S seconds after reading its progress and computing, before its first
                             chunk (N is ignored): another run of the same id can then overtake it
+- `stall_before_fence@N:S`: (backfill) wait S seconds after validating (which reads the progress), before fencing
+                            older runs (N is ignored): another run can commit every chunk in between
 A crash is a SIGKILL of the job's whole process group (the Python driver and its JVM), like `kill -9`.
 Each fault fires once per checkpoint: a marker file beside the checkpoint's run state remembers it, so the
 replayed batch after the restart goes through.
@@ -27,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 POINTS = ("crash_before_produce", "crash_after_produce", "crash_after_commit", "raise_after_commit", "stall_in_txn",
-          "crash_in_chunk", "crash_after_chunk", "stall_before_chunks", "undeliverable")
-STALLS = ("stall_in_txn", "stall_before_chunks")
+          "crash_in_chunk", "crash_after_chunk", "stall_before_chunks", "stall_before_fence", "undeliverable")
+STALLS = ("stall_in_txn", "stall_before_chunks", "stall_before_fence")
 
 
 class InjectedFault(RuntimeError):

@@ -37,12 +37,21 @@ def status(settings: Settings) -> dict:
     st = ev.read_status(settings.status_file) or {}
     now = int(time.time() * 1000)
     last = st.get("last_commit_ms")
-    started = st.get("started_ms") if job else None
-    batch_since = st.get("batch_started_ms") if job and st.get("running_batch") is not None else None
+    # Until the new driver writes its own status (after spark-submit, preflight and the lock), the file is the
+    # previous process's: its start and its running batch are not this launch's, or health would judge a job
+    # that is still starting by how long ago its predecessor began.
+    launched_ms = int(float(job.get("started", 0)) * 1000) if job else 0
+    fresh = bool(job) and int(st.get("started_ms") or 0) >= launched_ms
+    started = (st.get("started_ms") if fresh else launched_ms) if job else None
+    batch_since = st.get("batch_started_ms") if fresh and st.get("running_batch") is not None else None
+    exited = None if job else (ev.read_status(supervisor.exit_file(settings))
+                               or ({"exit_code": st["exit_code"], "reason": st.get("error", "")[:200]}
+                                   if st.get("exit_code") is not None else None))
     return {"app": settings.app_id, "supervisor_pid": sup["pid"] if sup else None,
             "job_pid": job["pid"] if job else None, "running": job is not None,
             "restarts": job.get("restarts", 0) if job else None,
-            "state": st.get("state") if job else ("stopped" if not st else f"{st.get('state')} (not running)"),
+            "state": (st.get("state") if fresh else "starting") if job
+            else ("stopped" if not st else f"{st.get('state')} (not running)"),
             "last_batch": st.get("last_batch"), "last_commit_age_s": round((now - last) / 1000, 1) if last else None,
             "committed_batches": st.get("committed_batches"), "replays_skipped": st.get("replays_skipped"),
             "watermark_ms": st.get("watermark_ms"), "end_offsets": st.get("end_offsets"),
@@ -52,14 +61,15 @@ def status(settings: Settings) -> dict:
             "transactional_id": settings.transactional_id, "status_file": str(settings.status_file),
             "log": str(supervisor.job_log(settings)), "error": st.get("error"),
             "desired_state": desired_state(settings), "started_ms": started, "last_commit_ms": last,
-            "running_batch": st.get("running_batch") if job else None, "batch_started_ms": batch_since,
-            "last_exit": None if job else ev.read_status(supervisor.exit_file(settings))}
+            "running_batch": st.get("running_batch") if fresh else None, "batch_started_ms": batch_since,
+            "last_exit": exited}
 
 
 @contextlib.contextmanager
-def _start_lock(settings: Settings):
+def start_lock(settings: Settings):
     """One start at a time per app on this machine: the check for a running instance, the launch and its pid
-    file happen under this lock, so two concurrent starts cannot both launch (one pid file would be lost)."""
+    file happen under this lock, so two concurrent starts cannot both launch (one pid file would be lost). Operator
+    actions that must not overlap a start (a quarantine) hold it too."""
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(settings.run_dir / f"{settings.app_id}.start.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -77,7 +87,7 @@ def start(settings: Settings, argv=None) -> dict:
     env = launcher.submit_env(settings)
     if argv:
         env[supervisor.ARGV_ENV] = json.dumps(list(argv))
-    with _start_lock(settings):
+    with start_lock(settings):
         if procs.read_pidfile(supervisor.supervisor_pidfile(settings)) or \
                 procs.read_pidfile(supervisor.job_pidfile(settings)):
             raise JobControlError(f"app {settings.app_id} is already running: `onceflow job status`")

@@ -19,7 +19,7 @@ from confluent_kafka import TopicPartition
 
 from . import kafka_clients
 from .config import Settings
-from .ledger import LedgerEntry, parse_record
+from .ledger import DivergentHistory, LedgerEntry, parse_record
 
 CHUNK = 1000              # records read per step backwards
 MAX_SCAN = 1_000_000      # records read per lookup at most
@@ -27,6 +27,11 @@ MAX_SCAN = 1_000_000      # records read per lookup at most
 
 class LedgerNotVisible(RuntimeError):
     """An open transaction of another producer hides the ledger's newest records for longer than allowed."""
+
+
+class LedgerScanLimit(DivergentHistory):
+    """The app's record is not within the scan's bound: like a divergent history, nothing a restart fixes; the job
+    stops for good (exit 4) and health pages."""
 
 
 def stable_end(settings: Settings, wait_s: float | None = None) -> tuple[int, int]:
@@ -74,7 +79,11 @@ def _scan_back(consumer, settings: Settings, stop) -> LedgerEntry | None:
         scanned += end - start
         end = start
     if end > low:
-        raise RuntimeError(f"no answer within the newest {MAX_SCAN} records of the ledger {settings.ledger_topic}")
+        raise LedgerScanLimit(
+            f"no record of app {settings.app_id} within the newest {MAX_SCAN} records of the ledger "
+            f"{settings.ledger_topic}: the app's history cannot be proven within the scan's bound, so the job stops "
+            f"instead of guessing (a restart would not find more). Check the ledger's retention and whether other "
+            f"writers flood it (`onceflow show ledger`)")
     return None
 
 

@@ -7,10 +7,11 @@ parser, reconciliation, the audit) classifies them as `quarantined`: they go to 
 original size and sha256, but without the payload. I1-I4 hold: each quarantined record is accounted for once, in
 the DLQ.
 
-Rules, checked before anything is written: the job is stopped; the offsets exist in the source and are not yet
-committed (quarantining a committed record would rewrite history). The quarantine is recorded in the ledger, in a
-transaction of the app's transactional id (which also fences any zombie driver), and in the checkpoint's
-`onceflow/quarantine.json`, which the job reads at start (a restore rewrites that file from the ledger).
+Rules, checked before anything is written: the job is stopped (and no start can begin: the app's start lock is
+held); every driver of the app is fenced; the offsets exist in the source and are not yet committed (quarantining
+a committed record would rewrite history). The quarantine is recorded in the checkpoint's
+`onceflow/quarantine.json`, which the job reads at start (a restore rewrites that file from the ledger), and in the
+ledger, in a transaction of the app's transactional id; a failed ledger commit puts the file back.
 """
 from __future__ import annotations
 
@@ -44,36 +45,45 @@ def current(settings: Settings) -> list[QuarantineRange]:
 
 def add(settings: Settings, partition: int, start: int, end: int, reason: str, by: str | None = None
         ) -> QuarantineRecord:
+    """Quarantine source offsets [start, end) of `partition`. Under the app's start lock (no start here can slip
+    in) and after fencing every driver of the app anywhere (the app's transactional id), so what is checked cannot
+    change before it is written. The checkpoint's copy is written first and the ledger record committed second; if
+    the commit fails the copy is put back: the job never runs with a quarantine the ledger does not record."""
+    from .savepoints import Store
+
     if not reason.strip():
         raise QuarantineError("say why the records are quarantined (--reason): the ledger keeps it")
     if end <= start:
         raise QuarantineError(f"the range [{start}, {end}) is empty")
-    if jobctl.status(settings)["running"]:
-        raise QuarantineError(f"app {settings.app_id} is running: stop it first (`onceflow job stop`); the job "
-                              f"reads the quarantine when it starts")
-    wm = kafka_clients.watermarks(settings, settings.source_topic) or {}
-    if partition not in wm:
-        raise QuarantineError(f"the source topic {settings.source_topic} has no partition {partition}")
-    if end > wm[partition][1]:
-        raise QuarantineError(f"partition {partition} ends at offset {wm[partition][1]}; {end} is beyond it")
-    snap = audit.snapshot(settings)
-    done = snap.committed.offsets.get(partition) if snap.committed.offsets else \
-        (snap.entries[-1].end.get(partition) if snap.entries else None)
-    if done is not None and start < done:
-        raise QuarantineError(f"offsets of partition {partition} below {done} are committed already: a "
-                              f"quarantine applies only to records the job has not processed yet")
-    record = QuarantineRecord(app=settings.app_id, topic=settings.source_topic,
-                              ranges=(QuarantineRange(partition, start, end),), reason=reason.strip(),
-                              by=by or getpass.getuser(), ts_ms=int(time.time() * 1000))
-    writer = ledger_writes.app_writer(settings)  # fences any zombie driver of the app
-    try:
-        ledger_writes.commit_record(writer, settings, record.to_json(), "quarantine")
-    finally:
-        writer.close()
-    from .savepoints import Store
-
-    Store(settings.checkpoint).write(QUARANTINE_FILE,
-                                     render_quarantine(current(settings) + list(record.ranges)).encode())
+    with jobctl.start_lock(settings):
+        if jobctl.status(settings)["running"]:
+            raise QuarantineError(f"app {settings.app_id} is running: stop it first (`onceflow job stop`); the job "
+                                  f"reads the quarantine when it starts")
+        wm = kafka_clients.watermarks(settings, settings.source_topic) or {}
+        if partition not in wm:
+            raise QuarantineError(f"the source topic {settings.source_topic} has no partition {partition}")
+        if end > wm[partition][1]:
+            raise QuarantineError(f"partition {partition} ends at offset {wm[partition][1]}; {end} is beyond it")
+        writer = ledger_writes.app_writer(settings)  # fences any driver of the app, here or elsewhere
+        try:
+            snap = audit.snapshot(settings)  # after the fence: nothing can commit past it any more
+            done = snap.committed.offsets.get(partition) if snap.committed.offsets else \
+                (snap.entries[-1].end.get(partition) if snap.entries else None)
+            if done is not None and start < done:
+                raise QuarantineError(f"offsets of partition {partition} below {done} are committed already: a "
+                                      f"quarantine applies only to records the job has not processed yet")
+            record = QuarantineRecord(app=settings.app_id, topic=settings.source_topic,
+                                      ranges=(QuarantineRange(partition, start, end),), reason=reason.strip(),
+                                      by=by or getpass.getuser(), ts_ms=int(time.time() * 1000))
+            store, before = Store(settings.checkpoint), current(settings)
+            store.write(QUARANTINE_FILE, render_quarantine(before + list(record.ranges)).encode())
+            try:
+                ledger_writes.commit_record(writer, settings, record.to_json(), "quarantine")
+            except BaseException:
+                store.write(QUARANTINE_FILE, render_quarantine(before).encode())
+                raise
+        finally:
+            writer.close()
     ev.EventBus(settings).emit(QUARANTINED, logging.WARNING, flush=True, partition=partition, start=start, end=end,
                                reason=record.reason, by=record.by)
     log.warning("quarantined %s[%d] [%d, %d): %s", settings.source_topic, partition, start, end, record.reason)

@@ -193,6 +193,7 @@ class Runtime:
     state_store_provider: str
     job_config_hash: str
     shuffle_partitions: int
+    max_event_ahead_ms: int | None = None     # the skew rule the job would classify records with
 
 
 def incompatibilities(m: Manifest, rt: Runtime) -> list[str]:
@@ -224,6 +225,7 @@ class RestoreFacts:
     source_low: dict[int, int]                 # the earliest offset still in the source, per partition
     last_epoch: int
     now_ms: int
+    catch_up_skews: frozenset = frozenset()    # the skew rules batches after the savepoint were classified with
 
 
 @dataclass(frozen=True)
@@ -331,6 +333,14 @@ def plan_restore(m: Manifest, rt: Runtime, facts: RestoreFacts, allow_rewind: bo
                 f"restoring {m.id} needs to re-read the source from its end offsets, but retention has already "
                 f"deleted part of that range (partition: (needed from, earliest left) {gone}); restore a newer "
                 f"savepoint")
+        skews = {s for s in facts.catch_up_skews if s is not None}
+        if rt.max_event_ahead_ms is not None and skews and skews != {rt.max_event_ahead_ms}:
+            raise SavepointError(
+                f"the committed batches {m.ledger_batch + 1}..{c.batch} were classified with an event-time skew "
+                f"limit of {sorted(x // 1000 for x in skews)} s, and the job would rebuild their state with "
+                f"{rt.max_event_ahead_ms // 1000} s (ONCEFLOW_MAX_EVENT_AHEAD_S): the rebuilt state would not be "
+                f"the one their results came from. Restore with the setting those batches used; change it "
+                f"afterwards (an upgrade applies it to new batches only)")
         catch_up = CatchUp(spark_batch=nxt, ledger_from=m.ledger_batch + 1, ledger_to=c.batch, start=start,
                            end=dict(c.offsets), watermark_ms=sink.watermark_ms, batch_ts_ms=sink.batch_ts_ms)
         epoch = Epoch(epoch=epoch_no, ledger_shift=c.batch - nxt, spark_batch_from=nxt, catch_up_spark_batch=nxt,

@@ -25,7 +25,7 @@ from . import events as ev, jobctl, kafka_clients, ledger_reader, ledger_writes,
 from .checkpoint import (EPOCH_FILE, QUARANTINE_FILE, Epoch, parse_offsets_file, render_offsets_file,
                          render_quarantine)
 from .config import Settings
-from .ledger import Committed, RestoreRecord
+from .ledger import Committed, LedgerEntry, RestoreRecord
 from .savepoint_rules import (DATA_DIR, MANIFEST, FileEntry, Manifest, RestoreFacts, RestorePlan, Runtime,
                               SavepointError, cut_problems, file_problems, in_cut, incompatibilities, log_batches,
                               plan_restore)
@@ -108,7 +108,7 @@ def runtime(settings: Settings) -> Runtime:
 
     return Runtime(app=settings.app_id, spark_version=pyspark.__version__,
                    state_store_provider=settings.state_store_provider, job_config_hash=settings.job_config_hash(),
-                   shuffle_partitions=settings.shuffle_partitions)
+                   shuffle_partitions=settings.shuffle_partitions, max_event_ahead_ms=settings.max_event_ahead_ms)
 
 
 # ---------------------------------------------------------------------------- Kafka facts
@@ -319,14 +319,19 @@ def restore_facts(settings: Settings, m: Manifest) -> RestoreFacts:
     from . import audit
 
     committed, _ = _group_position(settings, m.end_offsets)
+    after = committed.batch is not None and m.ledger_batch is not None and committed.batch > m.ledger_batch
+    records = audit.ledger_records(settings)
     return RestoreFacts(
         committed=committed, ledger_at_savepoint=_ledger_entry(settings, m.ledger_batch),
         ledger_at_sink=_ledger_entry(settings, committed.batch),
         newer=tuple(x.id for x in list_all(settings)
                     if x.complete and x.ledger_batch is not None and x.ledger_batch > m.ledger_batch),
         source_low=_source_low(settings, committed.offsets or m.end_offsets),
-        last_epoch=max((r.epoch for r in audit.restore_records(settings)), default=0),
-        now_ms=int(time.time() * 1000))
+        last_epoch=max((r.epoch for r in records if isinstance(r, RestoreRecord)), default=0),
+        now_ms=int(time.time() * 1000),
+        catch_up_skews=frozenset(e.max_event_ahead_ms for e in records
+                                 if after and isinstance(e, LedgerEntry) and e.kind == "stream"
+                                 and m.ledger_batch < e.batch <= committed.batch))
 
 
 def check_restore(settings: Settings, sp_id: str, allow_rewind: bool = False) -> RestorePlan:

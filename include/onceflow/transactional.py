@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 FENCED, COORDINATOR_TIMEOUT, OUTCOME_UNKNOWN = "fenced", "coordinator_timeout", "outcome_unknown"
 ABORTABLE, FATAL, RETRIABLE, CONFIG = "abortable", "fatal", "retriable", "config"
 
-FENCING_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
-                 KafkaError.INVALID_TXN_STATE}
+# Not INVALID_TXN_STATE: a call that does not fit the transaction's state says nothing of another instance (as
+# fencing it would stop the job for good); librdkafka's fatal/abortable flags decide it.
+FENCING_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 CONFIG_CODES = {KafkaError.INVALID_TRANSACTION_TIMEOUT, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                 KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
                 KafkaError.CLUSTER_AUTHORIZATION_FAILED}
@@ -188,9 +189,13 @@ class TransactionalWriter:
                 return
             except KafkaException as e:
                 kind = classify(e.args[0], phase="commit", elapsed_ms=self.elapsed_ms, timeout_ms=self.timeout_ms)
-                if kind == RETRIABLE and self._clock() < deadline:  # librdkafka: call commit again
-                    self._sleep(RETRY_PAUSE_S)
-                    continue
+                if kind == RETRIABLE:
+                    if self._clock() < deadline:  # librdkafka: call commit again
+                        self._sleep(RETRY_PAUSE_S)
+                        continue
+                    # Retried until the deadline: the commit may still land, as after a timeout. Aborting and
+                    # reusing this producer is the KIP-890 hazard; the producer is replaced instead.
+                    kind = OUTCOME_UNKNOWN
                 raise self._failure(e, "commit", kind) from e
 
     def abort(self) -> None:

@@ -1,6 +1,7 @@
 """The protocol's edges, each reproduced against the real broker (and, where it takes a crash, a real kill -9):
 a client clock a year ahead, records near the size limit and poison records, lost group offsets, a ledger record
 hidden behind another producer's open transaction, a commit whose outcome is unknown."""
+import json
 import os
 import signal
 import threading
@@ -11,7 +12,7 @@ from confluent_kafka import Producer
 
 from onceflow import alerts, audit, broker, events as ev, health, jobctl, kafka_clients, procs, quarantine, records
 from onceflow.exactly_once import ExactlyOnceSink, KIND_RESULT, OutRecord
-from onceflow.generator import KIND_MALFORMED, Sent
+from onceflow.generator import KIND_MALFORMED, KIND_OK, Sent
 from onceflow.ledger import BatchPlan, Decision
 
 from .helpers import assert_exact, end_offsets, events, produce, wait_drained, wait_event
@@ -71,6 +72,16 @@ def test_oversized_and_poison_records_never_stop_the_job(app, tmp_path):
     big_off, poison_off = got[1][1], got[2][1]
     extra = [Sent(1, KIND_MALFORMED, None, None, records.REASON_TOO_LARGE, big_off),
              Sent(2, KIND_MALFORMED, None, None, records.REASON_QUARANTINED, poison_off)]
+    # One address, many spellings (RFC 5952): the running job counts each under one canonical key.
+    ts_ms = max(r.ts_us for r in first if r.ts_us is not None) // 1000
+    spellings = {"2001:DB8::1": "2001:db8::1", "2001:db8:0:0::1": "2001:db8::1", "2001:0db8::0:1": "2001:db8::1",
+                 "::FFFF:1.2.3.4": "::ffff:1.2.3.4", "::ffff:1.2.3.4": "::ffff:1.2.3.4"}
+    for spelled in spellings:
+        p.produce(s.source_topic, value=json.dumps({"ts": ts_ms, "ip": spelled}).encode(), partition=3,
+                  on_delivery=lambda err, msg: got.setdefault("spelled", []).append((err, msg.offset())))
+    assert p.flush(30) == 0 and all(err is None for err, _ in got["spelled"])
+    extra += [Sent(3, KIND_OK, ts_ms * 1000, canonical, None, off)
+              for (_, off), canonical in zip(got["spelled"], spellings.values())]
     poisoned = s.replace(fault=f"undeliverable@2:{poison_off}")
     jobctl.start(poisoned)
     gave_up = wait_event(s, ev.SUPERVISOR_GAVE_UP, timeout=240)
@@ -97,6 +108,8 @@ def test_oversized_and_poison_records_never_stop_the_job(app, tmp_path):
     import hashlib
 
     assert capped.headers["onceflow.original.sha256"].decode() == hashlib.sha256(big).hexdigest()
+    keys = {json.loads(m.value)["ip"] for m in audit.read_topic(s, s.sink_topic)}
+    assert {"2001:db8::1", "::ffff:1.2.3.4"} <= keys and not keys & {"2001:DB8::1", "2001:db8:0:0::1", "::FFFF:1.2.3.4"}
     held = dlq[(2, poison_off)]
     assert held.value is None and held.headers["onceflow.reason"] == records.REASON_QUARANTINED.encode()
     assert held.headers["onceflow.original.sha256"].decode() == hashlib.sha256(poison_value).hexdigest()

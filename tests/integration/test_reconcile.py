@@ -119,12 +119,22 @@ def test_a_missing_dlq_record_is_named(history, spark):
     assert res.check("I2_accounting").status == FAIL  # one record unaccounted for
 
 
-def test_a_running_job_reconciles_green_while_it_commits(app, spark, tmp_path):
+def test_a_running_job_reconciles_green_while_it_commits(app, spark, tmp_path, monkeypatch):
     """Input flowing, batches committing during the run: the reconciliation reads a consistent cut (the group's
-    position first, then the ledger up to it), so a batch committed meanwhile is neither a gap nor foreign."""
+    position first, then the ledger up to it), so a batch committed meanwhile is neither a gap nor foreign. The
+    test makes sure a batch commits between the two reads: every read of the group's position first waits for the
+    job's next commit (read in the other order, the ledger then lacks the group's batch: a false I1 gap)."""
     import threading
 
     from onceflow import procs
+
+    real_position = audit.committed_position
+
+    def after_the_next_commit(settings, partitions):
+        seen = jobctl.status(s)["last_batch"]
+        procs.wait_until(lambda: (jobctl.status(s)["last_batch"] or -1) > (seen or -1), 120,
+                         what="a commit between the reads")
+        return real_position(settings, partitions)
 
     s = app(max_offsets_per_trigger=1500)
     fed: dict = {}
@@ -135,6 +145,7 @@ def test_a_running_job_reconciles_green_while_it_commits(app, spark, tmp_path):
     jobctl.start(s)
     feeder.start()
     procs.wait_until(lambda: len(audit.ledger_entries(s)) >= 4, 180, what="a few committed batches")
+    monkeypatch.setattr(audit, "committed_position", after_the_next_commit)
     for _ in range(2):
         before = audit.ledger_entries(s)[-1].batch
         res = reconcile.run(spark, s, with_gx=False)

@@ -176,3 +176,40 @@ def test_remediation_is_bounded_and_never_changes_the_operators_intent(tmp_path)
     # outside the window the budget is back
     assert health.remediate(rec, found, s, 1_000_000 + 700_000 + 600_000, started.append) == []
     assert len(started) == 2
+
+
+def test_a_relaunched_job_is_not_judged_by_its_predecessors_status(tmp_path):
+    """Between a relaunch (new job pid file) and the new driver's first status write, the status file is the old
+    process's: its start and its running batch must not count, or health would kill a job that is still starting.
+    And a job that exited for good while its supervisor was gone (no exit file) is known by its status."""
+    import subprocess
+    import sys
+    import time
+
+    from onceflow import jobctl, procs, supervisor
+
+    s = config.load(env={}, app_id="a", var_dir=tmp_path)
+    old_start = int(time.time() * 1000) - 3600_000
+    ev.write_status(s.status_file, {"state": "running", "started_ms": old_start, "running_batch": 7,
+                                    "batch_started_ms": old_start + 1000, "last_commit_ms": old_start + 500})
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", supervisor.JOB_MARKER])
+    try:
+        procs.write_pidfile(supervisor.job_pidfile(s), proc.pid, supervisor.JOB_MARKER)
+        st = jobctl.status(s)
+        assert st["running"] and st["state"] == "starting"
+        assert st["started_ms"] >= old_start + 3500_000, "the predecessor's start was taken for this launch's"
+        assert st["running_batch"] is None and st["batch_started_ms"] is None
+        # the new driver writes its own status: from then on it is the truth
+        now = int(time.time() * 1000) + 1000
+        ev.write_status(s.status_file, {"state": "running", "started_ms": now, "running_batch": 0,
+                                        "batch_started_ms": now + 10})
+        st = jobctl.status(s)
+        assert (st["state"], st["started_ms"], st["running_batch"]) == ("running", now, 0)
+    finally:
+        proc.kill()
+        proc.wait()
+    ev.write_status(s.status_file, {"state": "failed", "started_ms": old_start, "exit_code": 3, "error": "fenced"})
+    st = jobctl.status(s)
+    assert not st["running"] and st["last_exit"]["exit_code"] == 3
+    rec = record(running=False, job_pid=None, last_exit=st["last_exit"])
+    assert [c.key for c in health.assess(rec, s)] == ["health:a:not_restartable"]

@@ -133,3 +133,17 @@ def test_lost_group_offsets_are_decided_from_the_ledger_never_by_writing_blindly
     assert decide(plan(0, [0, 0], [5, 7]), NO_OFFSETS, None, None) is Decision.WRITE
     with pytest.raises(DivergentHistory, match="neither the group nor the ledger"):
         decide(plan(5, [0, 0], [5, 7]), NO_OFFSETS, None, None)
+
+
+def test_a_lookup_past_the_scan_bound_stops_like_divergent_history(monkeypatch):
+    """Not a plain crash (a restart would scan the same records again, forever): the job stops for good, exit 4."""
+    from onceflow import config, ledger_reader
+    from onceflow.ledger import DivergentHistory
+
+    s = config.load(env={}, app_id="a")
+    monkeypatch.setattr(ledger_reader, "stable_end", lambda settings: (0, ledger_reader.MAX_SCAN + 5000))
+    read = []
+    monkeypatch.setattr(ledger_reader, "_app_entries", lambda c, settings, a, b: read.append(b - a) or [])
+    with pytest.raises(DivergentHistory, match="cannot be proven within the scan's bound"):
+        ledger_reader.find_entry(None, s, 7)
+    assert sum(read) == ledger_reader.MAX_SCAN

@@ -215,3 +215,14 @@ def test_retention_leaves_fresh_incomplete_savepoints_alone():
     assert plan.keep == ["sp1", "sp2"] and plan.delete_ids == ["sp3"]
     with pytest.raises(ValueError):
         retention.plan([], NOW, keep=0, max_age_s=1)
+
+
+def test_a_catch_up_under_another_skew_limit_is_refused():
+    """The catch-up batch rebuilds state from committed batches with the job's rules now: a skew limit other than
+    the one those batches were classified with would rebuild a state their results never came from."""
+    rt = replace(RT, max_event_ahead_ms=60_000)
+    assert plan_restore(manifest(), rt, replace(facts(9, [90, 95]), catch_up_skews=frozenset({60_000}))).catch_up
+    with pytest.raises(SavepointError, match=r"skew limit of \[120\] s.*rebuild their state with 60 s"):
+        plan_restore(manifest(), rt, replace(facts(9, [90, 95]), catch_up_skews=frozenset({120_000})))
+    # at the sink's batch nothing is re-read: any setting goes
+    assert plan_restore(manifest(), rt, replace(facts(5, [50, 60]), catch_up_skews=frozenset({120_000})))

@@ -146,6 +146,32 @@ def test_a_retriable_commit_error_is_retried():
     assert [m for _, m in calls].count("commit_transaction") == 2 and "abort_transaction" not in [m for _, m in calls]
 
 
+def test_a_commit_retried_until_its_deadline_is_an_unknown_outcome_not_an_abort():
+    """A retriable commit error past commit_timeout_s: the commit may still land, so the producer is replaced
+    (never aborted and reused: the next transaction could absorb the late commit)."""
+    clock = Clock()
+    busy = kerr(KafkaError.COORDINATOR_NOT_AVAILABLE, retriable=True)
+
+    class Late(FakeProducer):
+        def commit_transaction(self, timeout):
+            clock.now += 70.0  # each try waits out its time
+            super().commit_transaction(timeout)
+
+    calls, made = [], []
+
+    def make():
+        p = Late(f"p{len(made)}", calls, {"commit_transaction": [busy, busy]} if not made else {})
+        made.append(p)
+        return p
+
+    w = t.TransactionalWriter(make, "onceflow.app", 60_000, clock=clock, sleep=lambda s: None,
+                              commit_timeout_s=120)
+    with pytest.raises(t.OutcomeUnknown):
+        one_batch(w)
+    assert "abort_transaction" not in [m for _, m in calls]
+    assert w.producer is made[1] and ("p1", "init_transactions") in calls
+
+
 @pytest.mark.parametrize("method", ["commit_transaction", "abort_transaction"])
 def test_a_commit_or_abort_that_times_out_replaces_the_producer_before_anything_else(method):
     events = []
@@ -220,6 +246,8 @@ def test_init_errors():
     (KafkaError._STATE, {"abortable": True}, "commit", 10, t.ABORTABLE),
     (KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, {"fatal": True}, "produce", 10, t.FATAL),
     (KafkaError.UNKNOWN, {}, "produce", 10, t.ABORTABLE),
+    (KafkaError.INVALID_TXN_STATE, {"fatal": True}, "commit", 10, t.FATAL),   # a state error is not fencing
+    (KafkaError.INVALID_TXN_STATE, {"abortable": True}, "produce", 10, t.ABORTABLE),
     (KafkaError.UNKNOWN, {}, "init", None, t.FATAL),
 ])
 def test_classify(code, flags, phase, elapsed, expected):
