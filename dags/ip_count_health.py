@@ -1,7 +1,7 @@
 """
 ### ip_count_health
 
-Every 2 minutes: is the `ip_count` job alive, is it making progress (a committed batch recently while input
+Every `ONCEFLOW_HEALTH_INTERVAL_S` (default 120 s): is the `ip_count` job alive, is it making progress (a committed batch recently while input
 waits), how is its lag per partition (Burrow's OK/WARN/STALL/STOP rules over the last runs), is its checkpoint
 fresh. A dead or stalled job is restarted, at most `ONCEFLOW_HEALTH_RESTART_ATTEMPTS` times per window, then
 the check stops trying and pages. Alerts are deduplicated while a problem lasts and resolved when it ends.
@@ -13,12 +13,12 @@ from datetime import timedelta
 
 from airflow.sdk import dag, task
 
-from onceflow import health, orchestration
+from onceflow import config, health, orchestration
 
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 1, "retry_delay": timedelta(seconds=20)}
 
 
-@dag(dag_id="ip_count_health", schedule=timedelta(minutes=2), catchup=False, max_active_runs=1,
+@dag(dag_id="ip_count_health", schedule=timedelta(seconds=config.load().health_interval_s), catchup=False, max_active_runs=1,
      doc_md=__doc__, default_args=DEFAULT_ARGS, tags=["onceflow", "ip_count", "health"])
 def ip_count_health():
     @task

@@ -1,8 +1,14 @@
 """
 ### ip_count_reconciliation
 
-Proves, every hour, that the `ip_count` job's committed output is exact for the batches it committed in the
-run's data interval (or, triggered by hand, for a range of batches or commit times):
+Proves that the `ip_count` job's committed output is exact. **Scheduled** (every
+`ONCEFLOW_RECONCILE_INTERVAL_MINUTES`, default 60): a gap-free chain. Each run reconciles every ledger batch
+committed since the last batch a successful run proved, up to the newest one committed when it starts (at most
+`ONCEFLOW_RECONCILE_MAX_BATCHES`; the rest goes to the next run), whatever the data interval says. A failed run
+does not move the chain: the next run covers those batches again. A run with nothing new succeeds and says so.
+`onceflow reconcile status` shows which batches are proven, pending or failed. **By hand**: a range of batches
+(`first_batch`/`last_batch`) or of commit times (`since`/`until`), beside the chain; without a range, a manual
+trigger runs the chain's next slice.
 
 * **I1 coverage**: the ledger's ranges are contiguous and non-overlapping per partition up to the group's
   committed offsets (gaps and overlaps with exact offsets);
@@ -15,8 +21,8 @@ run's data interval (or, triggered by hand, for a range of batches or commit tim
 * a **Great Expectations** suite on the sink records of the range (Data Docs under `var/reconciliation/<app>/gx`).
 
 The recount runs as a Spark batch job (`jobs/reconcile.py`) submitted through the Spark provider
-(`spark_default`). Each result goes to the `onceflow_reconciliation` topic and a JSON file; a failed check fails
-the run and alerts with the precise difference.
+(`spark_default`). Each result goes to the `onceflow_reconciliation` topic (a chain run's in one transaction with
+the chain's move) and a JSON file; a failed check fails the run and alerts with the precise difference.
 """
 from __future__ import annotations
 
@@ -24,15 +30,16 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from onceflow import orchestration, reconcile
+from onceflow import config, orchestration, reconciliation
 
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minutes=5)}
 
 
-@dag(dag_id="ip_count_reconciliation", schedule=timedelta(hours=1), catchup=False, max_active_runs=1,
-     doc_md=__doc__, default_args=DEFAULT_ARGS, tags=["onceflow", "ip_count", "reconciliation"],
+@dag(dag_id="ip_count_reconciliation", schedule=timedelta(minutes=config.load().reconcile_interval_minutes),
+     catchup=False, max_active_runs=1, doc_md=__doc__, default_args=DEFAULT_ARGS,
+     tags=["onceflow", "ip_count", "reconciliation"],
      params={"first_batch": Param(None, type=["null", "integer"], minimum=0,
-                                  description="by hand: the first ledger batch (with last_batch)"),
+                                  description="by hand: the first ledger batch (with last_batch); empty: the chain"),
              "last_batch": Param(None, type=["null", "integer"], minimum=0, description="by hand: the last batch"),
              "since": Param(None, type=["null", "string"],
                             description="by hand: batches committed at or after this time (ISO-8601)"),
@@ -40,25 +47,15 @@ DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minu
              "great_expectations": Param(True, type="boolean", description="run the GX suite on the sink range")})
 def ip_count_reconciliation():
     @task
-    def reconcile_range() -> dict:
+    def reconcile() -> dict:
         ctx = get_current_context()
-        p = ctx["params"]
-        rng = reconcile.range_from(p["first_batch"], p["last_batch"], p["since"], p["until"],
-                                   ctx.get("data_interval_start"), ctx.get("data_interval_end"))
         s = orchestration.settings()
-        out = reconcile.home(s) / "runs" / f"pending-{ctx['run_id'].replace(':', '_')}.json"
-        argv = orchestration.batch_submit_argv(s, reconcile.SCRIPT, reconcile.args_for(
-            **rng, with_gx=p["great_expectations"]) + ["--out", str(out)])
-        res = reconcile.submitted(s, argv, out)
-        reconcile.record(s, res, orchestration.alert_sink(s, ctx))
-        summary = {c.name: f"{c.status}: {c.summary}" for c in res.checks}
-        print(f"reconciled batches {res.first_batch}..{res.last_batch}: {summary}")
-        if not res.ok:
-            raise RuntimeError("reconciliation failed: " + "; ".join(
-                f"{c.name}: {c.summary} {c.differences[:5]}" for c in res.failures()))
-        return {"batches": [res.first_batch, res.last_batch], "checks": summary, "data_docs": res.data_docs}
+        return reconciliation.run_for_dag(
+            s, ctx["params"], ctx["run_id"],
+            lambda args: orchestration.batch_submit_argv(s, reconciliation.SCRIPT, args),
+            orchestration.alert_sink(s, ctx))
 
-    reconcile_range()
+    reconcile()
 
 
 ip_count_reconciliation()

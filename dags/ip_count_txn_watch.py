@@ -1,7 +1,7 @@
 """
 ### ip_count_txn_watch
 
-Every minute: alert on (a) `transaction_timeout` events of the job (a transaction the coordinator aborted;
+Every `ONCEFLOW_TXN_WATCH_INTERVAL_S` (default 60 s): alert on (a) `transaction_timeout` events of the job (a transaction the coordinator aborted;
 the job replays the batch), (b) near-timeout warnings (a transaction past 80% of its timeout), and (c) hanging
 transactions on the sink, DLQ, ledger and backfill topics: the last stable offset held below the high watermark for longer than
 the transaction timeout, with the open transaction's age from its first record. Each alert names the
@@ -13,12 +13,12 @@ from datetime import timedelta
 
 from airflow.sdk import dag, task
 
-from onceflow import orchestration, txnwatch
+from onceflow import config, orchestration, txnwatch
 
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 1, "retry_delay": timedelta(seconds=15)}
 
 
-@dag(dag_id="ip_count_txn_watch", schedule=timedelta(minutes=1), catchup=False, max_active_runs=1,
+@dag(dag_id="ip_count_txn_watch", schedule=timedelta(seconds=config.load().txn_watch_interval_s), catchup=False, max_active_runs=1,
      doc_md=__doc__, default_args=DEFAULT_ARGS, tags=["onceflow", "ip_count", "transactions"])
 def ip_count_txn_watch():
     @task

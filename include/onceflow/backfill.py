@@ -264,10 +264,10 @@ class ChunkWriter:
 def spec_from(settings: Settings, backfill_id: str, start=None, end=None, since=None, until=None,
               target: str | None = None, chunk_size: int = 5000, dry_run: bool = False) -> br.Spec:
     """A Spec from CLI or DAG parameters (offsets as JSON objects, times as ISO-8601 or epoch ms)."""
-    from .reconcile import _ms
+    from .reconciliation import to_ms
 
     try:
-        since_ms, until_ms = _ms(since), _ms(until)
+        since_ms, until_ms = to_ms(since), to_ms(until)
     except ValueError as e:
         raise br.BackfillError(str(e)) from None
     return br.Spec(id=backfill_id, source_topic=settings.source_topic, target_topic=target or settings.backfill_topic,

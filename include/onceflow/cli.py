@@ -133,8 +133,12 @@ def cmd_show(args, s: config.Settings) -> int:
 def cmd_audit(args, s: config.Settings) -> int:
     from . import audit
 
+    _progress(f"auditing app {s.app_id}: a consistent cut of its committed history (reading the source, sink, "
+              f"DLQ and ledger) ...")
     rep = audit.audit(s)
     _print(rep.summary(), True)
+    print(f"{'OK' if rep.ok else 'VIOLATED'}: I1-I4 on every batch up to batch {rep.snapshot_batch} "
+          f"(the newest committed when the audit began)", file=sys.stderr)
     return 0 if rep.ok else 1
 
 
@@ -186,31 +190,74 @@ def _need_id(args) -> str:
 
 
 def cmd_reconcile(args, s: config.Settings) -> int:
-    from . import launcher, reconcile
+    from . import audit, recon_chain, reconciliation
 
-    rng = reconcile.range_from(args.first, args.last, args.since, args.until)
-    spark = launcher.local_session(s, "reconcile")
-    res = reconcile.run(spark, s, **rng, with_gx=not args.no_gx)
-    info = reconcile.record(s, res)
+    if args.action == "status":
+        st = recon_chain.status(s, audit.committed_position(s, _source_partitions(s)).batch)
+        if args.json:
+            _print(st, True)
+        else:
+            print(f"proven   through batch {st['proven_through']} (run {st['proven_by_run']})")
+            print(f"pending  {_ranges(st['pending'])}   (newest committed batch {st['newest_committed_batch']})")
+            print(f"failed   {_ranges(st['failed'])}")
+            for r in st["recent_runs"]:
+                print(f"  {r['mode']:<6} {r['run_id']}  batches {r['batches'][0]}..{r['batches'][1]}  {r['verdict']}"
+                      + (f"  failed: {', '.join(r['failed_checks'])}" if r["failed_checks"] else ""))
+        return 0
+    rng = reconciliation.range_from(args.first, args.last, args.since, args.until)
+    what = ("the chain's next slice" if args.chain else
+            "every committed batch" if rng is None else ", ".join(f"{k}={v}" for k, v in rng.items()))
+    _progress(f"reconciling {what} of app {s.app_id} (Spark; log: {s.log_dir / 'cli.log'}) ...")
+    spark = _spark(s, "reconcile")
+    from . import reconcile
+
+    res = reconcile.run_chain(spark, s, with_gx=not args.no_gx) if args.chain else \
+        reconcile.run(spark, s, **(rng or {}), with_gx=not args.no_gx)
+    info = reconciliation.record(s, res)
     if args.json:
         _print(res.as_dict() | info, True)
     else:
-        print(f"batches {res.first_batch}..{res.last_batch}  ranges {res.ranges}")
+        print(f"batches {res.first_batch}..{res.last_batch} (cut at batch {res.snapshot_batch})  "
+              f"source offsets {res.coverage.get('source_offsets')}")
         for c in res.checks:
             print(f"  {c.status.upper():<5} {c.name:<14} {c.summary}")
             for d in c.differences[:10]:
-                print(f"        {json.dumps(d, default=str)}")
-        print(f"result: {info['file']}" + (f"\nData Docs: {res.data_docs}" if res.data_docs else ""))
+                print(f"        {json.dumps(d)}")
+        print(f"{res.verdict.upper()}   result: {info['file']}" +
+              (f"\nData Docs: {res.data_docs}" if res.data_docs else ""))
     return 0 if res.ok else 1
 
 
+def _ranges(rs: list) -> str:
+    return ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in rs) or "none"
+
+
+def _source_partitions(s: config.Settings) -> list[int]:
+    from . import kafka_clients
+
+    return sorted(kafka_clients.watermarks(s, s.source_topic) or {})
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _spark(s: config.Settings, name: str):
+    """The CLI's in-process Spark: its JVM's own output goes to the CLI's log file, not the terminal."""
+    from . import launcher
+
+    return launcher.local_session(s, name, log_file=s.log_dir / "cli.log")
+
+
 def cmd_backfill(args, s: config.Settings) -> int:
-    from . import backfill, launcher
+    from . import backfill
 
     spec = backfill.spec_from(s, args.id, args.start_offsets, args.end_offsets, args.since, args.until, args.target,
                               args.chunk_size, args.dry_run)
     spec = backfill.validate(s, spec)  # before Spark starts: bad parameters cost nothing
-    report = backfill.run(launcher.local_session(s, "backfill"), s, spec)
+    _progress(f"backfill {spec.id}: {spec.start} -> {spec.end} into {spec.target_topic} (Spark; log: "
+              f"{s.log_dir / 'cli.log'}) ...")
+    report = backfill.run(_spark(s, "backfill"), s, spec)
     _print(report, args.json)
     return 0
 
@@ -311,7 +358,11 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_savepoint)
 
-    rc = sub.add_parser("reconcile", help="prove the committed output exact for a range of batches (I1-I4 + GX)")
+    rc = sub.add_parser("reconcile", help="prove the committed output exact for a range of batches (I1-I4 + GX); "
+                                          "`reconcile status`: which batches are proven, pending or failed")
+    rc.add_argument("action", nargs="?", choices=["run", "status"], default="run")
+    rc.add_argument("--chain", action="store_true",
+                    help="the scheduled chain's next slice (what the reconciliation DAG's scheduled runs do)")
     rc.add_argument("--first", type=int, help="first ledger batch (with --last)")
     rc.add_argument("--last", type=int)
     rc.add_argument("--since", help="batches committed at or after this time (ISO-8601 or epoch ms)")
@@ -352,12 +403,49 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# Loggers whose lines an operator at the terminal wants (onceflow's progress and warnings); everything else (GX,
+# py4j, Spark, Airflow) goes to the log file only, unless -v.
+CONSOLE_LOGGERS = ("onceflow", "__main__")
+
+
+class _OnlyOurs(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name.split(".")[0] in CONSOLE_LOGGERS
+
+
+def setup_logging(settings: config.Settings | None, verbose: bool, foreground_job: bool = False) -> None:
+    """Quiet by default: the terminal gets onceflow's own log lines and the commands' progress and verdict; every
+    library's log lines go to var/log/cli.log. -v sends everything to the terminal too."""
+    root = logging.getLogger()
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(fmt)
+    if not verbose and not foreground_job:
+        console.addFilter(_OnlyOurs())
+    root.handlers[:] = [console]
+    if settings is not None and not foreground_job:
+        try:
+            settings.log_dir.mkdir(parents=True, exist_ok=True)
+            f = logging.FileHandler(settings.log_dir / "cli.log")
+            f.setFormatter(fmt)
+            root.addHandler(f)
+        except OSError:
+            pass  # an unwritable var dir: the console still gets warnings
+    for noisy in ("py4j", "great_expectations", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if not verbose else logging.DEBUG)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     try:
         settings = config.load()
+    except config.ConfigError as e:
+        print(f"onceflow: {e}", file=sys.stderr)
+        return 2
+    # `job run` is the supervisor: its log is the job log, written as it is
+    setup_logging(settings, args.verbose, foreground_job=args.command == "job" and args.action == "run")
+    try:
         return args.fn(args, settings) or 0
     except Exception as e:  # one clear line for the operator; the traceback with -v
         if args.verbose:

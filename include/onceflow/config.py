@@ -94,7 +94,7 @@ class Settings:
     savepoint_keep: int = 10                 # the newest K savepoints are kept ...
     savepoint_max_age_s: float = 86_400.0    # ... and none older than this, except the newest
     savepoint_incomplete_grace_s: float = 3600.0  # a savepoint without manifest this old was abandoned
-    rotation_interval_minutes: int = 60
+    rotation_interval_minutes: float = 60.0
     checkpoint_size_alert_bytes: int = 1 << 30
 
     # --- the supervisor (the seeds' fixed-delay restart strategy: 3 attempts, 10 s apart) ---
@@ -103,6 +103,13 @@ class Settings:
 
     # --- the control plane (Airflow) ---
     kafka_conn_id: str = "onceflow_kafka"        # Airflow connection holding bootstrap.servers
+    # The schedules of the watching DAGs (read when the DAG files are parsed; shortened for tests and soaks).
+    health_interval_s: float = 120.0
+    txn_watch_interval_s: float = 60.0
+    reconcile_interval_minutes: float = 60.0
+    # The scheduled reconciliation chain proves at most this many committed batches per run; the rest is the
+    # next run's (onceflow.recon_chain).
+    reconcile_max_batches: int = 2000
     spark_conn_id: str = "spark_default"         # Airflow connection: Spark master / deploy mode
     airflow_port: int = 8080
     health_progress_threshold_s: float = 120.0   # no committed batch for this long while input waits = stalled
@@ -201,7 +208,8 @@ class Settings:
                      "window_s", "transaction_timeout_ms", "broker_transaction_max_timeout_ms",
                      "savepoint_keep", "savepoint_max_age_s", "rotation_interval_minutes",
                      "checkpoint_size_alert_bytes", "producer_batch_messages", "dlq_max_value_bytes",
-                     "ledger_wait_s", "commit_timeout_s"):
+                     "ledger_wait_s", "commit_timeout_s", "health_interval_s", "txn_watch_interval_s",
+                     "reconcile_interval_minutes", "reconcile_max_batches"):
             need(getattr(self, name) > 0, f"{ENV_PREFIX}{name.upper()} must be > 0, got {getattr(self, name)}")
         need(self.watermark_s >= 0, f"{ENV_PREFIX}WATERMARK_S must be >= 0, got {self.watermark_s}")
         need(self.trigger_interval_s >= 0, f"{ENV_PREFIX}TRIGGER_INTERVAL_S must be >= 0")

@@ -89,8 +89,12 @@ def batch_spec(settings: Settings, name: str) -> dict:
             "driver_memory": settings.driver_memory, "conf": batch_conf(settings)}
 
 
-def local_session(settings: Settings, name: str):
-    """An in-process SparkSession for the batch jobs, with the Kafka connector (CLI, tests)."""
+def local_session(settings: Settings, name: str, log_file: Path | None = None):
+    """An in-process SparkSession for the batch jobs, with the Kafka connector (CLI, tests). With `log_file`, the
+    driver JVM's own output (its stderr, where log4j writes) goes there instead of the terminal."""
+    import contextlib
+    import os
+
     from pyspark.sql import SparkSession
 
     b = SparkSession.builder.master(settings.master).appName(f"onceflow-{settings.app_id}-{name}")
@@ -98,7 +102,28 @@ def local_session(settings: Settings, name: str):
     for k, v in batch_conf(settings).items():
         if k != "spark.driver.extraJavaOptions":
             b = b.config(k, v)
-    return b.getOrCreate()
+    if log_file is None:
+        return b.getOrCreate()
+
+    @contextlib.contextmanager
+    def stderr_to(path: Path):
+        # The gateway JVM inherits file descriptor 2 when it is spawned: point it at the log file for that moment.
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sys.stderr.flush()
+        saved = os.dup(2)
+        with open(path, "ab") as f:
+            os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+    with stderr_to(log_file):
+        spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
 
 
 def run_batch(settings: Settings, what: str, argv: list[str], out: Path, log_file: Path,

@@ -18,6 +18,7 @@ from typing import Iterable, Sequence
 from .ledger import CoverageReport, LedgerEntry
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
+MANUAL, CHAIN = "manual", "chain"
 
 
 class ReconcileError(ValueError):
@@ -68,6 +69,69 @@ def source_ranges(selected: Sequence[LedgerEntry]) -> dict[int, tuple[int, int]]
     return {p: r for p, r in sorted(out.items()) if r[1] > r[0]}
 
 
+def coverage(selected: Sequence[LedgerEntry]) -> dict:
+    """What a run proves, for its record: the batches, their commit times, the source offsets they read."""
+    if not selected:
+        return {"batches": None, "count": 0, "commit_time_ms": None, "source_offsets": {}}
+    return {"batches": [selected[0].batch, selected[-1].batch], "count": len(selected),
+            "commit_time_ms": [selected[0].commit_time_ms, selected[-1].commit_time_ms],
+            "source_offsets": {str(p): list(r) for p, r in source_ranges(selected).items()}}
+
+
+# ---------------------------------------------------------------------------- the scheduled chain
+@dataclass(frozen=True)
+class ChainPosition:
+    """How far the scheduled chain has proven the ledger: the last batch a successful chain run proved (None:
+    nothing yet), with the run that proved it. Kept as the chain group's committed offsets on the source (the end
+    of that batch's ranges) and their metadata, committed in one transaction with the run's result record, so the
+    position moves if and only if the proof is recorded."""
+    batch: int | None = None
+    run_id: str | None = None
+    ts_ms: int | None = None
+
+
+def chain_metadata(batch: int, run_id: str, ts_ms: int) -> str:
+    import json
+
+    return json.dumps({"batch": batch, "run": run_id, "ts_ms": ts_ms}, separators=(",", ":"))
+
+
+def chain_position(metadatas: Iterable[str | None]) -> ChainPosition:
+    """The chain's position from its group's offset metadata (one per source partition; all name one batch)."""
+    import json
+
+    seen = set()
+    for m in metadatas:
+        if not m:
+            continue
+        try:
+            d = json.loads(m)
+            seen.add((int(d["batch"]), d.get("run"), d.get("ts_ms")))
+        except (ValueError, KeyError, TypeError):
+            raise ReconcileError(f"the reconciliation chain's group has offset metadata onceflow did not write: "
+                                 f"{m!r}") from None
+    if not seen:
+        return ChainPosition()
+    if len({b for b, _, _ in seen}) > 1:
+        raise ReconcileError(f"the reconciliation chain's group names several batches {sorted(seen)}: it was "
+                             f"written outside the chain; reset it (kafka-consumer-groups --delete)")
+    b, run, ts = seen.pop()
+    return ChainPosition(b, run, ts)
+
+
+def chain_range(proven: int | None, entries: Sequence[LedgerEntry], max_batches: int) -> tuple[int, int] | None:
+    """The next slice of the chain: from the batch after the last proven one up to the newest committed batch in
+    the cut, at most `max_batches` batches (the rest is the next run's); None when nothing new was committed."""
+    todo = [e.batch for e in sorted(entries, key=lambda e: e.batch) if proven is None or e.batch > proven]
+    if not todo:
+        return None
+    first = todo[0]
+    if proven is not None and first != proven + 1:
+        raise ReconcileError(f"the chain proved batch {proven}, but the ledger's next batch is {first}: batches "
+                             f"{proven + 1}..{first - 1} are missing from the ledger (run `onceflow audit`)")
+    return first, todo[min(len(todo), max_batches) - 1]
+
+
 class Emission:
     """The first ledger batch whose watermark reaches a window's end (watermarks never go down)."""
 
@@ -105,16 +169,27 @@ class Result:
     finished_ms: int = 0
     checks: list[Check] = field(default_factory=list)
     data_docs: str | None = None
+    mode: str = MANUAL                  # MANUAL (a range asked for) or CHAIN (the scheduled, gap-free chain)
+    coverage: dict = field(default_factory=dict)   # batches, commit times and source offsets the run proved
+    snapshot_batch: int | None = None   # the newest committed batch when the run began (its consistent cut)
+    proven_before: int | None = None    # CHAIN: the chain's last proven batch when the run began
 
     @property
     def ok(self) -> bool:
         return all(c.status != FAIL for c in self.checks)
 
     def as_dict(self) -> dict:
-        d = asdict(self)
-        d["ok"] = self.ok
+        """JSON all the way down: numbers stay numbers (Spark's Decimal and numpy's ints included)."""
+        d = _jsonable(asdict(self))
+        d["ok"], d["verdict"] = self.ok, self.verdict
         d["ranges"] = {str(p): list(r) for p, r in self.ranges.items()}
         return d
+
+    @property
+    def verdict(self) -> str:
+        if self.mode == CHAIN and self.first_batch is None and self.ok:
+            return "nothing new"
+        return "ok" if self.ok else "failed"
 
     def failures(self) -> list[Check]:
         return [c for c in self.checks if c.status == FAIL]
@@ -123,12 +198,34 @@ class Result:
     def from_dict(cls, d: dict) -> "Result":
         d = dict(d)
         d.pop("ok", None)
+        d.pop("verdict", None)
         d["ranges"] = {int(p): tuple(r) for p, r in d["ranges"].items()}
         d["checks"] = [Check(**c) for c in d["checks"]]
         return cls(**d)
 
     def check(self, name: str) -> Check:
         return next(c for c in self.checks if c.name == name)
+
+
+def _jsonable(v):
+    """Plain JSON types: dicts with string keys, lists, str, int, float, bool, None."""
+    import decimal
+
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, bool) or v is None or isinstance(v, (str, int, float)):
+        return v
+    if isinstance(v, decimal.Decimal):
+        return int(v) if v == v.to_integral_value() else float(v)
+    if hasattr(v, "item"):  # numpy scalars
+        return v.item()
+    if hasattr(v, "asDict"):  # a Spark Row
+        return _jsonable(v.asDict(recursive=True))
+    if hasattr(v, "isoformat"):
+        return v.isoformat()
+    return str(v)
 
 
 def coverage_check(rep: CoverageReport, cap: int = 50) -> Check:

@@ -19,10 +19,11 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from . import alerts, audit, kafka_clients, parsing, sink_quality
+from . import audit, kafka_clients, parsing, recon_chain, sink_quality
 from . import recon_rules as rr
 from .checkpoint import LocalFS, parse_initial_offsets
 from .config import Settings
+from .reconciliation import home
 from .ip_count import ISO_MS
 from .ledger import LedgerEntry, check_coverage
 
@@ -30,10 +31,6 @@ log = logging.getLogger(__name__)
 CAP = 100          # differences listed per kind
 MARGIN_MS = 60_000  # clock slack when finding a batch's records in the sink and DLQ by time
 SINK_SCHEMA = "window_start STRING, window_end STRING, ip STRING, count DOUBLE"
-
-
-def home(settings: Settings) -> Path:
-    return settings.var_dir / "reconciliation" / settings.app_id
 
 
 # ---------------------------------------------------------------------------- Kafka reads
@@ -155,27 +152,58 @@ def carry_in(spark: SparkSession, settings: Settings, entries: list[LedgerEntry]
     return spark.read.parquet(str(path))
 
 
-def save_carry(settings: Settings, df: DataFrame, batch: int) -> None:
+def save_carry(settings: Settings, df: DataFrame, batch: int, keep: tuple[int, ...] = ()) -> None:
+    """Keep the carry-out of `batch`; prune all but the newest three and those in `keep` (the carry-in this run
+    used: a failed chain run is retried from it)."""
+    import shutil
+
     path = carry_path(settings, batch)
     df.write.mode("overwrite").parquet(str(path))
     for old in sorted(path.parent.glob("b*.parquet"), key=lambda p: int(p.stem[1:]))[:-3]:
-        import shutil
-
-        shutil.rmtree(old, ignore_errors=True)
+        if int(old.stem[1:]) not in keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------- the run
+def run_chain(spark: SparkSession, settings: Settings, with_gx: bool = True) -> rr.Result:
+    """The scheduled chain's next slice (onceflow.recon_chain): the batches committed after the last one the chain
+    proved, up to the newest in a consistent cut taken now, at most ONCEFLOW_RECONCILE_MAX_BATCHES."""
+    t0 = int(time.time() * 1000)
+    pos = recon_chain.position(settings)
+    snap = audit.snapshot(settings)
+    rng = rr.chain_range(pos.batch, snap.entries, settings.reconcile_max_batches)
+    if rng is None:
+        res = rr.Result(app=settings.app_id, run_id=uuid.uuid4().hex[:12], first_batch=None, last_batch=None,
+                        ranges={}, started_ms=t0, mode=rr.CHAIN, coverage=rr.coverage([]),
+                        snapshot_batch=snap.batch, proven_before=pos.batch)
+        res.checks.append(rr.Check("range", rr.SKIP, f"nothing new: the chain has proven every committed batch "
+                                                     f"(through {pos.batch})"))
+        res.finished_ms = int(time.time() * 1000)
+        return res
+    res = run(spark, settings, first=rng[0], last=rng[1], with_gx=with_gx, snap=snap)
+    res.mode, res.proven_before = rr.CHAIN, pos.batch
+    return res
+
+
 def run(spark: SparkSession, settings: Settings, first: int | None = None, last: int | None = None,
-        since_ms: int | None = None, until_ms: int | None = None, with_gx: bool = True) -> rr.Result:
+        since_ms: int | None = None, until_ms: int | None = None, with_gx: bool = True,
+        snap: audit.Snapshot | None = None) -> rr.Result:
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     t0 = int(time.time() * 1000)
-    snap = audit.snapshot(settings)  # a consistent cut: a running job's later batches are left out
+    snap = snap or audit.snapshot(settings)  # a consistent cut: a running job's later batches are left out
     entries, quarantine = snap.entries, audit.quarantined(snap.records)
     selected = rr.select_batches(entries, first, last, since_ms, until_ms)
     res = rr.Result(app=settings.app_id, run_id=uuid.uuid4().hex[:12],
                     first_batch=selected[0].batch if selected else None,
                     last_batch=selected[-1].batch if selected else None,
-                    ranges=rr.source_ranges(selected), started_ms=t0)
+                    ranges=rr.source_ranges(selected), started_ms=t0, snapshot_batch=snap.batch,
+                    coverage=rr.coverage(selected))
+    if selected:  # where the job's group stood after the last batch: the chain's position once it is proven
+        ends: dict[int, int] = {}
+        for e in entries:
+            if e.batch <= selected[-1].batch:
+                ends.update(e.end)
+        res.coverage["end_offsets"] = {str(p): o for p, o in sorted(ends.items())}
     res.checks.append(rr.coverage_check(check_coverage(entries, snap.committed.offsets or None,
                                                         starting_offsets(settings))))
     if not selected:
@@ -198,7 +226,7 @@ def run(spark: SparkSession, settings: Settings, first: int | None = None, last:
             .agg(F.sum("n").alias("n"), F.sum("from_range").alias("from_range")))
     keys = with_emission(spark, keys, entries, settings.window_s).cache()
     save_carry(settings, keys.where(F.col("emit_batch").isNull() | (F.col("emit_batch") > b))
-               .select("window_start_ms", "ip", "n"), b)
+               .select("window_start_ms", "ip", "n"), b, keep=(a - 1,))
     pending = keys.where(F.col("emit_batch").isNull() | (F.col("emit_batch") > b)) \
         .agg(F.sum("from_range")).first()[0] or 0
     expected = (keys.where(F.col("emit_batch").between(a, b))
@@ -338,79 +366,3 @@ def spark_dropped(settings: Settings, selected: list[LedgerEntry]) -> dict[int, 
             lb = max(cands, key=lambda e: e.commit_time_ms).batch
             got[lb] = int(d.get("rows_dropped_by_watermark") or 0)  # the last report of a batch wins
     return got or None
-
-
-# ---------------------------------------------------------------------------- keeping and announcing results
-def record(settings: Settings, res: rr.Result, sink: alerts.AlertSink | None = None) -> dict:
-    """Store the result (topic and file) and raise or resolve one alert per failed check."""
-    d = res.as_dict()
-    path = home(settings) / "runs" / f"{res.started_ms}-{res.run_id}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(d, indent=1, default=str))
-    p = kafka_clients.idempotent_producer(settings)
-    p.produce(settings.reconciliation_topic, key=settings.app_id.encode(), value=json.dumps(d, default=str).encode())
-    if p.flush(30):
-        raise RuntimeError("the reconciliation result could not be recorded")
-    if sink is not None:
-        prefix = f"reconcile:{settings.app_id}:"
-        conds = [alerts.Condition(prefix + c.name, alerts.CRITICAL,
-                                  f"reconciliation of batches {res.first_batch}..{res.last_batch}: {c.name} failed: "
-                                  f"{c.summary}", "read the run's differences (onceflow reconcile --show, the "
-                                  "reconciliation topic or the run's JSON); the job is not stopped",
-                                  {"differences": c.differences[:10], "run": res.run_id})
-                 for c in res.failures()]
-        sink.raise_and_resolve(conds, source="reconciliation", scope_prefix=prefix)
-    return {"file": str(path)} | {"ok": res.ok}
-
-
-SCRIPT = Path(__file__).resolve().parents[2] / "jobs" / "reconcile.py"
-
-
-def _ms(v) -> int | None:
-    if v is None or v == "":
-        return None
-    if hasattr(v, "timestamp"):
-        return int(v.timestamp() * 1000)
-    from datetime import datetime
-
-    try:
-        return int(v) if str(v).isdigit() else int(datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp()
-                                                    * 1000)
-    except ValueError:
-        raise rr.ReconcileError(f"{v!r} is not a time: use ISO-8601 (2026-11-22T10:00:00Z) or epoch ms") from None
-
-
-def range_from(first=None, last=None, since=None, until=None, interval_start=None, interval_end=None) -> dict:
-    """The run's range from a manual trigger's params (batches or times), else the data interval. Checked
-    before anything runs."""
-    if (first is None) != (last is None):
-        raise rr.ReconcileError("give both first_batch and last_batch, or neither")
-    if first is not None:
-        if since or until:
-            raise rr.ReconcileError("give a range of batches or a range of times, not both")
-        if last < first:
-            raise rr.ReconcileError(f"last_batch {last} is before first_batch {first}")
-        return {"first": first, "last": last}
-    since_ms, until_ms = _ms(since), _ms(until)
-    if since_ms is None and until_ms is None:
-        since_ms, until_ms = _ms(interval_start), _ms(interval_end)
-    if since_ms is not None and until_ms is not None and until_ms <= since_ms:
-        raise rr.ReconcileError("the end of the time range is not after its start")
-    return {"since_ms": since_ms, "until_ms": until_ms}
-
-
-def args_for(first=None, last=None, since_ms=None, until_ms=None, with_gx=True) -> list[str]:
-    out = []
-    for flag, v in (("--first", first), ("--last", last), ("--since-ms", since_ms), ("--until-ms", until_ms)):
-        if v is not None:
-            out += [flag, str(v)]
-    return out + ([] if with_gx else ["--no-gx"])
-
-
-def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float = 3600.0) -> rr.Result:
-    """Run jobs/reconcile.py through `argv` (spark-submit, e.g. built by the Spark provider's hook) and read
-    its result back."""
-    from . import launcher
-
-    return rr.Result.from_dict(launcher.run_batch(settings, "reconciliation", argv, out,
-                                                  home(settings) / "reconcile.log", timeout_s))

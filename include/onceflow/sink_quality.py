@@ -64,6 +64,10 @@ def validate(sink: DataFrame, window_s: int, root: Path, run_name: str) -> dict:
 
     root.mkdir(parents=True, exist_ok=True)
     ctx = gx.get_context(mode="file", project_root_dir=str(root))
+    # no progress bars on a terminal or in a task log: the run's own lines say what happens
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    ctx.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     ds = ctx.data_sources.add_or_update_spark(name="onceflow_spark")
     asset = next((a for a in ds.assets if a.name == "sink_range"), None) or ds.add_dataframe_asset(name="sink_range")
     batch_def = next((b for b in asset.batch_definitions if b.name == "whole"), None) or \

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from onceflow import audit, jobctl, reconcile
+from onceflow import audit, jobctl, reconcile, reconciliation
 from onceflow.recon_rules import FAIL, PASS
 
 from onceflow.generator import KIND_TAIL
@@ -58,7 +58,7 @@ def test_a_clean_history_reconciles_green_in_chained_runs_and_in_one(history, sp
                for k in ("late", "malformed_in_dlq")) == i2["late"] + i2["malformed_in_dlq"]
     assert first.check("gx_suite").figures["expectations"] == 9 and first.data_docs.endswith("index.html")
     # the result is recorded where the console can read it
-    out = reconcile.record(s, whole)
+    out = reconciliation.record(s, whole)
     assert out["ok"] and json.loads(audit.read_topic(s, s.reconciliation_topic)[-1].value)["run_id"] == whole.run_id
 
 
@@ -154,3 +154,53 @@ def test_a_running_job_reconciles_green_while_it_commits(app, spark, tmp_path, m
     done.set()
     feeder.join(30)
     assert jobctl.stop(s)
+
+
+def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(history, spark):
+    """The scheduled chain: slices of at most N batches from the last proven one; a failed run records its result
+    and leaves the chain where it was (the next run covers the same batches again); nothing new succeeds."""
+    from onceflow import recon_chain
+
+    s0, _ = history
+    s = s0.replace(reconcile_max_batches=3, reconciliation_topic=f"{s0.reconciliation_topic}.chain",
+                   var_dir=s0.var_dir / "chain")
+    from onceflow import topics
+
+    topics.ensure(s)
+    entries = audit.ledger_entries(s)
+    assert len(entries) >= 5
+    first = reconcile.run_chain(spark, s, with_gx=False)
+    assert first.ok and (first.first_batch, first.last_batch) == (entries[0].batch, entries[2].batch)
+    assert reconciliation.record(s, first)["chain_moved"]
+    assert recon_chain.position(s).batch == entries[2].batch
+    # the group's committed offsets are the end of the proven batch: lag tools show what is left to prove
+    assert audit.committed_offsets(s.replace(app_id=s.app_id + ".reconciliation"), entries[2].end) == \
+        {p: o for p, o in entries[2].end.items()}
+    # a run that fails (a duplicate slipped into the sink) is recorded but does not move the chain
+    victim = audit.read_topic(s, s.sink_topic)[-3]
+    injected = audit.Msg(victim.partition, -1, victim.key, victim.value, {}, victim.timestamp_ms)
+    copy_topic(s, s.sink_topic, s.sink_topic + ".chaindup", extra=[injected])
+    broken = s.replace(sink_topic=s.sink_topic + ".chaindup")
+    failed = reconcile.run_chain(spark, broken, with_gx=False)
+    assert not failed.ok and failed.first_batch == entries[3].batch
+    assert not reconciliation.record(broken, failed)["chain_moved"]
+    st = recon_chain.status(s, entries[-1].batch)
+    assert st["proven_through"] == entries[2].batch and st["failed"] == [[failed.first_batch, failed.last_batch]]
+    # the next run covers those batches again, and the rest, until nothing is new
+    proven = [first]
+    while True:
+        res = reconcile.run_chain(spark, s, with_gx=False)
+        assert res.ok, json.dumps(res.as_dict(), indent=1)
+        reconciliation.record(s, res)
+        if res.first_batch is None:
+            assert res.verdict == "nothing new"
+            break
+        proven.append(res)
+    spans = [(r.first_batch, r.last_batch) for r in proven]
+    assert spans[1][0] == failed.first_batch
+    covered = [b for a, z in spans for b in range(a, z + 1)]
+    assert covered == [e.batch for e in entries], spans  # every batch once, in order, no gap
+    st = recon_chain.status(s, entries[-1].batch)
+    assert st["proven_through"] == entries[-1].batch and st["pending"] == [] and st["failed"] == []
+    recorded = [json.loads(m.value) for m in audit.read_topic(s, s.reconciliation_topic)]
+    assert [r["mode"] for r in recorded] == ["chain"] * len(recorded) and recorded[-1]["verdict"] == "nothing new"

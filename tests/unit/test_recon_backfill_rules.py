@@ -6,7 +6,7 @@ import pytest
 
 from onceflow import backfill_rules as br
 from onceflow import recon_rules as rr
-from onceflow import reconcile
+from onceflow import reconciliation
 from onceflow.ledger import LedgerEntry, check_coverage
 
 
@@ -56,14 +56,56 @@ def test_verdicts_list_precise_differences():
 
 
 def test_reconcile_range_params():
-    assert reconcile.range_from(2, 5) == {"first": 2, "last": 5}
-    assert reconcile.range_from(since="2026-11-22T10:00:00Z", until="1795341600001") == \
+    assert reconciliation.range_from(2, 5) == {"first": 2, "last": 5}
+    assert reconciliation.range_from(since="2026-11-22T10:00:00Z", until="1795341600001") == \
         {"since_ms": 1795341600000, "until_ms": 1795341600001}
+    assert reconciliation.range_from() is None and reconciliation.range_from(None, None, "", "") is None  # chain
     for args, why in [((2, None), "both"), ((5, 2), "before"), ((1, 2, "2026-11-22T10:00:00Z"), "not both"),
                       ((None, None, "yesterday"), "not a time"),
                       ((None, None, "2026-11-22T10:00:00Z", "2026-11-22T09:00:00Z"), "not after")]:
         with pytest.raises(rr.ReconcileError, match=why):
-            reconcile.range_from(*args)
+            reconciliation.range_from(*args)
+    assert reconciliation.args_for(None) == ["--chain"]
+    assert reconciliation.args_for({"first": 2, "last": 5}, with_gx=False) == ["--first", "2", "--last", "5", "--no-gx"]
+
+
+def _e(batch, commit_ms=0):
+    return LedgerEntry("app", batch, "src", {0: (batch * 10, batch * 10 + 10)}, 0, 0, 1, 0, 1.0, commit_ms,
+                       "onceflow.app")
+
+
+def test_the_chain_takes_every_batch_once_in_bounded_slices():
+    entries = [_e(b) for b in range(0, 10)]
+    assert rr.chain_range(None, entries, 4) == (0, 3)     # nothing proven yet: from the first batch
+    assert rr.chain_range(3, entries, 4) == (4, 7)
+    assert rr.chain_range(7, entries, 4) == (8, 9)        # the rest
+    assert rr.chain_range(9, entries, 4) is None          # nothing new
+    with pytest.raises(rr.ReconcileError, match="batches 4..5 are missing"):
+        rr.chain_range(3, [e for e in entries if e.batch not in (4, 5)], 4)
+    # the position round-trips through the group's offset metadata (one per partition, all alike)
+    meta = rr.chain_metadata(7, "r1", 123)
+    assert rr.chain_position([meta, meta, None]) == rr.ChainPosition(7, "r1", 123)
+    assert rr.chain_position([]) == rr.ChainPosition()
+    with pytest.raises(rr.ReconcileError, match="several batches"):
+        rr.chain_position([meta, rr.chain_metadata(8, "r2", 124)])
+    with pytest.raises(rr.ReconcileError, match="did not write"):
+        rr.chain_position(["{not json"])
+    cov = rr.coverage([_e(4, 1000), _e(5, 2000)])
+    assert cov == {"batches": [4, 5], "count": 2, "commit_time_ms": [1000, 2000], "source_offsets": {"0": [40, 60]}}
+
+
+def test_results_are_json_all_the_way_down():
+    import decimal
+    import json
+
+    res = rr.Result("app", "r1", 1, 3, {0: (10, 30)}, 1, 2, [rr.Check("I2", rr.PASS, "ok", {
+        "n": decimal.Decimal("12"), "share": decimal.Decimal("0.5"), "by_batch": {1: 3}}, [{"batches": (1, 2)}])])
+    d = res.as_dict()
+    assert json.loads(json.dumps(d)) == d  # no default=str needed: nothing is a repr
+    assert d["checks"][0]["figures"] == {"n": 12, "share": 0.5, "by_batch": {"1": 3}}
+    assert d["verdict"] == "ok" and rr.Result.from_dict(d).as_dict() == d
+    chain_idle = rr.Result("app", "r2", None, None, {}, 1, mode=rr.CHAIN)
+    assert chain_idle.verdict == "nothing new"
 
 
 def spec(**kw):
