@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from . import procs
+from .airflow_client import AirflowApiError, AirflowClient
 from .config import REPO_ROOT, Settings
 
 DEPLOY_DAG = "ip_count_deploy"
@@ -29,7 +30,10 @@ def pidfile(s: Settings) -> Path:
     return s.run_dir / "airflow.pid"
 
 
-def env(s: Settings) -> dict[str, str]:
+def env(s: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Airflow's environment: the onceflow settings (so the DAGs and the job they start see them), its home, the
+    project's DAGs and plugins, the simple auth manager's user; `extra` (connections as AIRFLOW_CONN_*, free
+    ports for tests) last."""
     h = home(s)
     bin_dir = str(Path(sys.executable).parent)
     return {**os.environ, **s.as_env(),
@@ -43,12 +47,14 @@ def env(s: Settings) -> dict[str, str]:
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(h / "passwords.json"),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
-            "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "30"}
+            "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "30",
+            **(extra or {})}
 
 
-def _airflow(s: Settings, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "airflow", *args], env=env(s), capture_output=True, text=True,
-                         timeout=timeout)
+def _airflow(s: Settings, *args: str, check: bool = True, timeout: float = 120,
+             extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "airflow", *args], env=env(s, extra), capture_output=True,
+                         text=True, timeout=timeout)
     if check and out.returncode != 0:
         raise RuntimeError(f"airflow {' '.join(args)} failed:\n{out.stdout[-1500:]}\n{out.stderr[-1500:]}")
     return out
@@ -70,28 +76,44 @@ def _healthy(s: Settings) -> bool:
         return False
 
 
-def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300) -> dict:
+def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env: dict[str, str] | None = None
+       ) -> dict:
+    """Start Airflow as `make run` does: `airflow standalone` (api-server, scheduler, dag-processor, triggerer)
+    with the connections to the embedded Kafka and Spark, every onceflow DAG unpaused, and (by default) the deploy
+    DAG triggered to start the job."""
     pw = password(s)
     if not procs.read_pidfile(pidfile(s)):
-        _airflow(s, "db", "migrate", timeout=300)
+        _airflow(s, "db", "migrate", timeout=300, extra=extra_env)
         conns = {s.kafka_conn_id: {"conn_type": "kafka", "extra": {"bootstrap.servers": s.bootstrap_servers}},
                  s.spark_conn_id: {"conn_type": "spark", "host": "local[*]"}}
         for conn_id, spec in conns.items():
-            _airflow(s, "connections", "delete", conn_id, check=False)
-            _airflow(s, "connections", "add", conn_id, "--conn-json", json.dumps(spec))
+            _airflow(s, "connections", "delete", conn_id, check=False, extra=extra_env)
+            _airflow(s, "connections", "add", conn_id, "--conn-json", json.dumps(spec), extra=extra_env)
         proc = procs.spawn_detached([sys.executable, "-m", "airflow", "standalone"], s.log_dir / "airflow.log",
-                                    env=env(s))
+                                    env=env(s, extra_env))
         procs.write_pidfile(pidfile(s), proc.pid, "airflow")
     procs.wait_until(lambda: _healthy(s), timeout, interval=2, what=f"Airflow at port {s.airflow_port}")
-    # The DAGs exist for the CLI once the dag-processor has parsed them.
-    procs.wait_until(lambda: _airflow(s, "dags", "unpause", DEPLOY_DAG, check=False).returncode == 0, timeout,
-                     interval=5, what=f"the DAG {DEPLOY_DAG} to be parsed")
-    for dag_id in WATCH_DAGS + MANUAL_DAGS:  # manual DAGs too: a paused DAG's triggered runs would wait
-        _airflow(s, "dags", "unpause", dag_id, check=False)
+    # The DAGs exist for the API once the dag-processor has parsed them.
+    api = client(s)
+
+    def parsed():
+        try:
+            return {d["dag_id"] for d in api.dags()} >= set(ALL_DAGS)
+        except (OSError, AirflowApiError):
+            return False
+
+    procs.wait_until(parsed, timeout, interval=3, what="the onceflow DAGs to be parsed")
+    for dag_id in ALL_DAGS:  # manual DAGs too: a paused DAG's triggered runs would wait
+        api.unpause(dag_id)
     if trigger_deploy:
-        _airflow(s, "dags", "trigger", DEPLOY_DAG, "--conf", json.dumps({"action": "start"}))
+        api.trigger(DEPLOY_DAG, {"action": "start"}, note="make run: start the job")
     return {"url": f"http://localhost:{s.airflow_port}", "user": USER, "password": pw,
             "airflow_home": str(home(s)), "log": str(s.log_dir / "airflow.log")}
+
+
+def client(s: Settings) -> AirflowClient:
+    """A REST client of the embedded Airflow, logged in as its admin user."""
+    return AirflowClient(f"http://127.0.0.1:{s.airflow_port}", USER, password(s))
 
 
 def down(s: Settings) -> bool:

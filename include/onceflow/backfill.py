@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 from . import events as ev, kafka_clients, parsing, procs
 from . import backfill_rules as br
-from .config import Settings
+from .config import REPO_ROOT, Settings
 from .transactional import TransactionalWriter, TxnError
 from .faults import Injector
 from .ip_count import result_key_value
@@ -276,7 +276,7 @@ def spec_from(settings: Settings, backfill_id: str, start=None, end=None, since=
                    rules=RULES_VERSION, max_event_ahead_ms=settings.max_event_ahead_ms)
 
 
-SCRIPT = Path(__file__).resolve().parents[2] / "jobs" / "backfill.py"
+SCRIPT = REPO_ROOT / "jobs" / "backfill.py"
 
 
 def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float = 6 * 3600.0) -> dict:

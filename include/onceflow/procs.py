@@ -108,15 +108,43 @@ def signal_group(pid: int, sig: int) -> None:
             pass
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group `pgid` (from /proc), zombies excluded."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) "
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(d))
+    return out
+
+
 def stop_process(pid: int, timeout: float = 30.0, group: bool = True) -> bool:
-    """SIGTERM, wait up to `timeout`, then SIGKILL. True if it stopped gracefully."""
-    if not pid_alive(pid):
-        return True
-    (signal_group if group else os.kill)(pid, signal.SIGTERM)
-    try:
-        wait_until(lambda: not pid_alive(pid), timeout, what=f"pid {pid} to exit")
-        return True
-    except TimeoutError:
-        (signal_group if group else os.kill)(pid, signal.SIGKILL)
-        wait_until(lambda: not pid_alive(pid), 10, what=f"pid {pid} to die")
-        return False
+    """SIGTERM, wait up to `timeout`, then SIGKILL. True if it stopped gracefully. With `group` (a process
+    started by spawn_detached leads its own group), children that outlive the leader are stopped too: nothing
+    it started is left running."""
+    graceful = True
+    if pid_alive(pid):
+        (signal_group if group else os.kill)(pid, signal.SIGTERM)
+        try:
+            wait_until(lambda: not pid_alive(pid), timeout, what=f"pid {pid} to exit")
+        except TimeoutError:
+            graceful = False
+            (signal_group if group else os.kill)(pid, signal.SIGKILL)
+            wait_until(lambda: not pid_alive(pid), 10, what=f"pid {pid} to die")
+    if group and group_members(pid):
+        try:
+            wait_until(lambda: not group_members(pid), 10, interval=0.2, what=f"process group {pid} to exit")
+        except TimeoutError:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            wait_until(lambda: not group_members(pid), 10, interval=0.2, what=f"process group {pid} to die")
+    return graceful

@@ -153,14 +153,15 @@ def carry_in(spark: SparkSession, settings: Settings, entries: list[LedgerEntry]
 
 
 def save_carry(settings: Settings, df: DataFrame, batch: int, keep: tuple[int, ...] = ()) -> None:
-    """Keep the carry-out of `batch`; prune all but the newest three and those in `keep` (the carry-in this run
-    used: a failed chain run is retried from it)."""
+    """Keep the carry-out of `batch`; prune all but the newest three, this one (a manual run far behind the newest
+    writes an old one and reads it next) and those in `keep` (the carry-in this run used: a failed chain run is
+    retried from it)."""
     import shutil
 
     path = carry_path(settings, batch)
     df.write.mode("overwrite").parquet(str(path))
     for old in sorted(path.parent.glob("b*.parquet"), key=lambda p: int(p.stem[1:]))[:-3]:
-        if int(old.stem[1:]) not in keep:
+        if int(old.stem[1:]) not in keep + (batch,):
             shutil.rmtree(old, ignore_errors=True)
 
 

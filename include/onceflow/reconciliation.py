@@ -9,9 +9,9 @@ from typing import Callable
 
 from . import alerts, kafka_clients, recon_chain
 from . import recon_rules as rr
-from .config import Settings
+from .config import REPO_ROOT, Settings
 
-SCRIPT = Path(__file__).resolve().parents[2] / "jobs" / "reconcile.py"
+SCRIPT = REPO_ROOT / "jobs" / "reconcile.py"
 
 
 def home(settings: Settings) -> Path:

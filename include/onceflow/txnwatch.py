@@ -100,8 +100,19 @@ def hanging(txns: list[OpenTxn], now_ms: int, timeout_ms: int) -> list[alerts.Co
     return out
 
 
+TIMEOUT_PREFIX = "txn_watch:event:timeout:"
+
+
+def replayed(timeout: dict, events: list[dict]) -> bool:
+    """Has the job committed the timed-out batch (or a later one) since the timeout? Then the alert resolves."""
+    return any(e["type"] == ev.BATCH_COMMITTED and e.get("app") == timeout.get("app")
+               and int(e.get("batch", -1)) >= int(timeout.get("batch", 0))
+               and int(e.get("ts_ms", 0)) > int(timeout.get("ts_ms", 0)) for e in events)
+
+
 def event_conditions(events: list[dict]) -> list[alerts.Condition]:
-    """One alert per timed-out transaction; a near-timeout warning of the same transaction folds into it."""
+    """One alert per timed-out transaction (open until the job commits that batch again: see `replayed`); a
+    near-timeout warning of the same transaction folds into it (warnings are one-off: fire once, never resolve)."""
     def txn_key(e):
         return (e.get("app"), e.get("host"), e.get("pid"), e.get("batch"))
 
@@ -112,7 +123,7 @@ def event_conditions(events: list[dict]) -> list[alerts.Condition]:
         ident = f"{e.get('app')}:{e.get('host')}:{e.get('pid')}:{e.get('batch')}"
         if e["type"] == ev.TRANSACTION_TIMEOUT:
             out.append(alerts.Condition(
-                key=f"txn_watch:event:timeout:{ident}", severity=alerts.CRITICAL, one_off=True,
+                key=f"{TIMEOUT_PREFIX}{ident}", severity=alerts.CRITICAL,
                 summary=f"transaction of {e.get('transactional_id')} (batch {e.get('batch')}) was aborted by the "
                         f"coordinator after {e.get('elapsed_ms')} ms (timeout {e.get('timeout_ms')} ms); the job "
                         f"restarts and replays the batch",
@@ -160,13 +171,25 @@ def new_events(settings: Settings, types: set[str], timeout_s: float = 60.0) -> 
 def watch(settings: Settings, sink: alerts.AlertSink, now_ms: int | None = None) -> dict:
     """One run of the transaction watch: returns what it found and the alerts it sent."""
     now_ms = now_ms or int(time.time() * 1000)
-    evs = new_events(settings, {ev.TRANSACTION_TIMEOUT, ev.TRANSACTION_NEAR_TIMEOUT})
+    evs = new_events(settings, {ev.TRANSACTION_TIMEOUT, ev.TRANSACTION_NEAR_TIMEOUT, ev.BATCH_COMMITTED})
     # every topic the platform writes in transactions: the job's sink, DLQ and ledger (shared with restores and
     # backfills, whose open chunk would hide the job's own records), and the backfills' target
     txns = open_transactions(settings, [settings.sink_topic, settings.dlq_topic, settings.ledger_topic,
                                         settings.backfill_topic])
     hang = hanging(txns, now_ms, settings.transaction_timeout_ms)
-    sent = sink.raise_and_resolve(event_conditions(evs), "txn_watch", scope_prefix="txn_watch:event:")
+    # Timeouts stay open until the job commits their batch again. First every new and still open one (new ones
+    # fire), then only those not replayed yet (the others resolve): a timeout followed by its replay between two
+    # runs of the watch still gives exactly one alert and its resolution.
+    latest: dict[str, alerts.Alert] = {}
+    for a in sink.history():
+        latest[a.key] = a
+    still = [alerts.Condition(k, a.severity, a.summary, a.action, a.details) for k, a in latest.items()
+             if k.startswith(TIMEOUT_PREFIX) and a.status == alerts.FIRING]
+    found = event_conditions(evs) + still
+    sent = sink.raise_and_resolve(found, "txn_watch", scope_prefix="txn_watch:event:")
+    unresolved = [c for c in found if c.one_off or not replayed(c.details, evs)]
+    if len(unresolved) < len(found):
+        sent += sink.raise_and_resolve(unresolved, "txn_watch", scope_prefix="txn_watch:event:")
     sent += sink.raise_and_resolve(hang, "txn_watch", scope_prefix="txn_watch:hanging:")
     return {"events": len(evs), "open_transactions": [t.__dict__ for t in txns],
             "hanging": [c.details for c in hang], "alerts": [a.key + " " + a.status for a in sent]}

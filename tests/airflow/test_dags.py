@@ -69,7 +69,7 @@ def test_deploy_refuses_duplicates_and_health_restarts_a_killed_job(dagbag, airf
 
 
 @pytest.mark.integration
-def test_transaction_timeout_gives_exactly_one_alert(dagbag, airflow_app, webhook, tmp_path):
+def test_transaction_timeout_gives_exactly_one_alert_and_its_resolution(dagbag, airflow_app, webhook, tmp_path):
     s = airflow_app(transaction_timeout_ms=6000, fault="stall_in_txn@1:12", max_offsets_per_trigger=5000)
     sent = produce(s, tmp_path / "m.csv", count=15_000, event_rate=2000, seed=13, tail_s=30)
     jobctl.start(s)
@@ -78,7 +78,8 @@ def test_transaction_timeout_gives_exactly_one_alert(dagbag, airflow_app, webhoo
     assert _run(dagbag, "ip_count_txn_watch")[0] == "success"
     assert _run(dagbag, "ip_count_txn_watch")[0] == "success"  # the same event is not alerted twice
     sent_alerts = webhook.alerts("txn_watch:")
-    assert len(sent_alerts) == 1, sent_alerts
+    # one alert, and its resolution once the job committed the batch again
+    assert [x["status"] for x in sent_alerts] == ["firing", "resolved"], sent_alerts
     a = sent_alerts[0]
     assert a["key"].startswith("txn_watch:event:timeout:") and a["severity"] == "critical"
     assert s.transactional_id in a["summary"] and "batch 1" in a["summary"]

@@ -204,3 +204,8 @@ def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(his
     assert st["proven_through"] == entries[-1].batch and st["pending"] == [] and st["failed"] == []
     recorded = [json.loads(m.value) for m in audit.read_topic(s, s.reconciliation_topic)]
     assert [r["mode"] for r in recorded] == ["chain"] * len(recorded) and recorded[-1]["verdict"] == "nothing new"
+    # a manual range far behind the chain (its carry-in is older than the chain's newest three): beside the chain
+    manual = reconcile.run(spark, s, first=entries[1].batch, last=entries[2].batch, with_gx=False)
+    assert manual.ok and manual.mode == "manual"
+    reconciliation.record(s, manual)
+    assert recon_chain.position(s).batch == entries[-1].batch

@@ -79,7 +79,45 @@ def test_timeout_event_absorbs_its_near_timeout_warning():
            dict(base, type=ev.TRANSACTION_NEAR_TIMEOUT, batch=5, txn_ms=5000, committed=True)]
     out = txnwatch.event_conditions(evs)
     assert [c.key.split(":")[2] for c in out] == ["timeout", "near_timeout"]
-    assert all(c.one_off for c in out) and out[0].severity == alerts.CRITICAL
+    assert not out[0].one_off and out[1].one_off and out[0].severity == alerts.CRITICAL
+    # the timeout stays open until the job commits that batch (or a later one) after it
+    timeout = dict(evs[1], ts_ms=5_000)
+    commit = dict(base, type=ev.BATCH_COMMITTED)
+    assert not txnwatch.replayed(timeout, [dict(commit, batch=3, ts_ms=4_000)])   # before the timeout
+    assert not txnwatch.replayed(timeout, [dict(commit, batch=2, ts_ms=6_000)])   # an earlier batch
+    assert txnwatch.replayed(timeout, [dict(commit, batch=3, ts_ms=6_000)])
+
+
+def test_a_timeout_and_its_replay_between_two_watch_runs_give_one_alert_and_its_resolution(monkeypatch):
+    """Through the watch itself, with the alert record in memory: fire, keep while not replayed, resolve once."""
+    s = config.load(env={}, app_id="a")
+    base = {"app": "a", "host": "h", "pid": 1, "transactional_id": "onceflow.a", "timeout_ms": 6000}
+
+    class Sink(alerts.AlertSink):
+        def __init__(self):
+            super().__init__(s)
+            self.record: list = []
+
+        def history(self):
+            return list(self.record)
+
+        def publish(self, found):
+            self.record += found
+            return list(found)
+
+    runs = [[dict(base, type=ev.TRANSACTION_TIMEOUT, batch=3, elapsed_ms=6100, ts_ms=5_000)],
+            [dict(base, type=ev.BATCH_COMMITTED, batch=2, ts_ms=6_000)],
+            [dict(base, type=ev.BATCH_COMMITTED, batch=3, ts_ms=7_000)],
+            [dict(base, type=ev.TRANSACTION_TIMEOUT, batch=9, elapsed_ms=6100, ts_ms=8_000, pid=2),
+             dict(base, type=ev.BATCH_COMMITTED, batch=9, ts_ms=9_000, pid=3)],
+            []]
+    monkeypatch.setattr(txnwatch, "open_transactions", lambda settings, topics: [])
+    sink = Sink()
+    for evs in runs:
+        monkeypatch.setattr(txnwatch, "new_events", lambda settings, types, evs=evs: evs)
+        txnwatch.watch(s, sink, now_ms=10_000)
+    assert [(a.key.split(":")[-1], a.status) for a in sink.record] == [
+        ("3", alerts.FIRING), ("3", alerts.RESOLVED), ("9", alerts.FIRING), ("9", alerts.RESOLVED)]
 
 
 def record(**kw):
