@@ -10,10 +10,10 @@ RUN_SECONDS ?= 3600
 
 .PHONY: setup run stop status test test-unit test-integration bench bench-sweep chaos soak clean
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
-	$(BIN)/pip install -q -r requirements.txt -c constraints.txt
+	$(BIN)/pip install -q -r requirements-dev.txt -c constraints.txt
 	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
 
@@ -45,23 +45,23 @@ test-integration: setup
 ## bench: exactly-once vs Spark's at-least-once Kafka sink vs a plain transactional loop, side by side (~10 min).
 ## BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S, BENCH_WARMUP_S, BENCH_TRIGGER_S, BENCH_MAX_OFFSETS.
 bench: setup
-	$(BIN)/python -m onceflow.bench
+	$(BIN)/python -m onceflow_dev.bench
 
 ## bench-sweep: the exactly-once job once per variant of its settings (trigger, close-out, state store, ...), ~30 min.
 ## BENCH_SWEEP=0,2,4 picks variants (see onceflow/bench_sweep.py); the BENCH_* workload variables apply.
 bench-sweep: setup
-	$(BIN)/python -m onceflow.bench_sweep
+	$(BIN)/python -m onceflow_dev.bench_sweep
 
 ## chaos: ~10 min of kill -9s, broker restarts, driver pauses and timed-out transactions, then an exact check.
 ## CHAOS_SECONDS, CHAOS_RECORDS, CHAOS_JOB_KILLS, CHAOS_BROKER_RESTARTS, CHAOS_STALLS, CHAOS_PAUSES, CHAOS_SEED.
 chaos: setup
-	$(BIN)/python -m onceflow.chaos
+	$(BIN)/python -m onceflow_dev.chaos
 
 ## soak: ~35 min of the embedded platform with Airflow, input flowing, short schedules and faults at random times;
 ## every scheduled run green (or failed under a fault and followed by a green one), the chain proves every batch
 ## once, lost 0, duplicated 0. SOAK_SECONDS, SOAK_RATE, SOAK_JOB_KILLS, SOAK_BROKER_RESTARTS, SOAK_PAUSES, SOAK_SEED.
 soak: setup
-	$(BIN)/python -m onceflow.soak
+	$(BIN)/python -m onceflow_dev.soak
 
 clean:
 	-$(ONCEFLOW) stack down

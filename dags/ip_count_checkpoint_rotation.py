@@ -15,7 +15,8 @@ from datetime import timedelta
 
 from airflow.sdk import dag, task
 
-from onceflow import config, orchestration, rotation
+from onceflow import config
+from onceflow.control import orchestration, rotation
 
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minutes=5)}
 

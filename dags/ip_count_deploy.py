@@ -24,7 +24,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from onceflow import deploy, orchestration
+from onceflow.control import deploy, orchestration
 
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(seconds=30)}
 

@@ -13,7 +13,8 @@ from datetime import timedelta
 
 from airflow.sdk import dag, task
 
-from onceflow import config, health, orchestration
+from onceflow import config
+from onceflow.control import health, orchestration
 
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 1, "retry_delay": timedelta(seconds=20)}
 

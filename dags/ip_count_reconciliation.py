@@ -30,7 +30,8 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from onceflow import config, orchestration, reconciliation
+from onceflow import config
+from onceflow.control import orchestration, reconciliation
 
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minutes=5)}
 

@@ -5,7 +5,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-
     && rm -rf /var/lib/apt/lists/*
 USER airflow
 COPY --chown=airflow requirements.txt constraints.txt pyproject.toml /opt/onceflow/
-COPY --chown=airflow include /opt/onceflow/include
+# the runtime package only: development tooling (include/onceflow_dev) stays out of the image
+COPY --chown=airflow include/onceflow /opt/onceflow/include/onceflow
 COPY --chown=airflow jobs /opt/onceflow/jobs
 COPY --chown=airflow jvm /opt/onceflow/jvm
 COPY --chown=airflow conf /opt/onceflow/conf

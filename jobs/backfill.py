@@ -7,8 +7,9 @@ import json
 
 from pyspark.sql import SparkSession
 
-from onceflow import backfill, batch_app, config
-from onceflow.backfill_rules import BackfillError, Spec, parse_offsets
+from onceflow import config
+from onceflow.apps import backfill, batch_app
+from onceflow.rules.backfill import BackfillError, Spec, parse_offsets
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

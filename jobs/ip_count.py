@@ -19,10 +19,15 @@ import time
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
-from onceflow import batch_stats, checkpoint, config, events as ev, ip_count, pacing, preflight
-from onceflow.exactly_once import ExactlyOnceSink, OutRecord, TransactionConfigError, ZombieFenced
+from onceflow import config
+from onceflow.kafka import events as ev
+from onceflow.rules import pacing
+from onceflow.runtime import preflight
+from onceflow.spark import batch_stats, ip_count_plan as ip_count
+from onceflow.storage import checkpoint
+from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord, TransactionConfigError, ZombieFenced
 from onceflow.faults import Injector
-from onceflow.ledger import Decision, DivergentHistory
+from onceflow.rules.ledger import Decision, DivergentHistory
 
 EXIT_OK, EXIT_CONFIG, EXIT_FENCED, EXIT_DIVERGENT, EXIT_LOCKED, EXIT_FAILED = 0, 2, 3, 4, 5, 1
 log = logging.getLogger("onceflow.job")

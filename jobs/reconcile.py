@@ -8,8 +8,9 @@ import argparse
 
 from pyspark.sql import SparkSession
 
-from onceflow import batch_app, config, reconcile
-from onceflow.recon_rules import ReconcileError
+from onceflow import config
+from onceflow.apps import batch_app, reconcile
+from onceflow.rules.reconciliation import ReconcileError
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

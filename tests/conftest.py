@@ -18,7 +18,10 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
 import pytest
 
-from onceflow import broker, config, jobctl, jvm, procs, topics
+from onceflow import config
+from onceflow.kafka import topics
+from onceflow.runtime import jobctl, jvm, procs
+from onceflow_dev import broker
 
 
 free_port = procs.free_port  # tests import it from here

@@ -9,7 +9,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import config
+from onceflow import config
 
 
 def _print(obj, as_json: bool) -> None:
@@ -20,6 +20,20 @@ def _print(obj, as_json: bool) -> None:
             print(f"{k}: {json.dumps(v, default=str) if isinstance(v, (dict, list)) else v}")
 
 
+def _dev(name: str):
+    """A module of the development tooling (the embedded stack, the generator, the local Airflow): in the
+    repository's environment, not in a production image."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"onceflow_dev.{name}")
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("onceflow_dev"):
+            raise SystemExit(f"onceflow: this command needs the development tooling (onceflow_dev), which ships "
+                             f"with the repository and not with a production image") from None
+        raise
+
+
 def _ts_ms(text: str) -> int:
     if text.isdigit():
         return int(text)
@@ -27,12 +41,12 @@ def _ts_ms(text: str) -> int:
 
 
 def cmd_stack(args, s: config.Settings) -> int:
-    from . import stack
+    stack = _dev("stack")
 
     if args.action == "up":
         _print(stack.up(s), args.json)
     elif args.action == "topics":  # an existing cluster: create and check the topics only
-        from . import topics
+        from onceflow.kafka import topics
 
         _print({"created": topics.ensure(s), "bootstrap_servers": s.bootstrap_servers}, args.json)
     elif args.action == "down":
@@ -45,10 +59,10 @@ def cmd_stack(args, s: config.Settings) -> int:
 
 
 def cmd_produce(args, s: config.Settings) -> int:
-    from . import generator as g
+    g = _dev("generator")
 
     if args.detach:
-        from . import procs
+        from onceflow.runtime import procs
 
         argv = [sys.executable, "-m", "onceflow.cli"] + [a for a in sys.argv[1:] if a != "--detach"]
         proc = procs.spawn_detached(argv, s.log_dir / "generator.log")
@@ -70,7 +84,7 @@ def cmd_produce(args, s: config.Settings) -> int:
 
 
 def cmd_job(args, s: config.Settings) -> int:
-    from . import jobctl, supervisor
+    from onceflow.runtime import jobctl, supervisor
 
     if args.action == "run":
         return supervisor.supervise(s)
@@ -92,7 +106,8 @@ def cmd_job(args, s: config.Settings) -> int:
 
 
 def cmd_where(args, s: config.Settings) -> int:
-    from . import airflow_local, jobctl, procs
+    from onceflow.runtime import jobctl, procs
+    airflow_local = _dev("airflow_local")
 
     st = jobctl.status(s)
     ui = (f"  Airflow UI           http://localhost:{s.airflow_port}  user {airflow_local.USER}, password "
@@ -115,7 +130,7 @@ Stop everything: make stop""")
 
 
 def cmd_show(args, s: config.Settings) -> int:
-    from . import audit
+    from onceflow.apps import audit
 
     topic = {"sink": s.sink_topic, "dlq": s.dlq_topic, "ledger": s.ledger_topic, "events": s.events_topic,
              "source": s.source_topic}[args.what]
@@ -131,7 +146,7 @@ def cmd_show(args, s: config.Settings) -> int:
 
 
 def cmd_audit(args, s: config.Settings) -> int:
-    from . import audit
+    from onceflow.apps import audit
 
     _progress(f"auditing app {s.app_id}: a consistent cut of its committed history (reading the source, sink, "
               f"DLQ and ledger) ...")
@@ -143,7 +158,10 @@ def cmd_audit(args, s: config.Settings) -> int:
 
 
 def cmd_savepoint(args, s: config.Settings) -> int:
-    from . import events as ev, jobctl, rotation, savepoints
+    from onceflow.apps import savepoints
+    from onceflow.control import rotation
+    from onceflow.kafka import events as ev
+    from onceflow.runtime import jobctl
 
     if args.action == "create":
         m = savepoints.create(s, stop=args.stop, bus=ev.EventBus(s))
@@ -190,7 +208,8 @@ def _need_id(args) -> str:
 
 
 def cmd_reconcile(args, s: config.Settings) -> int:
-    from . import audit, recon_chain, reconciliation
+    from onceflow.apps import audit, recon_chain
+    from onceflow.control import reconciliation
 
     if args.action == "status":
         st = recon_chain.status(s, audit.committed_position(s, _source_partitions(s)).batch)
@@ -209,7 +228,7 @@ def cmd_reconcile(args, s: config.Settings) -> int:
             "every committed batch" if rng is None else ", ".join(f"{k}={v}" for k, v in rng.items()))
     _progress(f"reconciling {what} of app {s.app_id} (Spark; log: {s.log_dir / 'cli.log'}) ...")
     spark = _spark(s, "reconcile")
-    from . import reconcile
+    from onceflow.apps import reconcile
 
     res = reconcile.run_chain(spark, s, with_gx=not args.no_gx) if args.chain else \
         reconcile.run(spark, s, **(rng or {}), with_gx=not args.no_gx)
@@ -233,7 +252,7 @@ def _ranges(rs: list) -> str:
 
 
 def _source_partitions(s: config.Settings) -> list[int]:
-    from . import kafka_clients
+    from onceflow.kafka import clients as kafka_clients
 
     return sorted(kafka_clients.watermarks(s, s.source_topic) or {})
 
@@ -244,13 +263,13 @@ def _progress(line: str) -> None:
 
 def _spark(s: config.Settings, name: str):
     """The CLI's in-process Spark: its JVM's own output goes to the CLI's log file, not the terminal."""
-    from . import launcher
+    from onceflow.runtime import launcher
 
     return launcher.local_session(s, name, log_file=s.log_dir / "cli.log")
 
 
 def cmd_backfill(args, s: config.Settings) -> int:
-    from . import backfill
+    from onceflow.apps import backfill
 
     spec = backfill.spec_from(s, args.id, args.start_offsets, args.end_offsets, args.since, args.until, args.target,
                               args.chunk_size, args.dry_run)
@@ -263,7 +282,7 @@ def cmd_backfill(args, s: config.Settings) -> int:
 
 
 def cmd_quarantine(args, s: config.Settings) -> int:
-    from . import quarantine
+    from onceflow.apps import quarantine
 
     if args.action == "add":
         if args.partition is None or args.offset is None:
@@ -278,7 +297,7 @@ def cmd_quarantine(args, s: config.Settings) -> int:
 
 
 def cmd_airflow(args, s: config.Settings) -> int:
-    from . import airflow_local
+    airflow_local = _dev("airflow_local")
 
     if args.action == "up":
         info = airflow_local.up(s, trigger_deploy=not args.no_deploy)
@@ -405,7 +424,7 @@ def parser() -> argparse.ArgumentParser:
 
 # Loggers whose lines an operator at the terminal wants (onceflow's progress and warnings); everything else (GX,
 # py4j, Spark, Airflow) goes to the log file only, unless -v.
-CONSOLE_LOGGERS = ("onceflow", "__main__")
+CONSOLE_LOGGERS = ("onceflow", "onceflow_dev", "__main__")
 
 
 class _OnlyOurs(logging.Filter):

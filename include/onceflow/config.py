@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from .records import RULES_VERSION
+from onceflow.rules.records import RULES_VERSION
 
 ENV_PREFIX = "ONCEFLOW_"
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from onceflow.webhook_receiver import Receiver
+from onceflow_dev.webhook_receiver import Receiver
 
 
 @pytest.fixture(scope="session")

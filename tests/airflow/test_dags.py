@@ -8,8 +8,9 @@ from datetime import timedelta
 import pytest
 from confluent_kafka import Producer
 
-from onceflow import events as ev
-from onceflow import jobctl, kafka_clients, procs
+from onceflow.kafka import events as ev
+from onceflow.kafka import clients as kafka_clients
+from onceflow.runtime import jobctl, procs
 from tests.integration.helpers import (assert_exact, copy_topic, end_offsets, events, produce, wait_drained,
                                       wait_event)
 
@@ -116,7 +117,7 @@ def test_hanging_transaction_is_detected_with_its_age(dagbag, airflow_app, webho
 
 @pytest.mark.integration
 def test_rotation_and_savepoint_actions_of_the_deploy_dag(dagbag, airflow_app, webhook, tmp_path, monkeypatch):
-    from onceflow import savepoints
+    from onceflow.apps import savepoints
 
     s = airflow_app(savepoint_keep=2, checkpoint_size_alert_bytes=1, max_offsets_per_trigger=3000)
     sent = produce(s, tmp_path / "a.csv", count=15_000, event_rate=2000, seed=41)
@@ -165,7 +166,7 @@ def test_rotation_and_savepoint_actions_of_the_deploy_dag(dagbag, airflow_app, w
 
 @pytest.mark.integration
 def test_reconciliation_and_backfill_dags_submit_spark_jobs(dagbag, airflow_app, webhook, tmp_path, monkeypatch):
-    from onceflow import audit
+    from onceflow.apps import audit
 
     s = airflow_app(max_offsets_per_trigger=4000)
     sent = produce(s, tmp_path / "a.csv", count=12_000, event_rate=1500, distinct_ips=300, late_fraction=0.02,

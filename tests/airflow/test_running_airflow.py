@@ -17,11 +17,15 @@ import time
 
 import pytest
 
-from onceflow import (airflow_local, audit, config, jobctl, procs, recon_chain, savepoints, topics)
-from onceflow.airflow_client import AirflowApiError
+from onceflow import config
+from onceflow.apps import audit, recon_chain, savepoints
+from onceflow.kafka import topics
+from onceflow.runtime import jobctl, procs
+from onceflow_dev import airflow_local
+from onceflow_dev.airflow_client import AirflowApiError
 
 from ..integration.helpers import produce
-from onceflow.webhook_receiver import Receiver
+from onceflow_dev.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.integration
 
@@ -192,7 +196,7 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
 
 
 def kafka_watermarks(s):
-    from onceflow import kafka_clients
+    from onceflow.kafka import clients as kafka_clients
 
     return kafka_clients.watermarks(s, s.source_topic)
 

@@ -8,9 +8,13 @@ from pathlib import Path
 
 from confluent_kafka.admin import NewTopic
 
-from onceflow import audit, generator, invariants, jobctl, kafka_clients, procs, records  # noqa: F401
+from onceflow.apps import audit
+from onceflow.kafka import clients as kafka_clients
+from onceflow.rules import invariants, records
+from onceflow.runtime import jobctl, procs
+from onceflow_dev import generator
 from onceflow.config import Settings
-from onceflow.generator import KIND_MALFORMED, KIND_TAIL, GeneratorSpec
+from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL, GeneratorSpec
 
 START_MS = 1_795_000_000_000  # a fixed event-time origin (2026-11-17), so runs are reproducible
 

@@ -9,9 +9,11 @@ from collections import Counter
 
 import pytest
 
-from onceflow import audit, backfill, launcher, procs, records
-from onceflow.backfill_rules import BackfillError
-from onceflow.generator import KIND_MALFORMED
+from onceflow.apps import audit, backfill
+from onceflow.rules import records
+from onceflow.runtime import launcher, procs
+from onceflow.rules.backfill import BackfillError
+from onceflow_dev.generator import KIND_MALFORMED
 
 from .helpers import end_offsets, produce
 

@@ -2,7 +2,7 @@
 same exact verification (nothing lost, nothing duplicated, the DLQ complete, reconciliation green)."""
 import pytest
 
-from onceflow import chaos
+from onceflow_dev import chaos
 
 pytestmark = pytest.mark.integration
 

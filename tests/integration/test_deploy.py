@@ -4,8 +4,10 @@ import time
 
 import pytest
 
-from onceflow import audit, deploy, kafka_clients
-from onceflow import events as ev
+from onceflow.apps import audit
+from onceflow.control import deploy
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import events as ev
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +24,7 @@ def test_preflight_refuses_when_another_driver_committed_recently(app):
         deploy.preflight_checks(s)
     # An old commit from elsewhere is history, not a live driver: its record is read (written just now) but the
     # commit it reports is ten minutes old.
-    from onceflow import topics
+    from onceflow.kafka import topics
 
     old = s.replace(app_id=s.app_id + "_old", events_topic=s.events_topic + ".old")
     topics.ensure(old)
@@ -38,7 +40,7 @@ def test_two_concurrent_starts_launch_one_driver(app):
     import subprocess
     import sys
 
-    from onceflow import jobctl, launcher
+    from onceflow.runtime import jobctl, launcher
 
     s = app()
     env = launcher.submit_env(s)

@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from onceflow import events as ev
-from onceflow import jobctl, launcher, supervisor
-from onceflow.exactly_once import ExactlyOnceSink, OutRecord, KIND_RESULT, TransactionConfigError, ZombieFenced
+from onceflow.kafka import events as ev
+from onceflow.runtime import jobctl, launcher, supervisor
+from onceflow.protocol.exactly_once import (ExactlyOnceSink, OutRecord, KIND_RESULT, TransactionConfigError,
+    ZombieFenced)
 from onceflow.faults import Injector
-from onceflow.ledger import BatchPlan, Decision
+from onceflow.rules.ledger import BatchPlan, Decision
 
 from .helpers import assert_exact, audit, events, now_ms, produce, wait_drained, wait_event, wait_job_exit
 
@@ -85,7 +86,8 @@ def _rows(batch, n):
 
 
 def test_zombie_is_fenced_and_its_transaction_never_visible(app, tmp_path):
-    from onceflow import kafka_clients, procs
+    from onceflow.kafka import clients as kafka_clients
+    from onceflow.runtime import procs
     from confluent_kafka import TopicPartition
 
     s = app()
@@ -146,7 +148,7 @@ def test_running_job_fenced_by_newer_instance_stops_without_restart(app, tmp_pat
     gave_up = events(s, ev.SUPERVISOR_GAVE_UP)
     assert gave_up and gave_up[-1]["exit_code"] == 3
     # The health check pages and leaves it alone: a restart would fence the newer instance back.
-    from onceflow import alerts, health
+    from onceflow.control import alerts, health
 
     sink = alerts.AlertSink(s)
     rec = health.check(s, sink, start_fn=jobctl.start)
@@ -178,7 +180,7 @@ def test_transaction_timeout_is_aborted_reported_and_replayed(app, tmp_path):
 
 
 def test_bad_configuration_fails_at_start_with_a_clear_message(app, kafka):
-    from onceflow import preflight
+    from onceflow.runtime import preflight
     from onceflow.config import ConfigError
 
     base, _ = kafka

@@ -5,7 +5,9 @@ import time
 import pytest
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from onceflow import alerts, health, jobctl, kafka_clients, procs
+from onceflow.control import alerts, health
+from onceflow.kafka import clients as kafka_clients
+from onceflow.runtime import jobctl, procs
 
 from .helpers import assert_exact, produce, wait_drained
 

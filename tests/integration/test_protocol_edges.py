@@ -10,10 +10,15 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from onceflow import alerts, audit, broker, events as ev, health, jobctl, kafka_clients, procs, quarantine, records
-from onceflow.exactly_once import ExactlyOnceSink, KIND_RESULT, OutRecord
-from onceflow.generator import KIND_MALFORMED, KIND_OK, Sent
-from onceflow.ledger import BatchPlan, Decision
+from onceflow.apps import audit, quarantine
+from onceflow.control import alerts, health
+from onceflow.kafka import events as ev, clients as kafka_clients
+from onceflow.rules import records
+from onceflow.runtime import jobctl, procs
+from onceflow_dev import broker
+from onceflow.protocol.exactly_once import ExactlyOnceSink, KIND_RESULT, OutRecord
+from onceflow_dev.generator import KIND_MALFORMED, KIND_OK, Sent
+from onceflow.rules.ledger import BatchPlan, Decision
 
 from .helpers import assert_exact, end_offsets, events, produce, wait_drained, wait_event
 
@@ -46,7 +51,7 @@ def test_a_clock_a_year_ahead_is_quarantined_and_everything_late_is_reported(app
     assert rec.late_fraction is not None and rec.late_fraction > s.late_fraction_threshold, rec
     assert f"health:{s.app_id}:late" in {a.key for a in sink.history() if a.status == alerts.FIRING}
     first_late = max(e.batch for e in audit.ledger_entries(s) if e.end == end_offsets(sent)) + 1
-    from onceflow import reconcile
+    from onceflow.apps import reconcile
 
     res = reconcile.run(spark, s, first=first_late, last=audit.ledger_entries(s)[-1].batch, with_gx=False)
     i2 = res.check("I2_accounting")
@@ -165,7 +170,7 @@ def test_a_ledger_record_behind_another_producers_open_transaction_is_waited_for
 
     def end_it():
         procs.wait_until(lambda: time.time() - opened > 6, 20, what="the open transaction to age")
-        from onceflow import txnwatch
+        from onceflow.control import txnwatch
 
         found["hanging"] = txnwatch.hanging(txnwatch.open_transactions(s, [s.ledger_topic]),
                                             int(time.time() * 1000), s.transaction_timeout_ms)

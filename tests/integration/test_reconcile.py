@@ -5,10 +5,12 @@ import json
 
 import pytest
 
-from onceflow import audit, jobctl, reconcile, reconciliation
-from onceflow.recon_rules import FAIL, PASS
+from onceflow.apps import audit, reconcile
+from onceflow.control import reconciliation
+from onceflow.runtime import jobctl
+from onceflow.rules.reconciliation import FAIL, PASS
 
-from onceflow.generator import KIND_TAIL
+from onceflow_dev.generator import KIND_TAIL
 
 from .helpers import copy_topic, produce, wait_drained
 
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.integration
 def history(kafka, tmp_path_factory):
     """One drained run of the job (late, out-of-order and malformed records), shared by this module's tests."""
     base, reg = kafka
-    from onceflow import topics
+    from onceflow.kafka import topics
 
     name = "recon_history"
     s = base.replace(app_id=name, source_topic=f"{name}.source", sink_topic=f"{name}.sink", dlq_topic=f"{name}.dlq",
@@ -126,7 +128,7 @@ def test_a_running_job_reconciles_green_while_it_commits(app, spark, tmp_path, m
     job's next commit (read in the other order, the ledger then lacks the group's batch: a false I1 gap)."""
     import threading
 
-    from onceflow import procs
+    from onceflow.runtime import procs
 
     real_position = audit.committed_position
 
@@ -159,12 +161,12 @@ def test_a_running_job_reconciles_green_while_it_commits(app, spark, tmp_path, m
 def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(history, spark):
     """The scheduled chain: slices of at most N batches from the last proven one; a failed run records its result
     and leaves the chain where it was (the next run covers the same batches again); nothing new succeeds."""
-    from onceflow import recon_chain
+    from onceflow.apps import recon_chain
 
     s0, _ = history
     s = s0.replace(reconcile_max_batches=3, reconciliation_topic=f"{s0.reconciliation_topic}.chain",
                    var_dir=s0.var_dir / "chain")
-    from onceflow import topics
+    from onceflow.kafka import topics
 
     topics.ensure(s)
     entries = audit.ledger_entries(s)

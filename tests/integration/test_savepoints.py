@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from onceflow import deploy, events as ev, jobctl, procs, savepoints
-from onceflow.savepoint_rules import DATA_DIR, MANIFEST, SavepointError
+from onceflow.apps import savepoints
+from onceflow.control import deploy
+from onceflow.kafka import events as ev
+from onceflow.runtime import jobctl, procs
+from onceflow.rules.savepoints import DATA_DIR, MANIFEST, SavepointError
 
 from .helpers import assert_exact, audit, events, produce, wait_drained
 
@@ -69,7 +72,7 @@ def test_savepoint_under_load_then_kill9_and_restore_latest_is_exact(app, tmp_pa
     assert jobctl.stop(s)
     # The whole history reconciles, across the restore: the catch-up batch's late rows are charged to no ledger
     # batch (it wrote nothing), and each progress event names the ledger batch it belongs to.
-    from onceflow import reconcile
+    from onceflow.apps import reconcile
 
     res = reconcile.run(spark, s, with_gx=False)
     assert res.ok, json.dumps([c.__dict__ for c in res.failures()], default=str)

@@ -6,7 +6,8 @@ import sys
 import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from onceflow import jvm, kafka_clients, topics
+from onceflow.kafka import clients as kafka_clients, topics
+from onceflow.runtime import jvm
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,7 @@ def test_topics_have_explicit_settings(app):
 
 def test_broker_runs_transactions_v2(kafka):
     base, _ = kafka
-    from onceflow import broker
+    from onceflow_dev import broker
 
     log = broker.paths(base).server_log.read_text()
     assert "transaction.version=2" in log or "transaction.version to 2" in log

@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onceflow import config, topics
+from onceflow import config
+from onceflow.kafka import topics
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,9 @@
 """Pure control-plane logic: Burrow lag rules, alert deduplication, hanging transactions, health assessment."""
-from onceflow import alerts, config, health, lag, txnwatch
-from onceflow import events as ev
-from onceflow.lag import Sample
+from onceflow import config
+from onceflow.control import alerts, health, txnwatch
+from onceflow.rules import lag
+from onceflow.kafka import events as ev
+from onceflow.rules.lag import Sample
 
 
 def samples(pairs, t0=0, step=60_000, commit_ts=None):
@@ -189,7 +191,7 @@ def test_everything_late_and_a_watermark_off_the_clock_alert():
 def test_remediation_is_bounded_and_never_changes_the_operators_intent(tmp_path):
     """No stub of jobctl: the real stop runs (nothing is running in this var dir), and the desired state the
     operator set must survive a restart by the health check, also one whose start fails."""
-    from onceflow import jobctl
+    from onceflow.runtime import jobctl
 
     s = config.load(env={}, app_id="a", var_dir=tmp_path, health_restart_attempts=2, health_restart_window_s=600)
     jobctl._set_desired(s, "running")
@@ -224,7 +226,7 @@ def test_a_relaunched_job_is_not_judged_by_its_predecessors_status(tmp_path):
     import sys
     import time
 
-    from onceflow import jobctl, procs, supervisor
+    from onceflow.runtime import jobctl, procs, supervisor
 
     s = config.load(env={}, app_id="a", var_dir=tmp_path)
     old_start = int(time.time() * 1000) - 3600_000

@@ -1,9 +1,9 @@
 """I1-I4 decisions on constructed data: each kind of fault is reported precisely."""
 import json
 
-from onceflow import records as R
-from onceflow.invariants import SinkRecord, SourceRecord, check, expected
-from onceflow.ledger import LedgerEntry
+from onceflow.rules import records as R
+from onceflow.rules.invariants import SinkRecord, SourceRecord, check, expected
+from onceflow.rules.ledger import LedgerEntry
 
 W = 5
 S = 1_800_000_000_000_000  # a window boundary, in microseconds (divisible by 5 s)

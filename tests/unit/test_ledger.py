@@ -1,8 +1,8 @@
 """The replay decision and the coverage checks (I1), without a broker."""
 import pytest
 
-from onceflow.ledger import (BatchPlan, Committed, Decision, DivergentHistory, LedgerEntry, batch_from_metadata,
-                             check_coverage, decide, offset_metadata)
+from onceflow.rules.ledger import (BatchPlan, Committed, Decision, DivergentHistory, LedgerEntry,
+    batch_from_metadata, check_coverage, decide, offset_metadata)
 
 
 def plan(n, start, end):
@@ -137,8 +137,9 @@ def test_lost_group_offsets_are_decided_from_the_ledger_never_by_writing_blindly
 
 def test_a_lookup_past_the_scan_bound_stops_like_divergent_history(monkeypatch):
     """Not a plain crash (a restart would scan the same records again, forever): the job stops for good, exit 4."""
-    from onceflow import config, ledger_reader
-    from onceflow.ledger import DivergentHistory
+    from onceflow import config
+    from onceflow.protocol import ledger_reader
+    from onceflow.rules.ledger import DivergentHistory
 
     s = config.load(env={}, app_id="a")
     monkeypatch.setattr(ledger_reader, "stable_end", lambda settings: (0, ledger_reader.MAX_SCAN + 5000))

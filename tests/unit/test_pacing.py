@@ -1,5 +1,5 @@
 """The batch pacing rules: close-out batches at once, otherwise the trigger cadence."""
-from onceflow.pacing import BatchTiming, closes_windows, delay_before_next_s, next_watermark_ms
+from onceflow.rules.pacing import BatchTiming, closes_windows, delay_before_next_s, next_watermark_ms
 
 W = D = 5000  # window and watermark delay, ms
 T = 2000      # trigger interval, ms

@@ -5,8 +5,9 @@ from datetime import timezone
 
 import pytest
 
-from onceflow import generator, parsing
-from onceflow import records as R
+from onceflow.spark import parsing
+from onceflow_dev import generator
+from onceflow.rules import records as R
 
 CORNER = [
     b'203.0.113.9 - - [21/Nov/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8.5"',
@@ -85,7 +86,8 @@ def test_the_streaming_plan_parses_each_record_once_per_branch(spark, tmp_path):
     union (aggregation and DLQ), with the good-record filter kept above the watermark."""
     from pyspark.sql import functions as F
 
-    from onceflow import config, ip_count
+    from onceflow import config
+    from onceflow.spark import ip_count_plan as ip_count
 
     raw = (spark.readStream.format("rate").option("rowsPerSecond", 10).load()
            .select(F.col("value").cast("string").cast("binary").alias("value"), F.lit("t").alias("topic"),
@@ -108,7 +110,7 @@ def test_the_clock_and_quarantine_rules_agree_with_the_reference(spark):
 
     from pyspark.sql import functions as F
 
-    from onceflow.ledger import QuarantineRange
+    from onceflow.rules.ledger import QuarantineRange
 
     rng = random.Random(5)
     rows = []

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from onceflow import backfill_rules as br
-from onceflow import recon_rules as rr
-from onceflow import reconciliation
-from onceflow.ledger import LedgerEntry, check_coverage
+from onceflow.rules import backfill as br
+from onceflow.rules import reconciliation as rr
+from onceflow.control import reconciliation
+from onceflow.rules.ledger import LedgerEntry, check_coverage
 
 
 def entry(n, ranges, wm, commit_ms=0):

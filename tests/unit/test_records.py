@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from onceflow import records as R
+from onceflow.rules import records as R
 
 LINE = '203.0.113.9 - - [21/Nov/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8.5"'
 T0 = 1795298401 * 1_000_000  # 2026-11-21T22:00:01Z in microseconds

@@ -5,12 +5,12 @@ from dataclasses import replace
 
 import pytest
 
-from onceflow import retention
-from onceflow.checkpoint import Epoch, LocalFS, batch_plan, parse_offsets_file, render_offsets_file
-from onceflow.ledger import (BatchPlan, Committed, Decision, DivergentHistory, LedgerEntry, RestoreRecord, decide,
-                             offset_metadata, parse_record)
-from onceflow.savepoint_rules import (FileEntry, Manifest, RestoreFacts, Runtime, SavepointError, cut_problems,
-                                      file_problems, in_cut, incompatibilities, plan_restore, state_problems)
+from onceflow.rules import retention
+from onceflow.storage.checkpoint import Epoch, LocalFS, batch_plan, parse_offsets_file, render_offsets_file
+from onceflow.rules.ledger import (BatchPlan, Committed, Decision, DivergentHistory, LedgerEntry, RestoreRecord,
+    decide, offset_metadata, parse_record)
+from onceflow.rules.savepoints import (FileEntry, Manifest, RestoreFacts, Runtime, SavepointError, cut_problems,
+    file_problems, in_cut, incompatibilities, plan_restore, state_problems)
 
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKS = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

@@ -1,6 +1,6 @@
 """The soak's verdicts, without a platform: which failed DAG runs an injected fault explains, and whether the
 reconciliation chain proved every batch exactly once."""
-from onceflow import soak
+from onceflow_dev import soak
 
 
 def test_a_failed_run_is_explained_only_by_a_fault_it_overlaps():

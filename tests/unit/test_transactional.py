@@ -3,7 +3,7 @@ flink-connector-kafka's KafkaCommitterTest drives its committer with a mock prod
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from onceflow import transactional as t
+from onceflow.kafka import transactional as t
 
 
 def kerr(code, fatal=False, retriable=False, abortable=False):

@@ -1,0 +1,1 @@
+"""The batch applications: audit, reconciliation recount, backfill, savepoints, quarantine."""

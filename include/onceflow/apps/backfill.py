@@ -1,0 +1,289 @@
+"""Backfill: recompute the windows of a source range with a Spark batch job and write them exactly once.
+
+What `ip_count_backfill` and `onceflow backfill` run. The parameters are validated (onceflow.backfill_rules)
+before anything is written; then, per chunk, one Kafka transaction of the backfill's own transactional id
+(`onceflow.<app>.backfill.<id>`, never the live job's) carries the chunk's records, a ledger record
+(kind "backfill") and the offsets of the backfill's group with metadata {"chunk": i, "spec": <hash>}. A re-run
+or a resumed run reads that metadata and starts after the last committed chunk, so no chunk is written twice;
+a run with the same id but different parameters is refused.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import TopicPartition
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from onceflow.kafka import events as ev, clients as kafka_clients
+from onceflow.runtime import procs
+from onceflow.spark import parsing
+from onceflow.rules import backfill as br
+from onceflow.config import REPO_ROOT, Settings
+from onceflow.kafka.transactional import TransactionalWriter, TxnError
+from onceflow.faults import Injector
+from onceflow.spark.ip_count_plan import result_key_value
+from onceflow.rules.ledger import LedgerEntry
+from onceflow.rules.records import RULES_VERSION
+from onceflow.apps.reconcile import read_kafka
+
+log = logging.getLogger(__name__)
+BACKFILL_STARTED, BACKFILL_CHUNK, BACKFILL_DONE = "backfill_started", "backfill_chunk_committed", "backfill_done"
+
+
+def transactional_id(settings: Settings, backfill_id: str) -> str:
+    return f"{settings.transactional_id}.backfill.{backfill_id}"
+
+
+def group_id(settings: Settings, backfill_id: str) -> str:
+    return f"{settings.group_id}.backfill.{backfill_id}"
+
+
+def registry(settings: Settings) -> Path:
+    return settings.run_dir / "backfills"
+
+
+# ---------------------------------------------------------------------------- checks (no writes)
+def topic_facts(settings: Settings, topic: str) -> br.TopicFacts:
+    wm = kafka_clients.watermarks(settings, topic)
+    if wm is None:
+        return br.TopicFacts(False)
+    return br.TopicFacts(True, {p: lo for p, (lo, _) in wm.items()}, {p: hi for p, (_, hi) in wm.items()})
+
+
+def running(settings: Settings) -> list[dict]:
+    """Backfills of this app running now (on this machine), from their registry files."""
+    out = []
+    for f in sorted(registry(settings).glob("*.json")):
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        pid = int(d.get("pid") or 0)
+        if d.get("host") == socket.gethostname() and pid > 0 and procs.pid_alive(pid):
+            out.append(d)
+    return out
+
+
+def validate(settings: Settings, spec: br.Spec) -> br.Spec:
+    """Every check that can refuse the backfill; returns the spec with its time range resolved to offsets (the
+    first run's resolution, when this backfill id has committed chunks already)."""
+    br.check_params(spec, {settings.sink_topic: "sink", settings.dlq_topic: "DLQ", settings.ledger_topic: "ledger",
+                           settings.source_topic: "source"}, resolved=spec.by_time and bool(spec.start))
+    source, target = topic_facts(settings, spec.source_topic), topic_facts(settings, spec.target_topic)
+    p = progress(settings, spec) if source.exists else Progress()
+    if spec.by_time and not spec.start and source.exists:
+        if p.starts:  # resumed: the range is what the first run resolved, whatever came into the source since
+            start, end = p.starts, p.ends
+        else:
+            start = kafka_clients.offsets_at(settings, spec.source_topic, spec.since_ms, source.high)
+            end = kafka_clients.offsets_at(settings, spec.source_topic, spec.until_ms, source.high)
+        spec = br.Spec(**{**spec.as_dict(), "start": start, "end": end})
+    br.check_against(spec, source, target)
+    for other in running(settings):
+        if other["id"] == spec.id:
+            raise br.BackfillError(f"backfill {spec.id} is already running (pid {other['pid']})")
+        o_start, o_end = br.parse_offsets(other["start"]), br.parse_offsets(other["end"])
+        if other["source"] == spec.source_topic and br.overlaps(spec.start, spec.end, o_start, o_end):
+            raise br.BackfillError(f"the range overlaps backfill {other['id']}, running now (pid {other['pid']}): "
+                                   f"wait for it, or choose a range that does not overlap")
+    if p.spec is not None and p.spec != spec.spec_hash():
+        raise br.BackfillError(f"backfill id {spec.id} was run before with other parameters (spec {p.spec}, "
+                               f"now {spec.spec_hash()}): use a new id")
+    return spec
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a backfill's group has committed: the last chunk, the spec, and the range it resolved to."""
+    chunk: int | None = None
+    spec: str | None = None
+    starts: dict[int, int] = field(default_factory=dict)
+    ends: dict[int, int] = field(default_factory=dict)
+
+
+def read_progress(consumer, topic: str, partitions) -> Progress:
+    got = kafka_clients.committed(consumer, [TopicPartition(topic, p) for p in sorted(partitions)])
+    metas = {tp.partition: (tp.offset, json.loads(tp.metadata)) for tp in got if tp.offset >= 0 and tp.metadata}
+    if not metas:
+        return Progress()
+    first = metas[min(metas)][1]
+    return Progress(int(first["chunk"]), first.get("spec"),
+                    {p: int(m["start"]) for p, (_, m) in metas.items() if "start" in m},
+                    {p: off for p, (off, m) in metas.items() if "start" in m})
+
+
+def progress(settings: Settings, spec: br.Spec) -> Progress:
+    """The last chunk this backfill committed (None: none), from its group's offset metadata."""
+    c = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings, spec.id))
+    try:
+        return read_progress(c, spec.source_topic, spec.start or topic_facts(settings, spec.source_topic).high)
+    finally:
+        c.close()
+
+
+# ---------------------------------------------------------------------------- the computation
+def windows(spark: SparkSession, settings: Settings, spec: br.Spec) -> DataFrame:
+    """Every window of the range (all valid records count: no watermark in a batch recount), in chunk order."""
+    raw = read_kafka(spark, settings, spec.source_topic, spec.start, spec.end)
+    valid = parsing.classify(raw.select("value", "topic", "partition", "offset", "timestamp"),
+                             spec.max_event_ahead_ms).where(F.col("reason").isNull())
+    counts = valid.groupBy(F.window("ts", f"{spec.window_s} seconds").alias("w"), "ip").count()
+    return counts.orderBy(F.col("w.start"), F.col("ip")).select(*result_key_value())
+
+
+# ---------------------------------------------------------------------------- the run
+def run(spark: SparkSession, settings: Settings, spec: br.Spec, bus: ev.EventBus | None = None) -> dict:
+    """Fence first, then read progress: an older run of the same id is fenced before this run decides where to
+    start, and every chunk checks that the one before it is the group's last committed chunk."""
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    spec = validate(settings, spec)
+    bus = bus or ev.EventBus(settings)
+    injector = Injector(settings.fault, settings.run_dir / "faults" / f"{settings.app_id}.backfill.{spec.id}",
+                        on_fire=lambda f: bus.emit(ev.FAULT_INJECTED, logging.WARNING, flush=True, fault=f.name,
+                                                   backfill=spec.id))
+    injector.hit("stall_before_fence", 0)  # validation read the progress; nothing of it is trusted past here
+    writer = None if spec.dry_run else ChunkWriter(settings, spec)  # init_transactions fences older runs
+    try:
+        return _run(spark, settings, spec, writer, injector, bus)
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def _run(spark, settings: Settings, spec: br.Spec, writer: "ChunkWriter | None", injector: Injector, bus) -> dict:
+    done = progress(settings, spec)
+    if done.starts and (done.starts, done.ends) != (spec.start, spec.end):
+        raise br.BackfillError(f"backfill {spec.id}: another run committed chunks of the range {done.starts} -> "
+                               f"{done.ends}, not {spec.start} -> {spec.end}; run it again to resume that range")
+    first = br.first_chunk_to_write(done.chunk)
+    out = windows(spark, settings, spec).cache()
+    total = out.count()
+    n = br.chunks(total, spec.chunk_size)
+    report = {"id": spec.id, "spec": spec.spec_hash(), "source": spec.source_topic, "target": spec.target_topic,
+              "start": spec.start, "end": spec.end, "records_in_range": sum(spec.end[p] - spec.start[p]
+                                                                           for p in spec.start),
+              "windows": total, "chunks": n, "already_committed_chunks": first, "dry_run": spec.dry_run}
+    if spec.dry_run:
+        report["would_write_chunks"] = max(0, n - first)
+        report["would_write_records"] = max(0, total - first * spec.chunk_size)
+        report["sample"] = [r["key"] for r in out.limit(5).collect()]
+        out.unpersist()
+        return report
+    if first >= n:
+        report |= {"written_chunks": 0, "written_records": 0, "status": "complete (nothing left to write)"}
+        out.unpersist()
+        return report
+
+    reg = registry(settings) / f"{spec.id}.json"
+    reg.parent.mkdir(parents=True, exist_ok=True)
+    reg.write_text(json.dumps({"id": spec.id, "pid": os.getpid(), "host": socket.gethostname(),
+                               "source": spec.source_topic, "start": {str(p): o for p, o in spec.start.items()},
+                               "end": {str(p): o for p, o in spec.end.items()}, "started_ms": int(time.time() * 1000)}))
+    bus.emit(BACKFILL_STARTED, flush=True, id=spec.id, chunks=n, from_chunk=first, windows=total, pid=os.getpid())
+    injector.hit("stall_before_chunks", 0)
+    written = records = 0
+    try:
+        chunk, rows = first, []
+        for i, row in enumerate(out.toLocalIterator()):
+            if i < first * spec.chunk_size:
+                continue
+            rows.append((row["key"], row["value"]))
+            if len(rows) == spec.chunk_size:
+                writer.write(chunk, rows, injector)
+                bus.emit(BACKFILL_CHUNK, id=spec.id, chunk=chunk, records=len(rows))
+                written, records, chunk, rows = written + 1, records + len(rows), chunk + 1, []
+        if rows:
+            writer.write(chunk, rows, injector)
+            bus.emit(BACKFILL_CHUNK, id=spec.id, chunk=chunk, records=len(rows))
+            written, records = written + 1, records + len(rows)
+    finally:
+        reg.unlink(missing_ok=True)
+        out.unpersist()
+    bus.emit(BACKFILL_DONE, flush=True, id=spec.id, written_chunks=written, written_records=records)
+    return report | {"written_chunks": written, "written_records": records, "status": "complete"}
+
+
+class ChunkWriter:
+    """One transaction per chunk: records + ledger record + the group's offsets carrying the chunk number."""
+
+    def __init__(self, settings: Settings, spec: br.Spec):
+        self.s, self.spec = settings, spec
+        self.tid = transactional_id(settings, spec.id)
+        # init_transactions fences an older run of the same backfill
+        self.writer = TransactionalWriter(
+            lambda: kafka_clients.transactional_producer(settings, self.tid, **{"linger.ms": 5}), self.tid,
+            settings.transaction_timeout_ms, commit_timeout_s=settings.commit_timeout_s)
+        self.group = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings, spec.id))
+
+    def write(self, chunk: int, rows: list[tuple[str, bytes]], injector: Injector) -> None:
+        br.check_next_chunk(chunk, read_progress(self.group, self.spec.source_topic, self.spec.end).chunk,
+                            self.spec.id)
+        started = time.monotonic()
+        headers = [("onceflow.app", self.s.app_id.encode()), ("onceflow.backfill", self.spec.id.encode()),
+                   ("onceflow.chunk", str(chunk).encode())]
+        w = self.writer
+        w.begin()
+        try:
+            for key, value in rows:
+                w.produce(self.spec.target_topic, key.encode(), value, headers)
+            if injector.faults:  # tests: the crash then leaves the chunk's records in the open transaction
+                w.producer.flush(30)
+            injector.hit("crash_in_chunk", chunk)
+            entry = LedgerEntry(app=self.s.app_id, batch=chunk, topic=self.spec.source_topic,
+                                ranges={p: (self.spec.start[p], self.spec.end[p]) for p in sorted(self.spec.start)},
+                                watermark_ms=0, batch_ts_ms=0, outputs=len(rows), dlq=0,
+                                txn_ms=round((time.monotonic() - started) * 1000, 3),
+                                commit_time_ms=int(time.time() * 1000), transactional_id=self.tid, kind="backfill",
+                                backfill_id=self.spec.id, spec_hash=self.spec.spec_hash(), rules=self.spec.rules,
+                                max_event_ahead_ms=self.spec.max_event_ahead_ms)
+            w.produce(self.s.ledger_topic, self.s.app_id.encode(), entry.to_json(), headers)
+            h = self.spec.spec_hash()
+            w.send_offsets([TopicPartition(self.spec.source_topic, p, self.spec.end[p],
+                                           br.chunk_metadata(chunk, h, self.spec.start[p]))
+                            for p in sorted(self.spec.end)], self.group.consumer_group_metadata())
+            w.commit()
+        except TxnError:
+            raise  # aborted, or the producer replaced (a commit whose outcome is unknown: a re-run settles it)
+        except BaseException:
+            w.abort()
+            raise
+        injector.hit("crash_after_chunk", chunk)
+
+    def close(self) -> None:
+        try:
+            self.group.close()
+        finally:
+            self.writer.close()
+
+
+def spec_from(settings: Settings, backfill_id: str, start=None, end=None, since=None, until=None,
+              target: str | None = None, chunk_size: int = 5000, dry_run: bool = False) -> br.Spec:
+    """A Spec from CLI or DAG parameters (offsets as JSON objects, times as ISO-8601 or epoch ms)."""
+    from onceflow.control.reconciliation import to_ms
+
+    try:
+        since_ms, until_ms = to_ms(since), to_ms(until)
+    except ValueError as e:
+        raise br.BackfillError(str(e)) from None
+    return br.Spec(id=backfill_id, source_topic=settings.source_topic, target_topic=target or settings.backfill_topic,
+                   chunk_size=int(chunk_size), start=br.parse_offsets(start), end=br.parse_offsets(end),
+                   since_ms=since_ms, until_ms=until_ms, dry_run=bool(dry_run), window_s=settings.window_s,
+                   rules=RULES_VERSION, max_event_ahead_ms=settings.max_event_ahead_ms)
+
+
+SCRIPT = REPO_ROOT / "jobs" / "backfill.py"
+
+
+def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float = 6 * 3600.0) -> dict:
+    """Run jobs/backfill.py through `argv` (spark-submit) and read its report back."""
+    from onceflow.runtime import launcher
+
+    return launcher.run_batch(settings, "backfill", argv, out, settings.log_dir / f"{settings.app_id}.backfill.log",
+                              timeout_s)

@@ -1,0 +1,97 @@
+"""Quarantine: the operator's way past a batch that can never commit (`onceflow quarantine add|list`).
+
+A batch whose transaction fails for good on one source record (its output refused by the broker every time)
+would be replayed from the same `offsets/N` after every restart: the job could never get past it. The operator
+quarantines that record's offsets; from the next start, the job (and every reader that recounts: the reference
+parser, reconciliation, the audit) classifies them as `quarantined`: they go to the DLQ with their provenance,
+original size and sha256, but without the payload. I1-I4 hold: each quarantined record is accounted for once, in
+the DLQ.
+
+Rules, checked before anything is written: the job is stopped (and no start can begin: the app's start lock is
+held); every driver of the app is fenced; the offsets exist in the source and are not yet committed (quarantining
+a committed record would rewrite history). The quarantine is recorded in the checkpoint's
+`onceflow/quarantine.json`, which the job reads at start (a restore rewrites that file from the ledger), and in the
+ledger, in a transaction of the app's transactional id; a failed ledger commit puts the file back.
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import time
+
+from onceflow.apps import audit
+from onceflow.kafka import events as ev, clients as kafka_clients
+from onceflow.protocol import ledger_writes
+from onceflow.runtime import jobctl
+from onceflow.storage.checkpoint import QUARANTINE_FILE, render_quarantine
+from onceflow.config import Settings
+from onceflow.rules.ledger import QuarantineRange, QuarantineRecord
+
+log = logging.getLogger(__name__)
+QUARANTINED = "records_quarantined"
+
+
+class QuarantineError(ValueError):
+    """The quarantine is refused; nothing was written. The message says why."""
+
+
+def current(settings: Settings) -> list[QuarantineRange]:
+    """The ranges in force for the job (its checkpoint's copy)."""
+    from onceflow.apps.savepoints import Store
+
+    store = Store(settings.checkpoint)
+    if not store.exists(QUARANTINE_FILE):
+        return []
+    return [QuarantineRange(**r) for r in json.loads(store.read(QUARANTINE_FILE))]
+
+
+def add(settings: Settings, partition: int, start: int, end: int, reason: str, by: str | None = None
+        ) -> QuarantineRecord:
+    """Quarantine source offsets [start, end) of `partition`. Under the app's start lock (no start here can slip
+    in) and after fencing every driver of the app anywhere (the app's transactional id), so what is checked cannot
+    change before it is written. The checkpoint's copy is written first and the ledger record committed second; if
+    the commit fails the copy is put back: the job never runs with a quarantine the ledger does not record."""
+    from onceflow.apps.savepoints import Store
+
+    if not reason.strip():
+        raise QuarantineError("say why the records are quarantined (--reason): the ledger keeps it")
+    if end <= start:
+        raise QuarantineError(f"the range [{start}, {end}) is empty")
+    with jobctl.start_lock(settings):
+        if jobctl.status(settings)["running"]:
+            raise QuarantineError(f"app {settings.app_id} is running: stop it first (`onceflow job stop`); the job "
+                                  f"reads the quarantine when it starts")
+        wm = kafka_clients.watermarks(settings, settings.source_topic) or {}
+        if partition not in wm:
+            raise QuarantineError(f"the source topic {settings.source_topic} has no partition {partition}")
+        if end > wm[partition][1]:
+            raise QuarantineError(f"partition {partition} ends at offset {wm[partition][1]}; {end} is beyond it")
+        writer = ledger_writes.app_writer(settings)  # fences any driver of the app, here or elsewhere
+        try:
+            snap = audit.snapshot(settings)  # after the fence: nothing can commit past it any more
+            done = snap.committed.offsets.get(partition) if snap.committed.offsets else \
+                (snap.entries[-1].end.get(partition) if snap.entries else None)
+            if done is not None and start < done:
+                raise QuarantineError(f"offsets of partition {partition} below {done} are committed already: a "
+                                      f"quarantine applies only to records the job has not processed yet")
+            record = QuarantineRecord(app=settings.app_id, topic=settings.source_topic,
+                                      ranges=(QuarantineRange(partition, start, end),), reason=reason.strip(),
+                                      by=by or getpass.getuser(), ts_ms=int(time.time() * 1000))
+            store, before = Store(settings.checkpoint), current(settings)
+            store.write(QUARANTINE_FILE, render_quarantine(before + list(record.ranges)).encode())
+            try:
+                ledger_writes.commit_record(writer, settings, record.to_json(), "quarantine")
+            except BaseException:
+                store.write(QUARANTINE_FILE, render_quarantine(before).encode())
+                raise
+        finally:
+            writer.close()
+    ev.EventBus(settings).emit(QUARANTINED, logging.WARNING, flush=True, partition=partition, start=start, end=end,
+                               reason=record.reason, by=record.by)
+    log.warning("quarantined %s[%d] [%d, %d): %s", settings.source_topic, partition, start, end, record.reason)
+    return record
+
+
+def records(settings: Settings) -> list[QuarantineRecord]:
+    return [r for r in audit.ledger_records(settings) if isinstance(r, QuarantineRecord)]

@@ -1,0 +1,159 @@
+"""The scheduled reconciliation chain: where it stands, and moving it only with a recorded proof.
+
+Each scheduled `ip_count_reconciliation` run proves the ledger batches committed after the last batch the chain
+proved, up to the newest one committed when it starts (at most ONCEFLOW_RECONCILE_MAX_BATCHES; the rest is the
+next run's), whatever the timetable's data interval says. The chain's position is the committed offsets of its
+own consumer group `onceflow.<app>.reconciliation` on the source topic (the end offsets of the last proven
+batch, metadata {"batch", "run", "ts_ms"}), so `kafka-consumer-groups --describe` shows the records the job has
+committed but the chain has not proven yet as that group's lag. A run's result record and the move of the
+position are one Kafka transaction of the chain's own transactional id: the position moves if and only if the
+proof is recorded, a failed run records its result and leaves the position where it was (the next run covers
+those batches again), and a second chain run is fenced and re-checks the position before it commits, so no
+batch is proven twice by the chain. Manual runs (by batch or time range) record their results beside it and do
+not move it.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from confluent_kafka import TopicPartition
+
+from onceflow.kafka import clients as kafka_clients
+from onceflow.config import Settings
+from onceflow.rules.reconciliation import CHAIN, ChainPosition, ReconcileError, Result, chain_metadata, chain_position
+from onceflow.kafka.transactional import TransactionalWriter
+
+STATUS_TAIL = 2000  # reconciliation records read back for the status (the newest ones)
+
+
+def group_id(settings: Settings) -> str:
+    return f"{settings.group_id}.reconciliation"
+
+
+def transactional_id(settings: Settings) -> str:
+    return f"{settings.transactional_id}.reconciliation"
+
+
+def _partitions(settings: Settings) -> list[int]:
+    wm = kafka_clients.watermarks(settings, settings.source_topic)
+    if wm is None:
+        raise ReconcileError(f"the source topic {settings.source_topic} does not exist")
+    return sorted(wm)
+
+
+def position(settings: Settings, consumer=None) -> ChainPosition:
+    """The last batch the chain has proven (from its group's committed offsets)."""
+    c = consumer or kafka_clients.read_committed_consumer(settings, group_id=group_id(settings))
+    try:
+        got = kafka_clients.committed(c, [TopicPartition(settings.source_topic, p) for p in _partitions(settings)])
+        return chain_position(tp.metadata for tp in got if tp.offset >= 0)
+    finally:
+        if consumer is None:
+            c.close()
+
+
+def commit(settings: Settings, res: Result) -> dict:
+    """Record a chain run's result, and, if it proved batches, move the position to its last batch in the same
+    transaction. Fences every other chain run first (the chain's transactional id), then checks that the position
+    is still the one this run started from: otherwise another run proved these batches already, and this result is
+    not recorded as the chain's."""
+    if res.mode != CHAIN:
+        raise ValueError("only chain runs move the chain")
+    tid = transactional_id(settings)
+    writer = TransactionalWriter(lambda: kafka_clients.transactional_producer(settings, tid), tid,
+                                 settings.transaction_timeout_ms, commit_timeout_s=settings.commit_timeout_s)
+    consumer = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings))
+    try:
+        now = position(settings, consumer)
+        if now.batch != res.proven_before:
+            raise ReconcileError(f"the chain moved while this run ran (it started after batch {res.proven_before}, "
+                                 f"the chain is now at {now.batch}, proven by run {now.run_id}): another chain run "
+                                 f"proved these batches; this result is not recorded as the chain's")
+        moves = res.ok and res.last_batch is not None
+        writer.begin()
+        try:
+            writer.produce(settings.reconciliation_topic, settings.app_id.encode(),
+                           json.dumps(res.as_dict()).encode(), [("onceflow.app", settings.app_id.encode()),
+                                                                 ("onceflow.kind", b"reconciliation")])
+            if moves:
+                meta = chain_metadata(res.last_batch, res.run_id, int(time.time() * 1000))
+                ends = {int(p): int(o) for p, o in res.coverage["end_offsets"].items()}
+                writer.send_offsets([TopicPartition(settings.source_topic, p, ends[p], meta) for p in sorted(ends)],
+                                    consumer.consumer_group_metadata())
+            writer.commit()
+        except Exception:
+            writer.abort()
+            raise
+        return {"chain_moved": moves, "proven_through": res.last_batch if moves else now.batch}
+    finally:
+        consumer.close()
+        writer.close()
+
+
+def recent_results(settings: Settings, limit: int = STATUS_TAIL) -> list[dict]:
+    """The app's newest reconciliation results (chain and manual), oldest first, from the last `limit` records
+    of the reconciliation topic (a bounded read)."""
+    wm = kafka_clients.watermarks(settings, settings.reconciliation_topic)
+    if not wm:
+        return []
+    low, high = wm[0]
+    c = kafka_clients.read_committed_consumer(settings)
+    key = settings.app_id.encode()
+    out = []
+    try:
+        for m in kafka_clients.read_range(c, settings.reconciliation_topic, 0, max(low, high - limit), high):
+            if m.key() != key or m.value() is None:
+                continue
+            try:
+                out.append(json.loads(m.value()))
+            except ValueError:
+                continue
+    finally:
+        c.close()
+    return out
+
+
+def status(settings: Settings, newest_batch: int | None) -> dict:
+    """Which committed batches are proven, pending or failed. `newest_batch`: the job's newest committed batch."""
+    pos = position(settings)
+    proven = pos.batch
+    runs = recent_results(settings)
+    failed: list[list[int]] = []
+    for r in runs:
+        if r.get("mode") == CHAIN and not r.get("ok") and r.get("first_batch") is not None \
+                and (proven is None or r["first_batch"] > proven):
+            failed.append([r["first_batch"], r["last_batch"]])
+    failed = _merge(failed)
+    pending = []
+    lo = 0 if proven is None else proven + 1
+    if newest_batch is not None and newest_batch >= lo:
+        cur = lo
+        for a, b in failed:
+            if a > cur:
+                pending.append([cur, min(a - 1, newest_batch)])
+            cur = max(cur, b + 1)
+        if cur <= newest_batch:
+            pending.append([cur, newest_batch])
+    last = next((r for r in reversed(runs) if r.get("mode") == CHAIN), None)
+    return {"app": settings.app_id, "proven_through": proven, "proven_by_run": pos.run_id,
+            "proven_at_ms": pos.ts_ms, "newest_committed_batch": newest_batch,
+            "pending": [p for p in pending if p[0] <= p[1]], "failed": failed,
+            "last_chain_run": _brief(last) if last else None,
+            "recent_runs": [_brief(r) for r in runs[-10:]]}
+
+
+def _merge(ranges: list[list[int]]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _brief(r: dict) -> dict:
+    return {"run_id": r.get("run_id"), "mode": r.get("mode", "manual"), "verdict": r.get("verdict"),
+            "batches": [r.get("first_batch"), r.get("last_batch")], "finished_ms": r.get("finished_ms"),
+            "failed_checks": [c["name"] for c in r.get("checks", []) if c.get("status") == "fail"]}

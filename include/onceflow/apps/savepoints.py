@@ -1,0 +1,459 @@
+"""Savepoints of the streaming job: create (while it runs, or stop-with-savepoint), list, verify, restore, delete,
+prune, and the checkpoint's own size report.
+
+Files go through fsspec, so the checkpoint and the savepoints can live on any Hadoop-compatible store (file://,
+hdfs://, s3://, ...) with configuration only. Layout of one savepoint:
+
+    <ONCEFLOW_SAVEPOINT_URI>/sp-<UTC time>-b<ledger batch>/checkpoint/...   the copied checkpoint files
+    <ONCEFLOW_SAVEPOINT_URI>/sp-<UTC time>-b<ledger batch>/_manifest.json   written last: the savepoint exists
+
+What may be copied and restored, and how a restore stays exact, is decided in onceflow.savepoint_rules.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import fsspec
+from confluent_kafka import TopicPartition
+
+from onceflow.kafka import events as ev, clients as kafka_clients
+from onceflow.protocol import ledger_reader, ledger_writes
+from onceflow.rules import retention
+from onceflow.runtime import jobctl
+from onceflow.storage.checkpoint import (EPOCH_FILE, QUARANTINE_FILE, Epoch, parse_offsets_file, render_offsets_file,
+    render_quarantine)
+from onceflow.config import Settings
+from onceflow.rules.ledger import Committed, LedgerEntry, RestoreRecord
+from onceflow.rules.savepoints import (DATA_DIR, MANIFEST, FileEntry, Manifest, RestoreFacts, RestorePlan, Runtime,
+    SavepointError, cut_problems, file_problems, in_cut, incompatibilities, log_batches, plan_restore)
+
+log = logging.getLogger(__name__)
+SAVEPOINT_CREATED, SAVEPOINT_RESTORED, SAVEPOINT_DELETED = "savepoint_created", "savepoint_restored", "savepoint_deleted"
+
+
+# ---------------------------------------------------------------------------- files
+class Store:
+    """A directory tree behind a URI, through fsspec."""
+
+    def __init__(self, uri: str):
+        self.uri = uri.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.uri)
+        self.root = self.root.rstrip("/")
+
+    def path(self, rel: str = "") -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def exists(self, rel: str = "") -> bool:
+        return self.fs.exists(self.path(rel))
+
+    def files(self, rel: str = "") -> dict[str, int]:
+        """Every file under `rel`, relative to it, with its size."""
+        base = self.path(rel)
+        if not self.fs.exists(base):
+            return {}
+        out = {}
+        for p, info in self.fs.find(base, detail=True, withdirs=False).items():
+            out[p[len(base):].lstrip("/")] = int(info.get("size") or 0)
+        return out
+
+    def read(self, rel: str) -> bytes:
+        with self.fs.open(self.path(rel), "rb") as f:
+            return f.read()
+
+    def write(self, rel: str, data: bytes) -> None:
+        parent = self.path(rel).rsplit("/", 1)[0]
+        self.fs.makedirs(parent, exist_ok=True)
+        with self.fs.open(self.path(rel), "wb") as f:
+            f.write(data)
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        self.write(rel + ".tmp", data)
+        self.fs.mv(self.path(rel + ".tmp"), self.path(rel))
+
+    def dirs(self) -> list[str]:
+        if not self.fs.exists(self.root):
+            return []
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)
+                      if self.fs.isdir(p))
+
+    def rm(self, rel: str = "") -> None:
+        if self.fs.exists(self.path(rel)):
+            self.fs.rm(self.path(rel), recursive=True)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def new_id(ledger_batch: int, now_ms: int) -> str:
+    t = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc)
+    return f"sp-{t:%Y%m%dT%H%M%S}{now_ms % 1000:03d}Z-b{ledger_batch}"
+
+
+def created_ms_of(sp_id: str) -> int:
+    """The creation time is in the id, so an incomplete savepoint (no manifest) still has an age."""
+    try:
+        stamp = sp_id.split("-")[1]
+        t = datetime.strptime(stamp[:15], "%Y%m%dT%H%M%S").replace(tzinfo=timezone.utc)
+        return int(t.timestamp() * 1000) + int(stamp[15:18])
+    except (IndexError, ValueError):
+        return 0
+
+
+def runtime(settings: Settings) -> Runtime:
+    import pyspark
+
+    return Runtime(app=settings.app_id, spark_version=pyspark.__version__,
+                   state_store_provider=settings.state_store_provider, job_config_hash=settings.job_config_hash(),
+                   shuffle_partitions=settings.shuffle_partitions, max_event_ahead_ms=settings.max_event_ahead_ms)
+
+
+# ---------------------------------------------------------------------------- Kafka facts
+def _group_position(settings: Settings, partitions) -> tuple[Committed, dict[int, str]]:
+    c = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
+    try:
+        got = kafka_clients.committed(c, [TopicPartition(settings.source_topic, p) for p in sorted(partitions)])
+    finally:
+        c.close()
+    items = [(tp.partition, tp.offset if tp.offset >= 0 else None, tp.metadata) for tp in got]
+    return Committed.from_partitions(items), {p: m or "" for p, off, m in items if off is not None}
+
+
+def _ledger_entry(settings: Settings, batch: int | None, wait_s: float = 15.0):
+    """The ledger record of a batch known to be committed. commit_transaction() returns before the
+    coordinator has written the commit markers into every partition, so a record committed a moment ago may
+    not be readable yet: look again for a little while before calling it missing."""
+    if batch is None:
+        return None
+    c = kafka_clients.read_committed_consumer(settings)
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            found = ledger_reader.find_entry(c, settings, batch)
+            if found is not None or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.5)
+    finally:
+        c.close()
+
+
+def _source_low(settings: Settings, partitions) -> dict[int, int]:
+    wm = kafka_clients.watermarks(settings, settings.source_topic) or {}
+    return {p: wm[p][0] for p in partitions if p in wm}
+
+
+# ---------------------------------------------------------------------------- create
+def create(settings: Settings, stop: bool = False, bus: ev.EventBus | None = None) -> Manifest:
+    """Copy the checkpoint up to its latest committed batch. While the job runs, Spark keeps writing: files
+    of later batches are left out by name, and the copy is checked to be self-contained before it counts.
+    With `stop`, the job is first stopped at a batch boundary (stop-with-savepoint): the savepoint is then the
+    job's final state."""
+    if stop:
+        jobctl.stop(settings)
+    mode = "stop" if stop else ("running" if jobctl.status(settings)["running"] else "stopped")
+    src = Store(settings.checkpoint)
+    listing = src.files()
+    committed = log_batches(listing, "commits")
+    if not committed:
+        raise SavepointError(f"the checkpoint {settings.checkpoint} has no committed batch yet: nothing to save")
+    batch = committed[-1]
+    offsets_text = src.read(f"offsets/{batch}").decode()
+    meta, end = parse_offsets_file(offsets_text, settings.source_topic)
+    partitions = int(meta.get("conf", {}).get("spark.sql.shuffle.partitions", settings.shuffle_partitions))
+    provider = meta.get("conf", {}).get("spark.sql.streaming.stateStore.providerClass",
+                                        settings.state_store_provider)
+    epoch = Epoch.from_json(src.read(EPOCH_FILE).decode()) if EPOCH_FILE in listing else Epoch()
+    ledger_batch = epoch.ledger_batch(batch)
+    entry = _ledger_entry(settings, ledger_batch)
+    if entry is None:
+        raise SavepointError(f"the ledger has no record of batch {ledger_batch} (Spark batch {batch}), which the "
+                             f"checkpoint says is committed: run `onceflow audit` before taking a savepoint")
+    group, group_meta = _group_position(settings, end)
+
+    now_ms = int(time.time() * 1000)
+    sp_id = new_id(ledger_batch, now_ms)
+    dest = Store(f"{settings.savepoints}/{sp_id}")
+    files: list[FileEntry] = []
+    try:
+        for rel in sorted(r for r in listing if in_cut(r, batch)):
+            try:
+                data = src.read(rel)
+            except FileNotFoundError:
+                continue  # removed by Spark's own cleanup while we copied: cut_problems says if it mattered
+            dest.write(f"{DATA_DIR}/{rel}", data)
+            files.append(FileEntry(rel, len(data), _sha256(data)))
+        problems = cut_problems([f.path for f in files], batch, partitions)
+        if problems:
+            raise SavepointError(f"the copy of batch {batch} is not self-contained (the checkpoint changed while "
+                                 f"it was copied?): {'; '.join(problems)}; try again")
+        import pyspark
+
+        m = Manifest(id=sp_id, app=settings.app_id, created_ms=now_ms, mode=mode, checkpoint=settings.checkpoint,
+                     spark_batch=batch, ledger_batch=ledger_batch, epoch=epoch.epoch, end_offsets=end,
+                     watermark_ms=int(meta.get("batchWatermarkMs", 0)),
+                     batch_ts_ms=int(meta.get("batchTimestampMs", 0)), group_offsets=group.offsets,
+                     group_metadata=group_meta, ledger_entry=json.loads(entry.to_json()),
+                     spark_version=pyspark.__version__, state_store_provider=provider,
+                     shuffle_partitions=partitions, job_config_hash=settings.job_config_hash(),
+                     files=tuple(files), total_size=sum(f.size for f in files))
+        dest.write_atomic(MANIFEST, m.to_json().encode())
+    except BaseException:
+        dest.rm()
+        raise
+    if bus is not None:
+        bus.emit(SAVEPOINT_CREATED, id=sp_id, batch=ledger_batch, spark_batch=batch, mode=mode,
+                 size=m.total_size, files=len(files))
+    log.info("savepoint %s: batch %s, %d files, %d bytes", sp_id, ledger_batch, len(files), m.total_size)
+    return m
+
+
+# ---------------------------------------------------------------------------- list, load, verify, delete
+@dataclass(frozen=True)
+class Listed:
+    id: str
+    created_ms: int
+    complete: bool
+    ledger_batch: int | None = None
+    spark_batch: int | None = None
+    mode: str | None = None
+    total_size: int | None = None
+    error: str | None = None
+
+    def info(self) -> retention.SavepointInfo:
+        return retention.SavepointInfo(self.id, self.created_ms, self.complete, self.ledger_batch)
+
+
+def list_all(settings: Settings) -> list[Listed]:
+    """Every savepoint directory of the app, oldest first; those without a (readable) manifest as incomplete."""
+    root = Store(settings.savepoints)
+    out = []
+    for name in root.dirs():
+        if not name.startswith("sp-"):
+            continue
+        try:
+            m = Manifest.from_json(root.read(f"{name}/{MANIFEST}"))
+            out.append(Listed(name, m.created_ms, True, m.ledger_batch, m.spark_batch, m.mode, m.total_size))
+        except FileNotFoundError:
+            out.append(Listed(name, created_ms_of(name), False, error="no manifest"))
+        except (ValueError, TypeError, KeyError, SavepointError) as e:
+            out.append(Listed(name, created_ms_of(name), False, error=f"unreadable manifest: {e}"))
+    return sorted(out, key=lambda x: (x.created_ms, x.id))
+
+
+def resolve(settings: Settings, sp_id: str) -> str:
+    if sp_id != "latest":
+        return sp_id
+    done = [x for x in list_all(settings) if x.complete]
+    if not done:
+        raise SavepointError(f"app {settings.app_id} has no savepoint under {settings.savepoints}")
+    return max(done, key=lambda x: (x.ledger_batch, x.created_ms)).id
+
+
+def load(settings: Settings, sp_id: str) -> Manifest:
+    sp_id = resolve(settings, sp_id)
+    root = Store(settings.savepoints)
+    if not root.exists(sp_id):
+        raise SavepointError(f"no savepoint {sp_id} under {settings.savepoints} (`onceflow savepoint list`)")
+    try:
+        return Manifest.from_json(root.read(f"{sp_id}/{MANIFEST}"))
+    except FileNotFoundError:
+        raise SavepointError(f"savepoint {sp_id} has no manifest: it is incomplete (being written, or its "
+                             f"writer crashed) and cannot be used") from None
+    except (ValueError, TypeError, KeyError) as e:
+        raise SavepointError(f"the manifest of savepoint {sp_id} is unreadable: {e}") from None
+
+
+@dataclass(frozen=True)
+class Verification:
+    id: str
+    ok: bool                  # the files are intact and self-contained
+    compatible: bool          # ... and the job as configured now can restore it
+    problems: list[str]
+    incompatibilities: list[str]
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "ok": self.ok, "compatible": self.compatible, "problems": self.problems,
+                "incompatibilities": self.incompatibilities}
+
+
+def verify(settings: Settings, sp_id: str) -> Verification:
+    """Every file present with its size and checksum, nothing extra, the set self-contained at its batch, and
+    (separately) whether this Spark and this job configuration can restore it."""
+    m = load(settings, sp_id)
+    data = Store(f"{settings.savepoints}/{m.id}/{DATA_DIR}")
+    found = {}
+    for rel, size in data.files().items():
+        try:
+            found[rel] = (size, _sha256(data.read(rel)))
+        except OSError:
+            found[rel] = (size, None)
+    problems = file_problems(m, found) + cut_problems(found, m.spark_batch, m.shuffle_partitions)
+    inc = incompatibilities(m, runtime(settings))
+    return Verification(m.id, not problems, not problems and not inc, problems, inc)
+
+
+def delete(settings: Settings, sp_id: str, bus: ev.EventBus | None = None) -> None:
+    root = Store(settings.savepoints)
+    if not sp_id.startswith("sp-") or not root.exists(sp_id):
+        raise SavepointError(f"no savepoint {sp_id} under {settings.savepoints}")
+    root.rm(sp_id)
+    if bus is not None:
+        bus.emit(SAVEPOINT_DELETED, id=sp_id)
+
+
+def prune(settings: Settings, now_ms: int | None = None, dry_run: bool = False) -> retention.RetentionPlan:
+    now_ms = now_ms or int(time.time() * 1000)
+    plan = retention.plan([x.info() for x in list_all(settings)], now_ms, settings.savepoint_keep,
+                          settings.savepoint_max_age_s, settings.savepoint_incomplete_grace_s)
+    if not dry_run:
+        for sp_id in plan.delete_ids:
+            delete(settings, sp_id)
+    return plan
+
+
+# ---------------------------------------------------------------------------- restore
+def restore_facts(settings: Settings, m: Manifest) -> RestoreFacts:
+    from onceflow.apps import audit
+
+    committed, _ = _group_position(settings, m.end_offsets)
+    after = committed.batch is not None and m.ledger_batch is not None and committed.batch > m.ledger_batch
+    records = audit.ledger_records(settings)
+    return RestoreFacts(
+        committed=committed, ledger_at_savepoint=_ledger_entry(settings, m.ledger_batch),
+        ledger_at_sink=_ledger_entry(settings, committed.batch),
+        newer=tuple(x.id for x in list_all(settings)
+                    if x.complete and x.ledger_batch is not None and x.ledger_batch > m.ledger_batch),
+        source_low=_source_low(settings, committed.offsets or m.end_offsets),
+        last_epoch=max((r.epoch for r in records if isinstance(r, RestoreRecord)), default=0),
+        now_ms=int(time.time() * 1000),
+        catch_up_skews=frozenset(e.max_event_ahead_ms for e in records
+                                 if after and isinstance(e, LedgerEntry) and e.kind == "stream"
+                                 and m.ledger_batch < e.batch <= committed.batch))
+
+
+def check_restore(settings: Settings, sp_id: str, allow_rewind: bool = False) -> RestorePlan:
+    """Everything a restore checks before it changes anything (the job may still run: the deploy DAG checks
+    before it stops the job, and the restore checks again once it is stopped)."""
+    m = load(settings, sp_id)
+    v = verify(settings, m.id)
+    if not v.ok:
+        raise SavepointError(f"savepoint {m.id} is damaged and cannot be restored: {'; '.join(v.problems)}")
+    return plan_restore(m, runtime(settings), restore_facts(settings, m), allow_rewind)
+
+
+def restore(settings: Settings, sp_id: str, allow_rewind: bool = False, dry_run: bool = False,
+            bus: ev.EventBus | None = None) -> RestorePlan:
+    """Replace the job's checkpoint with savepoint `sp_id` ("latest" for the newest), so that the next start
+    continues from it exactly once. The job must be stopped. Nothing is deleted: the replaced checkpoint is
+    moved next to it (`<checkpoint>.replaced-<time>`). The restore is recorded in the ledger, in a transaction
+    of the app's transactional id (which also fences any driver of the app that is still alive somewhere)."""
+    from onceflow.control import deploy
+
+    if jobctl.status(settings)["running"]:
+        raise SavepointError(f"app {settings.app_id} is running: stop it first (`onceflow job stop`, or the "
+                             f"deploy DAG's restore action, which stops, restores and starts)")
+    other = deploy.live_elsewhere(settings)
+    if other is not None:
+        raise SavepointError(f"a driver of app {settings.app_id} committed batch {other.get('batch')} recently "
+                             f"from {other.get('host')} pid {other.get('pid')}: stop it before restoring")
+    if dry_run:
+        return check_restore(settings, sp_id, allow_rewind)
+
+    from onceflow.apps import audit
+
+    # Fence first: a zombie driver of the app can no longer commit, so the facts read next stay true.
+    writer = ledger_writes.app_writer(settings)
+    try:
+        plan = check_restore(settings, sp_id, allow_rewind)
+        m = plan.manifest
+        moved = _swap_in(settings, m, plan, audit.quarantined(audit.ledger_records(settings)))
+        try:
+            ledger_writes.commit_record(writer, settings, plan.record.to_json(), "restore")
+        except BaseException:
+            _swap_back(settings, moved)
+            raise
+    finally:
+        writer.close()
+    if bus is not None:
+        bus.emit(SAVEPOINT_RESTORED, logging.WARNING, flush=True, **plan.summary(),
+                 replaced_checkpoint=moved)
+    log.warning("restored savepoint %s: %s", m.id, plan.summary())
+    return plan
+
+
+def _swap_in(settings: Settings, m: Manifest, plan: RestorePlan, quarantine=()) -> str | None:
+    """Move the current checkpoint aside and put the savepoint's copy (plus onceflow's epoch file, the
+    catch-up batch's offsets file and every quarantine the ledger records) in its place."""
+    ckpt = Store(settings.checkpoint)
+    moved = None
+    if ckpt.exists():
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        moved = f"{settings.checkpoint.rstrip('/')}.replaced-{stamp}"
+        ckpt.fs.mv(ckpt.root, Store(moved).root, recursive=True)
+    src = Store(f"{settings.savepoints}/{m.id}/{DATA_DIR}")
+    try:
+        for rel in sorted(src.files()):
+            ckpt.write(rel, src.read(rel))
+        ckpt.write(EPOCH_FILE, plan.epoch.to_json().encode())
+        ckpt.write(QUARANTINE_FILE, render_quarantine(quarantine).encode())
+        c = plan.catch_up
+        if c is not None:
+            template = src.read(f"offsets/{m.spark_batch}").decode()
+            ckpt.write(f"offsets/{c.spark_batch}", render_offsets_file(
+                template, settings.source_topic, c.end, c.watermark_ms, c.batch_ts_ms).encode())
+    except BaseException:
+        _swap_back(settings, moved)
+        raise
+    return moved
+
+
+def _swap_back(settings: Settings, moved: str | None) -> None:
+    ckpt = Store(settings.checkpoint)
+    ckpt.rm()
+    if moved is not None:
+        ckpt.fs.mv(Store(moved).root, ckpt.root, recursive=True)
+
+
+# ---------------------------------------------------------------------------- the checkpoint itself
+def checkpoint_stats(settings: Settings) -> dict:
+    files = Store(settings.checkpoint).files()
+    offsets, commits = log_batches(files, "offsets"), log_batches(files, "commits")
+    return {"checkpoint": settings.checkpoint, "size_bytes": sum(files.values()), "files": len(files),
+            "oldest_batch": offsets[0] if offsets else None, "latest_planned_batch": offsets[-1] if offsets else None,
+            "latest_committed_batch": commits[-1] if commits else None,
+            "min_batches_to_retain": settings.min_batches_to_retain}
+
+
+__all__ = ["create", "list_all", "load", "verify", "restore", "delete", "prune", "checkpoint_stats",
+           "SavepointError", "RestoreRecord"]
+
+
+def replaced_checkpoints(settings: Settings) -> list[tuple[str, int]]:
+    """Checkpoints a restore moved aside: (uri, moved at ms), oldest first."""
+    base = settings.checkpoint.rstrip("/")
+    parent, name = base.rsplit("/", 1)
+    out = []
+    for d in Store(parent).dirs():
+        if d.startswith(f"{name}.replaced-"):
+            try:
+                t = datetime.strptime(d.rsplit("-", 1)[1], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+            except ValueError:
+                continue
+            out.append((f"{parent}/{d}", int(t.timestamp() * 1000)))
+    return sorted(out, key=lambda x: x[1])
+
+
+def prune_replaced(settings: Settings, now_ms: int | None = None) -> list[str]:
+    """Replaced checkpoints are kept as long as savepoints are (max age), then deleted."""
+    now_ms = now_ms or int(time.time() * 1000)
+    gone = []
+    for uri, moved_ms in replaced_checkpoints(settings):
+        if (now_ms - moved_ms) / 1000 > settings.savepoint_max_age_s:
+            Store(uri).rm()
+            gone.append(uri)
+    return gone

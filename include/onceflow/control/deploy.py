@@ -1,0 +1,151 @@
+"""Deploying the streaming job: preflight, launch (detached), stop at a batch boundary, upgrade.
+
+The deploy DAG calls these; so can scripts. A launch never blocks a worker: the job runs under its supervisor,
+detached, and the health DAG watches it from then on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Sequence
+from urllib.parse import urlparse
+
+from onceflow.apps import audit
+from onceflow.kafka import events as ev
+from onceflow.runtime import jobctl, preflight, procs, supervisor
+from onceflow.config import Settings
+
+ACTIONS = ("start", "stop", "restart", "upgrade", "restore")
+
+
+class DeployError(RuntimeError):
+    pass
+
+
+def checkpoint_writable(settings: Settings) -> None:
+    u = urlparse(settings.checkpoint)
+    if u.scheme not in ("", "file"):
+        return  # remote stores are checked by Spark itself at start
+    path = u.path
+    probe_dir = path if os.path.isdir(path) else os.path.dirname(path.rstrip("/"))
+    probe = os.path.join(probe_dir, f".onceflow-write-probe-{os.getpid()}")
+    try:
+        os.makedirs(probe_dir, exist_ok=True)
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise DeployError(f"the checkpoint location {settings.checkpoint} is not writable: {e}") from None
+
+
+def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | None:
+    """A batch committed recently by a driver that is not the one running here: another live instance."""
+    if jobctl.status(settings)["running"]:
+        return None  # the recent commits are this machine's own driver
+    within_s = within_s or max(60.0, 6 * settings.trigger_interval_s)
+    now_ms = int(time.time() * 1000)
+    for e in reversed(audit.read_topic(settings, settings.events_topic, since_ms=now_ms - int(within_s * 1000))):
+        try:
+            d = json.loads(e.value)
+        except ValueError:
+            continue
+        if d.get("app") != settings.app_id or d.get("type") != ev.BATCH_COMMITTED:
+            continue
+        pid = int(d.get("pid") or 0)
+        if d.get("host") == socket.gethostname() and not (pid > 0 and procs.pid_alive(pid)):
+            continue  # a driver of this machine that has exited (stopped or killed): history
+        if now_ms - d["ts_ms"] > within_s * 1000:
+            return None
+        return d
+    return None
+
+
+def preflight_checks(settings: Settings, allow_running: bool = False) -> dict:
+    """Broker reachable, topics present, timeouts consistent, checkpoint writable, no other live driver."""
+    info = preflight.check_job(settings)
+    checkpoint_writable(settings)
+    st = jobctl.status(settings)
+    if st["running"] and not allow_running:
+        raise DeployError(f"app {settings.app_id} is already running (job pid {st['job_pid']}); a second driver "
+                          f"is never started: use action=restart or upgrade")
+    other = live_elsewhere(settings)
+    if other is not None:
+        raise DeployError(f"another driver of app {settings.app_id} committed batch {other.get('batch')} "
+                          f"{(time.time() * 1000 - other['ts_ms']) / 1000:.0f} s ago from {other.get('host')} "
+                          f"pid {other.get('pid')}: stop it before starting one here")
+    return info | {"checkpoint": settings.checkpoint}
+
+
+def preflight_for(settings: Settings, action: str, savepoint_id: str = "latest", allow_rewind: bool = False
+                  ) -> dict:
+    """The checks of one deploy action, all before anything is stopped or written."""
+    if action not in ACTIONS:
+        raise DeployError(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
+    if action == "stop":
+        return {"action": action}
+    info = preflight_checks(settings, allow_running=action != "start") | {"action": action}
+    if action == "upgrade":
+        if not jobctl.status(settings)["running"]:
+            raise DeployError(f"app {settings.app_id} is not running: upgrade stops a running job with a "
+                              f"savepoint; use action=start")
+        info |= check_upgrade(settings)
+    if action == "restore":
+        from onceflow.apps import savepoints
+
+        info["restore"] = savepoints.check_restore(settings, savepoint_id, allow_rewind).summary()
+    return info
+
+
+def start(settings: Settings, argv: Sequence[str] | None = None, wait_s: float = 300.0) -> dict:
+    """Launch detached and return once the job has committed a batch, or runs with nothing to read."""
+    t0 = int(time.time() * 1000)
+    info = jobctl.start(settings, argv=argv)
+    st = jobctl.wait_for_commit(settings, after_ms=t0, timeout=wait_s, or_idle=True)
+    return info | {"job_pid": jobctl.status(settings)["job_pid"], "first_batch": st.get("last_batch"),
+                   "log": str(supervisor.job_log(settings))}
+
+
+def stop(settings: Settings, timeout: float = 120.0) -> dict:
+    before = jobctl.status(settings)
+    stopped = jobctl.stop(settings, timeout=timeout)
+    return {"stopped": stopped, "last_batch": before.get("last_batch")}
+
+
+def check_upgrade(settings: Settings) -> dict:
+    """Before anything stops: the new configuration must be able to continue from the running job's state."""
+    st = ev.read_status(settings.status_file) or {}
+    running_hash, new_hash = st.get("job_config_hash"), settings.job_config_hash()
+    if running_hash and running_hash != new_hash:
+        raise DeployError(
+            f"the new configuration changes the query incompatibly (job config hash {running_hash} -> {new_hash}: "
+            f"topics, window or watermark): its state cannot continue from the running job's. Deploy it under a "
+            f"new ONCEFLOW_APP_ID, or backfill")
+    return {"job_config_hash": new_hash}
+
+
+def upgrade(settings: Settings, argv: Sequence[str] | None = None, wait_s: float = 300.0) -> dict:
+    """Stop-with-savepoint, then start the new code and settings from the same checkpoint. The savepoint is the
+    point to go back to (action restore) if the new version misbehaves."""
+    from onceflow.apps import savepoints
+
+    check_upgrade(settings)
+    m = savepoints.create(settings, stop=True, bus=ev.EventBus(settings))
+    v = savepoints.verify(settings, m.id)
+    if not v.compatible:
+        raise DeployError(f"stop-with-savepoint {m.id} was taken but the new version cannot continue from it: "
+                          f"{'; '.join(v.problems + v.incompatibilities)}. The job is stopped; start the previous "
+                          f"version, or restore another savepoint")
+    return {"savepoint": m.id, "savepoint_batch": m.ledger_batch} | start(settings, argv, wait_s)
+
+
+def restore(settings: Settings, sp_id: str, allow_rewind: bool = False, argv: Sequence[str] | None = None,
+            wait_s: float = 300.0) -> dict:
+    """Stop (if running), restore savepoint `sp_id`, start, wait for a committed batch."""
+    from onceflow.apps import savepoints
+
+    savepoints.check_restore(settings, sp_id, allow_rewind)  # refuse before stopping anything
+    jobctl.stop(settings)
+    plan = savepoints.restore(settings, sp_id, allow_rewind=allow_rewind, bus=ev.EventBus(settings))
+    return {"restore": plan.summary()} | start(settings, argv, wait_s)

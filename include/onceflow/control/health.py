@@ -1,0 +1,300 @@
+"""Health of the streaming job: alive, progress, lag (Burrow rules), checkpoint freshness; and remediation.
+
+`collect()` reads the world, `assess()` (pure) turns a reading into a status and alert conditions,
+`remediate()` restarts a dead or stalled job within a bounded number of attempts, then stops trying and pages.
+A restart never changes the operator's intent (desired state); a restart that fails counts against the budget
+and pages; a job that ended for a reason a restart cannot fix (fenced by a newer instance, divergent history,
+misconfiguration) pages and is left alone. Progress is judged from the later of the last commit and the job's
+start, and a batch in progress gets a grace (a backlog or the catch-up batch after a restore can be long).
+"Everything is late" is never healthy: the share of late aggregates over recent batches and the watermark's
+distance from wall-clock time are judged too.
+Each run's record (with the lag sample window the next run needs) goes to the health topic and to
+`var/run/<app>.health.json`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from confluent_kafka import TopicPartition
+
+from onceflow.apps import audit
+from onceflow.control import alerts
+from onceflow.kafka import events as ev, clients as kafka_clients
+from onceflow.rules import lag
+from onceflow.runtime import jobctl, supervisor
+from onceflow.config import Settings
+
+log = logging.getLogger(__name__)
+HEALTHY, DEGRADED, FAILING, STOPPED = "HEALTHY", "DEGRADED", "FAILING", "STOPPED"
+WINDOW = 10  # lag samples kept per partition
+
+
+@dataclass
+class HealthRecord:
+    app: str
+    ts_ms: int
+    running: bool
+    job_pid: int | None
+    last_commit_age_s: float | None
+    partitions: dict = field(default_factory=dict)    # partition -> {"samples": [...], "status": ..., "lag": ...}
+    total_lag: int = 0
+    checkpoint_age_s: float | None = None
+    status: str = HEALTHY
+    problems: list = field(default_factory=list)
+    restarts: list = field(default_factory=list)     # ts_ms of restarts done by the health check
+    action: str = "none"
+    desired: str | None = None                       # what the operator asked for: running / stopped
+    progress_age_s: float | None = None              # since the later of the last commit and the job's start
+    batch_running_s: float | None = None             # how long the batch in progress has been running
+    last_exit: dict | None = None                    # why supervision ended, when the job is not running
+    watermark_ms: int | None = None
+    late_fraction: float | None = None               # late (window, ip) aggregates / all, over recent batches
+    late_batches: int = 0                            # the batches that share is taken over
+    restart_error: str | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True, default=str).encode()
+
+
+def health_file(settings: Settings) -> Path:
+    return settings.run_dir / f"{settings.app_id}.health.json"
+
+
+def last_record(settings: Settings) -> HealthRecord | None:
+    try:
+        return HealthRecord(**json.loads(health_file(settings).read_text()))
+    except (OSError, ValueError, TypeError):
+        pass
+    msgs = [m for m in audit.read_topic(settings, settings.health_topic) if m.key == settings.app_id.encode()]
+    return HealthRecord(**json.loads(msgs[-1].value)) if msgs else None
+
+
+def _end_offsets(settings: Settings) -> dict[int, int]:
+    admin = kafka_clients.admin(settings)
+    md = admin.list_topics(settings.source_topic, timeout=10).topics[settings.source_topic]
+    ends = kafka_clients.latest_offsets(admin, [TopicPartition(settings.source_topic, p) for p in md.partitions])
+    return {p: off for (_, p), off in ends.items()}
+
+
+def checkpoint_age_s(settings: Settings, now: float) -> float | None:
+    """Age of the newest file in the checkpoint's commit log (local checkpoints; None elsewhere)."""
+    u = urlparse(settings.checkpoint)
+    if u.scheme not in ("", "file"):
+        return None
+    commits = Path(u.path) / "commits"
+    mtimes = [p.stat().st_mtime for p in commits.glob("*") if p.is_file()] if commits.exists() else []
+    return round(now - max(mtimes), 1) if mtimes else None
+
+
+def late_share(progress: list[dict]) -> tuple[float | None, int]:
+    """Spark drops a late row after its partial aggregation: per batch it reports the (window, ip) aggregates it
+    dropped (`rows_dropped_by_watermark`) and those it updated. The dropped share over the written batches (not
+    replays or catch-up) says whether the job still counts what it reads."""
+    written = [p for p in progress if p.get("decision", "write") == "write" and p.get("input_rows")]
+    dropped = sum(int(p.get("rows_dropped_by_watermark") or 0) for p in written)
+    updated = sum(int(p.get("state_rows_updated") or 0) for p in written)
+    if dropped + updated < LATE_MIN_AGGREGATES:
+        return None, len(written)
+    return round(dropped / (dropped + updated), 4), len(written)
+
+
+LATE_MIN_AGGREGATES = 20  # fewer aggregates over the window say nothing
+
+
+def recent_progress(settings: Settings, since_ms: int) -> list[dict]:
+    out = []
+    for m in audit.read_topic(settings, settings.events_topic, since_ms=since_ms, timeout_s=60):
+        try:
+            d = json.loads(m.value)
+        except ValueError:
+            continue
+        if d.get("app") == settings.app_id and d.get("type") == ev.PROGRESS:
+            out.append(d)
+    return out
+
+
+def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
+    now = time.time()
+    st = jobctl.status(settings)
+    ends = _end_offsets(settings)
+    committed = audit.committed_offsets(settings, ends)
+    parts = {}
+    for p, end in sorted(ends.items()):
+        prev = (previous.partitions.get(str(p)) or previous.partitions.get(p) or {}) if previous else {}
+        samples = [lag.Sample(**s) for s in prev.get("samples", [])]
+        cur = committed.get(p, 0)
+        moved = bool(samples) and samples[-1].committed != cur
+        commit_ts = int(now * 1000) if moved else prev.get("commit_ts_ms")
+        sample = lag.Sample(int(now * 1000), cur, end, commit_ts)
+        samples = (samples + [sample])[-WINDOW:]
+        parts[str(p)] = {"samples": [s.to_dict() for s in samples], "lag": sample.lag,
+                         "status": lag.evaluate(samples), "trend": lag.trend(samples).value,
+                         "commit_ts_ms": commit_ts}
+    now_ms = int(now * 1000)
+    marks = [t for t in (st.get("last_commit_ms"), st.get("started_ms")) if t]
+    since = previous.ts_ms if previous else now_ms - int(settings.health_restart_window_s * 1000)
+    share, n = late_share(recent_progress(settings, max(since, now_ms - 15 * 60_000)))
+    return HealthRecord(app=settings.app_id, ts_ms=now_ms, running=st["running"], job_pid=st["job_pid"],
+                        last_commit_age_s=st["last_commit_age_s"], partitions=parts,
+                        total_lag=sum(v["lag"] for v in parts.values()),
+                        checkpoint_age_s=checkpoint_age_s(settings, now),
+                        restarts=list(previous.restarts) if previous else [], desired=st["desired_state"],
+                        progress_age_s=round((now_ms - max(marks)) / 1000, 1) if marks else None,
+                        batch_running_s=round((now_ms - st["batch_started_ms"]) / 1000, 1)
+                        if st.get("batch_started_ms") else None,
+                        last_exit=st.get("last_exit"), watermark_ms=st["watermark_ms"] if st["running"] else None,
+                        late_fraction=share, late_batches=n)
+
+
+# Exit codes after which the supervisor stops for good: a restart would not help either.
+NOT_RESTARTABLE = {code: why for code, why in supervisor.NO_RESTART.items() if code != 0}
+
+
+def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> list[alerts.Condition]:
+    """The record's problems as alert conditions; sets rec.status."""
+    app, out = settings.app_id, []
+    now_ms = now_ms or rec.ts_ms
+    if not rec.running and rec.desired != "running":
+        # Never deployed, or stopped on purpose: nothing to supervise, nothing to restart.
+        rec.problems, rec.status = [], STOPPED
+        return out
+    code = (rec.last_exit or {}).get("exit_code")
+    if not rec.running and code in NOT_RESTARTABLE:
+        out.append(alerts.Condition(
+            f"health:{app}:not_restartable", alerts.CRITICAL,
+            f"the streaming job {app} stopped for good: {NOT_RESTARTABLE[code]} (exit {code}); it is not restarted",
+            "read the job log (" + str(settings.log_dir / (app + ".log")) + "): a fenced job means another driver "
+            "of the app runs elsewhere; divergent history needs `onceflow audit` and a decision (restore a "
+            "savepoint); a misconfiguration needs the setting the log names. Then deploy (action start)",
+            {"exit_code": code}))
+    elif not rec.running:
+        out.append(alerts.Condition(f"health:{app}:down", alerts.CRITICAL, f"the streaming job {app} is not running",
+                                    "the health check restarts it; if it keeps failing read the job log "
+                                    f"({settings.log_dir / (app + '.log')}) and `onceflow job status`"))
+    stalled_after = settings.health_progress_threshold_s
+    waiting = rec.total_lag > 0
+    age = rec.progress_age_s
+    if rec.batch_running_s is not None:  # a batch in progress: judged by how long it runs, with a grace
+        stalled = rec.batch_running_s > stalled_after + settings.health_batch_grace_s
+        age = rec.batch_running_s
+    else:
+        stalled = age is not None and age > stalled_after
+    if rec.running and waiting and stalled:
+        out.append(alerts.Condition(
+            f"health:{app}:stalled", alerts.CRITICAL,
+            (f"batch running for {age} s" if rec.batch_running_s is not None else f"no batch committed for {age} s")
+            + f" while {rec.total_lag} records wait (threshold {stalled_after:.0f} s"
+            + (f" + {settings.health_batch_grace_s:.0f} s grace)" if rec.batch_running_s is not None else ")"),
+            "the health check restarts the job; look for long batches or transaction timeouts in the job log",
+            {"lag": rec.total_lag, "progress_age_s": rec.progress_age_s, "batch_running_s": rec.batch_running_s}))
+    out += _event_time(rec, settings, now_ms)
+    for p, info in sorted(rec.partitions.items()):
+        status = info["status"]
+        if status == lag.OK:
+            continue
+        sev = alerts.WARNING if status == lag.WARN else alerts.CRITICAL
+        out.append(alerts.Condition(
+            f"health:{app}:lag:{p}", sev,
+            f"lag on {settings.source_topic}[{p}] is {status} ({info['lag']} records, trend {info['trend']})",
+            "WARN: the job falls behind; raise ONCEFLOW_MAX_OFFSETS_PER_TRIGGER or add cores. STALL/STOP: the job "
+            "does not commit; see the progress alert. REWIND: the group's offsets went backwards: someone reset them",
+            {"partition": int(p), "lag": info["lag"], "status": status}))
+    cp = rec.checkpoint_age_s
+    if waiting and cp is not None and cp > settings.checkpoint_freshness_threshold_s:
+        out.append(alerts.Condition(
+            f"health:{app}:checkpoint_stale", alerts.WARNING,
+            f"the checkpoint's commit log was last written {cp:.0f} s ago while input waits",
+            f"check that {settings.checkpoint} is writable and the job commits batches"))
+    rec.problems = [c.summary for c in out]
+    rec.status = FAILING if any(c.severity == alerts.CRITICAL for c in out) else DEGRADED if out else HEALTHY
+    return out
+
+
+def _event_time(rec: HealthRecord, settings: Settings, now_ms: int) -> list[alerts.Condition]:
+    """Late records and the watermark against wall-clock time: "everything is late" is never healthy."""
+    app, out = settings.app_id, []
+    if rec.late_fraction is not None and rec.late_fraction > settings.late_fraction_threshold:
+        out.append(alerts.Condition(
+            f"health:{app}:late", alerts.CRITICAL,
+            f"{100 * rec.late_fraction:.0f}% of the (window, ip) aggregates of the last {rec.late_batches} batches "
+            f"were dropped as late (threshold {100 * settings.late_fraction_threshold:.0f}%): the job reads records "
+            f"but does not count them",
+            "the watermark is ahead of the input: a producer's clock behind the others, or an old topic replayed "
+            "into the source. Check the DLQ for timestamp_ahead records and `onceflow job status` (watermark); "
+            "reconciliation reports the exact late count per batch", {"late_fraction": rec.late_fraction}))
+    wm = rec.watermark_ms
+    if rec.running and wm:
+        ahead_ms = wm - now_ms
+        allowed_ms = settings.max_event_ahead_ms + settings.watermark_s * 1000 + 60_000
+        if ahead_ms > allowed_ms:
+            out.append(alerts.Condition(
+                f"health:{app}:watermark_ahead", alerts.CRITICAL,
+                f"the watermark is {ahead_ms / 1000:.0f} s ahead of wall-clock time (allowed {allowed_ms / 1000:.0f} "
+                f"s): every record with a correct clock is dropped as late",
+                "a producer stamps records (Kafka timestamp and event time alike) with a clock ahead: fix it; "
+                "then restore a savepoint taken before the jump (docs/savepoints.md)", {"ahead_ms": ahead_ms}))
+        behind_ms = now_ms - wm
+        caught_up = rec.total_lag <= settings.max_offsets_per_trigger
+        if caught_up and behind_ms > settings.health_event_time_lag_threshold_s * 1000:
+            out.append(alerts.Condition(
+                f"health:{app}:event_time_lag", alerts.WARNING,
+                f"the watermark is {behind_ms / 1000:.0f} s behind wall-clock time although the job has caught up "
+                f"(threshold {settings.health_event_time_lag_threshold_s:.0f} s)",
+                "the producers' clocks are behind, or old records are being replayed into the source",
+                {"behind_ms": behind_ms}))
+    return out
+
+
+RESTART_ON = ("down", "stalled")  # the conditions a restart can fix
+
+
+def remediate(rec: HealthRecord, conditions: list[alerts.Condition], settings: Settings, now_ms: int,
+              start_fn=None) -> list[alerts.Condition]:
+    """Restart a down or stalled job, at most `health_restart_attempts` times per window; then page. The restart
+    leaves the operator's intent as it is; a failed start counts as an attempt and pages (`restart_failed`)."""
+    fixable = {f"health:{settings.app_id}:{c}" for c in RESTART_ON}
+    if not any(c.key in fixable for c in conditions):
+        return []
+    window_ms = settings.health_restart_window_s * 1000
+    recent = [t for t in rec.restarts if now_ms - t < window_ms]
+    if len(recent) >= settings.health_restart_attempts:
+        rec.action = "gave up"
+        return [alerts.Condition(f"health:{settings.app_id}:gave_up", alerts.CRITICAL,
+                                 f"{len(recent)} restarts by the health check in the last "
+                                 f"{settings.health_restart_window_s / 3600:.1f} h did not bring the job back",
+                                 "page the on-call: the job needs a human (see the job log and `onceflow job status`)")]
+    rec.restarts = recent + [now_ms]
+    try:
+        jobctl.stop(settings, timeout=60, record_intent=False)
+        (start_fn or jobctl.start)(settings)
+    except Exception as e:  # broker down, preflight: the job stays down, the operator's intent stays "running"
+        rec.action, rec.restart_error = "restart failed", str(e)[:2000]
+        return [alerts.Condition(f"health:{settings.app_id}:restart_failed", alerts.CRITICAL,
+                                 f"restarting the job failed: {str(e)[:300]}",
+                                 "the health check tries again on its next runs (within its restart budget); fix "
+                                 "what the error names", {"error": str(e)[:2000]})]
+    rec.action = "restarted"
+    return []
+
+
+def publish(rec: HealthRecord, settings: Settings) -> None:
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    ev.write_status(health_file(settings), json.loads(rec.to_json()))
+    p = kafka_clients.idempotent_producer(settings)
+    p.produce(settings.health_topic, key=settings.app_id.encode(), value=rec.to_json())
+    p.flush(15)
+
+
+def check(settings: Settings, sink: alerts.AlertSink, start_fn=None) -> HealthRecord:
+    """One health run: collect, assess, remediate, alert (deduplicated), publish the record."""
+    rec = collect(settings, last_record(settings))
+    conditions = assess(rec, settings)
+    conditions += remediate(rec, conditions, settings, rec.ts_ms, start_fn)
+    sink.raise_and_resolve(conditions, "health", scope_prefix=f"health:{settings.app_id}:")
+    publish(rec, settings)
+    return rec

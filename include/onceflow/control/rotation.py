@@ -1,0 +1,99 @@
+"""Checkpoint and savepoint rotation (what `ip_count_checkpoint_rotation` runs, and `onceflow savepoint rotate`).
+
+Three steps, each usable alone: take a savepoint and verify it (a stopped job's checkpoint is saved as it is);
+apply the retention rules (onceflow.retention) to savepoints and to checkpoints a restore moved aside; report the
+checkpoint's size, file count, oldest retained batch and growth since the previous report. Alerts: a savepoint
+that fails or does not verify (critical), a checkpoint above `ONCEFLOW_CHECKPOINT_SIZE_ALERT_BYTES` (warning);
+each resolves by itself when a later run is fine.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from onceflow.apps import savepoints
+from onceflow.control import alerts
+from onceflow.kafka import events as ev
+from onceflow.config import Settings
+from onceflow.rules.savepoints import SavepointError
+
+log = logging.getLogger(__name__)
+STATS_FILE = "_rotation.json"
+
+
+def _raise(sink: alerts.AlertSink | None, conditions: list, prefix: str) -> list[str]:
+    if sink is None:
+        return []
+    return [f"{a.key}:{a.status}" for a in sink.raise_and_resolve(conditions, source="rotation",
+                                                                  scope_prefix=prefix)]
+
+
+def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> dict:
+    """Create and verify a savepoint; a failure is alerted and reported (status "failed"), not raised."""
+    key = f"rotation:{settings.app_id}:savepoint_failed"
+    conditions = []
+    if savepoints.checkpoint_stats(settings)["latest_committed_batch"] is None:
+        out = {"status": "skipped", "why": "the checkpoint has no committed batch yet"}
+    else:
+        try:
+            m = savepoints.create(settings, bus=ev.EventBus(settings))
+            v = savepoints.verify(settings, m.id)
+            if not v.ok:
+                savepoints.delete(settings, m.id)
+                raise SavepointError(f"savepoint {m.id} did not verify: {'; '.join(v.problems)}")
+            out = {"status": "ok", "id": m.id, "batch": m.ledger_batch, "mode": m.mode, "size_bytes": m.total_size,
+                   "files": len(m.files), "compatible": v.compatible, "incompatibilities": v.incompatibilities}
+        except Exception as e:  # reported and alerted; the DAG task fails on it
+            log.error("savepoint failed: %s", e)
+            out = {"status": "failed", "error": str(e)}
+            conditions.append(alerts.Condition(
+                key, alerts.CRITICAL, f"taking a savepoint failed: {e}",
+                "read the rotation task's log; until a savepoint succeeds, the newest restore point ages",
+                {"error": str(e)[:2000]}))
+    out["alerts"] = _raise(sink, conditions, key)
+    return out
+
+
+def apply_retention(settings: Settings, now_ms: int | None = None) -> dict:
+    now_ms = now_ms or int(time.time() * 1000)
+    plan = savepoints.prune(settings, now_ms)
+    return {"kept": plan.keep, "deleted": [{"id": i, "why": w} for i, w in plan.delete],
+            "replaced_checkpoints_deleted": savepoints.prune_replaced(settings, now_ms),
+            "keep": settings.savepoint_keep, "max_age_s": settings.savepoint_max_age_s}
+
+
+def report_checkpoint(settings: Settings, sink: alerts.AlertSink | None = None, now_ms: int | None = None) -> dict:
+    now_ms = now_ms or int(time.time() * 1000)
+    key = f"rotation:{settings.app_id}:checkpoint_size"
+    stats = savepoints.checkpoint_stats(settings)
+    store = savepoints.Store(settings.savepoints)
+    try:
+        prev = json.loads(store.read(STATS_FILE))
+    except (OSError, ValueError):
+        prev = None
+    stats["growth_bytes"] = stats["size_bytes"] - prev["size_bytes"] if prev else None
+    stats["growth_files"] = stats["files"] - prev["files"] if prev else None
+    stats["previous_report_ms"] = prev.get("ts_ms") if prev else None
+    try:
+        store.write_atomic(STATS_FILE, json.dumps(stats | {"ts_ms": now_ms}).encode())
+    except OSError as e:  # the report still stands; only the next growth figure is lost
+        log.warning("cannot record the checkpoint report under %s: %s", settings.savepoints, e)
+    conditions = []
+    if stats["size_bytes"] > settings.checkpoint_size_alert_bytes:
+        conditions.append(alerts.Condition(
+            key, alerts.WARNING,
+            f"the checkpoint holds {stats['size_bytes']} bytes in {stats['files']} files, above "
+            f"{settings.checkpoint_size_alert_bytes} (growth since the last report: {stats['growth_bytes']})",
+            "check ONCEFLOW_MIN_BATCHES_TO_RETAIN and the state size (open windows x IPs); raise "
+            "ONCEFLOW_CHECKPOINT_SIZE_ALERT_BYTES if the growth is expected",
+            {k: stats[k] for k in ("size_bytes", "files", "growth_bytes", "oldest_batch")}))
+    stats["alerts"] = _raise(sink, conditions, key)
+    return stats
+
+
+def rotate(settings: Settings, sink: alerts.AlertSink | None = None) -> dict:
+    report = {"app": settings.app_id, "savepoint": take_savepoint(settings, sink),
+              "retention": apply_retention(settings), "checkpoint": report_checkpoint(settings, sink)}
+    report["ok"] = report["savepoint"]["status"] != "failed"
+    return report

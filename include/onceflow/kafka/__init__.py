@@ -1,0 +1,1 @@
+"""Kafka adapters: client configurations, bounded reads, the one transactional writer, topics, events."""

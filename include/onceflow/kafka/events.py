@@ -1,0 +1,79 @@
+"""Operational events (topic `onceflow_events`) and the job's status file.
+
+Events are JSON: {"type", "app", "ts_ms", "host", "pid", ...}. They go out on an idempotent, non-transactional
+producer so that they are visible even when the batch transaction they describe is aborted.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from onceflow.kafka import clients as kafka_clients
+from onceflow.config import Settings
+
+log = logging.getLogger("onceflow.events")
+
+# Event types other modules and the control plane rely on.
+JOB_STARTED = "job_started"
+JOB_STOPPED = "job_stopped"
+JOB_FAILED = "job_failed"
+BATCH_COMMITTED = "batch_committed"
+BATCH_REPLAY_SKIPPED = "batch_replay_skipped"
+PROGRESS = "progress"
+TRANSACTION_NEAR_TIMEOUT = "transaction_near_timeout"
+TRANSACTION_TIMEOUT = "transaction_timeout"
+FENCED = "fenced"
+DIVERGENT_HISTORY = "divergent_history"
+GROUP_OFFSETS_LOST = "group_offsets_lost"
+TRANSACTION_OUTCOME_UNKNOWN = "transaction_outcome_unknown"
+FAULT_INJECTED = "fault_injected"
+SUPERVISOR_RESTART = "supervisor_restart"
+SUPERVISOR_GAVE_UP = "supervisor_gave_up"
+
+
+class EventBus:
+    def __init__(self, settings: Settings, producer=None):
+        self.settings = settings
+        self._producer = producer if producer is not None else kafka_clients.idempotent_producer(settings)
+        self._host = socket.gethostname()
+        self._lock = threading.Lock()
+
+    def emit(self, type_: str, level: int = logging.INFO, flush: bool = False, **fields: Any) -> dict:
+        event = {"type": type_, "app": self.settings.app_id, "ts_ms": int(time.time() * 1000),
+                 "host": self._host, "pid": os.getpid(), **fields}
+        log.log(level, "%s %s", type_, json.dumps(fields, default=str, sort_keys=True))
+        with self._lock:
+            try:
+                self._producer.produce(self.settings.events_topic, key=self.settings.app_id.encode(),
+                                       value=json.dumps(event, default=str).encode())
+                self._producer.poll(0)
+                if flush:
+                    self._producer.flush(10)
+            except Exception as e:  # events are best effort; the data path never fails because of them
+                log.warning("could not publish event %s: %s", type_, e)
+        return event
+
+    def close(self) -> None:
+        self._producer.flush(10)
+        self._producer.close()
+
+
+def write_status(path: Path, status: dict) -> None:
+    """Atomically replace the status file `onceflow job status --json` reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(status, default=str, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def read_status(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,78 @@
+"""The platform's topics, with explicit settings, created and checked through the admin API."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from confluent_kafka.admin import NewTopic
+
+from onceflow.kafka import clients as kafka_clients
+from onceflow.config import Settings
+
+KEEP_FOREVER = "-1"
+WEEK_MS = str(7 * 24 * 3600 * 1000)
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str]
+
+
+def specs(settings: Settings) -> list[TopicSpec]:
+    common = {"min.insync.replicas": str(settings.min_insync_replicas), "cleanup.policy": "delete",
+              "unclean.leader.election.enable": "false"}
+    return [
+        TopicSpec(settings.source_topic, settings.source_partitions, {**common, "retention.ms": WEEK_MS}),
+        TopicSpec(settings.sink_topic, settings.sink_partitions, {**common, "retention.ms": WEEK_MS}),
+        # DLQ and ledger are the audit trail: kept until an operator decides otherwise.
+        TopicSpec(settings.dlq_topic, 1, {**common, "retention.ms": KEEP_FOREVER}),
+        # One partition: the ledger is one ordered history per app (key = app id).
+        TopicSpec(settings.ledger_topic, 1, {**common, "retention.ms": KEEP_FOREVER}),
+        TopicSpec(settings.events_topic, 1, {**common, "retention.ms": WEEK_MS}),
+        # Only state changes are written here: the alert record the console shows, and the dedup state.
+        TopicSpec(settings.alerts_topic, 1, {**common, "retention.ms": str(90 * 24 * 3600 * 1000)}),
+        TopicSpec(settings.health_topic, 1, {**common, "retention.ms": WEEK_MS}),
+        # One record per reconciliation run: the proof the console shows.
+        TopicSpec(settings.reconciliation_topic, 1, {**common, "retention.ms": str(90 * 24 * 3600 * 1000)}),
+        # Backfilled windows, apart from the live sink by default (docs/backfill.md).
+        TopicSpec(settings.backfill_topic, settings.sink_partitions, {**common, "retention.ms": WEEK_MS}),
+    ]
+
+
+def ensure(settings: Settings, timeout: float = 30.0) -> list[str]:
+    """Create missing topics; return the names created. Existing topics are checked, not altered."""
+    admin = kafka_clients.admin(settings)
+    existing = admin.list_topics(timeout=timeout).topics
+    todo = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=settings.replication_factor,
+                     config=s.config) for s in specs(settings) if s.name not in existing]
+    created = []
+    for name, fut in (admin.create_topics(todo, operation_timeout=timeout) if todo else {}).items():
+        fut.result(timeout)
+        created.append(name)
+    # A topic just created can take a moment to appear in the metadata the check reads.
+    deadline = time.monotonic() + timeout
+    while True:
+        problems = check(settings, timeout)
+        if not problems or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    if problems:
+        raise RuntimeError("topics exist with unexpected settings: " + "; ".join(problems))
+    return created
+
+
+def check(settings: Settings, timeout: float = 10.0) -> list[str]:
+    """Problems with the topics as they are on the cluster (missing, wrong partition count); [] when fine."""
+    admin = kafka_clients.admin(settings)
+    md = admin.list_topics(timeout=timeout).topics
+    problems = []
+    for s in specs(settings):
+        t = md.get(s.name)
+        if t is None or t.error is not None:
+            problems.append(f"topic {s.name} is missing: run `onceflow stack up` (or create it with "
+                            f"{s.partitions} partitions)")
+        elif len(t.partitions) != s.partitions and s.name != settings.source_topic:
+            problems.append(f"topic {s.name} has {len(t.partitions)} partitions, expected {s.partitions}")
+    return problems

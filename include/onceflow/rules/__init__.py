@@ -1,0 +1,1 @@
+"""The rules, pure: parsing and canonical IPs, the ledger and the replay decision, the invariants, pacing, lag, retention, reconciliation, backfill and savepoint rules. No I/O, no Spark, no Kafka client: unit-tested without a broker."""

@@ -1,0 +1,1 @@
+"""The streaming runtime: launching the job, its supervisor, start/stop/status, preflight."""

@@ -1,0 +1,147 @@
+"""How the streaming job is launched: the spark-submit command line and the Spark settings it carries.
+
+`submit_spec` is the one description of a launch; `submit_argv` turns it into a command line for the CLI, and
+the deploy DAG hands the same spec to the Spark provider's SparkSubmitHook.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from onceflow.runtime import jvm
+from onceflow.config import REPO_ROOT, Settings
+
+JOB_SCRIPT = REPO_ROOT / "jobs" / "ip_count.py"
+RECONCILE_SCRIPT = REPO_ROOT / "jobs" / "reconcile.py"
+BACKFILL_SCRIPT = REPO_ROOT / "jobs" / "backfill.py"
+LOG4J = REPO_ROOT / "conf" / "log4j2-job.properties"
+
+
+def spark_conf(settings: Settings) -> dict[str, str]:
+    """Settings the exactly-once protocol depends on are set explicitly, never left to defaults."""
+    return {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        # Spark's own checkpoint retention: offsets/, commits/ and state versions of this many batches.
+        "spark.sql.streaming.minBatchesToRetain": str(settings.min_batches_to_retain),
+        "spark.sql.streaming.stateStore.providerClass": settings.state_store_provider,
+        "spark.speculation": "false",
+        # Emit windows when the watermark passes them even if no new data arrives.
+        "spark.sql.streaming.noDataMicroBatches.enabled": "true",
+        "spark.sql.adaptive.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.ui.enabled": "false",
+        "spark.sql.streaming.stopTimeout": "60s",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J}",
+        # With close-out batches the job paces batches itself under a 0 trigger; when a paced batch finds no
+        # new input Spark polls the source at this interval (its default, 10 ms, would poll Kafka 100 times/s).
+        "spark.sql.streaming.pollingDelay": f"{poll_delay_ms(settings)}ms",
+    }
+
+
+def poll_delay_ms(settings: Settings) -> int:
+    return max(50, min(500, int(settings.trigger_interval_s * 100)))
+
+
+def submit_spec(settings: Settings) -> dict:
+    """Name, jars, driver memory and Spark conf of the job, for spark-submit or SparkSubmitHook alike."""
+    return {"name": f"onceflow-{settings.app_id}", "jars": ",".join(str(j) for j in jvm.spark_kafka_jars(settings)),
+            "driver_memory": settings.driver_memory, "conf": spark_conf(settings)}
+
+
+def spark_submit() -> str:
+    local = Path(sys.executable).parent / "spark-submit"
+    return str(local) if local.exists() else (shutil.which("spark-submit") or "spark-submit")
+
+
+def submit_env(settings: Settings) -> dict[str, str]:
+    """The environment spark-submit needs to find this interpreter's pyspark, wherever it is called from."""
+    import os
+
+    import pyspark
+
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+            **settings.as_env()}
+
+
+def submit_argv(settings: Settings) -> list[str]:
+    spec = submit_spec(settings)
+    argv = [spark_submit(), "--master", settings.master, "--name", spec["name"], "--jars", spec["jars"],
+            "--driver-memory", spec["driver_memory"]]
+    for k, v in spec["conf"].items():
+        argv += ["--conf", f"{k}={v}"]
+    return argv + [str(JOB_SCRIPT)]
+
+
+def batch_conf(settings: Settings) -> dict[str, str]:
+    """Spark settings of the batch jobs (reconciliation recount, backfill)."""
+    return {"spark.sql.session.timeZone": "UTC", "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J}"}
+
+
+def batch_spec(settings: Settings, name: str) -> dict:
+    return {"name": f"onceflow-{settings.app_id}-{name}",
+            "jars": ",".join(str(j) for j in jvm.spark_kafka_jars(settings)),
+            "driver_memory": settings.driver_memory, "conf": batch_conf(settings)}
+
+
+def local_session(settings: Settings, name: str, log_file: Path | None = None):
+    """An in-process SparkSession for the batch jobs, with the Kafka connector (CLI, tests). With `log_file`, the
+    driver JVM's own output (its stderr, where log4j writes) goes there instead of the terminal."""
+    import contextlib
+    import os
+
+    from pyspark.sql import SparkSession
+
+    b = SparkSession.builder.master(settings.master).appName(f"onceflow-{settings.app_id}-{name}")
+    b = b.config("spark.jars", ",".join(str(j) for j in jvm.spark_kafka_jars(settings)))
+    for k, v in batch_conf(settings).items():
+        if k != "spark.driver.extraJavaOptions":
+            b = b.config(k, v)
+    if log_file is None:
+        return b.getOrCreate()
+
+    @contextlib.contextmanager
+    def stderr_to(path: Path):
+        # The gateway JVM inherits file descriptor 2 when it is spawned: point it at the log file for that moment.
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sys.stderr.flush()
+        saved = os.dup(2)
+        with open(path, "ab") as f:
+            os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+    with stderr_to(log_file):
+        spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def run_batch(settings: Settings, what: str, argv: list[str], out: Path, log_file: Path,
+              timeout_s: float) -> dict:
+    """Run a batch Spark job (jobs/reconcile.py, jobs/backfill.py) to its end, bounded, its output appended to
+    `log_file`, and return the JSON result it wrote to `out`; a failure raises with the log's last lines."""
+    import json
+    import subprocess
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as log:
+        try:
+            rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=submit_env(settings), timeout=timeout_s, start_new_session=True).returncode
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"the {what} job did not finish in {timeout_s:.0f} s (log: {log_file})") from None
+    if rc != 0 or not out.exists():
+        tail = log_file.read_text(errors="replace").splitlines()[-15:] if log_file.exists() else []
+        raise RuntimeError(f"the {what} job exited with {rc} (log {log_file}):\n" + "\n".join(tail))
+    return json.loads(out.read_text())

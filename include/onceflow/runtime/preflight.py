@@ -1,0 +1,75 @@
+"""Checks that run before the job starts, so a misconfiguration fails at once with what to change."""
+from __future__ import annotations
+
+import socket
+
+from confluent_kafka.admin import ConfigResource, ResourceType
+
+from onceflow.kafka import clients as kafka_clients, topics
+from onceflow.config import ConfigError, Settings, check_transaction_timeout
+
+
+class PreflightError(RuntimeError):
+    pass
+
+
+class BrokerUnreachable(PreflightError):
+    """Transient: a restarted job retries (a broker restart must not retire it); an operator's start refuses."""
+
+
+def broker_reachable(settings: Settings, timeout: float = 10.0) -> None:
+    host, port = settings.bootstrap_host_port
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as e:
+        raise BrokerUnreachable(
+            f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({e}): start it with "
+            f"`onceflow stack up`, or point ONCEFLOW_BOOTSTRAP_SERVERS at a running cluster") from None
+    try:
+        kafka_clients.admin(settings).list_topics(timeout=timeout)
+    except Exception as e:
+        raise BrokerUnreachable(f"the broker at {settings.bootstrap_servers} does not answer metadata requests "
+                             f"within {timeout:.0f} s: {e}") from None
+
+
+def broker_transaction_max_timeout_ms(settings: Settings, timeout: float = 10.0) -> int:
+    admin = kafka_clients.admin(settings)
+    brokers = admin.list_topics(timeout=timeout).brokers
+    values = []
+    for broker_id in sorted(brokers):
+        res = ConfigResource(ResourceType.BROKER, str(broker_id))
+        cfg = admin.describe_configs([res])[res].result(timeout)
+        values.append(int(cfg["transaction.max.timeout.ms"].value))
+    return min(values)
+
+
+DLQ_OVERHEAD_BYTES = 8192  # the DLQ record's key and provenance headers, with room to spare
+
+
+def dlq_fits(settings: Settings, timeout: float = 10.0) -> None:
+    """A DLQ copy (capped at dlq_max_value_bytes) plus its provenance must fit the DLQ topic's record limit, or a
+    large malformed record would fail its batch for good."""
+    admin = kafka_clients.admin(settings)  # held: a collected client fails its pending futures
+    res = ConfigResource(ResourceType.TOPIC, settings.dlq_topic)
+    limit = int(admin.describe_configs([res])[res].result(timeout)["max.message.bytes"].value)
+    need = settings.dlq_max_value_bytes + DLQ_OVERHEAD_BYTES
+    if limit < need:
+        raise PreflightError(f"the DLQ topic {settings.dlq_topic} accepts records up to {limit} bytes "
+                             f"(max.message.bytes), but a DLQ copy may need {need}: raise max.message.bytes on the "
+                             f"topic, or lower ONCEFLOW_DLQ_MAX_VALUE_BYTES to at most {limit - DLQ_OVERHEAD_BYTES}")
+
+
+def check_job(settings: Settings) -> dict:
+    """Everything the streaming job needs before it may start; raises PreflightError/ConfigError."""
+    broker_reachable(settings)
+    problems = topics.check(settings)
+    if problems:
+        raise PreflightError("; ".join(problems))
+    dlq_fits(settings)
+    broker_max = broker_transaction_max_timeout_ms(settings)
+    check_transaction_timeout(settings.transaction_timeout_ms, broker_max)
+    return {"broker_transaction_max_timeout_ms": broker_max}
+
+
+__all__ = ["PreflightError", "BrokerUnreachable", "ConfigError", "check_job", "broker_reachable"]

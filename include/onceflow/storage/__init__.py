@@ -1,0 +1,1 @@
+"""Storage adapters: the Spark checkpoint's files (local or any Hadoop-compatible store)."""

@@ -1,0 +1,138 @@
+"""The embedded Airflow: `airflow standalone` with AIRFLOW_HOME under var/, the project's DAGs and plugins,
+connections to the embedded Kafka and Spark, the control-plane DAGs unpaused and the deploy DAG triggered."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from onceflow.runtime import procs
+from onceflow_dev.airflow_client import AirflowApiError, AirflowClient
+from onceflow.config import REPO_ROOT, Settings
+
+DEPLOY_DAG = "ip_count_deploy"
+WATCH_DAGS = ("ip_count_health", "ip_count_txn_watch", "ip_count_checkpoint_rotation", "ip_count_reconciliation")
+MANUAL_DAGS = ("ip_count_backfill",)
+ALL_DAGS = (DEPLOY_DAG,) + WATCH_DAGS + MANUAL_DAGS
+USER = "admin"
+
+
+def home(s: Settings) -> Path:
+    return s.var_dir / "airflow"
+
+
+def pidfile(s: Settings) -> Path:
+    return s.run_dir / "airflow.pid"
+
+
+def env(s: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Airflow's environment: the onceflow settings (so the DAGs and the job they start see them), its home, the
+    project's DAGs and plugins, the simple auth manager's user; `extra` (connections as AIRFLOW_CONN_*, free
+    ports for tests) last."""
+    h = home(s)
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, **s.as_env(),
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+            "AIRFLOW_HOME": str(h),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__API__PORT": str(s.airflow_port),
+            "AIRFLOW__API__BASE_URL": f"http://localhost:{s.airflow_port}",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(h / "passwords.json"),
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+            "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "30",
+            **(extra or {})}
+
+
+def _airflow(s: Settings, *args: str, check: bool = True, timeout: float = 120,
+             extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-m", "airflow", *args], env=env(s, extra), capture_output=True,
+                         text=True, timeout=timeout)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"airflow {' '.join(args)} failed:\n{out.stdout[-1500:]}\n{out.stderr[-1500:]}")
+    return out
+
+
+def password(s: Settings) -> str:
+    f = home(s) / "passwords.json"
+    if not f.exists():
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps({USER: secrets.token_urlsafe(12)}))
+    return json.loads(f.read_text())[USER]
+
+
+def _healthy(s: Settings) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{s.airflow_port}/api/v2/monitor/health", timeout=3) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env: dict[str, str] | None = None
+       ) -> dict:
+    """Start Airflow as `make run` does: `airflow standalone` (api-server, scheduler, dag-processor, triggerer)
+    with the connections to the embedded Kafka and Spark, every onceflow DAG unpaused, and (by default) the deploy
+    DAG triggered to start the job."""
+    pw = password(s)
+    if not procs.read_pidfile(pidfile(s)):
+        _airflow(s, "db", "migrate", timeout=300, extra=extra_env)
+        conns = {s.kafka_conn_id: {"conn_type": "kafka", "extra": {"bootstrap.servers": s.bootstrap_servers}},
+                 s.spark_conn_id: {"conn_type": "spark", "host": "local[*]"}}
+        for conn_id, spec in conns.items():
+            _airflow(s, "connections", "delete", conn_id, check=False, extra=extra_env)
+            _airflow(s, "connections", "add", conn_id, "--conn-json", json.dumps(spec), extra=extra_env)
+        proc = procs.spawn_detached([sys.executable, "-m", "airflow", "standalone"], s.log_dir / "airflow.log",
+                                    env=env(s, extra_env))
+        procs.write_pidfile(pidfile(s), proc.pid, "airflow")
+    procs.wait_until(lambda: _healthy(s), timeout, interval=2, what=f"Airflow at port {s.airflow_port}")
+    # The DAGs exist for the API once the dag-processor has parsed them.
+    api = client(s)
+
+    def parsed():
+        try:
+            return {d["dag_id"] for d in api.dags()} >= set(ALL_DAGS)
+        except (OSError, AirflowApiError):
+            return False
+
+    procs.wait_until(parsed, timeout, interval=3, what="the onceflow DAGs to be parsed")
+    for dag_id in ALL_DAGS:  # manual DAGs too: a paused DAG's triggered runs would wait
+        api.unpause(dag_id)
+    if trigger_deploy:
+        api.trigger(DEPLOY_DAG, {"action": "start"}, note="make run: start the job")
+    return {"url": f"http://localhost:{s.airflow_port}", "user": USER, "password": pw,
+            "airflow_home": str(home(s)), "log": str(s.log_dir / "airflow.log")}
+
+
+def client(s: Settings) -> AirflowClient:
+    """A REST client of the embedded Airflow, logged in as its admin user."""
+    return AirflowClient(f"http://127.0.0.1:{s.airflow_port}", USER, password(s))
+
+
+def down(s: Settings) -> bool:
+    info = procs.read_pidfile(pidfile(s))
+    if not info:
+        return False
+    procs.stop_process(info["pid"], 60)
+    pidfile(s).unlink(missing_ok=True)
+    return True
+
+
+def wait_job_started(s: Settings, timeout: float = 420) -> dict:
+    from onceflow.runtime import jobctl
+
+    def started():
+        st = jobctl.status(s)
+        return st if st["running"] and st.get("committed_batches") else None
+
+    return procs.wait_until(started, timeout, interval=3, what="the deploy DAG to start the job")
+
+
+__all__ = ["up", "down", "env", "wait_job_started", "time"]

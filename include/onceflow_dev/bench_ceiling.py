@@ -1,0 +1,99 @@
+"""The benchmark's ceiling: a plain confluent-kafka transactional consume-transform-produce loop, no Spark.
+
+Same workload and same semantics as the Spark job (parse with the reference rules, 5 s windows per IP, 5 s
+watermark with Spark's late rule, each window emitted once when final, malformed records to the DLQ), one
+transaction per batch of records with `send_offsets_to_transaction`, as in confluent-kafka-python's
+examples/eos_transactions.py. Run as `python -m onceflow.bench_ceiling '<end offsets JSON>'` with ONCEFLOW_*
+settings; prints a JSON line with its timings.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from onceflow import config
+from onceflow.kafka import clients as kafka_clients
+from onceflow.rules import records
+
+
+def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_000) -> dict:
+    consumer = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
+    consumer.assign([TopicPartition(settings.source_topic, p, 0) for p in sorted(end)])
+    producer = kafka_clients.transactional_producer(settings, settings.transactional_id,
+                                                    **{"linger.ms": 20, "batch.num.messages": 10000})
+    producer.init_transactions(60)
+    w_us, wm_delay_us = settings.window_s * 1_000_000, settings.watermark_s * 1_000_000
+    state: dict[tuple[int, str], int] = defaultdict(int)
+    watermark_us = prev_wm_us = 0
+    max_event_us = 0
+    pos = {p: 0 for p in end}
+    first_ms = last_ms = None
+    out = dlq = consumed = batches = 0
+    tps = [TopicPartition(settings.source_topic, p) for p in sorted(end)]
+
+    def done() -> bool:  # the consumer's position, not the last offset seen: it steps over transaction markers
+        return all(tp.offset >= end[tp.partition] for tp in consumer.position(tps))
+
+    while not done():
+        msgs = []
+        deadline = time.monotonic() + 1.0
+        while len(msgs) < batch_records and time.monotonic() < deadline:
+            got = consumer.consume(num_messages=10_000, timeout=0.2)
+            msgs += [m for m in got if m.error() is None or m.error().code() != KafkaError._PARTITION_EOF]
+            if not got and done():
+                break
+        if not msgs:
+            continue
+        if first_ms is None:
+            first_ms = int(time.time() * 1000)
+        producer.begin_transaction()
+        for m in msgs:
+            if m.error():
+                raise RuntimeError(m.error())
+            pos[m.partition()] = m.offset() + 1
+            r = records.parse(m.value(), m.timestamp()[1], settings.max_event_ahead_ms)
+            if r.reason is not None:
+                producer.produce(settings.dlq_topic, key=f"{m.topic()}|{m.partition()}|{m.offset()}".encode(),
+                                 value=m.value())
+                dlq += 1
+                continue
+            start = records.window_start_us(r.ts_us, settings.window_s)
+            if start + w_us <= prev_wm_us:
+                continue  # late: Spark's rule, the previous batch's watermark
+            state[(start, r.ip)] += 1
+            max_event_us = max(max_event_us, r.ts_us)
+        watermark_us = max(watermark_us, max_event_us - wm_delay_us)
+        for key in [k for k in state if k[0] + w_us <= watermark_us]:
+            start, ip = key
+            n = state.pop(key)
+            value = json.dumps({"window_start": records.iso_ms(start), "window_end": records.iso_ms(start + w_us),
+                                "ip": ip, "count": n}, separators=(",", ":"))
+            while True:
+                try:
+                    producer.produce(settings.sink_topic, key=records.sink_key(start, ip).encode(),
+                                     value=value.encode())
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            out += 1
+        prev_wm_us = watermark_us
+        producer.send_offsets_to_transaction(
+            [TopicPartition(settings.source_topic, p, o) for p, o in pos.items()],
+            consumer.consumer_group_metadata(), 60)
+        producer.commit_transaction(120)
+        consumed += len(msgs)
+        batches += 1
+        last_ms = int(time.time() * 1000)
+    consumer.close()
+    producer.flush(10)
+    return {"first_ms": first_ms, "last_ms": last_ms, "records": consumed, "outputs": out, "dlq": dlq,
+            "batches": batches}
+
+
+if __name__ == "__main__":
+    res = run(config.load(), {int(p): int(o) for p, o in json.loads(sys.argv[1]).items()})
+    print(json.dumps(res))

@@ -1,0 +1,40 @@
+"""The embedded stack: one command brings up the broker and the topics; another takes it down."""
+from __future__ import annotations
+
+from onceflow.kafka import topics
+from onceflow.runtime import jvm
+from onceflow_dev import broker
+from onceflow.config import Settings
+
+
+def up(settings: Settings) -> dict:
+    jvm.spark_kafka_jars(settings)  # resolve and cache the Spark connector now, not at first job start
+    info = broker.start(settings)
+    info["topics_created"] = topics.ensure(settings)
+    return status(settings) | {"topics_created": info["topics_created"]}
+
+
+def down(settings: Settings) -> dict:
+    from onceflow.runtime import jobctl, procs
+    from onceflow_dev import generator
+
+    from onceflow_dev import airflow_local
+
+    airflow_stopped = airflow_local.down(settings)
+    gen = procs.read_pidfile(generator.pidfile(settings))
+    if gen:
+        procs.stop_process(gen["pid"], 10)
+    stopped_job = jobctl.stop(settings)
+    return {"airflow_stopped": airflow_stopped, "generator_stopped": bool(gen), "job_stopped": stopped_job, "broker_stopped": broker.stop(settings)}
+
+
+def status(settings: Settings) -> dict:
+    b = broker.status(settings)
+    out = {"broker": b, "bootstrap_servers": settings.bootstrap_servers, "checkpoint": settings.checkpoint,
+           "var_dir": str(settings.var_dir)}
+    if b["running"]:
+        try:
+            out["topic_problems"] = topics.check(settings)
+        except Exception as e:  # a broker still starting answers late; report, don't fail
+            out["topic_problems"] = [f"could not list topics: {e}"]
+    return out
