@@ -24,12 +24,13 @@ from onceflow.kafka import events as ev
 from onceflow.rules import pacing
 from onceflow.runtime import preflight
 from onceflow.spark import batch_stats, ip_count_plan as ip_count
-from onceflow.storage import checkpoint
+from onceflow.rules import checkpoint
+from onceflow.storage.checkpoint import HadoopFS
 from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord, TransactionConfigError, ZombieFenced
 from onceflow.faults import Injector
 from onceflow.rules.ledger import Decision, DivergentHistory
+from onceflow import wire
 
-EXIT_OK, EXIT_CONFIG, EXIT_FENCED, EXIT_DIVERGENT, EXIT_LOCKED, EXIT_FAILED = 0, 2, 3, 4, 5, 1
 log = logging.getLogger("onceflow.job")
 
 
@@ -115,7 +116,7 @@ class ProgressListener(StreamingQueryListener):
                   "source_latest_offsets": p.sources[0].latestOffset if p.sources else None}
         self.status.update(progress=fields, last_progress_ms=int(time.time() * 1000))
         if p.numInputRows or dropped:
-            self.bus.emit(ev.PROGRESS, logging.DEBUG, **fields)
+            self.bus.emit(wire.PROGRESS, logging.DEBUG, **fields)
 
     def onQueryIdle(self, event):
         now = int(time.time() * 1000)
@@ -137,31 +138,31 @@ def run(settings: config.Settings) -> int:
         InstanceLock.acquire(settings)
     except InstanceLocked as e:
         log.error("%s", e)
-        bus.emit(ev.JOB_FAILED, logging.ERROR, flush=True, stage="lock", error=str(e))
+        bus.emit(wire.JOB_FAILED, logging.ERROR, flush=True, stage="lock", error=str(e))
         print(f"onceflow: {e}", file=sys.stderr)
-        return EXIT_LOCKED
+        return wire.EXIT_LOCKED
     except preflight.BrokerUnreachable as e:  # transient (a broker restart): the supervisor tries again
         log.error("preflight: %s", e)
-        bus.emit(ev.JOB_FAILED, logging.ERROR, stage="preflight", error=str(e))
-        return EXIT_FAILED
+        bus.emit(wire.JOB_FAILED, logging.ERROR, stage="preflight", error=str(e))
+        return wire.EXIT_FAILED
     except (preflight.PreflightError, config.ConfigError) as e:
         log.error("preflight failed: %s", e)
-        bus.emit(ev.JOB_FAILED, logging.ERROR, flush=True, stage="preflight", error=str(e))
+        bus.emit(wire.JOB_FAILED, logging.ERROR, flush=True, stage="preflight", error=str(e))
         print(f"onceflow: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return wire.EXIT_CONFIG
     status = Status(settings)
     injector = Injector(settings.fault, settings.run_dir / "faults" / settings.app_id,
-                        on_fire=lambda f: bus.emit(ev.FAULT_INJECTED, logging.WARNING, flush=True, fault=f.name))
+                        on_fire=lambda f: bus.emit(wire.FAULT_INJECTED, logging.WARNING, flush=True, fault=f.name))
     try:
         sink = ExactlyOnceSink(settings, bus, injector)
     except TransactionConfigError as e:
         print(f"onceflow: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return wire.EXIT_CONFIG
     except ZombieFenced as e:
         print(f"onceflow: {e}", file=sys.stderr)
-        return EXIT_FENCED
+        return wire.EXIT_FENCED
     spark = build_session(settings)
-    fs = checkpoint.HadoopFS(spark, settings.checkpoint)
+    fs = HadoopFS(spark, settings.checkpoint)
     epoch = checkpoint.read_epoch(fs)  # how Spark's batch ids map to the ledger's since the last restore
     quarantine = checkpoint.read_quarantine(fs)  # source offsets an operator quarantined (records go to the DLQ)
     batches: dict = {}  # Spark batch id -> its ledger batch and decision, for the progress listener
@@ -241,7 +242,7 @@ def run(settings: config.Settings) -> int:
              .queryName(f"onceflow_{settings.app_id}")
              .start())
     running["query"] = query
-    bus.emit(ev.JOB_STARTED, checkpoint=settings.checkpoint, transactional_id=settings.transactional_id,
+    bus.emit(wire.JOB_STARTED, checkpoint=settings.checkpoint, transactional_id=settings.transactional_id,
              spark_version=spark.version, query_id=query.id, run_id=query.runId, epoch=epoch.epoch,
              quarantined=[vars(r) for r in quarantine],
              ledger_shift=epoch.ledger_shift, job_config_hash=settings.job_config_hash(), **info)
@@ -269,15 +270,15 @@ def run(settings: config.Settings) -> int:
             except Exception as e:  # the query ended on StopRequested already
                 log.info("stopping the query: %s", e)
         status.update(state="stopped", stopped_ms=int(time.time() * 1000))
-        bus.emit(ev.JOB_STOPPED, flush=True, last_batch=status.data.get("last_batch"))
+        bus.emit(wire.JOB_STOPPED, flush=True, last_batch=status.data.get("last_batch"))
         sink.close()
-        return EXIT_OK
+        return wire.EXIT_OK
     err = failure[-1] if failure else query.exception()
-    code = (EXIT_FENCED if isinstance(err, ZombieFenced) else
-            EXIT_DIVERGENT if isinstance(err, DivergentHistory) else EXIT_FAILED)
+    code = (wire.EXIT_FENCED if isinstance(err, ZombieFenced) else
+            wire.EXIT_DIVERGENT if isinstance(err, DivergentHistory) else wire.EXIT_FAILED)
     log.error("the query failed: %s", str(err)[:2000])
     status.update(state="failed", error=str(err)[:2000], exit_code=code)
-    bus.emit(ev.JOB_FAILED, logging.ERROR, flush=True, error=str(err)[:2000], exit_code=code)
+    bus.emit(wire.JOB_FAILED, logging.ERROR, flush=True, error=str(err)[:2000], exit_code=code)
     return code
 
 
@@ -289,7 +290,7 @@ def main() -> None:
         settings = config.load()
     except config.ConfigError as e:
         print(f"onceflow: {e}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG)
+        sys.exit(wire.EXIT_CONFIG)
     code = run(settings)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -9,7 +9,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow import config
+from onceflow import wire
 
 
 def _print(obj, as_json: bool) -> None:
@@ -134,11 +136,11 @@ def cmd_show(args, s: config.Settings) -> int:
 
     topic = {"sink": s.sink_topic, "dlq": s.dlq_topic, "ledger": s.ledger_topic, "events": s.events_topic,
              "source": s.source_topic}[args.what]
-    msgs = audit.read_topic(s, topic)
+    msgs = kafka_reading.read_topic(s, topic)
     for m in msgs[-args.limit:] if args.limit else msgs:
         value = m.value.decode(errors="replace") if m.value is not None else None
         if args.what == "dlq":
-            print(json.dumps({"key": m.key.decode(), "reason": m.headers.get("onceflow.reason", b"").decode(),
+            print(json.dumps({"key": m.key.decode(), "reason": m.headers.get(wire.H_REASON, b"").decode(),
                               "value": value}))
         else:
             print(value if args.what != "sink" else f"{m.key.decode()}  {value}")
@@ -254,7 +256,7 @@ def _ranges(rs: list) -> str:
 def _source_partitions(s: config.Settings) -> list[int]:
     from onceflow.kafka import clients as kafka_clients
 
-    return sorted(kafka_clients.watermarks(s, s.source_topic) or {})
+    return sorted(kafka_reading.watermarks(s, s.source_topic) or {})
 
 
 def _progress(line: str) -> None:

@@ -1,1 +1,74 @@
-"""The wire contract: header names, event types, record kinds, exit codes, the base exception."""
+"""The wire contract: what onceflow writes that other programs read, named once.
+
+Header names on the records the job, backfills and operator actions write; the event types on the events topic;
+the kinds of output rows and of ledger records; the streaming job's exit codes and what the supervisor does with
+each; the base exception. Consumers (the console, an auditor's script, a downstream job merging a backfill) rely
+on these names; changing one is a breaking change of the platform's contract (docs/design.md).
+"""
+from __future__ import annotations
+
+
+class OnceflowError(RuntimeError):
+    """The base of onceflow's own errors: each says what happened and what to change."""
+
+
+# ---------------------------------------------------------------------------- record headers
+H_APP = "onceflow.app"              # every record the platform writes: the app id
+H_BATCH = "onceflow.batch"          # sink, DLQ and ledger records of the job: the ledger batch
+H_KIND = "onceflow.kind"            # operator and control records: restore, quarantine, reconciliation
+H_BACKFILL = "onceflow.backfill"    # a backfill's records: its id
+H_CHUNK = "onceflow.chunk"          # ... and the chunk
+# provenance of a DLQ record (Kafka Connect style)
+H_SOURCE_TOPIC = "onceflow.source.topic"
+H_SOURCE_PARTITION = "onceflow.source.partition"
+H_SOURCE_OFFSET = "onceflow.source.offset"
+H_SOURCE_TIMESTAMP = "onceflow.source.timestamp"
+H_REASON = "onceflow.reason"
+H_ORIGINAL_SIZE = "onceflow.original.size"      # the original value's size (-1: unknown)
+H_ORIGINAL_SHA256 = "onceflow.original.sha256"  # set when the copy holds less than the original
+H_TRUNCATED = "onceflow.truncated"              # "true" when the copy holds less than the original
+
+# ---------------------------------------------------------------------------- output rows and ledger records
+KIND_RESULT = "result"     # an output row of a batch: a (window, ip) count for the sink
+KIND_DLQ = "dlq"           # an output row of a batch: a malformed source record for the DLQ
+LEDGER_STREAM = "stream"         # one committed batch of the streaming job
+LEDGER_BACKFILL = "backfill"     # one committed chunk of a backfill
+LEDGER_RESTORE = "restore"       # a savepoint restore (an operator action)
+LEDGER_QUARANTINE = "quarantine"  # quarantined source offsets (an operator action)
+
+# ---------------------------------------------------------------------------- events (topic onceflow_events)
+JOB_STARTED = "job_started"
+JOB_STOPPED = "job_stopped"
+JOB_FAILED = "job_failed"
+BATCH_COMMITTED = "batch_committed"
+BATCH_REPLAY_SKIPPED = "batch_replay_skipped"
+PROGRESS = "progress"
+TRANSACTION_NEAR_TIMEOUT = "transaction_near_timeout"
+TRANSACTION_TIMEOUT = "transaction_timeout"
+TRANSACTION_OUTCOME_UNKNOWN = "transaction_outcome_unknown"
+PRODUCER_REPLACED = "producer_replaced"
+FENCED = "fenced"
+DIVERGENT_HISTORY = "divergent_history"
+GROUP_OFFSETS_LOST = "group_offsets_lost"
+FAULT_INJECTED = "fault_injected"
+SUPERVISOR_RESTART = "supervisor_restart"
+SUPERVISOR_GAVE_UP = "supervisor_gave_up"
+SAVEPOINT_CREATED = "savepoint_created"
+SAVEPOINT_DELETED = "savepoint_deleted"
+SAVEPOINT_RESTORED = "savepoint_restored"
+RECORDS_QUARANTINED = "records_quarantined"
+BACKFILL_STARTED = "backfill_started"
+BACKFILL_CHUNK = "backfill_chunk_committed"
+BACKFILL_DONE = "backfill_done"
+
+# ---------------------------------------------------------------------------- the streaming job's exit codes
+EXIT_OK = 0          # stopped on request
+EXIT_FAILED = 1      # a crash: the supervisor restarts it after a fixed delay
+EXIT_CONFIG = 2      # a misconfiguration: the message says what to change
+EXIT_FENCED = 3      # fenced by a newer instance of the app
+EXIT_DIVERGENT = 4   # the checkpoint and the committed history disagree (or cannot be proven to agree)
+EXIT_LOCKED = 5      # another instance holds the app's lock on this machine
+
+# Exit codes after which the supervisor does not restart the job, and why (a restart would not help).
+NO_RESTART = {EXIT_OK: "stopped", EXIT_CONFIG: "misconfiguration", EXIT_FENCED: "fenced by a newer instance",
+              EXIT_DIVERGENT: "divergent history", EXIT_LOCKED: "another instance holds the app's lock on this machine"}

@@ -28,11 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow import config
 from onceflow.apps import audit
 from onceflow.kafka import events as ev, clients as kafka_clients, topics
 from onceflow.runtime import jobctl, launcher, procs, supervisor
 from onceflow_dev import broker, generator
+from onceflow import wire
 
 log = logging.getLogger("onceflow_dev.bench")
 # The job settings a tuning run varies (docs/performance.md); recorded with every result.
@@ -264,7 +266,7 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
     time.sleep(spec.live_s / 3)
 
     def lag():
-        hi = {p: h for p, (_, h) in kafka_clients.watermarks(s, s.source_topic).items()}
+        hi = {p: h for p, (_, h) in kafka_reading.watermarks(s, s.source_topic).items()}
         got = audit.committed_offsets(s, hi)
         return sum(hi[p] - got.get(p, 0) for p in hi)
 
@@ -272,7 +274,7 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
     level = max(before)
     t_kill = int(time.time() * 1000)
     jobctl.kill(s)
-    first = procs.wait_until(lambda: next((e for e in _events(s, ev.BATCH_COMMITTED) if e["ts_ms"] > t_kill), None),
+    first = procs.wait_until(lambda: next((e for e in _events(s, wire.BATCH_COMMITTED) if e["ts_ms"] > t_kill), None),
                              300, interval=0.2, what="a commit after the kill")
     back = procs.wait_until(lambda: lag() <= level and int(time.time() * 1000), 600, interval=0.5,
                             what="lag to recover")
@@ -283,7 +285,7 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
 
 
 def _events(s, type_):
-    return [e for e in (json.loads(m.value) for m in audit.read_topic(s, s.events_topic)) if e["type"] == type_]
+    return [e for e in (json.loads(m.value) for m in kafka_reading.read_topic(s, s.events_topic)) if e["type"] == type_]
 
 
 # ---------------------------------------------------------------------------- the run
@@ -314,7 +316,7 @@ def bench_stack(spec: BenchSpec, var: Path):
             late_fraction=0.01, malformed_fraction=0.01, out_of_order_fraction=0.05, tail_s=30,
             watermark_s=base.watermark_s), progress_every=500_000)
         log.info("backlog written in %.0f s", time.time() - t)
-        end = {p: h for p, (_, h) in kafka_clients.watermarks(base, "bench.source").items()}
+        end = {p: h for p, (_, h) in kafka_reading.watermarks(base, "bench.source").items()}
         _warm_up(base, end)
         yield base, end
     finally:
@@ -329,7 +331,7 @@ def _warm_up(s: config.Settings, end: dict[int, int]) -> None:
     t = time.time()
     c = kafka_clients.read_committed_consumer(s, group_id="bench.warmup", **{"enable.partition.eof": True})
     try:
-        n = sum(1 for _ in kafka_clients.consume_to_end(c, [TopicPartition("bench.source", p, 0) for p in end],
+        n = sum(1 for _ in kafka_reading.consume_to_end(c, [TopicPartition("bench.source", p, 0) for p in end],
                                                         timeout_s=600))
     finally:
         c.close()

@@ -19,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow import config
 from onceflow.apps import audit
 from onceflow.kafka import events as ev, topics
@@ -26,6 +27,7 @@ from onceflow.rules import invariants
 from onceflow.runtime import jobctl, launcher, procs
 from onceflow_dev import broker, generator
 from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL
+from onceflow import wire
 
 log = logging.getLogger("onceflow_dev.chaos")
 
@@ -124,10 +126,10 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         sent = generator.read_manifest(manifest)
         _wait_drained(s, sent, timeout=max(600.0, spec.seconds))
         jobctl.stop(s)
-        counts["stall_in_txn"] = len(_events(s, ev.FAULT_INJECTED))
+        counts["stall_in_txn"] = len(_events(s, wire.FAULT_INJECTED))
         report = verify(s, sent)
-        report |= {"faults": counts, "restarts": len(_events(s, ev.SUPERVISOR_RESTART)),
-                   "transaction_timeouts": len(_events(s, ev.TRANSACTION_TIMEOUT)),
+        report |= {"faults": counts, "restarts": len(_events(s, wire.SUPERVISOR_RESTART)),
+                   "transaction_timeouts": len(_events(s, wire.TRANSACTION_TIMEOUT)),
                    "wall_s": round(time.monotonic() - t0, 1), "seed": spec.seed}
         spark = launcher.local_session(s, "chaos-reconcile")
         from onceflow.apps import reconcile
@@ -144,11 +146,11 @@ def run(spec: ChaosSpec, var_dir) -> dict:
 
 
 def _events(s, type_: str) -> list[dict]:
-    return [e for e in (json.loads(m.value) for m in audit.read_topic(s, s.events_topic)) if e["type"] == type_]
+    return [e for e in (json.loads(m.value) for m in kafka_reading.read_topic(s, s.events_topic)) if e["type"] == type_]
 
 
 def _wait_stall_over(s, stall_s: float) -> None:
-    stalls = _events(s, ev.FAULT_INJECTED)
+    stalls = _events(s, wire.FAULT_INJECTED)
     if stalls:
         over = max(e["ts_ms"] for e in stalls) / 1000 + stall_s + 3  # + the failed commit and its event
         time.sleep(max(0.0, over - time.time()))
@@ -172,8 +174,8 @@ def verify(s, sent) -> dict:
     for r in sent:
         ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
     sink = [invariants.SinkRecord(m.key.decode(), m.value, m.partition, m.offset)
-            for m in audit.read_topic(s, s.sink_topic)]
-    dlq = audit.dlq_provenance(audit.read_topic(s, s.dlq_topic))
+            for m in kafka_reading.read_topic(s, s.sink_topic)]
+    dlq = audit.dlq_provenance(kafka_reading.read_topic(s, s.dlq_topic))
     rep = invariants.check(entries, audit.committed_offsets(s, ends), truth, sink, dlq, s.window_s,
                            starting={p: 0 for p in ends})
     lost = len(rep.missing) + sum(max(0, e - f) for e, f in rep.wrong.values())

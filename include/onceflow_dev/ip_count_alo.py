@@ -13,10 +13,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 
+from onceflow import wire
 from onceflow import config
 from onceflow.kafka import events as ev
 from onceflow.spark import ip_count_plan as ip_count
-from onceflow.protocol.exactly_once import KIND_RESULT
 
 
 class Progress(StreamingQueryListener):
@@ -49,7 +49,7 @@ def main() -> int:
     spark = SparkSession.builder.getOrCreate()
     spark.streams.addListener(Progress(s))
     out = ip_count.results_and_dlq(ip_count.source(spark, s), s)
-    frame = out.select(F.when(F.col("kind") == KIND_RESULT, F.lit(s.sink_topic)).otherwise(F.lit(s.dlq_topic))
+    frame = out.select(F.when(F.col("kind") == wire.KIND_RESULT, F.lit(s.sink_topic)).otherwise(F.lit(s.dlq_topic))
                        .alias("topic"), F.col("key").cast("binary").alias("key"), "value")
     query = (frame.writeStream.format("kafka").option("kafka.bootstrap.servers", s.bootstrap_servers)
              .option("checkpointLocation", s.checkpoint).outputMode("append")

@@ -33,6 +33,7 @@ from onceflow.kafka import events as ev, topics
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import airflow_local, broker, chaos, generator
 from onceflow_dev.webhook_receiver import Receiver
+from onceflow import wire
 
 log = logging.getLogger("onceflow_dev.soak")
 
@@ -211,7 +212,7 @@ def judge(s, spec: SoakSpec, runs: dict[str, list[dict]], faults: list[Fault], s
         and exact["dlq_complete"] and exact["invariants_ok"]
     return {"ok": ok, "seconds": spec.seconds, "rate": spec.rate, "seed": spec.seed, "faults": counts,
             "fault_log": [f.__dict__ for f in faults], "dag_runs": dag_report, "unexplained_failures": unexplained,
-            "chain": chain, "exact": exact, "restarts": len(chaos._events(s, ev.SUPERVISOR_RESTART))}
+            "chain": chain, "exact": exact, "restarts": len(chaos._events(s, wire.SUPERVISOR_RESTART))}
 
 
 def _alert_counts(receiver: Receiver) -> dict[str, int]:

@@ -8,9 +8,11 @@ from datetime import timedelta
 import pytest
 from confluent_kafka import Producer
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import events as ev
 from onceflow.kafka import clients as kafka_clients
 from onceflow.runtime import jobctl, procs
+from onceflow import wire
 from tests.integration.helpers import (assert_exact, copy_topic, end_offsets, events, produce, wait_drained,
                                       wait_event)
 
@@ -74,7 +76,7 @@ def test_transaction_timeout_gives_exactly_one_alert_and_its_resolution(dagbag, 
     s = airflow_app(transaction_timeout_ms=6000, fault="stall_in_txn@1:12", max_offsets_per_trigger=5000)
     sent = produce(s, tmp_path / "m.csv", count=15_000, event_rate=2000, seed=13, tail_s=30)
     jobctl.start(s)
-    wait_event(s, ev.TRANSACTION_TIMEOUT, timeout=180)
+    wait_event(s, wire.TRANSACTION_TIMEOUT, timeout=180)
     wait_drained(s, sent)
     assert _run(dagbag, "ip_count_txn_watch")[0] == "success"
     assert _run(dagbag, "ip_count_txn_watch")[0] == "success"  # the same event is not alerted twice
@@ -112,7 +114,7 @@ def test_hanging_transaction_is_detected_with_its_age(dagbag, airflow_app, webho
     rogue.abort_transaction(30)
     assert _run(dagbag, "ip_count_txn_watch")[0] == "success"
     assert [x["status"] for x in webhook.alerts("txn_watch:hanging:")] == ["firing", "resolved"]
-    assert not events(s, ev.TRANSACTION_TIMEOUT)
+    assert not events(s, wire.TRANSACTION_TIMEOUT)
 
 
 @pytest.mark.integration
@@ -177,7 +179,7 @@ def test_reconciliation_and_backfill_dags_submit_spark_jobs(dagbag, airflow_app,
     last = audit.ledger_entries(s)[-1].batch
     state, tis = _run(dagbag, "ip_count_reconciliation", first_batch=0, last_batch=last)
     assert state == "success", tis
-    recorded = json.loads(audit.read_topic(s, s.reconciliation_topic)[-1].value)
+    recorded = json.loads(kafka_reading.read_topic(s, s.reconciliation_topic)[-1].value)
     assert recorded["ok"] and (recorded["first_batch"], recorded["last_batch"]) == (0, last)
     assert {c["name"] for c in recorded["checks"]} == {"I1_coverage", "I2_accounting", "I3_results", "I2_dlq",
                                                        "I4_visibility", "gx_suite"}
@@ -200,5 +202,5 @@ def test_reconciliation_and_backfill_dags_submit_spark_jobs(dagbag, airflow_app,
     state, tis = _run(dagbag, "ip_count_backfill", backfill_id="dag-1", start_offsets={str(p): 0 for p in ends},
                       end_offsets={str(p): e for p, e in ends.items()}, chunk_size=300)
     assert state == "success", tis
-    out = audit.read_topic(s, s.backfill_topic)
+    out = kafka_reading.read_topic(s, s.backfill_topic)
     assert out and len({m.key for m in out}) == len(out)

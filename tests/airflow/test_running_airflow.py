@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow import config
 from onceflow.apps import audit, recon_chain, savepoints
 from onceflow.kafka import topics
@@ -107,7 +108,7 @@ def test_scheduled_runs_do_their_work(platform):
     taken = [m for m in savepoints.list_all(s) if m.complete]
     assert taken and savepoints.verify(s, taken[-1].id).ok
     # health: its record, with the lag per partition, is on the health topic
-    health = [json.loads(m.value) for m in audit.read_topic(s, s.health_topic)]
+    health = [json.loads(m.value) for m in kafka_reading.read_topic(s, s.health_topic)]
     assert health and set(health[-1]["partitions"]) == {"0", "1", "2", "3"}, health[-1:]
     # the transaction held past its timeout: one alert from the scheduled watch, and its resolution once the job
     # committed that batch again
@@ -161,12 +162,12 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
         "backfill_id": "e2e-bad", "end_offsets": {p: 0 for p in ends}, "start_offsets": ends}))
     assert run["state"] == "failed"
     assert api.task_instances("ip_count_backfill", run["dag_run_id"])["validate"] == "failed"
-    assert not audit.read_topic(s, s.backfill_topic)
+    assert not kafka_reading.read_topic(s, s.backfill_topic)
     # a good one writes every window of the range once
     run = _wait(api, "ip_count_backfill", api.trigger("ip_count_backfill", form, note="e2e backfill"))
     assert run["state"] == "success", api.task_instances("ip_count_backfill", run["dag_run_id"])
     report = api.xcom("ip_count_backfill", run["dag_run_id"], "run")
-    out = audit.read_topic(s, s.backfill_topic)
+    out = kafka_reading.read_topic(s, s.backfill_topic)
     assert report["written_records"] == report["windows"] == len(out) == len({m.key for m in out}) > 0
 
     # reconciliation by range, beside the chain
@@ -198,7 +199,7 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
 def kafka_watermarks(s):
     from onceflow.kafka import clients as kafka_clients
 
-    return kafka_clients.watermarks(s, s.source_topic)
+    return kafka_reading.watermarks(s, s.source_topic)
 
 
 def test_the_live_audit_agrees_with_a_running_job(platform):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import NewTopic
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.apps import audit
 from onceflow.kafka import clients as kafka_clients
 from onceflow.rules import invariants, records
@@ -77,9 +78,9 @@ def assert_exact(s: Settings, sent: list[generator.Sent]) -> invariants.Report:
 
     entries = audit.ledger_entries(s)
     committed = audit.committed_offsets(s, end_offsets(sent))
-    sink_msgs = audit.read_topic(s, s.sink_topic)
+    sink_msgs = kafka_reading.read_topic(s, s.sink_topic)
     sink = [invariants.SinkRecord(m.key.decode(), m.value, m.partition, m.offset) for m in sink_msgs]
-    dlq = audit.dlq_provenance(audit.read_topic(s, s.dlq_topic))
+    dlq = audit.dlq_provenance(kafka_reading.read_topic(s, s.dlq_topic))
     rep = invariants.check(entries, committed, truth(sent), sink, dlq, s.window_s,
                            starting={p: 0 for p in end_offsets(sent)})
     assert rep.ok, json.dumps(rep.summary(), indent=1, default=str)
@@ -89,14 +90,14 @@ def assert_exact(s: Settings, sent: list[generator.Sent]) -> invariants.Report:
     assert rep.malformed == sum(1 for r in sent if r.kind == KIND_MALFORMED) == rep.ledger_dlq
     assert sum(json.loads(m.value)["count"] for m in sink_msgs) == rep.counted
     # I4: read_uncommitted sees at least as much; whatever it sees beyond read_committed is aborted data.
-    uncommitted = audit.read_topic(s, s.sink_topic, isolation="read_uncommitted")
+    uncommitted = kafka_reading.read_topic(s, s.sink_topic, isolation="read_uncommitted")
     assert len(uncommitted) >= len(sink_msgs)
     assert not Counter(m.key for m in sink_msgs) - Counter(m.key for m in uncommitted)
     return rep
 
 
 def events(s: Settings, type_: str | None = None) -> list[dict]:
-    out = [json.loads(m.value) for m in audit.read_topic(s, s.events_topic)]
+    out = [json.loads(m.value) for m in kafka_reading.read_topic(s, s.events_topic)]
     return [e for e in out if type_ is None or e["type"] == type_]
 
 
@@ -121,7 +122,7 @@ def copy_topic(s, src: str, dst: str, keep=lambda m: True, change=lambda m: m, e
     parts = len(admin.list_topics(src, timeout=10).topics[src].partitions)
     admin.create_topics([NewTopic(dst, num_partitions=parts, replication_factor=1)])[dst].result(30)
     p = kafka_clients.idempotent_producer(s)
-    for m in list(audit.read_topic(s, src)) + list(extra):
+    for m in list(kafka_reading.read_topic(s, src)) + list(extra):
         if keep(m):
             m = change(m)
             p.produce(dst, key=m.key, value=m.value, partition=m.partition, timestamp=m.timestamp_ms,

@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.apps import audit, backfill
 from onceflow.rules import records
 from onceflow.runtime import launcher, procs
@@ -16,6 +17,7 @@ from onceflow.rules.backfill import BackfillError
 from onceflow_dev.generator import KIND_MALFORMED
 
 from .helpers import end_offsets, produce
+from onceflow import wire
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +29,7 @@ def expected_windows(s, sent) -> dict[str, int]:
 
 
 def written(s, topic, isolation="read_committed"):
-    return audit.read_topic(s, topic, isolation=isolation)
+    return kafka_reading.read_topic(s, topic, isolation=isolation)
 
 
 def backfill_ledger(s):
@@ -95,7 +97,7 @@ def test_backfill_validates_resumes_after_kill9_and_writes_each_window_once(app,
     assert {m.key.decode(): json.loads(m.value)["count"] for m in out} == want
     assert sorted(e.batch for e in backfill_ledger(s)) == list(range(dry["chunks"]))
     assert {e.backfill_id for e in backfill_ledger(s)} == {"bf1"}
-    assert all(m.headers["onceflow.backfill"] == b"bf1" for m in out)
+    assert all(m.headers[wire.H_BACKFILL] == b"bf1" for m in out)
     # the same id with other parameters is a different backfill: refused
     with pytest.raises(BackfillError, match="other parameters"):
         backfill.validate(s, spec(chunk_size=300))

@@ -4,10 +4,12 @@ import time
 
 import pytest
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.apps import audit
 from onceflow.control import deploy
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
+from onceflow import wire
 
 pytestmark = pytest.mark.integration
 
@@ -16,7 +18,7 @@ def test_preflight_refuses_when_another_driver_committed_recently(app):
     s = app()
     assert deploy.preflight_checks(s)["checkpoint"] == s.checkpoint
     p = kafka_clients.idempotent_producer(s)
-    other = {"type": ev.BATCH_COMMITTED, "app": s.app_id, "ts_ms": int(time.time() * 1000), "host": "elsewhere",
+    other = {"type": wire.BATCH_COMMITTED, "app": s.app_id, "ts_ms": int(time.time() * 1000), "host": "elsewhere",
              "pid": 4242, "batch": 17}
     p.produce(s.events_topic, key=s.app_id.encode(), value=json.dumps(other).encode())
     p.flush(10)
@@ -31,8 +33,8 @@ def test_preflight_refuses_when_another_driver_committed_recently(app):
     p.produce(old.events_topic, key=old.app_id.encode(), value=json.dumps(
         other | {"app": old.app_id, "ts_ms": int(time.time() * 1000) - 600_000}).encode())
     p.flush(10)
-    assert len(audit.read_topic(old, old.events_topic, since_ms=int(time.time() * 1000) - 60_000)) == 1
-    assert deploy.live_elsewhere(old) is None
+    assert len(kafka_reading.read_topic(old, old.events_topic, since_ms=int(time.time() * 1000) - 60_000)) == 1
+    assert jobctl.live_elsewhere(old) is None
 
 
 def test_two_concurrent_starts_launch_one_driver(app):

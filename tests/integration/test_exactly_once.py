@@ -7,14 +7,16 @@ import time
 
 import pytest
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import events as ev
 from onceflow.runtime import jobctl, launcher, supervisor
-from onceflow.protocol.exactly_once import (ExactlyOnceSink, OutRecord, KIND_RESULT, TransactionConfigError,
+from onceflow.protocol.exactly_once import (ExactlyOnceSink, OutRecord, TransactionConfigError,
     ZombieFenced)
 from onceflow.faults import Injector
 from onceflow.rules.ledger import BatchPlan, Decision
 
 from .helpers import assert_exact, audit, events, now_ms, produce, wait_drained, wait_event, wait_job_exit
+from onceflow import wire
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +34,7 @@ def test_happy_path_100k_records_exact(app, tmp_path):
     assert st["progress"]["watermark"] and st["transactional_id"] == f"onceflow.{s.app_id}"
     # every backlog batch spans windows: each is followed at once by the batch that emits them (onceflow.pacing)
     assert st["close_out_batches"] >= 3, st
-    committed = events(s, ev.BATCH_COMMITTED)
+    committed = events(s, wire.BATCH_COMMITTED)
     assert {e["batch"] for e in committed} >= {0, 1, 2, 3}
     # each transaction was measured: positive, below the timeout, and the ledger's figure is taken inside it
     ledger_ms = {e.batch: e.txn_ms for e in audit.ledger_entries(s)}
@@ -70,10 +72,10 @@ def test_crash_at_every_protocol_point_and_random_kill9(app, tmp_path):
     sent = produced["sent"]
     wait_drained(s, sent, timeout=420)
     assert_exact(s, sent)
-    fired = {e["fault"] for e in events(s, ev.FAULT_INJECTED)}
+    fired = {e["fault"] for e in events(s, wire.FAULT_INJECTED)}
     assert fired == set(faults.split(","))
-    assert len(events(s, ev.SUPERVISOR_RESTART)) >= 9
-    skipped = {e["batch"] for e in events(s, ev.BATCH_REPLAY_SKIPPED)}
+    assert len(events(s, wire.SUPERVISOR_RESTART)) >= 9
+    skipped = {e["batch"] for e in events(s, wire.BATCH_REPLAY_SKIPPED)}
     assert {6, 9} <= skipped, "a crash or an error after the commit must lead to a skipped replay"
 
 
@@ -82,7 +84,7 @@ def _plan(s, batch, start, end):
 
 
 def _rows(batch, n):
-    return [OutRecord(KIND_RESULT, f"k{batch}-{i}", b'{"x":1}') for i in range(n)]
+    return [OutRecord(wire.KIND_RESULT, f"k{batch}-{i}", b'{"x":1}') for i in range(n)]
 
 
 def test_zombie_is_fenced_and_its_transaction_never_visible(app, tmp_path):
@@ -107,8 +109,8 @@ def test_zombie_is_fenced_and_its_transaction_never_visible(app, tmp_path):
     tps = [TopicPartition(s.sink_topic, p) for p in range(s.sink_partitions)]
 
     def open_txn():  # the zombie's records are in the log, behind its open (stalled) transaction
-        return kafka_clients.latest_offsets(admin, tps, read_committed=False) != \
-            kafka_clients.latest_offsets(admin, tps, read_committed=True)
+        return kafka_reading.latest_offsets(admin, tps, read_committed=False) != \
+            kafka_reading.latest_offsets(admin, tps, read_committed=True)
 
     procs.wait_until(open_txn, 30, what="the zombie's transaction to be open")
     newer = ExactlyOnceSink(s, bus)  # same transactional.id: fences the zombie, aborts its transaction
@@ -117,10 +119,10 @@ def test_zombie_is_fenced_and_its_transaction_never_visible(app, tmp_path):
     out = newer.write_batch(_plan(s, 0, 0, 10), _rows(0, 10))
     assert out.decision is Decision.WRITE
     assert newer.write_batch(_plan(s, 0, 0, 10), _rows(0, 10)).decision is Decision.SKIP  # replayed: no write
-    keys = [m.key for m in audit.read_topic(s, s.sink_topic)]
+    keys = [m.key for m in kafka_reading.read_topic(s, s.sink_topic)]
     assert sorted(keys) == sorted(f"k0-{i}".encode() for i in range(10))
-    assert len(audit.read_topic(s, s.sink_topic, isolation="read_uncommitted")) == 20  # the zombie's, aborted
-    assert events(s, ev.FENCED)
+    assert len(kafka_reading.read_topic(s, s.sink_topic, isolation="read_uncommitted")) == 20  # the zombie's, aborted
+    assert events(s, wire.FENCED)
     newer.close()
     zombie.close()
     bus.close()
@@ -143,9 +145,9 @@ def test_running_job_fenced_by_newer_instance_stops_without_restart(app, tmp_pat
     newer = ExactlyOnceSink(s, ev.EventBus(s))
     more = produce(s, tmp_path / "b.csv", count=2000, event_rate=1000, seed=4, start_ms=1_795_000_010_000,
                    tail_s=30)
-    wait_event(s, ev.FENCED)
+    wait_event(s, wire.FENCED)
     wait_job_exit(s)
-    gave_up = events(s, ev.SUPERVISOR_GAVE_UP)
+    gave_up = events(s, wire.SUPERVISOR_GAVE_UP)
     assert gave_up and gave_up[-1]["exit_code"] == 3
     # The health check pages and leaves it alone: a restart would fence the newer instance back.
     from onceflow.control import alerts, health
@@ -167,16 +169,16 @@ def test_transaction_timeout_is_aborted_reported_and_replayed(app, tmp_path):
     s = app(transaction_timeout_ms=6000, fault="stall_in_txn@1:12", max_offsets_per_trigger=5000)
     sent = produce(s, tmp_path / "m.csv", count=20_000, event_rate=2000, seed=6, tail_s=30)
     jobctl.start(s)
-    timeouts = wait_event(s, ev.TRANSACTION_TIMEOUT, timeout=180)
+    timeouts = wait_event(s, wire.TRANSACTION_TIMEOUT, timeout=180)
     wait_drained(s, sent)
     assert_exact(s, sent)
-    assert len(events(s, ev.TRANSACTION_TIMEOUT)) == 1
+    assert len(events(s, wire.TRANSACTION_TIMEOUT)) == 1
     t = timeouts[0]
     assert t["timeout_ms"] == 6000 and t["elapsed_ms"] >= 6000 and t["transactional_id"] == s.transactional_id
     assert "ONCEFLOW_TRANSACTION_TIMEOUT_MS" in t["action"]
-    warned = [e for e in events(s, ev.TRANSACTION_NEAR_TIMEOUT) if not e["committed"]]
+    warned = [e for e in events(s, wire.TRANSACTION_NEAR_TIMEOUT) if not e["committed"]]
     assert warned and warned[0]["batch"] == 1 and warned[0]["txn_ms"] >= 0.8 * 6000 - 100
-    assert events(s, ev.SUPERVISOR_RESTART)
+    assert events(s, wire.SUPERVISOR_RESTART)
 
 
 def test_bad_configuration_fails_at_start_with_a_clear_message(app, kafka):

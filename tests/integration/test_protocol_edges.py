@@ -10,17 +10,19 @@ import time
 import pytest
 from confluent_kafka import Producer
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.apps import audit, quarantine
 from onceflow.control import alerts, health
 from onceflow.kafka import events as ev, clients as kafka_clients
 from onceflow.rules import records
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import broker
-from onceflow.protocol.exactly_once import ExactlyOnceSink, KIND_RESULT, OutRecord
+from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
 from onceflow_dev.generator import KIND_MALFORMED, KIND_OK, Sent
 from onceflow.rules.ledger import BatchPlan, Decision
 
 from .helpers import assert_exact, end_offsets, events, produce, wait_drained, wait_event
+from onceflow import wire
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +42,7 @@ def test_a_clock_a_year_ahead_is_quarantined_and_everything_late_is_reported(app
     assert rep.late < 0.05 * len(sent)
     honest_max_ms = max(r.ts_us for r in sent if r.ts_us is not None) // 1000
     assert max(e.watermark_ms for e in audit.ledger_entries(s)) <= honest_max_ms
-    reasons = [m.headers["onceflow.reason"] for m in audit.read_topic(s, s.dlq_topic)]
+    reasons = [m.headers[wire.H_REASON] for m in kafka_reading.read_topic(s, s.dlq_topic)]
     assert reasons.count(records.REASON_TS_AHEAD.encode()) == len(ahead)
 
     # A producer whose clock is 10 minutes behind: everything it sends is late. Health says so, and so does I2.
@@ -89,7 +91,7 @@ def test_oversized_and_poison_records_never_stop_the_job(app, tmp_path):
               for (_, off), canonical in zip(got["spelled"], spellings.values())]
     poisoned = s.replace(fault=f"undeliverable@2:{poison_off}")
     jobctl.start(poisoned)
-    gave_up = wait_event(s, ev.SUPERVISOR_GAVE_UP, timeout=240)
+    gave_up = wait_event(s, wire.SUPERVISOR_GAVE_UP, timeout=240)
     assert gave_up[-1]["reason"] == "restart attempts exhausted"
     committed = audit.committed_offsets(s, [2]).get(2, 0)
     assert committed <= poison_off  # the batch holding the poison record never committed
@@ -105,19 +107,19 @@ def test_oversized_and_poison_records_never_stop_the_job(app, tmp_path):
     sent = first + extra + second
     wait_drained(s, sent)
     assert_exact(s, sent)
-    dlq = {(int(m.headers["onceflow.source.partition"]), int(m.headers["onceflow.source.offset"])): m
-           for m in audit.read_topic(s, s.dlq_topic)}
+    dlq = {(int(m.headers[wire.H_SOURCE_PARTITION]), int(m.headers[wire.H_SOURCE_OFFSET])): m
+           for m in kafka_reading.read_topic(s, s.dlq_topic)}
     capped = dlq[(1, big_off)]
-    assert len(capped.value) == s.dlq_max_value_bytes and capped.headers["onceflow.truncated"] == b"true"
-    assert int(capped.headers["onceflow.original.size"]) == len(big)
+    assert len(capped.value) == s.dlq_max_value_bytes and capped.headers[wire.H_TRUNCATED] == b"true"
+    assert int(capped.headers[wire.H_ORIGINAL_SIZE]) == len(big)
     import hashlib
 
-    assert capped.headers["onceflow.original.sha256"].decode() == hashlib.sha256(big).hexdigest()
-    keys = {json.loads(m.value)["ip"] for m in audit.read_topic(s, s.sink_topic)}
+    assert capped.headers[wire.H_ORIGINAL_SHA256].decode() == hashlib.sha256(big).hexdigest()
+    keys = {json.loads(m.value)["ip"] for m in kafka_reading.read_topic(s, s.sink_topic)}
     assert {"2001:db8::1", "::ffff:1.2.3.4"} <= keys and not keys & {"2001:DB8::1", "2001:db8:0:0::1", "::FFFF:1.2.3.4"}
     held = dlq[(2, poison_off)]
-    assert held.value is None and held.headers["onceflow.reason"] == records.REASON_QUARANTINED.encode()
-    assert held.headers["onceflow.original.sha256"].decode() == hashlib.sha256(poison_value).hexdigest()
+    assert held.value is None and held.headers[wire.H_REASON] == records.REASON_QUARANTINED.encode()
+    assert held.headers[wire.H_ORIGINAL_SHA256].decode() == hashlib.sha256(poison_value).hexdigest()
     assert jobctl.stop(s)
 
 
@@ -127,7 +129,7 @@ def test_lost_group_offsets_do_not_turn_a_replay_into_a_second_write(app, tmp_pa
     s = app(max_offsets_per_trigger=2000, fault="crash_after_commit@2", restart_attempts=0)
     sent = produce(s, tmp_path / "a.csv", count=10_000, event_rate=2000, distinct_ips=300, seed=85, tail_s=30)
     jobctl.start(s)
-    wait_event(s, ev.SUPERVISOR_GAVE_UP, timeout=240)
+    wait_event(s, wire.SUPERVISOR_GAVE_UP, timeout=240)
     assert audit.committed_position(s, end_offsets(sent)).batch == 2
     admin = kafka_clients.admin(s)
     admin.delete_consumer_groups([s.group_id], request_timeout=30)[s.group_id].result(30)
@@ -135,9 +137,9 @@ def test_lost_group_offsets_do_not_turn_a_replay_into_a_second_write(app, tmp_pa
     jobctl.start(s)
     wait_drained(s, sent)
     assert_exact(s, sent)
-    lost = events(s, ev.GROUP_OFFSETS_LOST)
+    lost = events(s, wire.GROUP_OFFSETS_LOST)
     assert lost and lost[0]["ledger_batch"] == 2
-    assert [e["batch"] for e in events(s, ev.BATCH_REPLAY_SKIPPED)] == [2]
+    assert [e["batch"] for e in events(s, wire.BATCH_REPLAY_SKIPPED)] == [2]
     assert jobctl.stop(s)
 
 
@@ -146,7 +148,7 @@ def _plan(s, batch, start, end):
 
 
 def _rows(batch, n):
-    return [OutRecord(KIND_RESULT, f"k{batch}-{i}", b'{"x":1}') for i in range(n)]
+    return [OutRecord(wire.KIND_RESULT, f"k{batch}-{i}", b'{"x":1}') for i in range(n)]
 
 
 def test_a_ledger_record_behind_another_producers_open_transaction_is_waited_for(app):
@@ -162,7 +164,7 @@ def test_a_ledger_record_behind_another_producers_open_transaction_is_waited_for
     other.init_transactions(30)
     other.begin_transaction()
     other.produce(s.ledger_topic, key=b"other", value=b"{}",
-                  headers=[("onceflow.app", s.app_id.encode()), ("onceflow.backfill", b"x")])
+                  headers=[(wire.H_APP, s.app_id.encode()), (wire.H_BACKFILL, b"x")])
     assert other.flush(10) == 0
     assert first.write_batch(_plan(s, 1, 10, 20), _rows(1, 10)).decision is Decision.WRITE
     first.close()
@@ -185,7 +187,7 @@ def test_a_ledger_record_behind_another_producers_open_transaction_is_waited_for
     assert time.time() - opened > 6  # it waited for the record instead of deciding without it
     [hang] = found["hanging"]
     assert hang.details["topic"] == s.ledger_topic and f"backfill x of app {s.app_id}" in hang.summary
-    assert not events(s, ev.DIVERGENT_HISTORY)
+    assert not events(s, wire.DIVERGENT_HISTORY)
     replay.close()
     bus.close()
 
@@ -227,12 +229,12 @@ def test_a_commit_that_times_out_is_settled_before_anything_else_is_written(app,
         os.kill(pid, signal.SIGCONT)
     assert "at" in froze
     assert sink.writer.producer is not old  # never used again after its commit timed out
-    unknown = events(s, ev.TRANSACTION_OUTCOME_UNKNOWN)
+    unknown = events(s, wire.TRANSACTION_OUTCOME_UNKNOWN)
     assert len(unknown) == 1 and unknown[0]["batch"] == 0
     assert len(events(s, "producer_replaced")) == 1
     assert out.decision in (Decision.WRITE, Decision.SKIP)
     assert sink.write_batch(_plan(s, 1, 10, 20), _rows(1, 10)).decision is Decision.WRITE
-    keys = sorted(m.key for m in audit.read_topic(s, s.sink_topic))
+    keys = sorted(m.key for m in kafka_reading.read_topic(s, s.sink_topic))
     assert keys == sorted(f"k{b}-{i}".encode() for b in (0, 1) for i in range(10))
     assert [e.batch for e in audit.ledger_entries(s)] == [0, 1]
     sink.close()

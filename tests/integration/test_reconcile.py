@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.apps import audit, reconcile
 from onceflow.control import reconciliation
 from onceflow.runtime import jobctl
@@ -13,6 +14,7 @@ from onceflow.rules.reconciliation import FAIL, PASS
 from onceflow_dev.generator import KIND_TAIL
 
 from .helpers import copy_topic, produce, wait_drained
+from onceflow import wire
 
 pytestmark = pytest.mark.integration
 
@@ -61,13 +63,13 @@ def test_a_clean_history_reconciles_green_in_chained_runs_and_in_one(history, sp
     assert first.check("gx_suite").figures["expectations"] == 9 and first.data_docs.endswith("index.html")
     # the result is recorded where the console can read it
     out = reconciliation.record(s, whole)
-    assert out["ok"] and json.loads(audit.read_topic(s, s.reconciliation_topic)[-1].value)["run_id"] == whole.run_id
+    assert out["ok"] and json.loads(kafka_reading.read_topic(s, s.reconciliation_topic)[-1].value)["run_id"] == whole.run_id
 
 
 def test_a_duplicate_key_written_outside_any_transaction_is_caught(history, spark):
     s, _ = history
-    victim = audit.read_topic(s, s.sink_topic)[7]
-    injected = audit.Msg(victim.partition, -1, victim.key, victim.value, {}, victim.timestamp_ms)
+    victim = kafka_reading.read_topic(s, s.sink_topic)[7]
+    injected = kafka_reading.Msg(victim.partition, -1, victim.key, victim.value, {}, victim.timestamp_ms)
     copy_topic(s, s.sink_topic, s.sink_topic + ".dup", extra=[injected])
     res = reconcile.run(spark, s.replace(sink_topic=s.sink_topic + ".dup"))
     i3 = res.check("I3_results")
@@ -92,13 +94,13 @@ def test_a_removed_ledger_record_is_a_gap_with_exact_offsets(history, spark):
 
 def test_a_sink_record_rewritten_with_another_value_is_a_wrong_count(history, spark):
     s, _ = history
-    victim = audit.read_topic(s, s.sink_topic)[3]
+    victim = kafka_reading.read_topic(s, s.sink_topic)[3]
     v = json.loads(victim.value)
 
     def change(m):
         if (m.partition, m.offset) != (victim.partition, victim.offset):
             return m
-        return audit.Msg(m.partition, m.offset, m.key, json.dumps(v | {"count": v["count"] + 1}).encode(),
+        return kafka_reading.Msg(m.partition, m.offset, m.key, json.dumps(v | {"count": v["count"] + 1}).encode(),
                          m.headers, m.timestamp_ms)
 
     copy_topic(s, s.sink_topic, s.sink_topic + ".wrong", change=change)
@@ -111,11 +113,11 @@ def test_a_sink_record_rewritten_with_another_value_is_a_wrong_count(history, sp
 
 def test_a_missing_dlq_record_is_named(history, spark):
     s, _ = history
-    victim = audit.read_topic(s, s.dlq_topic)[5]
+    victim = kafka_reading.read_topic(s, s.dlq_topic)[5]
     copy_topic(s, s.dlq_topic, s.dlq_topic + ".less", keep=lambda m: m.offset != victim.offset)
     res = reconcile.run(spark, s.replace(dlq_topic=s.dlq_topic + ".less"), with_gx=False)
     dlq = res.check("I2_dlq")
-    where = (int(victim.headers["onceflow.source.partition"]), int(victim.headers["onceflow.source.offset"]))
+    where = (int(victim.headers[wire.H_SOURCE_PARTITION]), int(victim.headers[wire.H_SOURCE_OFFSET]))
     assert dlq.status == FAIL
     assert [(d["partition"], d["offset"]) for d in dlq.differences if d["kind"] == "dlq_missing"] == [where]
     assert res.check("I2_accounting").status == FAIL  # one record unaccounted for
@@ -179,8 +181,8 @@ def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(his
     assert audit.committed_offsets(s.replace(app_id=s.app_id + ".reconciliation"), entries[2].end) == \
         {p: o for p, o in entries[2].end.items()}
     # a run that fails (a duplicate slipped into the sink) is recorded but does not move the chain
-    victim = audit.read_topic(s, s.sink_topic)[-3]
-    injected = audit.Msg(victim.partition, -1, victim.key, victim.value, {}, victim.timestamp_ms)
+    victim = kafka_reading.read_topic(s, s.sink_topic)[-3]
+    injected = kafka_reading.Msg(victim.partition, -1, victim.key, victim.value, {}, victim.timestamp_ms)
     copy_topic(s, s.sink_topic, s.sink_topic + ".chaindup", extra=[injected])
     broken = s.replace(sink_topic=s.sink_topic + ".chaindup")
     failed = reconcile.run_chain(spark, broken, with_gx=False)
@@ -204,7 +206,7 @@ def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(his
     assert covered == [e.batch for e in entries], spans  # every batch once, in order, no gap
     st = recon_chain.status(s, entries[-1].batch)
     assert st["proven_through"] == entries[-1].batch and st["pending"] == [] and st["failed"] == []
-    recorded = [json.loads(m.value) for m in audit.read_topic(s, s.reconciliation_topic)]
+    recorded = [json.loads(m.value) for m in kafka_reading.read_topic(s, s.reconciliation_topic)]
     assert [r["mode"] for r in recorded] == ["chain"] * len(recorded) and recorded[-1]["verdict"] == "nothing new"
     # a manual range far behind the chain (its carry-in is older than the chain's newest three): beside the chain
     manual = reconcile.run(spark, s, first=entries[1].batch, last=entries[2].batch, with_gx=False)

@@ -13,6 +13,7 @@ from onceflow.runtime import jobctl, procs
 from onceflow.rules.savepoints import DATA_DIR, MANIFEST, SavepointError
 
 from .helpers import assert_exact, audit, events, produce, wait_drained
+from onceflow import wire
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +62,7 @@ def test_savepoint_under_load_then_kill9_and_restore_latest_is_exact(app, tmp_pa
     wait_drained(s, fed["sent"])
     assert_exact(s, fed["sent"])
 
-    skipped = [e for e in events(s, ev.BATCH_REPLAY_SKIPPED) if e.get("decision") == "catch_up"]
+    skipped = [e for e in events(s, wire.BATCH_REPLAY_SKIPPED) if e.get("decision") == "catch_up"]
     assert [(e["batch"], e["spark_batch"], e["catch_up_from"]) for e in skipped][:1] == \
         [(sink_batch, m.spark_batch + 1, m.ledger_batch + 1)]
     [rec] = audit.restore_records(s)
@@ -96,7 +97,7 @@ def test_stop_with_savepoint_upgrade_continues_exact_and_damaged_savepoints_are_
     # Stopped at a batch boundary: the savepoint is exactly where the sink stood.
     assert m.group_offsets == m.end_offsets and json.loads(m.group_metadata[0])["batch"] == m.ledger_batch
     assert jobctl.status(s2)["running"]
-    started = [e for e in events(s2, ev.JOB_STARTED)]
+    started = [e for e in events(s2, wire.JOB_STARTED)]
     assert len(started) == 2
     second = produce(s2, tmp_path / "b.csv", count=10_000, event_rate=2000, distinct_ips=500, seed=33,
                      start_ms=1_795_000_015_000, tail_s=30)

@@ -4,6 +4,7 @@ from onceflow.control import alerts, health, txnwatch
 from onceflow.rules import lag
 from onceflow.kafka import events as ev
 from onceflow.rules.lag import Sample
+from onceflow import wire
 
 
 def samples(pairs, t0=0, step=60_000, commit_ts=None):
@@ -76,15 +77,15 @@ def test_hanging_transactions_are_those_older_than_the_timeout():
 
 def test_timeout_event_absorbs_its_near_timeout_warning():
     base = {"app": "a", "host": "h", "pid": 1, "transactional_id": "onceflow.a", "timeout_ms": 6000}
-    evs = [dict(base, type=ev.TRANSACTION_NEAR_TIMEOUT, batch=3, txn_ms=4900, committed=False),
-           dict(base, type=ev.TRANSACTION_TIMEOUT, batch=3, elapsed_ms=6100, action="raise it"),
-           dict(base, type=ev.TRANSACTION_NEAR_TIMEOUT, batch=5, txn_ms=5000, committed=True)]
+    evs = [dict(base, type=wire.TRANSACTION_NEAR_TIMEOUT, batch=3, txn_ms=4900, committed=False),
+           dict(base, type=wire.TRANSACTION_TIMEOUT, batch=3, elapsed_ms=6100, action="raise it"),
+           dict(base, type=wire.TRANSACTION_NEAR_TIMEOUT, batch=5, txn_ms=5000, committed=True)]
     out = txnwatch.event_conditions(evs)
     assert [c.key.split(":")[2] for c in out] == ["timeout", "near_timeout"]
     assert not out[0].one_off and out[1].one_off and out[0].severity == alerts.CRITICAL
     # the timeout stays open until the job commits that batch (or a later one) after it
     timeout = dict(evs[1], ts_ms=5_000)
-    commit = dict(base, type=ev.BATCH_COMMITTED)
+    commit = dict(base, type=wire.BATCH_COMMITTED)
     assert not txnwatch.replayed(timeout, [dict(commit, batch=3, ts_ms=4_000)])   # before the timeout
     assert not txnwatch.replayed(timeout, [dict(commit, batch=2, ts_ms=6_000)])   # an earlier batch
     assert txnwatch.replayed(timeout, [dict(commit, batch=3, ts_ms=6_000)])
@@ -107,11 +108,11 @@ def test_a_timeout_and_its_replay_between_two_watch_runs_give_one_alert_and_its_
             self.record += found
             return list(found)
 
-    runs = [[dict(base, type=ev.TRANSACTION_TIMEOUT, batch=3, elapsed_ms=6100, ts_ms=5_000)],
-            [dict(base, type=ev.BATCH_COMMITTED, batch=2, ts_ms=6_000)],
-            [dict(base, type=ev.BATCH_COMMITTED, batch=3, ts_ms=7_000)],
-            [dict(base, type=ev.TRANSACTION_TIMEOUT, batch=9, elapsed_ms=6100, ts_ms=8_000, pid=2),
-             dict(base, type=ev.BATCH_COMMITTED, batch=9, ts_ms=9_000, pid=3)],
+    runs = [[dict(base, type=wire.TRANSACTION_TIMEOUT, batch=3, elapsed_ms=6100, ts_ms=5_000)],
+            [dict(base, type=wire.BATCH_COMMITTED, batch=2, ts_ms=6_000)],
+            [dict(base, type=wire.BATCH_COMMITTED, batch=3, ts_ms=7_000)],
+            [dict(base, type=wire.TRANSACTION_TIMEOUT, batch=9, elapsed_ms=6100, ts_ms=8_000, pid=2),
+             dict(base, type=wire.BATCH_COMMITTED, batch=9, ts_ms=9_000, pid=3)],
             []]
     monkeypatch.setattr(txnwatch, "open_transactions", lambda settings, topics: [])
     sink = Sink()

@@ -3,6 +3,7 @@ import pytest
 
 from onceflow.rules.ledger import (BatchPlan, Committed, Decision, DivergentHistory, LedgerEntry,
     batch_from_metadata, check_coverage, decide, offset_metadata)
+from onceflow import wire
 
 
 def plan(n, start, end):
@@ -11,8 +12,8 @@ def plan(n, start, end):
 
 def entry(n, start, end, topic="src"):
     p = plan(n, start, end)
-    return LedgerEntry.for_plan("app", p, 0, 0, 1.0, 0, "onceflow.app") if topic == "src" else \
-        LedgerEntry("app", n, topic, p.ranges, 0, 0, 0, 0, 1.0, 0, "onceflow.app")
+    return LedgerEntry.for_plan("app", p, 0, 0, 1.0, 0, wire.H_APP) if topic == "src" else \
+        LedgerEntry("app", n, topic, p.ranges, 0, 0, 0, 0, 1.0, 0, wire.H_APP)
 
 
 def committed(batch, offsets):

@@ -8,10 +8,11 @@ from onceflow.rules import backfill as br
 from onceflow.rules import reconciliation as rr
 from onceflow.control import reconciliation
 from onceflow.rules.ledger import LedgerEntry, check_coverage
+from onceflow import wire
 
 
 def entry(n, ranges, wm, commit_ms=0):
-    return LedgerEntry("app", n, "src", ranges, wm, 0, 1, 0, 1.0, commit_ms, "onceflow.app")
+    return LedgerEntry("app", n, "src", ranges, wm, 0, 1, 0, 1.0, commit_ms, wire.H_APP)
 
 
 ENTRIES = [entry(0, {0: (0, 10), 1: (0, 5)}, 0, 1000), entry(1, {0: (10, 20), 1: (5, 5)}, 5000, 2000),
@@ -71,7 +72,7 @@ def test_reconcile_range_params():
 
 def _e(batch, commit_ms=0):
     return LedgerEntry("app", batch, "src", {0: (batch * 10, batch * 10 + 10)}, 0, 0, 1, 0, 1.0, commit_ms,
-                       "onceflow.app")
+                       wire.H_APP)
 
 
 def test_the_chain_takes_every_batch_once_in_bounded_slices():

@@ -6,11 +6,13 @@ from dataclasses import replace
 import pytest
 
 from onceflow.rules import retention
-from onceflow.storage.checkpoint import Epoch, LocalFS, batch_plan, parse_offsets_file, render_offsets_file
+from onceflow.rules.checkpoint import Epoch, batch_plan, parse_offsets_file, render_offsets_file
+from onceflow.storage.checkpoint import LocalFS
 from onceflow.rules.ledger import (BatchPlan, Committed, Decision, DivergentHistory, LedgerEntry, RestoreRecord,
     decide, offset_metadata, parse_record)
 from onceflow.rules.savepoints import (FileEntry, Manifest, RestoreFacts, Runtime, SavepointError, cut_problems,
     file_problems, in_cut, incompatibilities, plan_restore, state_problems)
+from onceflow import wire
 
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKS = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -66,7 +68,7 @@ def test_cut_problems_name_missing_and_later_batches():
 
 def entry(n, start, end, wm=0):
     return LedgerEntry("app", n, "src", {p: (s, e) for p, (s, e) in enumerate(zip(start, end))}, wm, 1000 + n,
-                       1, 0, 1.0, 0, "onceflow.app")
+                       1, 0, 1.0, 0, wire.H_APP)
 
 
 def manifest(**kw) -> Manifest:

@@ -4,6 +4,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from onceflow.kafka import transactional as t
+from onceflow import wire
 
 
 def kerr(code, fatal=False, retriable=False, abortable=False):
@@ -96,7 +97,7 @@ def writer(scripts, timeout_ms=60_000, clock=None, fail_delivery=None, events=No
         made.append(p)
         return p
 
-    w = t.TransactionalWriter(make, "onceflow.app", timeout_ms, clock=clock or Clock(), sleep=lambda s: None,
+    w = t.TransactionalWriter(make, wire.H_APP, timeout_ms, clock=clock or Clock(), sleep=lambda s: None,
                               on_event=(lambda k, d: events.append(k)) if events is not None else None)
     return w, calls, made
 
@@ -164,7 +165,7 @@ def test_a_commit_retried_until_its_deadline_is_an_unknown_outcome_not_an_abort(
         made.append(p)
         return p
 
-    w = t.TransactionalWriter(make, "onceflow.app", 60_000, clock=clock, sleep=lambda s: None,
+    w = t.TransactionalWriter(make, wire.H_APP, 60_000, clock=clock, sleep=lambda s: None,
                               commit_timeout_s=120)
     with pytest.raises(t.OutcomeUnknown):
         one_batch(w)

@@ -11,55 +11,24 @@ from typing import Iterable
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicPartition
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import clients as kafka_clients
 from onceflow.rules import invariants, records
 from onceflow.config import Settings
 from onceflow.protocol.ledger_reader import LedgerNotVisible
 from onceflow.rules.ledger import (Committed, LedgerEntry, QuarantineRange, QuarantineRecord, RestoreRecord,
     parse_record)
-
-
-@dataclass(frozen=True)
-class Msg:
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: dict
-    timestamp_ms: int = 0
-
-
-def read_topic(settings: Settings, topic: str, isolation: str = "read_committed",
-               timeout_s: float = 120.0, since_ms: int | None = None) -> list[Msg]:
-    """Every visible record of a topic, from the beginning (or from the first record at or after `since_ms`)
-    to the end (the LSO under read_committed)."""
-    c = kafka_clients.read_committed_consumer(settings, **{"isolation.level": isolation,
-                                                           "enable.partition.eof": True,
-                                                           "fetch.max.bytes": 52428800})
-    try:
-        md = c.list_topics(topic, timeout=10).topics[topic]
-        if md.error is not None:
-            raise KafkaException(md.error)
-        start = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(md.partitions)]
-        if since_ms is not None:
-            start = [TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END)
-                     for tp in c.offsets_for_times([TopicPartition(topic, tp.partition, since_ms)
-                                                    for tp in start], timeout=10)]
-        return [Msg(m.partition(), m.offset(), m.key(), m.value(), {k: v for k, v in (m.headers() or [])},
-                    m.timestamp()[1])
-                for m in kafka_clients.consume_to_end(c, start, timeout_s)]
-    finally:
-        c.close()
+from onceflow import wire
 
 
 def ledger_records(settings: Settings, app: str | None = None
                    ) -> list[LedgerEntry | RestoreRecord | QuarantineRecord]:
     """Every committed ledger record of the app, oldest first: batch entries, restore and quarantine records."""
     key = (app or settings.app_id).encode()
-    return [parse_record(m.value) for m in read_topic(settings, settings.ledger_topic) if m.key == key]
+    return [parse_record(m.value) for m in kafka_reading.read_topic(settings, settings.ledger_topic) if m.key == key]
 
 
-def ledger_entries(settings: Settings, app: str | None = None, kind: str = "stream") -> list[LedgerEntry]:
+def ledger_entries(settings: Settings, app: str | None = None, kind: str = wire.LEDGER_STREAM) -> list[LedgerEntry]:
     return [e for e in ledger_records(settings, app) if isinstance(e, LedgerEntry) and e.kind == kind]
 
 
@@ -75,7 +44,7 @@ def committed_position(settings: Settings, partitions: Iterable[int]) -> Committ
     """The group's committed offsets with the batch their metadata names."""
     c = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
     try:
-        got = kafka_clients.committed(c, [TopicPartition(settings.source_topic, p) for p in partitions])
+        got = kafka_reading.committed(c, [TopicPartition(settings.source_topic, p) for p in partitions])
         return Committed.from_partitions((tp.partition, tp.offset if tp.offset >= 0 else None, tp.metadata)
                                          for tp in got)
     finally:
@@ -103,7 +72,7 @@ class Snapshot:
 
     def includes(self, headers: dict) -> bool:
         """Is a sink or DLQ record (by its onceflow.batch header) inside the cut? Foreign records stay in."""
-        b = headers.get("onceflow.batch")
+        b = headers.get(wire.H_BATCH)
         return b is None or self.batch is None or int(b) <= self.batch
 
 
@@ -113,7 +82,7 @@ def snapshot(settings: Settings, wait_s: float = 30.0) -> Snapshot:
     deadline = time.monotonic() + wait_s
     while True:
         recs = ledger_records(settings)
-        entries = sorted((e for e in recs if isinstance(e, LedgerEntry) and e.kind == "stream"),
+        entries = sorted((e for e in recs if isinstance(e, LedgerEntry) and e.kind == wire.LEDGER_STREAM),
                          key=lambda e: e.batch)
         if committed.batch is None or any(e.batch == committed.batch for e in entries):
             break
@@ -137,7 +106,7 @@ def source_records(settings: Settings, entries: Iterable[LedgerEntry] = (),
     index = invariants.BatchIndex(entries)
     q = list(quarantine)
     out = []
-    for m in read_topic(settings, settings.source_topic):
+    for m in kafka_reading.read_topic(settings, settings.source_topic):
         e = index.find(m.partition, m.offset)
         ahead = e.max_event_ahead_ms if e is not None else settings.max_event_ahead_ms
         held = any(r.partition == m.partition and r.start <= m.offset < r.end for r in q)
@@ -147,7 +116,7 @@ def source_records(settings: Settings, entries: Iterable[LedgerEntry] = (),
 
 
 def dlq_provenance(msgs: Iterable[Msg]) -> list[tuple[int, int]]:
-    return [(int(m.headers["onceflow.source.partition"]), int(m.headers["onceflow.source.offset"]))
+    return [(int(m.headers[wire.H_SOURCE_PARTITION]), int(m.headers[wire.H_SOURCE_OFFSET]))
             for m in msgs]
 
 
@@ -158,8 +127,8 @@ def audit(settings: Settings, source: list[invariants.SourceRecord] | None = Non
     snap = snapshot(settings)
     src = source if source is not None else source_records(settings, snap.entries, quarantined(snap.records))
     sink = [invariants.SinkRecord(m.key.decode(), m.value, m.partition, m.offset)
-            for m in read_topic(settings, settings.sink_topic) if snap.includes(m.headers)]
-    dlq = dlq_provenance(m for m in read_topic(settings, settings.dlq_topic) if snap.includes(m.headers))
+            for m in kafka_reading.read_topic(settings, settings.sink_topic) if snap.includes(m.headers)]
+    dlq = dlq_provenance(m for m in kafka_reading.read_topic(settings, settings.dlq_topic) if snap.includes(m.headers))
     rep = invariants.check(snap.entries, snap.committed.offsets, src, sink, dlq, settings.window_s)
     rep.snapshot_batch = snap.batch
     return rep

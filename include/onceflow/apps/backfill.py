@@ -21,20 +21,21 @@ from confluent_kafka import TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import events as ev, clients as kafka_clients
 from onceflow.runtime import procs
-from onceflow.spark import parsing
+from onceflow.spark import kafka_source, parsing
 from onceflow.rules import backfill as br
 from onceflow.config import REPO_ROOT, Settings
 from onceflow.kafka.transactional import TransactionalWriter, TxnError
 from onceflow.faults import Injector
 from onceflow.spark.ip_count_plan import result_key_value
 from onceflow.rules.ledger import LedgerEntry
+from onceflow.rules.reconciliation import to_ms
 from onceflow.rules.records import RULES_VERSION
-from onceflow.apps.reconcile import read_kafka
+from onceflow import wire
 
 log = logging.getLogger(__name__)
-BACKFILL_STARTED, BACKFILL_CHUNK, BACKFILL_DONE = "backfill_started", "backfill_chunk_committed", "backfill_done"
 
 
 def transactional_id(settings: Settings, backfill_id: str) -> str:
@@ -51,7 +52,7 @@ def registry(settings: Settings) -> Path:
 
 # ---------------------------------------------------------------------------- checks (no writes)
 def topic_facts(settings: Settings, topic: str) -> br.TopicFacts:
-    wm = kafka_clients.watermarks(settings, topic)
+    wm = kafka_reading.watermarks(settings, topic)
     if wm is None:
         return br.TopicFacts(False)
     return br.TopicFacts(True, {p: lo for p, (lo, _) in wm.items()}, {p: hi for p, (_, hi) in wm.items()})
@@ -82,8 +83,8 @@ def validate(settings: Settings, spec: br.Spec) -> br.Spec:
         if p.starts:  # resumed: the range is what the first run resolved, whatever came into the source since
             start, end = p.starts, p.ends
         else:
-            start = kafka_clients.offsets_at(settings, spec.source_topic, spec.since_ms, source.high)
-            end = kafka_clients.offsets_at(settings, spec.source_topic, spec.until_ms, source.high)
+            start = kafka_reading.offsets_at(settings, spec.source_topic, spec.since_ms, source.high)
+            end = kafka_reading.offsets_at(settings, spec.source_topic, spec.until_ms, source.high)
         spec = br.Spec(**{**spec.as_dict(), "start": start, "end": end})
     br.check_against(spec, source, target)
     for other in running(settings):
@@ -109,7 +110,7 @@ class Progress:
 
 
 def read_progress(consumer, topic: str, partitions) -> Progress:
-    got = kafka_clients.committed(consumer, [TopicPartition(topic, p) for p in sorted(partitions)])
+    got = kafka_reading.committed(consumer, [TopicPartition(topic, p) for p in sorted(partitions)])
     metas = {tp.partition: (tp.offset, json.loads(tp.metadata)) for tp in got if tp.offset >= 0 and tp.metadata}
     if not metas:
         return Progress()
@@ -131,7 +132,7 @@ def progress(settings: Settings, spec: br.Spec) -> Progress:
 # ---------------------------------------------------------------------------- the computation
 def windows(spark: SparkSession, settings: Settings, spec: br.Spec) -> DataFrame:
     """Every window of the range (all valid records count: no watermark in a batch recount), in chunk order."""
-    raw = read_kafka(spark, settings, spec.source_topic, spec.start, spec.end)
+    raw = kafka_source.read_range(spark, settings, spec.source_topic, spec.start, spec.end)
     valid = parsing.classify(raw.select("value", "topic", "partition", "offset", "timestamp"),
                              spec.max_event_ahead_ms).where(F.col("reason").isNull())
     counts = valid.groupBy(F.window("ts", f"{spec.window_s} seconds").alias("w"), "ip").count()
@@ -146,7 +147,7 @@ def run(spark: SparkSession, settings: Settings, spec: br.Spec, bus: ev.EventBus
     spec = validate(settings, spec)
     bus = bus or ev.EventBus(settings)
     injector = Injector(settings.fault, settings.run_dir / "faults" / f"{settings.app_id}.backfill.{spec.id}",
-                        on_fire=lambda f: bus.emit(ev.FAULT_INJECTED, logging.WARNING, flush=True, fault=f.name,
+                        on_fire=lambda f: bus.emit(wire.FAULT_INJECTED, logging.WARNING, flush=True, fault=f.name,
                                                    backfill=spec.id))
     injector.hit("stall_before_fence", 0)  # validation read the progress; nothing of it is trusted past here
     writer = None if spec.dry_run else ChunkWriter(settings, spec)  # init_transactions fences older runs
@@ -186,7 +187,7 @@ def _run(spark, settings: Settings, spec: br.Spec, writer: "ChunkWriter | None",
     reg.write_text(json.dumps({"id": spec.id, "pid": os.getpid(), "host": socket.gethostname(),
                                "source": spec.source_topic, "start": {str(p): o for p, o in spec.start.items()},
                                "end": {str(p): o for p, o in spec.end.items()}, "started_ms": int(time.time() * 1000)}))
-    bus.emit(BACKFILL_STARTED, flush=True, id=spec.id, chunks=n, from_chunk=first, windows=total, pid=os.getpid())
+    bus.emit(wire.BACKFILL_STARTED, flush=True, id=spec.id, chunks=n, from_chunk=first, windows=total, pid=os.getpid())
     injector.hit("stall_before_chunks", 0)
     written = records = 0
     try:
@@ -197,16 +198,16 @@ def _run(spark, settings: Settings, spec: br.Spec, writer: "ChunkWriter | None",
             rows.append((row["key"], row["value"]))
             if len(rows) == spec.chunk_size:
                 writer.write(chunk, rows, injector)
-                bus.emit(BACKFILL_CHUNK, id=spec.id, chunk=chunk, records=len(rows))
+                bus.emit(wire.BACKFILL_CHUNK, id=spec.id, chunk=chunk, records=len(rows))
                 written, records, chunk, rows = written + 1, records + len(rows), chunk + 1, []
         if rows:
             writer.write(chunk, rows, injector)
-            bus.emit(BACKFILL_CHUNK, id=spec.id, chunk=chunk, records=len(rows))
+            bus.emit(wire.BACKFILL_CHUNK, id=spec.id, chunk=chunk, records=len(rows))
             written, records = written + 1, records + len(rows)
     finally:
         reg.unlink(missing_ok=True)
         out.unpersist()
-    bus.emit(BACKFILL_DONE, flush=True, id=spec.id, written_chunks=written, written_records=records)
+    bus.emit(wire.BACKFILL_DONE, flush=True, id=spec.id, written_chunks=written, written_records=records)
     return report | {"written_chunks": written, "written_records": records, "status": "complete"}
 
 
@@ -226,8 +227,8 @@ class ChunkWriter:
         br.check_next_chunk(chunk, read_progress(self.group, self.spec.source_topic, self.spec.end).chunk,
                             self.spec.id)
         started = time.monotonic()
-        headers = [("onceflow.app", self.s.app_id.encode()), ("onceflow.backfill", self.spec.id.encode()),
-                   ("onceflow.chunk", str(chunk).encode())]
+        headers = [(wire.H_APP, self.s.app_id.encode()), (wire.H_BACKFILL, self.spec.id.encode()),
+                   (wire.H_CHUNK, str(chunk).encode())]
         w = self.writer
         w.begin()
         try:
@@ -240,7 +241,7 @@ class ChunkWriter:
                                 ranges={p: (self.spec.start[p], self.spec.end[p]) for p in sorted(self.spec.start)},
                                 watermark_ms=0, batch_ts_ms=0, outputs=len(rows), dlq=0,
                                 txn_ms=round((time.monotonic() - started) * 1000, 3),
-                                commit_time_ms=int(time.time() * 1000), transactional_id=self.tid, kind="backfill",
+                                commit_time_ms=int(time.time() * 1000), transactional_id=self.tid, kind=wire.LEDGER_BACKFILL,
                                 backfill_id=self.spec.id, spec_hash=self.spec.spec_hash(), rules=self.spec.rules,
                                 max_event_ahead_ms=self.spec.max_event_ahead_ms)
             w.produce(self.s.ledger_topic, self.s.app_id.encode(), entry.to_json(), headers)
@@ -266,8 +267,6 @@ class ChunkWriter:
 def spec_from(settings: Settings, backfill_id: str, start=None, end=None, since=None, until=None,
               target: str | None = None, chunk_size: int = 5000, dry_run: bool = False) -> br.Spec:
     """A Spec from CLI or DAG parameters (offsets as JSON objects, times as ISO-8601 or epoch ms)."""
-    from onceflow.control.reconciliation import to_ms
-
     try:
         since_ms, until_ms = to_ms(since), to_ms(until)
     except ValueError as e:

@@ -20,16 +20,17 @@ import json
 import logging
 import time
 
+from onceflow.kafka import reading as kafka_reading
+from onceflow import wire
 from onceflow.apps import audit
 from onceflow.kafka import events as ev, clients as kafka_clients
 from onceflow.protocol import ledger_writes
 from onceflow.runtime import jobctl
-from onceflow.storage.checkpoint import QUARANTINE_FILE, render_quarantine
+from onceflow.rules.checkpoint import QUARANTINE_FILE, render_quarantine
 from onceflow.config import Settings
 from onceflow.rules.ledger import QuarantineRange, QuarantineRecord
 
 log = logging.getLogger(__name__)
-QUARANTINED = "records_quarantined"
 
 
 class QuarantineError(ValueError):
@@ -62,7 +63,7 @@ def add(settings: Settings, partition: int, start: int, end: int, reason: str, b
         if jobctl.status(settings)["running"]:
             raise QuarantineError(f"app {settings.app_id} is running: stop it first (`onceflow job stop`); the job "
                                   f"reads the quarantine when it starts")
-        wm = kafka_clients.watermarks(settings, settings.source_topic) or {}
+        wm = kafka_reading.watermarks(settings, settings.source_topic) or {}
         if partition not in wm:
             raise QuarantineError(f"the source topic {settings.source_topic} has no partition {partition}")
         if end > wm[partition][1]:
@@ -81,13 +82,13 @@ def add(settings: Settings, partition: int, start: int, end: int, reason: str, b
             store, before = Store(settings.checkpoint), current(settings)
             store.write(QUARANTINE_FILE, render_quarantine(before + list(record.ranges)).encode())
             try:
-                ledger_writes.commit_record(writer, settings, record.to_json(), "quarantine")
+                ledger_writes.commit_record(writer, settings, record.to_json(), wire.LEDGER_QUARANTINE)
             except BaseException:
                 store.write(QUARANTINE_FILE, render_quarantine(before).encode())
                 raise
         finally:
             writer.close()
-    ev.EventBus(settings).emit(QUARANTINED, logging.WARNING, flush=True, partition=partition, start=start, end=end,
+    ev.EventBus(settings).emit(wire.RECORDS_QUARANTINED, logging.WARNING, flush=True, partition=partition, start=start, end=end,
                                reason=record.reason, by=record.by)
     log.warning("quarantined %s[%d] [%d, %d): %s", settings.source_topic, partition, start, end, record.reason)
     return record

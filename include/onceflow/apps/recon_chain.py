@@ -16,15 +16,22 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from confluent_kafka import TopicPartition
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import clients as kafka_clients
 from onceflow.config import Settings
 from onceflow.rules.reconciliation import CHAIN, ChainPosition, ReconcileError, Result, chain_metadata, chain_position
 from onceflow.kafka.transactional import TransactionalWriter
+from onceflow import wire
 
 STATUS_TAIL = 2000  # reconciliation records read back for the status (the newest ones)
+
+
+def home(settings: Settings) -> Path:
+    return settings.var_dir / "reconciliation" / settings.app_id
 
 
 def group_id(settings: Settings) -> str:
@@ -36,7 +43,7 @@ def transactional_id(settings: Settings) -> str:
 
 
 def _partitions(settings: Settings) -> list[int]:
-    wm = kafka_clients.watermarks(settings, settings.source_topic)
+    wm = kafka_reading.watermarks(settings, settings.source_topic)
     if wm is None:
         raise ReconcileError(f"the source topic {settings.source_topic} does not exist")
     return sorted(wm)
@@ -46,7 +53,7 @@ def position(settings: Settings, consumer=None) -> ChainPosition:
     """The last batch the chain has proven (from its group's committed offsets)."""
     c = consumer or kafka_clients.read_committed_consumer(settings, group_id=group_id(settings))
     try:
-        got = kafka_clients.committed(c, [TopicPartition(settings.source_topic, p) for p in _partitions(settings)])
+        got = kafka_reading.committed(c, [TopicPartition(settings.source_topic, p) for p in _partitions(settings)])
         return chain_position(tp.metadata for tp in got if tp.offset >= 0)
     finally:
         if consumer is None:
@@ -74,8 +81,8 @@ def commit(settings: Settings, res: Result) -> dict:
         writer.begin()
         try:
             writer.produce(settings.reconciliation_topic, settings.app_id.encode(),
-                           json.dumps(res.as_dict()).encode(), [("onceflow.app", settings.app_id.encode()),
-                                                                 ("onceflow.kind", b"reconciliation")])
+                           json.dumps(res.as_dict()).encode(), [(wire.H_APP, settings.app_id.encode()),
+                                                                 (wire.H_KIND, b"reconciliation")])
             if moves:
                 meta = chain_metadata(res.last_batch, res.run_id, int(time.time() * 1000))
                 ends = {int(p): int(o) for p, o in res.coverage["end_offsets"].items()}
@@ -94,7 +101,7 @@ def commit(settings: Settings, res: Result) -> dict:
 def recent_results(settings: Settings, limit: int = STATUS_TAIL) -> list[dict]:
     """The app's newest reconciliation results (chain and manual), oldest first, from the last `limit` records
     of the reconciliation topic (a bounded read)."""
-    wm = kafka_clients.watermarks(settings, settings.reconciliation_topic)
+    wm = kafka_reading.watermarks(settings, settings.reconciliation_topic)
     if not wm:
         return []
     low, high = wm[0]
@@ -102,7 +109,7 @@ def recent_results(settings: Settings, limit: int = STATUS_TAIL) -> list[dict]:
     key = settings.app_id.encode()
     out = []
     try:
-        for m in kafka_clients.read_range(c, settings.reconciliation_topic, 0, max(low, high - limit), high):
+        for m in kafka_reading.read_range(c, settings.reconciliation_topic, 0, max(low, high - limit), high):
             if m.key() != key or m.value() is None:
                 continue
             try:

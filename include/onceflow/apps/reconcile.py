@@ -19,15 +19,17 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.apps import audit, recon_chain, sink_quality
 from onceflow.kafka import clients as kafka_clients
-from onceflow.spark import parsing
+from onceflow.spark import kafka_source, parsing
 from onceflow.rules import reconciliation as rr
-from onceflow.storage.checkpoint import LocalFS, parse_initial_offsets
+from onceflow.rules.checkpoint import parse_initial_offsets
+from onceflow.storage.checkpoint import LocalFS
 from onceflow.config import Settings
-from onceflow.control.reconciliation import home
 from onceflow.spark.ip_count_plan import ISO_MS
 from onceflow.rules.ledger import LedgerEntry, check_coverage
+from onceflow import wire
 
 log = logging.getLogger(__name__)
 CAP = 100          # differences listed per kind
@@ -39,31 +41,12 @@ SINK_SCHEMA = "window_start STRING, window_end STRING, ip STRING, count DOUBLE"
 def _offsets_at(settings: Settings, topic: str, ts_ms: int | None) -> dict[int, int]:
     """Per partition, the first offset at or after `ts_ms` (the end of the log when there is none; the
     start when ts_ms is None)."""
-    wm = kafka_clients.watermarks(settings, topic)
+    wm = kafka_reading.watermarks(settings, topic)
     if wm is None:
         raise rr.ReconcileError(f"topic {topic} does not exist")
     if ts_ms is None:
         return {p: lo for p, (lo, _) in wm.items()}
-    return kafka_clients.offsets_at(settings, topic, ts_ms, {p: hi for p, (_, hi) in wm.items()})
-
-
-def read_kafka(spark: SparkSession, settings: Settings, topic: str, start: dict[int, int], end: dict[int, int],
-               isolation: str = "read_committed") -> DataFrame:
-    """Exactly the offsets [start, end) of `topic` as a batch DataFrame (with headers)."""
-    parts = sorted(p for p in start if end.get(p, 0) > start[p])
-    if not parts:
-        return spark.createDataFrame([], "key binary, value binary, topic string, partition int, offset long, "
-                                         "timestamp timestamp, timestampType int, "
-                                         "headers array<struct<key:string,value:binary>>")
-    return (spark.read.format("kafka")
-            .option("kafka.bootstrap.servers", settings.bootstrap_servers)
-            .option("assign", json.dumps({topic: parts}))
-            .option("startingOffsets", json.dumps({topic: {str(p): start[p] for p in parts}}))
-            .option("endingOffsets", json.dumps({topic: {str(p): end[p] for p in parts}}))
-            .option("kafka.isolation.level", isolation)
-            .option("includeHeaders", "true")
-            .option("failOnDataLoss", "true")
-            .load())
+    return kafka_reading.offsets_at(settings, topic, ts_ms, {p: hi for p, (_, hi) in wm.items()})
 
 
 def _header(name: str):
@@ -80,9 +63,9 @@ def _bounded(spark, settings, topic, selected, all_entries, isolation="read_comm
     t0 = (before.commit_time_ms - MARGIN_MS) if before else None
     start = _offsets_at(settings, topic, t0)
     end = _offsets_at(settings, topic, selected[-1].commit_time_ms + MARGIN_MS)
-    df = read_kafka(spark, settings, topic, start, end, isolation)
-    batch = _header("onceflow.batch").cast("long")
-    return (df.withColumn("batch", batch).withColumn("app", _header("onceflow.app"))
+    df = kafka_source.read_range(spark, settings, topic, start, end, isolation)
+    batch = _header(wire.H_BATCH).cast("long")
+    return (df.withColumn("batch", batch).withColumn("app", _header(wire.H_APP))
               .where(F.col("batch").isNull() | F.col("batch").between(a, b)))
 
 
@@ -91,7 +74,7 @@ def classified_source(spark: SparkSession, settings: Settings, selected: list[Le
                       all_entries: list[LedgerEntry], quarantine: list = ()) -> DataFrame:
     """The range's source records with their batch, late-row watermark, window and classification."""
     ranges = rr.source_ranges(selected)
-    raw = read_kafka(spark, settings, settings.source_topic, {p: s for p, (s, _) in ranges.items()},
+    raw = kafka_source.read_range(spark, settings, settings.source_topic, {p: s for p, (s, _) in ranges.items()},
                      {p: e for p, (_, e) in ranges.items()}).select("value", "topic", "partition", "offset",
                                                                      "timestamp")
     rows = rr.batch_rows(selected, all_entries)
@@ -133,7 +116,7 @@ def sink_key(window_start_ms, ip):
 
 # ---------------------------------------------------------------------------- carry between runs
 def carry_path(settings: Settings, batch: int) -> Path:
-    return home(settings) / "carry" / f"b{batch}.parquet"
+    return recon_chain.home(settings) / "carry" / f"b{batch}.parquet"
 
 
 def carry_in(spark: SparkSession, settings: Settings, entries: list[LedgerEntry], a: int,
@@ -301,9 +284,9 @@ def _results(expected, sink, selected, totals, late_groups, pending, settings, d
 
 def _dlq(spark, settings, src, selected, entries) -> rr.Check:
     dlq = (_bounded(spark, settings, settings.dlq_topic, selected, entries)
-           .select(_header("onceflow.source.partition").cast("int").alias("partition"),
-                   _header("onceflow.source.offset").cast("long").alias("offset"), "batch",
-                   _header("onceflow.reason").alias("dlq_reason")))
+           .select(_header(wire.H_SOURCE_PARTITION).cast("int").alias("partition"),
+                   _header(wire.H_SOURCE_OFFSET).cast("long").alias("offset"), "batch",
+                   _header(wire.H_REASON).alias("dlq_reason")))
     got = dlq.groupBy("partition", "offset").agg(F.count(F.lit(1)).alias("times"), F.first("batch").alias("batch"),
                                                  F.first("dlq_reason").alias("dlq_reason"))
     bad = src.where(F.col("reason").isNotNull()).select("partition", "offset", "reason", F.col("batch").alias("b"))
@@ -329,7 +312,7 @@ def _visibility(spark, settings, committed_view, selected, entries) -> rr.Check:
 
 def _gx(sink: DataFrame, settings: Settings, res: rr.Result) -> rr.Check:
     try:
-        out = sink_quality.validate(sink, settings.window_s, home(settings) / "gx", f"{res.run_id}-b{res.first_batch}"
+        out = sink_quality.validate(sink, settings.window_s, recon_chain.home(settings) / "gx", f"{res.run_id}-b{res.first_batch}"
                                     f"-{res.last_batch}")
     except Exception as e:  # GX itself failing is reported, not hidden
         log.exception("the GX suite did not run")
@@ -353,7 +336,7 @@ def spark_dropped(settings: Settings, selected: list[LedgerEntry]) -> dict[int, 
         by_spark.setdefault(e.spark_batch if e.spark_batch is not None else e.batch, []).append(e)
     since = selected[0].commit_time_ms - MARGIN_MS
     got: dict[int, int] = {}
-    for m in audit.read_topic(settings, settings.events_topic, since_ms=since):
+    for m in kafka_reading.read_topic(settings, settings.events_topic, since_ms=since):
         try:
             d = json.loads(m.value)
         except ValueError:

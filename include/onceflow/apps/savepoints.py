@@ -21,11 +21,13 @@ from datetime import datetime, timezone
 import fsspec
 from confluent_kafka import TopicPartition
 
+from onceflow.kafka import reading as kafka_reading
+from onceflow import wire
 from onceflow.kafka import events as ev, clients as kafka_clients
 from onceflow.protocol import ledger_reader, ledger_writes
 from onceflow.rules import retention
 from onceflow.runtime import jobctl
-from onceflow.storage.checkpoint import (EPOCH_FILE, QUARANTINE_FILE, Epoch, parse_offsets_file, render_offsets_file,
+from onceflow.rules.checkpoint import (EPOCH_FILE, QUARANTINE_FILE, Epoch, parse_offsets_file, render_offsets_file,
     render_quarantine)
 from onceflow.config import Settings
 from onceflow.rules.ledger import Committed, LedgerEntry, RestoreRecord
@@ -33,7 +35,6 @@ from onceflow.rules.savepoints import (DATA_DIR, MANIFEST, FileEntry, Manifest, 
     SavepointError, cut_problems, file_problems, in_cut, incompatibilities, log_batches, plan_restore)
 
 log = logging.getLogger(__name__)
-SAVEPOINT_CREATED, SAVEPOINT_RESTORED, SAVEPOINT_DELETED = "savepoint_created", "savepoint_restored", "savepoint_deleted"
 
 
 # ---------------------------------------------------------------------------- files
@@ -117,7 +118,7 @@ def runtime(settings: Settings) -> Runtime:
 def _group_position(settings: Settings, partitions) -> tuple[Committed, dict[int, str]]:
     c = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
     try:
-        got = kafka_clients.committed(c, [TopicPartition(settings.source_topic, p) for p in sorted(partitions)])
+        got = kafka_reading.committed(c, [TopicPartition(settings.source_topic, p) for p in sorted(partitions)])
     finally:
         c.close()
     items = [(tp.partition, tp.offset if tp.offset >= 0 else None, tp.metadata) for tp in got]
@@ -143,7 +144,7 @@ def _ledger_entry(settings: Settings, batch: int | None, wait_s: float = 15.0):
 
 
 def _source_low(settings: Settings, partitions) -> dict[int, int]:
-    wm = kafka_clients.watermarks(settings, settings.source_topic) or {}
+    wm = kafka_reading.watermarks(settings, settings.source_topic) or {}
     return {p: wm[p][0] for p in partitions if p in wm}
 
 
@@ -206,7 +207,7 @@ def create(settings: Settings, stop: bool = False, bus: ev.EventBus | None = Non
         dest.rm()
         raise
     if bus is not None:
-        bus.emit(SAVEPOINT_CREATED, id=sp_id, batch=ledger_batch, spark_batch=batch, mode=mode,
+        bus.emit(wire.SAVEPOINT_CREATED, id=sp_id, batch=ledger_batch, spark_batch=batch, mode=mode,
                  size=m.total_size, files=len(files))
     log.info("savepoint %s: batch %s, %d files, %d bytes", sp_id, ledger_batch, len(files), m.total_size)
     return m
@@ -303,7 +304,7 @@ def delete(settings: Settings, sp_id: str, bus: ev.EventBus | None = None) -> No
         raise SavepointError(f"no savepoint {sp_id} under {settings.savepoints}")
     root.rm(sp_id)
     if bus is not None:
-        bus.emit(SAVEPOINT_DELETED, id=sp_id)
+        bus.emit(wire.SAVEPOINT_DELETED, id=sp_id)
 
 
 def prune(settings: Settings, now_ms: int | None = None, dry_run: bool = False) -> retention.RetentionPlan:
@@ -332,7 +333,7 @@ def restore_facts(settings: Settings, m: Manifest) -> RestoreFacts:
         last_epoch=max((r.epoch for r in records if isinstance(r, RestoreRecord)), default=0),
         now_ms=int(time.time() * 1000),
         catch_up_skews=frozenset(e.max_event_ahead_ms for e in records
-                                 if after and isinstance(e, LedgerEntry) and e.kind == "stream"
+                                 if after and isinstance(e, LedgerEntry) and e.kind == wire.LEDGER_STREAM
                                  and m.ledger_batch < e.batch <= committed.batch))
 
 
@@ -352,12 +353,10 @@ def restore(settings: Settings, sp_id: str, allow_rewind: bool = False, dry_run:
     continues from it exactly once. The job must be stopped. Nothing is deleted: the replaced checkpoint is
     moved next to it (`<checkpoint>.replaced-<time>`). The restore is recorded in the ledger, in a transaction
     of the app's transactional id (which also fences any driver of the app that is still alive somewhere)."""
-    from onceflow.control import deploy
-
     if jobctl.status(settings)["running"]:
         raise SavepointError(f"app {settings.app_id} is running: stop it first (`onceflow job stop`, or the "
                              f"deploy DAG's restore action, which stops, restores and starts)")
-    other = deploy.live_elsewhere(settings)
+    other = jobctl.live_elsewhere(settings)
     if other is not None:
         raise SavepointError(f"a driver of app {settings.app_id} committed batch {other.get('batch')} recently "
                              f"from {other.get('host')} pid {other.get('pid')}: stop it before restoring")
@@ -373,14 +372,14 @@ def restore(settings: Settings, sp_id: str, allow_rewind: bool = False, dry_run:
         m = plan.manifest
         moved = _swap_in(settings, m, plan, audit.quarantined(audit.ledger_records(settings)))
         try:
-            ledger_writes.commit_record(writer, settings, plan.record.to_json(), "restore")
+            ledger_writes.commit_record(writer, settings, plan.record.to_json(), wire.LEDGER_RESTORE)
         except BaseException:
             _swap_back(settings, moved)
             raise
     finally:
         writer.close()
     if bus is not None:
-        bus.emit(SAVEPOINT_RESTORED, logging.WARNING, flush=True, **plan.summary(),
+        bus.emit(wire.SAVEPOINT_RESTORED, logging.WARNING, flush=True, **plan.summary(),
                  replaced_checkpoint=moved)
     log.warning("restored savepoint %s: %s", m.id, plan.summary())
     return plan

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from onceflow.kafka import clients as kafka_clients
-from onceflow.apps.audit import read_topic
+from onceflow.kafka.reading import read_topic
 
 log = logging.getLogger(__name__)
 FIRING, RESOLVED = "firing", "resolved"

@@ -12,10 +12,12 @@ import time
 from typing import Sequence
 from urllib.parse import urlparse
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.apps import audit
 from onceflow.kafka import events as ev
 from onceflow.runtime import jobctl, preflight, procs, supervisor
 from onceflow.config import Settings
+from onceflow import wire
 
 ACTIONS = ("start", "stop", "restart", "upgrade", "restore")
 
@@ -40,28 +42,6 @@ def checkpoint_writable(settings: Settings) -> None:
         raise DeployError(f"the checkpoint location {settings.checkpoint} is not writable: {e}") from None
 
 
-def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | None:
-    """A batch committed recently by a driver that is not the one running here: another live instance."""
-    if jobctl.status(settings)["running"]:
-        return None  # the recent commits are this machine's own driver
-    within_s = within_s or max(60.0, 6 * settings.trigger_interval_s)
-    now_ms = int(time.time() * 1000)
-    for e in reversed(audit.read_topic(settings, settings.events_topic, since_ms=now_ms - int(within_s * 1000))):
-        try:
-            d = json.loads(e.value)
-        except ValueError:
-            continue
-        if d.get("app") != settings.app_id or d.get("type") != ev.BATCH_COMMITTED:
-            continue
-        pid = int(d.get("pid") or 0)
-        if d.get("host") == socket.gethostname() and not (pid > 0 and procs.pid_alive(pid)):
-            continue  # a driver of this machine that has exited (stopped or killed): history
-        if now_ms - d["ts_ms"] > within_s * 1000:
-            return None
-        return d
-    return None
-
-
 def preflight_checks(settings: Settings, allow_running: bool = False) -> dict:
     """Broker reachable, topics present, timeouts consistent, checkpoint writable, no other live driver."""
     info = preflight.check_job(settings)
@@ -70,7 +50,7 @@ def preflight_checks(settings: Settings, allow_running: bool = False) -> dict:
     if st["running"] and not allow_running:
         raise DeployError(f"app {settings.app_id} is already running (job pid {st['job_pid']}); a second driver "
                           f"is never started: use action=restart or upgrade")
-    other = live_elsewhere(settings)
+    other = jobctl.live_elsewhere(settings)
     if other is not None:
         raise DeployError(f"another driver of app {settings.app_id} committed batch {other.get('batch')} "
                           f"{(time.time() * 1000 - other['ts_ms']) / 1000:.0f} s ago from {other.get('host')} "

@@ -22,12 +22,14 @@ from urllib.parse import urlparse
 
 from confluent_kafka import TopicPartition
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.apps import audit
 from onceflow.control import alerts
 from onceflow.kafka import events as ev, clients as kafka_clients
 from onceflow.rules import lag
 from onceflow.runtime import jobctl, supervisor
 from onceflow.config import Settings
+from onceflow import wire
 
 log = logging.getLogger(__name__)
 HEALTHY, DEGRADED, FAILING, STOPPED = "HEALTHY", "DEGRADED", "FAILING", "STOPPED"
@@ -70,14 +72,14 @@ def last_record(settings: Settings) -> HealthRecord | None:
         return HealthRecord(**json.loads(health_file(settings).read_text()))
     except (OSError, ValueError, TypeError):
         pass
-    msgs = [m for m in audit.read_topic(settings, settings.health_topic) if m.key == settings.app_id.encode()]
+    msgs = [m for m in kafka_reading.read_topic(settings, settings.health_topic) if m.key == settings.app_id.encode()]
     return HealthRecord(**json.loads(msgs[-1].value)) if msgs else None
 
 
 def _end_offsets(settings: Settings) -> dict[int, int]:
     admin = kafka_clients.admin(settings)
     md = admin.list_topics(settings.source_topic, timeout=10).topics[settings.source_topic]
-    ends = kafka_clients.latest_offsets(admin, [TopicPartition(settings.source_topic, p) for p in md.partitions])
+    ends = kafka_reading.latest_offsets(admin, [TopicPartition(settings.source_topic, p) for p in md.partitions])
     return {p: off for (_, p), off in ends.items()}
 
 
@@ -108,12 +110,12 @@ LATE_MIN_AGGREGATES = 20  # fewer aggregates over the window say nothing
 
 def recent_progress(settings: Settings, since_ms: int) -> list[dict]:
     out = []
-    for m in audit.read_topic(settings, settings.events_topic, since_ms=since_ms, timeout_s=60):
+    for m in kafka_reading.read_topic(settings, settings.events_topic, since_ms=since_ms, timeout_s=60):
         try:
             d = json.loads(m.value)
         except ValueError:
             continue
-        if d.get("app") == settings.app_id and d.get("type") == ev.PROGRESS:
+        if d.get("app") == settings.app_id and d.get("type") == wire.PROGRESS:
             out.append(d)
     return out
 
@@ -152,7 +154,7 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
 
 
 # Exit codes after which the supervisor stops for good: a restart would not help either.
-NOT_RESTARTABLE = {code: why for code, why in supervisor.NO_RESTART.items() if code != 0}
+NOT_RESTARTABLE = {code: why for code, why in wire.NO_RESTART.items() if code != wire.EXIT_OK}
 
 
 def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> list[alerts.Condition]:

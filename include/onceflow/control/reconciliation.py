@@ -12,27 +12,9 @@ from onceflow.control import alerts
 from onceflow.kafka import clients as kafka_clients
 from onceflow.rules import reconciliation as rr
 from onceflow.config import REPO_ROOT, Settings
+from onceflow import wire
 
 SCRIPT = REPO_ROOT / "jobs" / "reconcile.py"
-
-
-def home(settings: Settings) -> Path:
-    return settings.var_dir / "reconciliation" / settings.app_id
-
-
-def to_ms(v) -> int | None:
-    """A time given as epoch ms, ISO-8601 or a datetime, in epoch ms (None stays None)."""
-    if v is None or v == "":
-        return None
-    if hasattr(v, "timestamp"):
-        return int(v.timestamp() * 1000)
-    from datetime import datetime
-
-    try:
-        return int(v) if str(v).isdigit() else int(datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp()
-                                                    * 1000)
-    except ValueError:
-        raise rr.ReconcileError(f"{v!r} is not a time: use ISO-8601 (2026-11-22T10:00:00Z) or epoch ms") from None
 
 
 def range_from(first=None, last=None, since=None, until=None) -> dict | None:
@@ -49,7 +31,7 @@ def range_from(first=None, last=None, since=None, until=None) -> dict | None:
         if last < first:
             raise rr.ReconcileError(f"last_batch {last} is before first_batch {first}")
         return {"first": first, "last": last}
-    since_ms, until_ms = to_ms(since), to_ms(until)
+    since_ms, until_ms = rr.to_ms(since), rr.to_ms(until)
     if since_ms is not None and until_ms is not None and until_ms <= since_ms:
         raise rr.ReconcileError("the end of the time range is not after its start")
     return {"since_ms": since_ms, "until_ms": until_ms}
@@ -70,14 +52,14 @@ def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float =
     from onceflow.runtime import launcher
 
     return rr.Result.from_dict(launcher.run_batch(settings, "reconciliation", argv, out,
-                                                  home(settings) / "reconcile.log", timeout_s))
+                                                  recon_chain.home(settings) / "reconcile.log", timeout_s))
 
 
 def record(settings: Settings, res: rr.Result, sink: alerts.AlertSink | None = None) -> dict:
     """Store the result (file, and the reconciliation topic: a chain run's in one transaction with the chain's
     move) and raise or resolve one alert per failed check."""
     d = res.as_dict()
-    path = home(settings) / "runs" / f"{res.started_ms}-{res.run_id}.json"
+    path = recon_chain.home(settings) / "runs" / f"{res.started_ms}-{res.run_id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(d, indent=1))
     chain: dict = {}
@@ -86,7 +68,7 @@ def record(settings: Settings, res: rr.Result, sink: alerts.AlertSink | None = N
     else:
         p = kafka_clients.idempotent_producer(settings)
         p.produce(settings.reconciliation_topic, key=settings.app_id.encode(), value=json.dumps(d).encode(),
-                  headers=[("onceflow.app", settings.app_id.encode()), ("onceflow.kind", b"reconciliation")])
+                  headers=[(wire.H_APP, settings.app_id.encode()), (wire.H_KIND, b"reconciliation")])
         if p.flush(30):
             raise RuntimeError("the reconciliation result could not be recorded")
     if sink is not None:
@@ -115,7 +97,7 @@ def run_for_dag(settings: Settings, params: dict, run_id: str, submit_argv: Call
     and a manual trigger without a range) is the chain's next slice. Submits, records, alerts; raises when a
     check failed, after the result is recorded."""
     rng = range_from(params.get("first_batch"), params.get("last_batch"), params.get("since"), params.get("until"))
-    out = home(settings) / "runs" / f"pending-{run_id.replace(':', '_').replace('+', '_')}.json"
+    out = recon_chain.home(settings) / "runs" / f"pending-{run_id.replace(':', '_').replace('+', '_')}.json"
     res = submitted(settings, submit_argv(args_for(rng, params.get("great_expectations", True)) + ["--out", str(out)]),
                     out)
     info = record(settings, res, sink)

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, OFFSET_BEGINNING, TopicPartition
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.control import alerts
 from onceflow.kafka import events as ev, clients as kafka_clients
 from onceflow.config import Settings
+from onceflow import wire
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,8 @@ def open_transactions(settings: Settings, topics: list[str]) -> list[OpenTxn]:
     tps = [TopicPartition(t, p) for t in topics if t in md for p in sorted(md[t].partitions)]
     if not tps:
         return []
-    lso = kafka_clients.latest_offsets(admin, tps, read_committed=True)
-    hw = kafka_clients.latest_offsets(admin, tps, read_committed=False)
+    lso = kafka_reading.latest_offsets(admin, tps, read_committed=True)
+    hw = kafka_reading.latest_offsets(admin, tps, read_committed=False)
     out = []
     reader = kafka_clients.read_committed_consumer(settings, **{"isolation.level": "read_uncommitted"})
     try:
@@ -48,9 +50,9 @@ def open_transactions(settings: Settings, topics: list[str]) -> list[OpenTxn]:
             headers = dict(first.headers() or []) if first is not None else {}
             out.append(OpenTxn(key[0], key[1], stable, hw[key],
                                first.timestamp()[1] if first is not None else None,
-                               headers.get("onceflow.app", b"").decode() or None,
-                               headers.get("onceflow.batch", b"").decode() or None,
-                               headers.get("onceflow.backfill", b"").decode() or None))
+                               headers.get(wire.H_APP, b"").decode() or None,
+                               headers.get(wire.H_BATCH, b"").decode() or None,
+                               headers.get(wire.H_BACKFILL, b"").decode() or None))
     finally:
         reader.close()
     return out
@@ -106,7 +108,7 @@ TIMEOUT_PREFIX = "txn_watch:event:timeout:"
 
 def replayed(timeout: dict, events: list[dict]) -> bool:
     """Has the job committed the timed-out batch (or a later one) since the timeout? Then the alert resolves."""
-    return any(e["type"] == ev.BATCH_COMMITTED and e.get("app") == timeout.get("app")
+    return any(e["type"] == wire.BATCH_COMMITTED and e.get("app") == timeout.get("app")
                and int(e.get("batch", -1)) >= int(timeout.get("batch", 0))
                and int(e.get("ts_ms", 0)) > int(timeout.get("ts_ms", 0)) for e in events)
 
@@ -117,12 +119,12 @@ def event_conditions(events: list[dict]) -> list[alerts.Condition]:
     def txn_key(e):
         return (e.get("app"), e.get("host"), e.get("pid"), e.get("batch"))
 
-    timed_out = {txn_key(e) for e in events if e["type"] == ev.TRANSACTION_TIMEOUT}
+    timed_out = {txn_key(e) for e in events if e["type"] == wire.TRANSACTION_TIMEOUT}
     out = []
     for e in events:
         k = txn_key(e)
         ident = f"{e.get('app')}:{e.get('host')}:{e.get('pid')}:{e.get('batch')}"
-        if e["type"] == ev.TRANSACTION_TIMEOUT:
+        if e["type"] == wire.TRANSACTION_TIMEOUT:
             out.append(alerts.Condition(
                 key=f"{TIMEOUT_PREFIX}{ident}", severity=alerts.CRITICAL,
                 summary=f"transaction of {e.get('transactional_id')} (batch {e.get('batch')}) was aborted by the "
@@ -130,7 +132,7 @@ def event_conditions(events: list[dict]) -> list[alerts.Condition]:
                         f"restarts and replays the batch",
                 action=e.get("action", "raise ONCEFLOW_TRANSACTION_TIMEOUT_MS or make batches smaller"),
                 details=e))
-        elif e["type"] == ev.TRANSACTION_NEAR_TIMEOUT and k not in timed_out:
+        elif e["type"] == wire.TRANSACTION_NEAR_TIMEOUT and k not in timed_out:
             out.append(alerts.Condition(
                 key=f"txn_watch:event:near_timeout:{ident}", severity=alerts.WARNING, one_off=True,
                 summary=f"transaction of {e.get('transactional_id')} (batch {e.get('batch')}) was open "
@@ -149,11 +151,11 @@ def new_events(settings: Settings, types: set[str], timeout_s: float = 60.0) -> 
     try:
         md = c.list_topics(settings.events_topic, timeout=10).topics[settings.events_topic]
         parts = sorted(md.partitions)
-        committed = kafka_clients.committed(c, [TopicPartition(settings.events_topic, p) for p in parts])
+        committed = kafka_reading.committed(c, [TopicPartition(settings.events_topic, p) for p in parts])
         start = [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
                  for tp in committed]
         out, last = [], {}
-        for msg in kafka_clients.consume_to_end(c, start, timeout_s):
+        for msg in kafka_reading.consume_to_end(c, start, timeout_s):
             last[msg.partition()] = msg.offset() + 1
             try:
                 e = json.loads(msg.value())
@@ -172,7 +174,7 @@ def new_events(settings: Settings, types: set[str], timeout_s: float = 60.0) -> 
 def watch(settings: Settings, sink: alerts.AlertSink, now_ms: int | None = None) -> dict:
     """One run of the transaction watch: returns what it found and the alerts it sent."""
     now_ms = now_ms or int(time.time() * 1000)
-    evs = new_events(settings, {ev.TRANSACTION_TIMEOUT, ev.TRANSACTION_NEAR_TIMEOUT, ev.BATCH_COMMITTED})
+    evs = new_events(settings, {wire.TRANSACTION_TIMEOUT, wire.TRANSACTION_NEAR_TIMEOUT, wire.BATCH_COMMITTED})
     # every topic the platform writes in transactions: the job's sink, DLQ and ledger (shared with restores and
     # backfills, whose open chunk would hide the job's own records), and the backfills' target
     txns = open_transactions(settings, [settings.sink_topic, settings.dlq_topic, settings.ledger_topic,

@@ -19,22 +19,7 @@ from onceflow.config import Settings
 
 log = logging.getLogger("onceflow.events")
 
-# Event types other modules and the control plane rely on.
-JOB_STARTED = "job_started"
-JOB_STOPPED = "job_stopped"
-JOB_FAILED = "job_failed"
-BATCH_COMMITTED = "batch_committed"
-BATCH_REPLAY_SKIPPED = "batch_replay_skipped"
-PROGRESS = "progress"
-TRANSACTION_NEAR_TIMEOUT = "transaction_near_timeout"
-TRANSACTION_TIMEOUT = "transaction_timeout"
-FENCED = "fenced"
-DIVERGENT_HISTORY = "divergent_history"
-GROUP_OFFSETS_LOST = "group_offsets_lost"
-TRANSACTION_OUTCOME_UNKNOWN = "transaction_outcome_unknown"
-FAULT_INJECTED = "fault_injected"
-SUPERVISOR_RESTART = "supervisor_restart"
-SUPERVISOR_GAVE_UP = "supervisor_gave_up"
+# The event types are part of the wire contract: onceflow.wire.
 
 
 class EventBus:

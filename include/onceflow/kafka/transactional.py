@@ -29,6 +29,8 @@ from typing import Any, Callable
 
 from confluent_kafka import KafkaError, KafkaException
 
+from onceflow import wire
+
 log = logging.getLogger(__name__)
 
 FENCED, COORDINATOR_TIMEOUT, OUTCOME_UNKNOWN = "fenced", "coordinator_timeout", "outcome_unknown"
@@ -261,7 +263,7 @@ class TransactionalWriter:
             _close(old, purge=True)
         log.warning("replaced the producer of %s: %s", self.transactional_id, why)
         if self._on_event is not None:
-            self._on_event("producer_replaced", {"transactional_id": self.transactional_id,
+            self._on_event(wire.PRODUCER_REPLACED, {"transactional_id": self.transactional_id,
                                                            "why": why[:500]})
 
     def _initialised(self, producer: Any) -> Any:

@@ -36,6 +36,7 @@ from typing import Iterable, Sequence
 
 from confluent_kafka import KafkaError, TopicPartition
 
+from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import events as ev
 from onceflow.kafka import clients as kafka_clients
 from onceflow.protocol import ledger_reader
@@ -44,11 +45,10 @@ from onceflow.kafka import transactional as tw
 from onceflow.config import Settings
 from onceflow.faults import Injector
 from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, decide, offset_metadata
+from onceflow import wire
 
 log = logging.getLogger(__name__)
-KIND_RESULT = "result"
-KIND_DLQ = "dlq"
-H_APP, H_BATCH = "onceflow.app", "onceflow.batch"  # headers of every record the job writes
+H_APP, H_BATCH = wire.H_APP, wire.H_BATCH  # headers of every record the job writes
 
 
 class ZombieFenced(RuntimeError):
@@ -62,7 +62,7 @@ class TransactionTimedOut(RuntimeError):
 @dataclass(frozen=True)
 class OutRecord:
     """One row of a batch's output, as foreachBatch collects it from the query."""
-    kind: str                       # KIND_RESULT or KIND_DLQ
+    kind: str                       # wire.KIND_RESULT or wire.KIND_DLQ
     key: str
     value: bytes | None
     src_partition: int | None = None
@@ -121,7 +121,7 @@ class ExactlyOnceSink:
     # ------------------------------------------------------------------ what is committed
     def committed(self, partitions: Iterable[int]) -> Committed:
         tps = [TopicPartition(self.s.source_topic, p) for p in sorted(partitions)]
-        got = kafka_clients.committed(self.group, tps) if tps else []
+        got = kafka_reading.committed(self.group, tps) if tps else []
         return Committed.from_partitions((tp.partition, tp.offset if tp.offset >= 0 else None,
                                           tp.metadata) for tp in got)
 
@@ -140,13 +140,13 @@ class ExactlyOnceSink:
             # ledger is the truth; the group is a cache of it.
             newest = ledger_reader.newest_entry(self.ledger_reader, self.s)
             if newest is not None:
-                self.bus.emit(ev.GROUP_OFFSETS_LOST, logging.WARNING, flush=True, batch=plan.batch,
+                self.bus.emit(wire.GROUP_OFFSETS_LOST, logging.WARNING, flush=True, batch=plan.batch,
                               group=self.s.group_id, ledger_batch=newest.batch,
                               action="decided from the ledger; the next commit restores the group's offsets")
         try:
             return decide(plan, committed, entry, newest)
         except Exception as e:
-            self.bus.emit(ev.DIVERGENT_HISTORY, logging.ERROR, flush=True, batch=plan.batch,
+            self.bus.emit(wire.DIVERGENT_HISTORY, logging.ERROR, flush=True, batch=plan.batch,
                           spark_batch=plan.spark_batch, error=str(e))
             raise
 
@@ -159,7 +159,7 @@ class ExactlyOnceSink:
         decision = decision or self.decide(plan)
         for attempt in (1, 2):
             if decision is not Decision.WRITE:
-                self.bus.emit(ev.BATCH_REPLAY_SKIPPED, batch=plan.batch, spark_batch=plan.spark_batch,
+                self.bus.emit(wire.BATCH_REPLAY_SKIPPED, batch=plan.batch, spark_batch=plan.spark_batch,
                               ranges=plan.ranges, catch_up_from=plan.catch_up_from, decision=decision.value)
                 return BatchOutcome(plan.batch, decision)
             try:
@@ -167,7 +167,7 @@ class ExactlyOnceSink:
             except tw.OutcomeUnknown as e:
                 if attempt == 2:
                     raise
-                self.bus.emit(ev.TRANSACTION_OUTCOME_UNKNOWN, logging.WARNING, flush=True, batch=plan.batch,
+                self.bus.emit(wire.TRANSACTION_OUTCOME_UNKNOWN, logging.WARNING, flush=True, batch=plan.batch,
                               error=str(e), transactional_id=self.s.transactional_id,
                               action="the producer was replaced; the batch is decided again from what is committed")
                 decision = self.decide(plan)
@@ -184,9 +184,9 @@ class ExactlyOnceSink:
             self.writer.begin()
             warn.start()
             outputs = dlq = 0
-            headers = [(H_APP, self.s.app_id.encode()), (H_BATCH, str(plan.batch).encode())]
+            headers = [(wire.H_APP, self.s.app_id.encode()), (wire.H_BATCH, str(plan.batch).encode())]
             for r in rows:
-                if r.kind == KIND_RESULT:
+                if r.kind == wire.KIND_RESULT:
                     self.writer.produce(self.s.sink_topic, r.key.encode(), r.value, headers)
                     outputs += 1
                 else:
@@ -208,12 +208,12 @@ class ExactlyOnceSink:
             self._fault("stall_in_txn", plan.batch)
             self.writer.commit()
         except tw.Fenced as e:
-            self.bus.emit(ev.FENCED, logging.ERROR, flush=True, transactional_id=self.s.transactional_id,
+            self.bus.emit(wire.FENCED, logging.ERROR, flush=True, transactional_id=self.s.transactional_id,
                           error=str(e), action="another instance of this app took over; this one stops")
             raise ZombieFenced(f"fenced by a newer instance of {self.s.transactional_id}: {e}") from e
         except tw.CoordinatorTimedOut as e:
             elapsed_ms = (time.monotonic() - started) * 1000
-            self.bus.emit(ev.TRANSACTION_TIMEOUT, logging.ERROR, flush=True, batch=plan.batch,
+            self.bus.emit(wire.TRANSACTION_TIMEOUT, logging.ERROR, flush=True, batch=plan.batch,
                           elapsed_ms=round(elapsed_ms), timeout_ms=self.timeout_ms,
                           transactional_id=self.s.transactional_id, error=str(e),
                           action="the batch is replayed after the restart; if this repeats, raise "
@@ -231,11 +231,11 @@ class ExactlyOnceSink:
         finally:
             warn.cancel()
         txn_ms = (time.monotonic() - started) * 1000
-        self.bus.emit(ev.BATCH_COMMITTED, batch=plan.batch, spark_batch=plan.spark_batch, outputs=outputs, dlq=dlq,
+        self.bus.emit(wire.BATCH_COMMITTED, batch=plan.batch, spark_batch=plan.spark_batch, outputs=outputs, dlq=dlq,
                       txn_ms=round(txn_ms, 1), records=plan.records, watermark_ms=plan.watermark_ms,
                       end_offsets=plan.end)
         if txn_ms >= self.timeout_ms * self.s.near_timeout_fraction and not self._warned:
-            self.bus.emit(ev.TRANSACTION_NEAR_TIMEOUT, logging.WARNING, batch=plan.batch, txn_ms=round(txn_ms),
+            self.bus.emit(wire.TRANSACTION_NEAR_TIMEOUT, logging.WARNING, batch=plan.batch, txn_ms=round(txn_ms),
                           timeout_ms=self.timeout_ms, committed=True, transactional_id=self.s.transactional_id,
                           fraction=self.s.near_timeout_fraction)
         self._fault("crash_after_commit", plan.batch)
@@ -249,7 +249,7 @@ class ExactlyOnceSink:
     def _near_timeout(self, batch: int, started: float) -> None:
         self._warned = True
         age = (time.monotonic() - started) * 1000
-        self.bus.emit(ev.TRANSACTION_NEAR_TIMEOUT, logging.WARNING, batch=batch, txn_ms=round(age),
+        self.bus.emit(wire.TRANSACTION_NEAR_TIMEOUT, logging.WARNING, batch=batch, txn_ms=round(age),
                       timeout_ms=self.timeout_ms, committed=False, transactional_id=self.s.transactional_id,
                       fraction=self.s.near_timeout_fraction, action="the transaction is still open; it will be aborted at the timeout and replayed")
 
@@ -281,12 +281,12 @@ def config_error(e: "tw.TxnConfigError", timeout_ms: int) -> TransactionConfigEr
 def dlq_headers(source_topic: str, r: OutRecord) -> list[tuple[str, bytes]]:
     """Provenance of a DLQ record (Kafka Connect style); a copy that holds less than the original value (capped,
     or quarantined) says so, with the original's size and sha256."""
-    out = [("onceflow.source.topic", source_topic.encode()),
-           ("onceflow.source.partition", str(r.src_partition).encode()),
-           ("onceflow.source.offset", str(r.src_offset).encode()),
-           ("onceflow.source.timestamp", str(r.src_timestamp_ms).encode()),
-           ("onceflow.reason", (r.reason or "").encode()),
-           ("onceflow.original.size", str(r.src_size if r.src_size is not None else -1).encode())]
+    out = [(wire.H_SOURCE_TOPIC, source_topic.encode()),
+           (wire.H_SOURCE_PARTITION, str(r.src_partition).encode()),
+           (wire.H_SOURCE_OFFSET, str(r.src_offset).encode()),
+           (wire.H_SOURCE_TIMESTAMP, str(r.src_timestamp_ms).encode()),
+           (wire.H_REASON, (r.reason or "").encode()),
+           (wire.H_ORIGINAL_SIZE, str(r.src_size if r.src_size is not None else -1).encode())]
     if r.src_sha256 is not None:
-        out += [("onceflow.original.sha256", r.src_sha256.encode()), ("onceflow.truncated", b"true")]
+        out += [(wire.H_ORIGINAL_SHA256, r.src_sha256.encode()), (wire.H_TRUNCATED, b"true")]
     return out

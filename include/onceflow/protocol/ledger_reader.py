@@ -17,6 +17,8 @@ import time
 
 from confluent_kafka import TopicPartition
 
+from onceflow.kafka import reading as kafka_reading
+from onceflow import wire
 from onceflow.kafka import clients as kafka_clients
 from onceflow.config import Settings
 from onceflow.rules.ledger import DivergentHistory, LedgerEntry, parse_record
@@ -39,10 +41,10 @@ def stable_end(settings: Settings, wait_s: float | None = None) -> tuple[int, in
     wait_s = settings.ledger_wait_s if wait_s is None else wait_s
     admin = kafka_clients.admin(settings)
     tp = TopicPartition(settings.ledger_topic, 0)
-    target = kafka_clients.latest_offsets(admin, [tp], read_committed=False)[(tp.topic, 0)]
+    target = kafka_reading.latest_offsets(admin, [tp], read_committed=False)[(tp.topic, 0)]
     deadline = time.monotonic() + wait_s
     while True:
-        lso = kafka_clients.latest_offsets(admin, [tp], read_committed=True)[(tp.topic, 0)]
+        lso = kafka_reading.latest_offsets(admin, [tp], read_committed=True)[(tp.topic, 0)]
         if lso >= target:
             break
         if time.monotonic() >= deadline:
@@ -52,17 +54,17 @@ def stable_end(settings: Settings, wait_s: float | None = None) -> tuple[int, in
                 f"The transaction watch names the producer; a backfill's transaction ends by itself "
                 f"(ONCEFLOW_LEDGER_WAIT_S bounds this wait)")
         time.sleep(0.2)
-    low = kafka_clients.low_offset(admin, tp)
+    low = kafka_reading.low_offset(admin, tp)
     return low, target
 
 
 def _app_entries(consumer, settings: Settings, start: int, end: int) -> list[LedgerEntry]:
     key = settings.app_id.encode()
     out = []
-    for msg in kafka_clients.read_range(consumer, settings.ledger_topic, 0, start, end):
+    for msg in kafka_reading.read_range(consumer, settings.ledger_topic, 0, start, end):
         if msg.key() == key:
             rec = parse_record(msg.value())
-            if isinstance(rec, LedgerEntry) and rec.kind == "stream":
+            if isinstance(rec, LedgerEntry) and rec.kind == wire.LEDGER_STREAM:
                 out.append(rec)
     return out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from onceflow.kafka import clients as kafka_clients
 from onceflow.config import Settings
 from onceflow.kafka.transactional import TransactionalWriter, TxnError
+from onceflow import wire
 
 
 def app_writer(settings: Settings) -> TransactionalWriter:
@@ -20,7 +21,7 @@ def commit_record(writer: TransactionalWriter, settings: Settings, value: bytes,
     writer.begin()
     try:
         writer.produce(settings.ledger_topic, settings.app_id.encode(), value,
-                       [("onceflow.app", settings.app_id.encode()), ("onceflow.kind", kind.encode())])
+                       [(wire.H_APP, settings.app_id.encode()), (wire.H_KIND, kind.encode())])
         writer.commit()
     except TxnError:
         raise  # the writer aborted already

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Iterable, Mapping
 
+from onceflow import wire
+
 Offsets = Mapping[int, int]  # partition -> offset
 
 
@@ -67,7 +69,7 @@ class LedgerEntry:
     txn_ms: float
     commit_time_ms: int
     transactional_id: str
-    kind: str = "stream"  # "stream" for the live job; backfills will write their own kind
+    kind: str = wire.LEDGER_STREAM  # the live job's batches; backfills write wire.LEDGER_BACKFILL
     spark_batch: int | None = None
     epoch: int = 0
     backfill_id: str | None = None    # kind "backfill": which backfill; `batch` is then the chunk number
@@ -125,7 +127,7 @@ class RestoreRecord:
     spark_batch_from: int           # Spark's first batch of the new epoch
     ledger_shift: int               # ledger batch = Spark batch + ledger_shift from then on
     restored_ms: int
-    kind: str = "restore"
+    kind: str = wire.LEDGER_RESTORE
 
     def to_json(self) -> bytes:
         d = asdict(self)
@@ -159,7 +161,7 @@ class QuarantineRecord:
     reason: str
     by: str
     ts_ms: int
-    kind: str = "quarantine"
+    kind: str = wire.LEDGER_QUARANTINE
 
     def to_json(self) -> bytes:
         d = asdict(self)
@@ -178,10 +180,10 @@ _ENTRY_FIELDS = {f.name for f in fields(LedgerEntry)}
 
 def parse_record(raw: bytes | str) -> LedgerEntry | RestoreRecord | QuarantineRecord:
     """A ledger record of any kind: batch entries (stream, backfill), restore and quarantine records."""
-    kind = json.loads(raw).get("kind", "stream")
-    if kind == "restore":
+    kind = json.loads(raw).get("kind", wire.LEDGER_STREAM)
+    if kind == wire.LEDGER_RESTORE:
         return RestoreRecord.from_json(raw)
-    if kind == "quarantine":
+    if kind == wire.LEDGER_QUARANTINE:
         return QuarantineRecord.from_json(raw)
     return LedgerEntry.from_json(raw)
 

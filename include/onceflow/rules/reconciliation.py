@@ -25,6 +25,21 @@ class ReconcileError(ValueError):
     """Bad parameters or an impossible range; raised before anything runs."""
 
 
+def to_ms(v) -> int | None:
+    """A time given as epoch ms, ISO-8601 or a datetime, in epoch ms (None stays None)."""
+    if v is None or v == "":
+        return None
+    if hasattr(v, "timestamp"):
+        return int(v.timestamp() * 1000)
+    from datetime import datetime
+
+    try:
+        return int(v) if str(v).isdigit() else int(datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp()
+                                                    * 1000)
+    except ValueError:
+        raise ReconcileError(f"{v!r} is not a time: use ISO-8601 (2026-11-22T10:00:00Z) or epoch ms") from None
+
+
 @dataclass(frozen=True)
 class BatchRow:
     """One ledger batch on one source partition: which offsets it read, and its late-row watermark."""

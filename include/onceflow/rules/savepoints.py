@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from onceflow.storage.checkpoint import Epoch
+from onceflow.rules.checkpoint import Epoch
 from onceflow.rules.ledger import Committed, LedgerEntry, RestoreRecord
 
 MANIFEST = "_manifest.json"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import fcntl
 import json
 import os
@@ -9,7 +10,9 @@ import signal
 import sys
 import time
 
+from onceflow import wire
 from onceflow.kafka import events as ev
+from onceflow.kafka import reading as kafka_reading
 from onceflow.runtime import jvm, launcher, preflight, procs, supervisor
 from onceflow.config import Settings
 
@@ -64,6 +67,28 @@ def status(settings: Settings) -> dict:
             "desired_state": desired_state(settings), "started_ms": started, "last_commit_ms": last,
             "running_batch": st.get("running_batch") if fresh else None, "batch_started_ms": batch_since,
             "last_exit": exited}
+
+
+def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | None:
+    """A batch committed recently by a driver that is not the one running here: another live instance."""
+    if status(settings)["running"]:
+        return None  # the recent commits are this machine's own driver
+    within_s = within_s or max(60.0, 6 * settings.trigger_interval_s)
+    now_ms = int(time.time() * 1000)
+    for e in reversed(kafka_reading.read_topic(settings, settings.events_topic, since_ms=now_ms - int(within_s * 1000))):
+        try:
+            d = json.loads(e.value)
+        except ValueError:
+            continue
+        if d.get("app") != settings.app_id or d.get("type") != wire.BATCH_COMMITTED:
+            continue
+        pid = int(d.get("pid") or 0)
+        if d.get("host") == socket.gethostname() and not (pid > 0 and procs.pid_alive(pid)):
+            continue  # a driver of this machine that has exited (stopped or killed): history
+        if now_ms - d["ts_ms"] > within_s * 1000:
+            return None
+        return d
+    return None
 
 
 @contextlib.contextmanager

@@ -16,10 +16,9 @@ import time
 from onceflow.kafka import events as ev
 from onceflow.runtime import launcher, procs
 from onceflow.config import Settings
+from onceflow import wire
 
 log = logging.getLogger(__name__)
-NO_RESTART = {0: "stopped", 2: "misconfiguration", 3: "fenced by a newer instance", 4: "divergent history",
-              5: "another instance holds the app's lock on this machine"}
 JOB_MARKER = str(launcher.JOB_SCRIPT)
 ARGV_ENV = "ONCEFLOW_SUBMIT_ARGV"  # a JSON list: the spark-submit command built by the deployer
 
@@ -92,18 +91,18 @@ def supervise(settings: Settings, bus: ev.EventBus | None = None) -> int:
         rc = proc.wait()
         if stopping.is_set():
             return _ended(settings, 0, "stopped")
-        if rc in NO_RESTART:
+        if rc in wire.NO_RESTART:
             if rc != 0:
-                bus.emit(ev.SUPERVISOR_GAVE_UP, logging.ERROR, flush=True, exit_code=rc, reason=NO_RESTART[rc],
+                bus.emit(wire.SUPERVISOR_GAVE_UP, logging.ERROR, flush=True, exit_code=rc, reason=wire.NO_RESTART[rc],
                          log=str(job_log(settings)))
-            return _ended(settings, rc, NO_RESTART[rc])
+            return _ended(settings, rc, wire.NO_RESTART[rc])
         failures = 1 if _committed_since(settings, started_ms) else failures + 1
         if failures > settings.restart_attempts:
-            bus.emit(ev.SUPERVISOR_GAVE_UP, logging.ERROR, flush=True, exit_code=rc, attempts=failures - 1,
+            bus.emit(wire.SUPERVISOR_GAVE_UP, logging.ERROR, flush=True, exit_code=rc, attempts=failures - 1,
                      reason="restart attempts exhausted", log=str(job_log(settings)))
             return _ended(settings, rc, "restart attempts exhausted")
         restarts += 1
-        bus.emit(ev.SUPERVISOR_RESTART, logging.WARNING, exit_code=rc, attempt=failures,
+        bus.emit(wire.SUPERVISOR_RESTART, logging.WARNING, exit_code=rc, attempt=failures,
                  max_attempts=settings.restart_attempts, delay_s=settings.restart_delay_s, restarts=restarts)
         if stopping.wait(settings.restart_delay_s):
             return _ended(settings, 0, "stopped")

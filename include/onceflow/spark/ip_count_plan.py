@@ -13,10 +13,10 @@ from typing import Sequence
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from onceflow import wire
 from onceflow.spark import parsing
 from onceflow.rules import records as R
 from onceflow.config import Settings
-from onceflow.protocol.exactly_once import KIND_DLQ, KIND_RESULT
 
 ISO_MS = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"
 OUTPUT_COLUMNS = ["kind", "key", "value", "src_partition", "src_offset", "src_timestamp_ms", "reason", "src_size",
@@ -64,7 +64,7 @@ def results_and_dlq(raw: DataFrame, settings: Settings, quarantine: Sequence = (
               .groupBy(F.window("ts", f"{settings.window_s} seconds").alias("w"), "ip")
               .count())
     results = counts.select(
-        F.lit(KIND_RESULT).alias("kind"), *result_key_value(),
+        F.lit(wire.KIND_RESULT).alias("kind"), *result_key_value(),
         F.lit(None).cast("int").alias("src_partition"),
         F.lit(None).cast("bigint").alias("src_offset"),
         F.lit(None).cast("bigint").alias("src_timestamp_ms"),
@@ -73,7 +73,7 @@ def results_and_dlq(raw: DataFrame, settings: Settings, quarantine: Sequence = (
         F.lit(None).cast("string").alias("src_sha256"))
     copy, size, sha = dlq_value(F.col("reason"), F.col("value"), settings.dlq_max_value_bytes)
     dlq = parsed.where(F.col("reason").isNotNull()).select(
-        F.lit(KIND_DLQ).alias("kind"),
+        F.lit(wire.KIND_DLQ).alias("kind"),
         F.concat_ws("|", F.col("topic"), F.col("partition").cast("string"),
                     F.col("offset").cast("string")).alias("key"),
         copy.alias("value"),

@@ -1,0 +1,169 @@
+"""Reading Kafka, bounded: committed offsets, a partition's range, a topic to its end, watermarks and offsets by
+time, as a read_committed consumer sees them. Generic: nothing here knows what the records mean."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from onceflow.config import Settings
+from onceflow.kafka.clients import read_committed_consumer
+
+
+def committed(consumer: Consumer, tps: list, timeout_s: float = 60.0) -> list:
+    """consumer.committed(), retried while the group coordinator is moving, loading or has an open
+    transactional commit pending (read_committed asks for stable offsets)."""
+    import time
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    retriable = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                 KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.UNSTABLE_OFFSET_COMMIT, KafkaError._TIMED_OUT,
+                 KafkaError._TRANSPORT, KafkaError.REQUEST_TIMED_OUT}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.committed(tps, timeout=min(30.0, max(1.0, deadline - time.monotonic())))
+        except KafkaException as e:
+            if e.args[0].code() not in retriable or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
+def consume_to_end(consumer: Consumer, partitions: list, timeout_s: float = 120.0):
+    """Yield the records of the assigned `partitions` (TopicPartitions with start offsets) until each reaches
+    its end (the LSO under read_committed). Needs `enable.partition.eof`."""
+    import time
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    consumer.assign(partitions)
+    pending = {tp.partition for tp in partitions}
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"reading {partitions[0].topic} did not reach the end of partitions "
+                               f"{sorted(pending)} in {timeout_s:.0f}s")
+        msg = consumer.poll(1.0)
+        if msg is None:
+            continue
+        if msg.error():
+            if msg.error().code() == KafkaError._PARTITION_EOF:
+                pending.discard(msg.partition())
+                continue
+            raise KafkaException(msg.error())
+        yield msg
+
+
+def read_range(consumer, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0):
+    """Yield the committed records of [start, end) of one partition (fewer when aborted data sits inside)."""
+    import time
+
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    if end <= start:
+        return
+    consumer.assign([TopicPartition(topic, partition, start)])
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                # read_committed skips aborted records and markers: done once the position passes `end - 1`.
+                pos = consumer.position([TopicPartition(topic, partition)])[0].offset
+                if pos >= end:
+                    return
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return
+                raise KafkaException(msg.error())
+            if msg.offset() >= end:
+                return
+            yield msg
+            if msg.offset() >= end - 1:
+                return
+        raise TimeoutError(f"reading {topic}[{partition}] [{start}, {end}) did not finish in {timeout_s}s")
+    finally:
+        consumer.unassign()
+
+
+def low_offset(admin: AdminClient, tp) -> int:
+    """The earliest offset still kept of one partition."""
+    from confluent_kafka.admin import OffsetSpec
+
+    return admin.list_offsets({tp: OffsetSpec.earliest()}, request_timeout=15)[tp].result(15).offset
+
+
+def watermarks(settings: Settings, topic: str) -> dict[int, tuple[int, int]] | None:
+    """Per partition, (low, high) of `topic` as a read_committed consumer sees them; None if there is no such
+    topic."""
+    from confluent_kafka import TopicPartition
+
+    c = read_committed_consumer(settings)
+    try:
+        md = c.list_topics(topic, timeout=10).topics.get(topic)
+        if md is None or md.error is not None:
+            return None
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                for p in sorted(md.partitions)}
+    finally:
+        c.close()
+
+
+def offsets_at(settings: Settings, topic: str, ts_ms: int, ends: dict[int, int]) -> dict[int, int]:
+    """Per partition of `ends`, the first offset whose timestamp is at or after `ts_ms`; `ends[p]` where no
+    record is that recent."""
+    from confluent_kafka import TopicPartition
+
+    c = read_committed_consumer(settings)
+    try:
+        got = c.offsets_for_times([TopicPartition(topic, p, max(ts_ms, 0)) for p in sorted(ends)], timeout=10)
+        return {tp.partition: tp.offset if tp.offset >= 0 else ends[tp.partition] for tp in got}
+    finally:
+        c.close()
+
+
+def latest_offsets(admin: AdminClient, tps: list, read_committed: bool = True) -> dict[tuple[str, int], int]:
+    """The end of each partition: the last stable offset under read_committed, else the high watermark."""
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import OffsetSpec
+
+    isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
+    futs = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, isolation_level=isolation,
+                              request_timeout=15)
+    return {(tp.topic, tp.partition): fut.result(15).offset for tp, fut in futs.items()}
+
+
+@dataclass(frozen=True)
+class Msg:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict
+    timestamp_ms: int = 0
+
+
+def read_topic(settings: Settings, topic: str, isolation: str = "read_committed",
+               timeout_s: float = 120.0, since_ms: int | None = None) -> list[Msg]:
+    """Every visible record of a topic, from the beginning (or from the first record at or after `since_ms`)
+    to the end (the LSO under read_committed)."""
+    c = read_committed_consumer(settings, **{"isolation.level": isolation,
+                                                           "enable.partition.eof": True,
+                                                           "fetch.max.bytes": 52428800})
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        if md.error is not None:
+            raise KafkaException(md.error)
+        start = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(md.partitions)]
+        if since_ms is not None:
+            start = [TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END)
+                     for tp in c.offsets_for_times([TopicPartition(topic, tp.partition, since_ms)
+                                                    for tp in start], timeout=10)]
+        return [Msg(m.partition(), m.offset(), m.key(), m.value(), {k: v for k, v in (m.headers() or [])},
+                    m.timestamp()[1])
+                for m in consume_to_end(c, start, timeout_s)]
+    finally:
+        c.close()
