@@ -23,7 +23,6 @@ from onceflow.kafka import topics
 from onceflow.runtime import jobctl, jvm, procs
 from onceflow_dev import broker
 
-
 free_port = procs.free_port  # tests import it from here
 
 

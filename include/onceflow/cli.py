@@ -6,12 +6,11 @@ import json
 import logging
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
+from onceflow import config, wire
 from onceflow.kafka import reading as kafka_reading
-from onceflow import config
-from onceflow import wire
 
 
 def _print(obj, as_json: bool) -> None:
@@ -31,8 +30,8 @@ def _dev(name: str):
         return importlib.import_module(f"onceflow_dev.{name}")
     except ModuleNotFoundError as e:
         if e.name and e.name.startswith("onceflow_dev"):
-            raise SystemExit(f"onceflow: this command needs the development tooling (onceflow_dev), which ships "
-                             f"with the repository and not with a production image") from None
+            raise SystemExit("onceflow: this command needs the development tooling (onceflow_dev), which ships "
+                             "with the repository and not with a production image") from None
         raise
 
 
@@ -132,7 +131,6 @@ Stop everything: make stop""")
 
 
 def cmd_show(args, s: config.Settings) -> int:
-    from onceflow.apps import audit
 
     topic = {"sink": s.sink_topic, "dlq": s.dlq_topic, "ledger": s.ledger_topic, "events": s.events_topic,
              "source": s.source_topic}[args.what]
@@ -174,7 +172,7 @@ def cmd_savepoint(args, s: config.Settings) -> int:
         if args.json:
             _print({"savepoints": rows}, True)
         for r in rows if not args.json else []:
-            when = datetime.fromtimestamp(r["created_ms"] / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+            when = datetime.fromtimestamp(r["created_ms"] / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
             print(f"{r['id']:<36} {when}Z  batch {r['ledger_batch']!s:>6}  {r['mode'] or '-':<8} "
                   f"{r['total_size'] or 0:>10} B  {'complete' if r['complete'] else r['error']}")
     elif args.action == "verify":
@@ -254,7 +252,6 @@ def _ranges(rs: list) -> str:
 
 
 def _source_partitions(s: config.Settings) -> list[int]:
-    from onceflow.kafka import clients as kafka_clients
 
     return sorted(kafka_reading.watermarks(s, s.source_topic) or {})
 

@@ -10,9 +10,10 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from onceflow.rules.records import RULES_VERSION
 
@@ -178,7 +179,7 @@ class Settings:
         blob = json.dumps({k: getattr(self, k) for k in keys} | {"rules": RULES_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def replace(self, **changes: Any) -> "Settings":
+    def replace(self, **changes: Any) -> Settings:
         s = dataclasses.replace(self, **changes)
         s.validate()
         return s
@@ -238,7 +239,7 @@ class Settings:
         need(bool(self.app_id) and all(c.isalnum() or c in "._-" for c in self.app_id),
              f"{ENV_PREFIX}APP_ID must be non-empty and use only letters, digits, '.', '_', '-'")
         try:
-            self.bootstrap_host_port
+            _ = self.bootstrap_host_port  # parses, or raises
         except ValueError:
             raise ConfigError(f"{ENV_PREFIX}BOOTSTRAP_SERVERS must be host:port[,host:port], "
                               f"got {self.bootstrap_servers!r}") from None

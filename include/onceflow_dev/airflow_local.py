@@ -11,9 +11,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from onceflow.config import REPO_ROOT, Settings
 from onceflow.runtime import procs
 from onceflow_dev.airflow_client import AirflowApiError, AirflowClient
-from onceflow.config import REPO_ROOT, Settings
 
 DEPLOY_DAG = "ip_count_deploy"
 WATCH_DAGS = ("ip_count_health", "ip_count_txn_watch", "ip_count_checkpoint_rotation", "ip_count_reconciliation")

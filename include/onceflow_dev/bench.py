@@ -27,14 +27,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-from onceflow.kafka import reading as kafka_reading
-from onceflow import config
+from onceflow import config, wire
 from onceflow.apps import audit
-from onceflow.kafka import events as ev, clients as kafka_clients, topics
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import events as ev
+from onceflow.kafka import reading as kafka_reading
+from onceflow.kafka import topics
 from onceflow.runtime import jobctl, launcher, procs, supervisor
 from onceflow_dev import broker, generator
-from onceflow import wire
 
 log = logging.getLogger("onceflow_dev.bench")
 # The job settings a tuning run varies (docs/performance.md); recorded with every result.

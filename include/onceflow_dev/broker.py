@@ -10,8 +10,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from onceflow.runtime import jvm, procs
 from onceflow.config import Settings
+from onceflow.runtime import jvm, procs
 
 log = logging.getLogger(__name__)
 MAIN_CLASS = "kafka.Kafka"

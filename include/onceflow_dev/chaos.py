@@ -19,15 +19,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from onceflow.kafka import reading as kafka_reading
-from onceflow import config
+from onceflow import config, wire
 from onceflow.apps import audit
-from onceflow.kafka import events as ev, topics
+from onceflow.kafka import events as ev
+from onceflow.kafka import reading as kafka_reading
+from onceflow.kafka import topics
 from onceflow.rules import invariants
 from onceflow.runtime import jobctl, launcher, procs
 from onceflow_dev import broker, generator
 from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL
-from onceflow import wire
 
 log = logging.getLogger("onceflow_dev.chaos")
 

@@ -12,13 +12,13 @@ import random
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from itertools import accumulate
 from pathlib import Path
 
+from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.rules import records
-from onceflow.config import Settings
 
 log = logging.getLogger(__name__)
 KIND_OK = "ok"
@@ -114,7 +114,7 @@ def _ip_pool(rng: random.Random, n: int, ipv6_fraction: float) -> list[str]:
 def _combined_line(ip: str, ts_ms: int, rng: random.Random) -> tuple[bytes, int]:
     """Render a combined-format line; its clock has second precision and a random zone offset."""
     offset_min = rng.choice([0, 0, 0, 60, -330, 540])
-    dt = datetime.fromtimestamp(ts_ms // 1000, tz=timezone.utc) + timedelta(minutes=offset_min)
+    dt = datetime.fromtimestamp(ts_ms // 1000, tz=UTC) + timedelta(minutes=offset_min)
     sign = "+" if offset_min >= 0 else "-"
     zone = "%s%02d%02d" % (sign, abs(offset_min) // 60, abs(offset_min) % 60)
     stamp = f"{dt.day:02d}/{_MONTHS[dt.month - 1]}/{dt.year}:{dt:%H:%M:%S} {zone}"

@@ -13,8 +13,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 
-from onceflow import wire
-from onceflow import config
+from onceflow import config, wire
 from onceflow.kafka import events as ev
 from onceflow.spark import ip_count_plan as ip_count
 

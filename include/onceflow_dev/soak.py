@@ -27,13 +27,13 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from onceflow import config
+from onceflow import config, wire
 from onceflow.apps import audit, recon_chain
-from onceflow.kafka import events as ev, topics
+from onceflow.kafka import events as ev
+from onceflow.kafka import topics
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import airflow_local, broker, chaos, generator
 from onceflow_dev.webhook_receiver import Receiver
-from onceflow import wire
 
 log = logging.getLogger("onceflow_dev.soak")
 

@@ -1,10 +1,10 @@
 """The embedded stack: one command brings up the broker and the topics; another takes it down."""
 from __future__ import annotations
 
+from onceflow.config import Settings
 from onceflow.kafka import topics
 from onceflow.runtime import jvm
 from onceflow_dev import broker
-from onceflow.config import Settings
 
 
 def up(settings: Settings) -> dict:
@@ -16,9 +16,7 @@ def up(settings: Settings) -> dict:
 
 def down(settings: Settings) -> dict:
     from onceflow.runtime import jobctl, procs
-    from onceflow_dev import generator
-
-    from onceflow_dev import airflow_local
+    from onceflow_dev import airflow_local, generator
 
     airflow_stopped = airflow_local.down(settings)
     gen = procs.read_pidfile(generator.pidfile(settings))

@@ -8,13 +8,11 @@ from datetime import timedelta
 import pytest
 from confluent_kafka import Producer
 
-from onceflow.kafka import reading as kafka_reading
-from onceflow.kafka import events as ev
-from onceflow.kafka import clients as kafka_clients
-from onceflow.runtime import jobctl, procs
 from onceflow import wire
-from tests.integration.helpers import (assert_exact, copy_topic, end_offsets, events, produce, wait_drained,
-                                      wait_event)
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import reading as kafka_reading
+from onceflow.runtime import jobctl, procs
+from tests.integration.helpers import assert_exact, copy_topic, end_offsets, events, produce, wait_drained, wait_event
 
 DAGS = ("ip_count_deploy", "ip_count_health", "ip_count_txn_watch", "ip_count_checkpoint_rotation",
         "ip_count_reconciliation", "ip_count_backfill")

@@ -17,16 +17,15 @@ import time
 
 import pytest
 
-from onceflow.kafka import reading as kafka_reading
 from onceflow import config
 from onceflow.apps import audit, recon_chain, savepoints
+from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import topics
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import airflow_local
 from onceflow_dev.airflow_client import AirflowApiError
-
-from ..integration.helpers import produce
 from onceflow_dev.webhook_receiver import Receiver
+from tests.integration.helpers import produce
 
 pytestmark = pytest.mark.integration
 
@@ -197,7 +196,6 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
 
 
 def kafka_watermarks(s):
-    from onceflow.kafka import clients as kafka_clients
 
     return kafka_reading.watermarks(s, s.source_topic)
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 from confluent_kafka.admin import NewTopic
 
-from onceflow.kafka import reading as kafka_reading
 from onceflow.apps import audit
+from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import reading as kafka_reading
 from onceflow.rules import invariants, records
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import generator
-from onceflow.config import Settings
 from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL, GeneratorSpec
 
 START_MS = 1_795_000_000_000  # a fixed event-time origin (2026-11-17), so runs are reproducible

@@ -9,15 +9,15 @@ from collections import Counter
 
 import pytest
 
-from onceflow.kafka import reading as kafka_reading
+from onceflow import wire
 from onceflow.apps import audit, backfill
+from onceflow.kafka import reading as kafka_reading
 from onceflow.rules import records
-from onceflow.runtime import launcher, procs
 from onceflow.rules.backfill import BackfillError
+from onceflow.runtime import launcher, procs
 from onceflow_dev.generator import KIND_MALFORMED
 
 from .helpers import end_offsets, produce
-from onceflow import wire
 
 pytestmark = pytest.mark.integration
 

@@ -4,12 +4,11 @@ import time
 
 import pytest
 
-from onceflow.kafka import reading as kafka_reading
-from onceflow.apps import audit
+from onceflow import wire
 from onceflow.control import deploy
 from onceflow.kafka import clients as kafka_clients
-from onceflow.kafka import events as ev
-from onceflow import wire
+from onceflow.kafka import reading as kafka_reading
+from onceflow.runtime import jobctl
 
 pytestmark = pytest.mark.integration
 

@@ -7,16 +7,15 @@ import time
 
 import pytest
 
-from onceflow.kafka import reading as kafka_reading
-from onceflow.kafka import events as ev
-from onceflow.runtime import jobctl, launcher, supervisor
-from onceflow.protocol.exactly_once import (ExactlyOnceSink, OutRecord, TransactionConfigError,
-    ZombieFenced)
+from onceflow import wire
 from onceflow.faults import Injector
+from onceflow.kafka import events as ev
+from onceflow.kafka import reading as kafka_reading
+from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord, TransactionConfigError, ZombieFenced
 from onceflow.rules.ledger import BatchPlan, Decision
+from onceflow.runtime import jobctl, launcher, supervisor
 
 from .helpers import assert_exact, audit, events, now_ms, produce, wait_drained, wait_event, wait_job_exit
-from onceflow import wire
 
 pytestmark = pytest.mark.integration
 
@@ -88,9 +87,10 @@ def _rows(batch, n):
 
 
 def test_zombie_is_fenced_and_its_transaction_never_visible(app, tmp_path):
+    from confluent_kafka import TopicPartition
+
     from onceflow.kafka import clients as kafka_clients
     from onceflow.runtime import procs
-    from confluent_kafka import TopicPartition
 
     s = app()
     bus = ev.EventBus(s)
@@ -182,8 +182,8 @@ def test_transaction_timeout_is_aborted_reported_and_replayed(app, tmp_path):
 
 
 def test_bad_configuration_fails_at_start_with_a_clear_message(app, kafka):
-    from onceflow.runtime import preflight
     from onceflow.config import ConfigError
+    from onceflow.runtime import preflight
 
     base, _ = kafka
     s = app()

@@ -10,19 +10,20 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from onceflow.kafka import reading as kafka_reading
+from onceflow import wire
 from onceflow.apps import audit, quarantine
 from onceflow.control import alerts, health
-from onceflow.kafka import events as ev, clients as kafka_clients
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import events as ev
+from onceflow.kafka import reading as kafka_reading
+from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
 from onceflow.rules import records
+from onceflow.rules.ledger import BatchPlan, Decision
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import broker
-from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
 from onceflow_dev.generator import KIND_MALFORMED, KIND_OK, Sent
-from onceflow.rules.ledger import BatchPlan, Decision
 
 from .helpers import assert_exact, end_offsets, events, produce, wait_drained, wait_event
-from onceflow import wire
 
 pytestmark = pytest.mark.integration
 

@@ -5,16 +5,15 @@ import json
 
 import pytest
 
-from onceflow.kafka import reading as kafka_reading
+from onceflow import wire
 from onceflow.apps import audit, reconcile
 from onceflow.control import reconciliation
-from onceflow.runtime import jobctl
+from onceflow.kafka import reading as kafka_reading
 from onceflow.rules.reconciliation import FAIL, PASS
-
+from onceflow.runtime import jobctl
 from onceflow_dev.generator import KIND_TAIL
 
 from .helpers import copy_topic, produce, wait_drained
-from onceflow import wire
 
 pytestmark = pytest.mark.integration
 

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from onceflow import wire
 from onceflow.apps import savepoints
 from onceflow.control import deploy
 from onceflow.kafka import events as ev
-from onceflow.runtime import jobctl, procs
 from onceflow.rules.savepoints import DATA_DIR, MANIFEST, SavepointError
+from onceflow.runtime import jobctl, procs
 
 from .helpers import assert_exact, audit, events, produce, wait_drained
-from onceflow import wire
 
 pytestmark = pytest.mark.integration
 

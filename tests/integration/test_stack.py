@@ -6,7 +6,8 @@ import sys
 import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from onceflow.kafka import clients as kafka_clients, topics
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import topics
 from onceflow.runtime import jvm
 
 pytestmark = pytest.mark.integration

@@ -1,10 +1,9 @@
 """Pure control-plane logic: Burrow lag rules, alert deduplication, hanging transactions, health assessment."""
-from onceflow import config
+from onceflow import config, wire
 from onceflow.control import alerts, health, txnwatch
-from onceflow.rules import lag
 from onceflow.kafka import events as ev
+from onceflow.rules import lag
 from onceflow.rules.lag import Sample
-from onceflow import wire
 
 
 def samples(pairs, t0=0, step=60_000, commit_ts=None):

@@ -1,9 +1,18 @@
 """The replay decision and the coverage checks (I1), without a broker."""
 import pytest
 
-from onceflow.rules.ledger import (BatchPlan, Committed, Decision, DivergentHistory, LedgerEntry,
-    batch_from_metadata, check_coverage, decide, offset_metadata)
 from onceflow import wire
+from onceflow.rules.ledger import (
+    BatchPlan,
+    Committed,
+    Decision,
+    DivergentHistory,
+    LedgerEntry,
+    batch_from_metadata,
+    check_coverage,
+    decide,
+    offset_metadata,
+)
 
 
 def plan(n, start, end):

@@ -1,13 +1,13 @@
 """The Spark SQL parsing (what the job runs) agrees with the reference parser, record for record."""
 import json
 import random
-from datetime import timezone
+from datetime import UTC
 
 import pytest
 
+from onceflow.rules import records as R
 from onceflow.spark import parsing
 from onceflow_dev import generator
-from onceflow.rules import records as R
 
 CORNER = [
     b'203.0.113.9 - - [21/Nov/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8.5"',
@@ -60,7 +60,7 @@ def test_spark_matches_reference_on_corpus(spark):
         ref = R.parse(v)
         got_ts = None
         if r.reason is None:
-            got_ts = int(r.ts.replace(tzinfo=timezone.utc).timestamp() * 1_000_000) if r.ts.tzinfo is None \
+            got_ts = int(r.ts.replace(tzinfo=UTC).timestamp() * 1_000_000) if r.ts.tzinfo is None \
                 else int(r.ts.timestamp() * 1_000_000)
         got = (r.reason, got_ts if r.reason is None else None, r.ip if r.reason is None else None)
         if got != (ref.reason, ref.ts_us, ref.ip):
@@ -77,7 +77,7 @@ def test_spark_window_agrees_at_boundaries(spark, ts_ms):
 
     df = spark.createDataFrame([(json.dumps({"ts": ts_ms, "ip": "1.1.1.1"}).encode(),)], "value binary")
     w = parsing.classify(df).select(F.window("ts", "5 seconds").start.alias("s")).first().s
-    assert int(w.replace(tzinfo=timezone.utc).timestamp() * 1000) * 1000 == R.window_start_us(ts_ms * 1000, 5)
+    assert int(w.replace(tzinfo=UTC).timestamp() * 1000) * 1000 == R.window_start_us(ts_ms * 1000, 5)
 
 
 def test_the_streaming_plan_parses_each_record_once_per_branch(spark, tmp_path):
@@ -116,10 +116,10 @@ def test_the_clock_and_quarantine_rules_agree_with_the_reference(spark):
     rows = []
     for i, v in enumerate(corpus(n=300, seed=12)):
         ts = 1795298400000 + rng.randrange(-120_000, 10**7 + 120_000)
-        rows.append((v, datetime.fromtimestamp(ts / 1000, tz=timezone.utc), i % 3, i, ts))
+        rows.append((v, datetime.fromtimestamp(ts / 1000, tz=UTC), i % 3, i, ts))
     for i, ahead in enumerate((59_999, 60_000, 60_001, 365 * 86_400_000)):  # exactly at the limit and past it
         rows.append((json.dumps({"ts": 1795298400000 + ahead, "ip": "1.2.3.4"}).encode(),
-                     datetime.fromtimestamp(1795298400000 / 1000, tz=timezone.utc), 0, 10_000 + i, 1795298400000))
+                     datetime.fromtimestamp(1795298400000 / 1000, tz=UTC), 0, 10_000 + i, 1795298400000))
     q = [QuarantineRange(1, 100, 110), QuarantineRange(2, 5, 6)]
     df = spark.createDataFrame(rows, "value binary, timestamp timestamp, partition int, offset long, rec_ms long")
     for limit in (60_000, F.lit(60_000).cast("long")):

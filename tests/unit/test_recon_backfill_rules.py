@@ -4,11 +4,11 @@ import json
 
 import pytest
 
+from onceflow import wire
+from onceflow.control import reconciliation
 from onceflow.rules import backfill as br
 from onceflow.rules import reconciliation as rr
-from onceflow.control import reconciliation
 from onceflow.rules.ledger import LedgerEntry, check_coverage
-from onceflow import wire
 
 
 def entry(n, ranges, wm, commit_ms=0):

@@ -5,14 +5,34 @@ from dataclasses import replace
 
 import pytest
 
+from onceflow import wire
 from onceflow.rules import retention
 from onceflow.rules.checkpoint import Epoch, batch_plan, parse_offsets_file, render_offsets_file
+from onceflow.rules.ledger import (
+    BatchPlan,
+    Committed,
+    Decision,
+    DivergentHistory,
+    LedgerEntry,
+    RestoreRecord,
+    decide,
+    offset_metadata,
+    parse_record,
+)
+from onceflow.rules.savepoints import (
+    FileEntry,
+    Manifest,
+    RestoreFacts,
+    Runtime,
+    SavepointError,
+    cut_problems,
+    file_problems,
+    in_cut,
+    incompatibilities,
+    plan_restore,
+    state_problems,
+)
 from onceflow.storage.checkpoint import LocalFS
-from onceflow.rules.ledger import (BatchPlan, Committed, Decision, DivergentHistory, LedgerEntry, RestoreRecord,
-    decide, offset_metadata, parse_record)
-from onceflow.rules.savepoints import (FileEntry, Manifest, RestoreFacts, Runtime, SavepointError, cut_problems,
-    file_problems, in_cut, incompatibilities, plan_restore, state_problems)
-from onceflow import wire
 
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKS = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

@@ -3,8 +3,8 @@ flink-connector-kafka's KafkaCommitterTest drives its committer with a mock prod
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from onceflow.kafka import transactional as t
 from onceflow import wire
+from onceflow.kafka import transactional as t
 
 
 def kerr(code, fatal=False, retriable=False, abortable=False):

@@ -6,19 +6,18 @@ The reading is plain Kafka consumption with `isolation.level=read_committed`; th
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 
-from onceflow.kafka import reading as kafka_reading
-from onceflow.kafka import clients as kafka_clients
-from onceflow.rules import invariants, records
-from onceflow.config import Settings
-from onceflow.protocol.ledger_reader import LedgerNotVisible
-from onceflow.rules.ledger import (Committed, LedgerEntry, QuarantineRange, QuarantineRecord, RestoreRecord,
-    parse_record)
 from onceflow import wire
+from onceflow.config import Settings
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import reading as kafka_reading
+from onceflow.protocol.ledger_reader import LedgerNotVisible
+from onceflow.rules import invariants, records
+from onceflow.rules.ledger import Committed, LedgerEntry, QuarantineRange, QuarantineRecord, RestoreRecord, parse_record
 
 
 def ledger_records(settings: Settings, app: str | None = None
@@ -115,7 +114,7 @@ def source_records(settings: Settings, entries: Iterable[LedgerEntry] = (),
     return out
 
 
-def dlq_provenance(msgs: Iterable[Msg]) -> list[tuple[int, int]]:
+def dlq_provenance(msgs: Iterable[kafka_reading.Msg]) -> list[tuple[int, int]]:
     return [(int(m.headers[wire.H_SOURCE_PARTITION]), int(m.headers[wire.H_SOURCE_OFFSET]))
             for m in msgs]
 

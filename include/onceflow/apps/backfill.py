@@ -21,19 +21,20 @@ from confluent_kafka import TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from onceflow.kafka import reading as kafka_reading
-from onceflow.kafka import events as ev, clients as kafka_clients
-from onceflow.runtime import procs
-from onceflow.spark import kafka_source, parsing
-from onceflow.rules import backfill as br
+from onceflow import wire
 from onceflow.config import REPO_ROOT, Settings
-from onceflow.kafka.transactional import TransactionalWriter, TxnError
 from onceflow.faults import Injector
-from onceflow.spark.ip_count_plan import result_key_value
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import events as ev
+from onceflow.kafka import reading as kafka_reading
+from onceflow.kafka.transactional import TransactionalWriter, TxnError
+from onceflow.rules import backfill as br
 from onceflow.rules.ledger import LedgerEntry
 from onceflow.rules.reconciliation import to_ms
 from onceflow.rules.records import RULES_VERSION
-from onceflow import wire
+from onceflow.runtime import procs
+from onceflow.spark import kafka_source, parsing
+from onceflow.spark.ip_count_plan import result_key_value
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ def run(spark: SparkSession, settings: Settings, spec: br.Spec, bus: ev.EventBus
             writer.close()
 
 
-def _run(spark, settings: Settings, spec: br.Spec, writer: "ChunkWriter | None", injector: Injector, bus) -> dict:
+def _run(spark, settings: Settings, spec: br.Spec, writer: ChunkWriter | None, injector: Injector, bus) -> dict:
     done = progress(settings, spec)
     if done.starts and (done.starts, done.ends) != (spec.start, spec.end):
         raise br.BackfillError(f"backfill {spec.id}: another run committed chunks of the range {done.starts} -> "

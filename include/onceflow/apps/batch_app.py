@@ -6,8 +6,8 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def main(body: Callable[[], object], out: str, refused: tuple[type[BaseException], ...]) -> None:

@@ -20,15 +20,15 @@ import json
 import logging
 import time
 
-from onceflow.kafka import reading as kafka_reading
 from onceflow import wire
 from onceflow.apps import audit
-from onceflow.kafka import events as ev, clients as kafka_clients
-from onceflow.protocol import ledger_writes
-from onceflow.runtime import jobctl
-from onceflow.rules.checkpoint import QUARANTINE_FILE, render_quarantine
 from onceflow.config import Settings
+from onceflow.kafka import events as ev
+from onceflow.kafka import reading as kafka_reading
+from onceflow.protocol import ledger_writes
+from onceflow.rules.checkpoint import QUARANTINE_FILE, render_quarantine
 from onceflow.rules.ledger import QuarantineRange, QuarantineRecord
+from onceflow.runtime import jobctl
 
 log = logging.getLogger(__name__)
 

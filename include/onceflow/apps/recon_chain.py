@@ -20,12 +20,12 @@ from pathlib import Path
 
 from confluent_kafka import TopicPartition
 
-from onceflow.kafka import reading as kafka_reading
-from onceflow.kafka import clients as kafka_clients
-from onceflow.config import Settings
-from onceflow.rules.reconciliation import CHAIN, ChainPosition, ReconcileError, Result, chain_metadata, chain_position
-from onceflow.kafka.transactional import TransactionalWriter
 from onceflow import wire
+from onceflow.config import Settings
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import reading as kafka_reading
+from onceflow.kafka.transactional import TransactionalWriter
+from onceflow.rules.reconciliation import CHAIN, ChainPosition, ReconcileError, Result, chain_metadata, chain_position
 
 STATUS_TAIL = 2000  # reconciliation records read back for the status (the newest ones)
 

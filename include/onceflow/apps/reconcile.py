@@ -19,17 +19,16 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from onceflow.kafka import reading as kafka_reading
+from onceflow import wire
 from onceflow.apps import audit, recon_chain, sink_quality
-from onceflow.kafka import clients as kafka_clients
-from onceflow.spark import kafka_source, parsing
+from onceflow.config import Settings
+from onceflow.kafka import reading as kafka_reading
 from onceflow.rules import reconciliation as rr
 from onceflow.rules.checkpoint import parse_initial_offsets
-from onceflow.storage.checkpoint import LocalFS
-from onceflow.config import Settings
-from onceflow.spark.ip_count_plan import ISO_MS
 from onceflow.rules.ledger import LedgerEntry, check_coverage
-from onceflow import wire
+from onceflow.spark import kafka_source, parsing
+from onceflow.spark.ip_count_plan import ISO_MS
+from onceflow.storage.checkpoint import LocalFS
 
 log = logging.getLogger(__name__)
 CAP = 100          # differences listed per kind

@@ -16,23 +16,44 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import fsspec
 from confluent_kafka import TopicPartition
 
-from onceflow.kafka import reading as kafka_reading
 from onceflow import wire
-from onceflow.kafka import events as ev, clients as kafka_clients
+from onceflow.config import Settings
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import events as ev
+from onceflow.kafka import reading as kafka_reading
 from onceflow.protocol import ledger_reader, ledger_writes
 from onceflow.rules import retention
-from onceflow.runtime import jobctl
-from onceflow.rules.checkpoint import (EPOCH_FILE, QUARANTINE_FILE, Epoch, parse_offsets_file, render_offsets_file,
-    render_quarantine)
-from onceflow.config import Settings
+from onceflow.rules.checkpoint import (
+    EPOCH_FILE,
+    QUARANTINE_FILE,
+    Epoch,
+    parse_offsets_file,
+    render_offsets_file,
+    render_quarantine,
+)
 from onceflow.rules.ledger import Committed, LedgerEntry, RestoreRecord
-from onceflow.rules.savepoints import (DATA_DIR, MANIFEST, FileEntry, Manifest, RestoreFacts, RestorePlan, Runtime,
-    SavepointError, cut_problems, file_problems, in_cut, incompatibilities, log_batches, plan_restore)
+from onceflow.rules.savepoints import (
+    DATA_DIR,
+    MANIFEST,
+    FileEntry,
+    Manifest,
+    RestoreFacts,
+    RestorePlan,
+    Runtime,
+    SavepointError,
+    cut_problems,
+    file_problems,
+    in_cut,
+    incompatibilities,
+    log_batches,
+    plan_restore,
+)
+from onceflow.runtime import jobctl
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +113,7 @@ def _sha256(data: bytes) -> str:
 
 
 def new_id(ledger_batch: int, now_ms: int) -> str:
-    t = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc)
+    t = datetime.fromtimestamp(now_ms / 1000, tz=UTC)
     return f"sp-{t:%Y%m%dT%H%M%S}{now_ms % 1000:03d}Z-b{ledger_batch}"
 
 
@@ -100,7 +121,7 @@ def created_ms_of(sp_id: str) -> int:
     """The creation time is in the id, so an incomplete savepoint (no manifest) still has an age."""
     try:
         stamp = sp_id.split("-")[1]
-        t = datetime.strptime(stamp[:15], "%Y%m%dT%H%M%S").replace(tzinfo=timezone.utc)
+        t = datetime.strptime(stamp[:15], "%Y%m%dT%H%M%S").replace(tzinfo=UTC)
         return int(t.timestamp() * 1000) + int(stamp[15:18])
     except (IndexError, ValueError):
         return 0
@@ -391,7 +412,7 @@ def _swap_in(settings: Settings, m: Manifest, plan: RestorePlan, quarantine=()) 
     ckpt = Store(settings.checkpoint)
     moved = None
     if ckpt.exists():
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         moved = f"{settings.checkpoint.rstrip('/')}.replaced-{stamp}"
         ckpt.fs.mv(ckpt.root, Store(moved).root, recursive=True)
     src = Store(f"{settings.savepoints}/{m.id}/{DATA_DIR}")
@@ -440,7 +461,7 @@ def replaced_checkpoints(settings: Settings) -> list[tuple[str, int]]:
     for d in Store(parent).dirs():
         if d.startswith(f"{name}.replaced-"):
             try:
-                t = datetime.strptime(d.rsplit("-", 1)[1], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+                t = datetime.strptime(d.rsplit("-", 1)[1], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
             except ValueError:
                 continue
             out.append((f"{parent}/{d}", int(t.timestamp() * 1000)))

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka.reading import read_topic
@@ -49,7 +49,7 @@ class Alert:
         return json.dumps(asdict(self), sort_keys=True, default=str).encode()
 
     @classmethod
-    def from_json(cls, raw: bytes) -> "Alert":
+    def from_json(cls, raw: bytes) -> Alert:
         return cls(**json.loads(raw))
 
     def text(self) -> str:

@@ -5,19 +5,14 @@ detached, and the health DAG watches it from then on.
 """
 from __future__ import annotations
 
-import json
 import os
-import socket
 import time
-from typing import Sequence
+from collections.abc import Sequence
 from urllib.parse import urlparse
 
-from onceflow.kafka import reading as kafka_reading
-from onceflow.apps import audit
-from onceflow.kafka import events as ev
-from onceflow.runtime import jobctl, preflight, procs, supervisor
 from onceflow.config import Settings
-from onceflow import wire
+from onceflow.kafka import events as ev
+from onceflow.runtime import jobctl, preflight, supervisor
 
 ACTIONS = ("start", "stop", "restart", "upgrade", "restore")
 

@@ -22,14 +22,15 @@ from urllib.parse import urlparse
 
 from confluent_kafka import TopicPartition
 
-from onceflow.kafka import reading as kafka_reading
-from onceflow.apps import audit
-from onceflow.control import alerts
-from onceflow.kafka import events as ev, clients as kafka_clients
-from onceflow.rules import lag
-from onceflow.runtime import jobctl, supervisor
-from onceflow.config import Settings
 from onceflow import wire
+from onceflow.apps import audit
+from onceflow.config import Settings
+from onceflow.control import alerts
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import events as ev
+from onceflow.kafka import reading as kafka_reading
+from onceflow.rules import lag
+from onceflow.runtime import jobctl
 
 log = logging.getLogger(__name__)
 HEALTHY, DEGRADED, FAILING, STOPPED = "HEALTHY", "DEGRADED", "FAILING", "STOPPED"

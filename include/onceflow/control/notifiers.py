@@ -14,8 +14,8 @@ import urllib.request
 
 from airflow.sdk import BaseHook, BaseNotifier
 
-from onceflow.control.alerts import Alert
 from onceflow.config import Settings
+from onceflow.control.alerts import Alert
 
 
 def _url(conn) -> str:

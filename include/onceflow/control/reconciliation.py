@@ -4,15 +4,15 @@ Light: no Spark here, so the DAG file that imports it parses fast."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from onceflow import wire
 from onceflow.apps import recon_chain
+from onceflow.config import REPO_ROOT, Settings
 from onceflow.control import alerts
 from onceflow.kafka import clients as kafka_clients
 from onceflow.rules import reconciliation as rr
-from onceflow.config import REPO_ROOT, Settings
-from onceflow import wire
 
 SCRIPT = REPO_ROOT / "jobs" / "reconcile.py"
 

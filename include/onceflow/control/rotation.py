@@ -13,9 +13,9 @@ import logging
 import time
 
 from onceflow.apps import savepoints
+from onceflow.config import Settings
 from onceflow.control import alerts
 from onceflow.kafka import events as ev
-from onceflow.config import Settings
 from onceflow.rules.savepoints import SavepointError
 
 log = logging.getLogger(__name__)

@@ -11,13 +11,13 @@ import json
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, OFFSET_BEGINNING, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
-from onceflow.kafka import reading as kafka_reading
-from onceflow.control import alerts
-from onceflow.kafka import events as ev, clients as kafka_clients
-from onceflow.config import Settings
 from onceflow import wire
+from onceflow.config import Settings
+from onceflow.control import alerts
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import reading as kafka_reading
 
 
 @dataclass(frozen=True)

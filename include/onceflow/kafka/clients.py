@@ -8,7 +8,6 @@ from confluent_kafka.admin import AdminClient
 
 from onceflow.config import Settings
 
-
 # librdkafka's own log lines go through Python logging (forwarded when a client is polled), not raw stderr.
 CLIENT_LOG = logging.getLogger("onceflow.kafka.client")
 

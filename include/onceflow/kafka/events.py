@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from onceflow.kafka import clients as kafka_clients
 from onceflow.config import Settings
+from onceflow.kafka import clients as kafka_clients
 
 log = logging.getLogger("onceflow.events")
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from confluent_kafka.admin import NewTopic
 
-from onceflow.kafka import clients as kafka_clients
 from onceflow.config import Settings
+from onceflow.kafka import clients as kafka_clients
 
 KEEP_FOREVER = "-1"
 WEEK_MS = str(7 * 24 * 3600 * 1000)

@@ -31,21 +31,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from onceflow.kafka import reading as kafka_reading
-from onceflow.kafka import events as ev
-from onceflow.kafka import clients as kafka_clients
-from onceflow.protocol import ledger_reader
-from onceflow.rules import records
-from onceflow.kafka import transactional as tw
+from onceflow import wire
 from onceflow.config import Settings
 from onceflow.faults import Injector
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import events as ev
+from onceflow.kafka import reading as kafka_reading
+from onceflow.kafka import transactional as tw
+from onceflow.protocol import ledger_reader
+from onceflow.rules import records
 from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, decide, offset_metadata
-from onceflow import wire
 
 log = logging.getLogger(__name__)
 H_APP, H_BATCH = wire.H_APP, wire.H_BATCH  # headers of every record the job writes
@@ -270,7 +270,7 @@ class TransactionConfigError(RuntimeError):
     pass
 
 
-def config_error(e: "tw.TxnConfigError", timeout_ms: int) -> TransactionConfigError:
+def config_error(e: tw.TxnConfigError, timeout_ms: int) -> TransactionConfigError:
     if e.error is not None and e.error.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
         return TransactionConfigError(
             f"the broker refused transaction.timeout.ms={timeout_ms}: it is above the broker's "

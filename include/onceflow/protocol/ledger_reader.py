@@ -17,10 +17,10 @@ import time
 
 from confluent_kafka import TopicPartition
 
-from onceflow.kafka import reading as kafka_reading
 from onceflow import wire
-from onceflow.kafka import clients as kafka_clients
 from onceflow.config import Settings
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import reading as kafka_reading
 from onceflow.rules.ledger import DivergentHistory, LedgerEntry, parse_record
 
 CHUNK = 1000              # records read per step backwards

@@ -3,10 +3,10 @@ transactional id: opening it fences every driver of the app that may still be al
 action checked can change under it, and the record is committed exactly once or not at all."""
 from __future__ import annotations
 
-from onceflow.kafka import clients as kafka_clients
-from onceflow.config import Settings
-from onceflow.kafka.transactional import TransactionalWriter, TxnError
 from onceflow import wire
+from onceflow.config import Settings
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka.transactional import TransactionalWriter, TxnError
 
 
 def app_writer(settings: Settings) -> TransactionalWriter:

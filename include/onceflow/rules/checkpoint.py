@@ -11,8 +11,9 @@ is restored behind the sink, it maps Spark's batch ids to the ledger's (see `Epo
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Mapping, Protocol
+from typing import Protocol
 
 from onceflow.rules.ledger import BatchPlan, QuarantineRange
 
@@ -77,7 +78,7 @@ class Epoch:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Epoch":
+    def from_json(cls, text: str) -> Epoch:
         return cls(**json.loads(text))
 
     def ledger_batch(self, spark_batch: int) -> int:

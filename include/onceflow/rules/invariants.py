@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from bisect import bisect_right
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 from onceflow.rules import records
 from onceflow.rules.ledger import CoverageReport, LedgerEntry, check_coverage

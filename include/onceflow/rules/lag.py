@@ -10,9 +10,9 @@ last samples a partition is:
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from enum import Enum
-from typing import Sequence
 
 OK, WARN, STALL, STOP, REWIND = "OK", "WARN", "STALL", "STOP", "REWIND"
 SEVERITY = {OK: 0, WARN: 1, REWIND: 2, STALL: 3, STOP: 3}

@@ -7,9 +7,9 @@ coverage checks are plain functions over plain data, tested without a broker.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
-from typing import Iterable, Mapping
 
 from onceflow import wire
 
@@ -85,7 +85,7 @@ class LedgerEntry:
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
-    def from_json(cls, raw: bytes | str) -> "LedgerEntry":
+    def from_json(cls, raw: bytes | str) -> LedgerEntry:
         d = json.loads(raw)
         d["ranges"] = {int(p): (int(r[0]), int(r[1])) for p, r in d["ranges"].items()}
         return cls(**{k: v for k, v in d.items() if k in _ENTRY_FIELDS})
@@ -101,7 +101,7 @@ class LedgerEntry:
     @classmethod
     def for_plan(cls, app: str, plan: BatchPlan, outputs: int, dlq: int, txn_ms: float, commit_time_ms: int,
                  transactional_id: str, rules: int | None = None, max_event_ahead_ms: int | None = None
-                 ) -> "LedgerEntry":
+                 ) -> LedgerEntry:
         return cls(app=app, batch=plan.batch, topic=plan.topic, ranges=plan.ranges,
                    watermark_ms=plan.watermark_ms, batch_ts_ms=plan.batch_ts_ms, outputs=outputs, dlq=dlq,
                    txn_ms=round(txn_ms, 3), commit_time_ms=commit_time_ms, transactional_id=transactional_id,
@@ -135,7 +135,7 @@ class RestoreRecord:
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
-    def from_json(cls, raw: bytes | str) -> "RestoreRecord":
+    def from_json(cls, raw: bytes | str) -> RestoreRecord:
         d = json.loads(raw)
         d["skipped"] = {int(p): (int(r[0]), int(r[1])) for p, r in d["skipped"].items()}
         if d.get("skipped_batches") is not None:
@@ -169,7 +169,7 @@ class QuarantineRecord:
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
-    def from_json(cls, raw: bytes | str) -> "QuarantineRecord":
+    def from_json(cls, raw: bytes | str) -> QuarantineRecord:
         d = json.loads(raw)
         d["ranges"] = tuple(QuarantineRange(**r) for r in d["ranges"])
         return cls(**d)
@@ -196,7 +196,7 @@ class Committed:
     foreign: bool = False  # offsets exist that onceflow did not write (no batch metadata)
 
     @classmethod
-    def from_partitions(cls, items: Iterable[tuple[int, int | None, str | None]]) -> "Committed":
+    def from_partitions(cls, items: Iterable[tuple[int, int | None, str | None]]) -> Committed:
         """items: (partition, offset or None when nothing is committed, metadata)."""
         offsets: dict[int, int] = {}
         batches: set[int] = set()

@@ -12,8 +12,8 @@ previous run's carry-out). Consecutive runs chain, so each run reads only its ow
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Sequence
 
 from onceflow.rules.ledger import CoverageReport, LedgerEntry
 
@@ -210,7 +210,7 @@ class Result:
         return [c for c in self.checks if c.status == FAIL]
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Result":
+    def from_dict(cls, d: dict) -> Result:
         d = dict(d)
         d.pop("ok", None)
         d.pop("verdict", None)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 # ---------------------------------------------------------------------------- the rules, as data
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
@@ -96,7 +96,7 @@ def window_start_us(ts_us: int, window_s: int) -> int:
 
 def iso_ms(ts_us: int) -> str:
     """The sink's timestamp format: ISO-8601 UTC with milliseconds."""
-    dt = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=ts_us)
+    dt = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=ts_us)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 
@@ -172,7 +172,7 @@ def _iso_to_us(s: str) -> int | None:
         dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return (dt - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+    return (dt - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
 
 def _combined_ts_to_us(s: str) -> int | None:
@@ -187,7 +187,7 @@ def _combined_ts_to_us(s: str) -> int | None:
         dt = datetime(year, month, int(day), hh, mm, ss, tzinfo=tz)
     except (ValueError, KeyError, IndexError):
         return None
-    return (dt - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+    return (dt - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
 
 def _in_range(ts_us: int) -> bool:

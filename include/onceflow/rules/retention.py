@@ -6,8 +6,8 @@ written, or one abandoned by a crash: it is left alone for `incomplete_grace_s`,
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 
 @dataclass(frozen=True)

@@ -2,19 +2,19 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import fcntl
 import json
 import os
 import signal
+import socket
 import sys
 import time
 
 from onceflow import wire
+from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.runtime import jvm, launcher, preflight, procs, supervisor
-from onceflow.config import Settings
 
 
 class JobControlError(RuntimeError):

@@ -9,8 +9,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from onceflow.runtime import jvm
 from onceflow.config import REPO_ROOT, Settings
+from onceflow.runtime import jvm
 
 JOB_SCRIPT = REPO_ROOT / "jobs" / "ip_count.py"
 RECONCILE_SCRIPT = REPO_ROOT / "jobs" / "reconcile.py"

@@ -5,8 +5,9 @@ import socket
 
 from confluent_kafka.admin import ConfigResource, ResourceType
 
-from onceflow.kafka import clients as kafka_clients, topics
 from onceflow.config import ConfigError, Settings, check_transaction_timeout
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import topics
 
 
 class PreflightError(RuntimeError):

@@ -6,8 +6,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 
 def pid_alive(pid: int) -> bool:

@@ -13,10 +13,10 @@ import signal
 import threading
 import time
 
+from onceflow import wire
+from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.runtime import launcher, procs
-from onceflow.config import Settings
-from onceflow import wire
 
 log = logging.getLogger(__name__)
 JOB_MARKER = str(launcher.JOB_SCRIPT)

@@ -8,15 +8,15 @@ transaction, carries both.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from onceflow import wire
-from onceflow.spark import parsing
-from onceflow.rules import records as R
 from onceflow.config import Settings
+from onceflow.rules import records as R
+from onceflow.spark import parsing
 
 ISO_MS = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"
 OUTPUT_COLUMNS = ["kind", "key", "value", "src_partition", "src_offset", "src_timestamp_ms", "reason", "src_size",

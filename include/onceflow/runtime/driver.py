@@ -1,0 +1,283 @@
+"""The streaming driver: the Spark query, and the loop that writes each micro-batch exactly once.
+
+`jobs/ip_count.py` (what spark-submit runs) calls `main()`. The driver checks everything before it starts
+(preflight, the app's lock on this machine, the transactional producer, which fences the previous instance),
+builds the query (onceflow.spark.ip_count_plan), and hands each batch to the protocol
+(onceflow.protocol.exactly_once) inside `foreachBatch`: decide, collect the batch's output, write it in one
+transaction, record the batch in the status file, then wait for the next batch's turn (close-out pacing). A stop
+(SIGTERM) lands on a batch boundary: never inside a transaction, nor between a Kafka commit and Spark's
+`commits/N`. The decisions (status, pacing, exit codes) are pure, in onceflow.runtime.driver_state; the exit code
+tells the supervisor what to do (onceflow.wire.NO_RESTART).
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQueryListener
+
+from onceflow import config, wire
+from onceflow.faults import Injector
+from onceflow.kafka import events as ev
+from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
+from onceflow.rules import checkpoint
+from onceflow.rules.ledger import Decision
+from onceflow.runtime import preflight
+from onceflow.runtime.driver_state import (
+    InstanceLocked,
+    StopRequested,
+    failure_exit_code,
+    initial_status,
+    pace_after,
+    progress_fields,
+    startup_exit_code,
+    status_after_batch,
+)
+from onceflow.spark import batch_stats
+from onceflow.spark import ip_count_plan as plan_of
+from onceflow.storage.checkpoint import HadoopFS
+
+log = logging.getLogger("onceflow.job")
+STOP_COMMIT_WAIT_S = 30.0  # a stop waits this long for Spark's commits/N of the last written batch
+
+
+class InstanceLock:
+    """At most one driver per app on this machine; the kernel releases the lock when the process dies."""
+
+    held: list[InstanceLock] = []  # referenced for the life of the process
+
+    @classmethod
+    def acquire(cls, settings: config.Settings) -> InstanceLock:
+        lock = cls(settings)
+        cls.held.append(lock)
+        return lock
+
+    def __init__(self, settings: config.Settings):
+        settings.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = settings.run_dir / f"{settings.app_id}.lock"
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip()
+            raise InstanceLocked(
+                f"another instance of app {settings.app_id} is running (pid {holder or '?'}, lock "
+                f"{self.path}); stop it first with `onceflow job stop`") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+
+
+class Status:
+    """The job's status file: merged from batch commits and Spark's progress reports."""
+
+    def __init__(self, settings: config.Settings):
+        self.s = settings
+        self.lock = threading.Lock()
+        self.data = initial_status(settings, os.getpid(), int(time.time() * 1000))
+        self.flush()
+
+    def update(self, **fields: Any) -> None:
+        with self.lock:
+            self.data.update(fields)
+            self.flush()
+
+    def flush(self) -> None:
+        ev.write_status(self.s.status_file, self.data)
+
+
+class ProgressListener(StreamingQueryListener):
+    """Spark's progress of each batch, as an event and in the status file (onceflow.runtime.driver_state)."""
+
+    def __init__(self, bus: ev.EventBus, status: Status, batches: dict):
+        self.bus, self.status, self.batches = bus, status, batches
+
+    def onQueryStarted(self, event):
+        pass
+
+    def onQueryProgress(self, event):
+        p = event.progress
+        fields = progress_fields(p, self.batches.pop(p.batchId, {}))
+        self.status.update(progress=fields, last_progress_ms=int(time.time() * 1000))
+        if p.numInputRows or fields["rows_dropped_by_watermark"]:
+            self.bus.emit(wire.PROGRESS, logging.DEBUG, **fields)
+
+    def onQueryIdle(self, event):
+        now = int(time.time() * 1000)
+        self.status.update(last_progress_ms=now, last_idle_ms=now)
+
+    def onQueryTerminated(self, event):
+        pass
+
+
+class BatchWriter:
+    """foreachBatch: one micro-batch, exactly once. A stop holds `lock` while it waits for Spark's commits/N of
+    the last batch; a batch arriving then neither waits on it (Spark's stop cannot interrupt a Python callback)
+    nor starts a transaction."""
+
+    def __init__(self, settings: config.Settings, sink: ExactlyOnceSink, fs: HadoopFS, epoch: checkpoint.Epoch,
+                 status: Status):
+        self.s, self.sink, self.fs, self.epoch, self.status = settings, sink, fs, epoch, status
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.batches: dict = {}              # Spark batch id -> its ledger batch and decision (progress listener)
+        self.failure: list[BaseException] = []
+        self.last_written: int | None = None  # the last Spark batch whose transaction this driver finished
+        self.query: Any = None               # the running query, for its batch statistics
+
+    def __call__(self, df, batch_id: int) -> None:
+        while not self.lock.acquire(timeout=0.1):
+            if self.stop.is_set():
+                raise StopRequested(f"stop requested before batch {batch_id}")
+        delay_s = 0.0
+        try:
+            if self.stop.is_set():
+                raise StopRequested(f"stop requested before batch {batch_id}")
+            delay_s = self._one(df, batch_id)
+        finally:
+            self.lock.release()
+        self.stop.wait(delay_s)  # the trigger cadence; a stop ends the wait at once
+
+    def _one(self, df, batch_id: int) -> float:
+        # health judges a long batch (a backlog, a catch-up after a restore) by when it began, not as a stall
+        self.status.update(running_batch=batch_id, batch_started_ms=int(time.time() * 1000))
+        try:
+            t0 = time.monotonic()
+            plan = checkpoint.batch_plan(self.fs, batch_id, self.s.source_topic, self.epoch)
+            decision = self.sink.decide(plan)
+            self.batches[batch_id] = {"ledger_batch": plan.batch, "epoch": plan.epoch, "decision": decision.value}
+            t1 = time.monotonic()
+            if decision is Decision.WRITE:
+                rows = [OutRecord(*r) for r in df.collect()]
+            else:  # committed already: run the batch only to advance Spark's state store
+                df.write.format("noop").mode("overwrite").save()
+                rows = []
+            t2 = time.monotonic()
+            outcome = self.sink.write_batch(plan, rows, decision)
+            self.last_written = batch_id
+            timings = {"decide_ms": round((t1 - t0) * 1000), "compute_ms": round((t2 - t1) * 1000),
+                       "txn_ms": round((time.monotonic() - t2) * 1000)}
+            log.debug("batch %s timings %s", plan.batch, timings)
+        except BaseException as e:
+            self.failure.append(e)
+            raise
+        now = int(time.time() * 1000)
+        self.status.update(**status_after_batch(self.status.data, plan, batch_id, outcome.decision, outcome.outputs,
+                                                outcome.dlq, outcome.txn_ms, timings, now))
+        # replays and catch-up are followed at once, so only a written batch needs its event-time statistics
+        max_event = batch_stats.max_event_ms(self.query) if self.query is not None and \
+            self.s.close_out_batches and outcome.decision is Decision.WRITE else None
+        pace = pace_after(self.s, plan, outcome.decision, max_event, now)
+        if pace.closes_windows:
+            self.status.update(close_out_batches=self.status.data.get("close_out_batches", 0) + 1)
+        return pace.delay_s
+
+    def stop_at_boundary(self, query) -> None:
+        """Never stop in the middle of a transaction, nor between a Kafka commit and Spark's commits/N: then the
+        checkpoint and the sink stop at the same batch, and a stop-with-savepoint is the job's final state."""
+        with self.lock:
+            deadline = time.monotonic() + STOP_COMMIT_WAIT_S
+            last = self.last_written
+            while last is not None and self.fs.read_text(f"commits/{last}") is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            try:
+                query.stop()
+            except Exception as e:  # the query ended on StopRequested already
+                log.info("stopping the query: %s", e)
+
+
+def build_session(settings: config.Settings) -> SparkSession:
+    return (SparkSession.builder.appName(f"onceflow-{settings.app_id}")
+            .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+
+
+def _refused(bus: ev.EventBus, stage: str, e: BaseException) -> int:
+    code = startup_exit_code(e)
+    log.error("%s: %s", stage, e)
+    bus.emit(wire.JOB_FAILED, logging.ERROR, flush=code != wire.EXIT_FAILED, stage=stage, error=str(e))
+    if code != wire.EXIT_FAILED:
+        print(f"onceflow: {e}", file=sys.stderr)
+    return code
+
+
+def run(settings: config.Settings) -> int:
+    bus = ev.EventBus(settings)
+    try:
+        info = preflight.check_job(settings)
+        InstanceLock.acquire(settings)
+    except (InstanceLocked, preflight.PreflightError, config.ConfigError) as e:
+        return _refused(bus, "lock" if isinstance(e, InstanceLocked) else "preflight", e)
+    status = Status(settings)
+    injector = Injector(settings.fault, settings.run_dir / "faults" / settings.app_id,
+                        on_fire=lambda f: bus.emit(wire.FAULT_INJECTED, logging.WARNING, flush=True, fault=f.name))
+    try:
+        sink = ExactlyOnceSink(settings, bus, injector)  # fences the previous instance of the app
+    except Exception as e:
+        if startup_exit_code(e) == wire.EXIT_FAILED:
+            raise
+        return _refused(bus, "producer", e)
+    spark = build_session(settings)
+    fs = HadoopFS(spark, settings.checkpoint)
+    epoch = checkpoint.read_epoch(fs)  # how Spark's batch ids map to the ledger's since the last restore
+    quarantine = checkpoint.read_quarantine(fs)  # source offsets an operator quarantined (records go to the DLQ)
+    writer = BatchWriter(settings, sink, fs, epoch, status)
+    spark.streams.addListener(ProgressListener(bus, status, writer.batches))
+    frame = plan_of.results_and_dlq(plan_of.source(spark, settings), settings, quarantine)
+    query = (frame.writeStream.foreachBatch(writer)
+             .outputMode("append")
+             .option("checkpointLocation", settings.checkpoint)
+             .option("asyncProgressTrackingEnabled", "false")
+             # close-out batches: the job paces batches itself (onceflow.rules.pacing), Spark runs them back to back
+             .trigger(processingTime="0 seconds" if settings.close_out_batches
+                      else f"{settings.trigger_interval_s} seconds")
+             .queryName(f"onceflow_{settings.app_id}")
+             .start())
+    writer.query = query
+    bus.emit(wire.JOB_STARTED, checkpoint=settings.checkpoint, transactional_id=settings.transactional_id,
+             spark_version=spark.version, query_id=query.id, run_id=query.runId, epoch=epoch.epoch,
+             quarantined=[vars(r) for r in quarantine],
+             ledger_shift=epoch.ledger_shift, job_config_hash=settings.job_config_hash(), **info)
+    status.update(state="running", query_id=query.id, run_id=query.runId, spark_version=spark.version,
+                  epoch=epoch.epoch, job_config_hash=settings.job_config_hash())
+
+    signal.signal(signal.SIGTERM, lambda *_: writer.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: writer.stop.set())
+    while query.isActive and not writer.stop.is_set():
+        try:
+            query.awaitTermination(1)
+        except Exception:
+            break
+    # (a StopRequested ends the query but is never a failure: it is raised before a batch starts any work)
+    if writer.stop.is_set() and not writer.failure:
+        writer.stop_at_boundary(query)
+        status.update(state="stopped", stopped_ms=int(time.time() * 1000))
+        bus.emit(wire.JOB_STOPPED, flush=True, last_batch=status.data.get("last_batch"))
+        sink.close()
+        return wire.EXIT_OK
+    err = writer.failure[-1] if writer.failure else query.exception()
+    code = failure_exit_code(err)
+    log.error("the query failed: %s", str(err)[:2000])
+    status.update(state="failed", error=str(err)[:2000], exit_code=code)
+    bus.emit(wire.JOB_FAILED, logging.ERROR, flush=True, error=str(err)[:2000], exit_code=code)
+    return code
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("ONCEFLOW_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        settings = config.load()
+    except config.ConfigError as e:
+        print(f"onceflow: {e}", file=sys.stderr)
+        sys.exit(wire.EXIT_CONFIG)
+    code = run(settings)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # without waiting for the JVM gateway's non-daemon threads

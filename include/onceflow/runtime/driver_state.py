@@ -1,0 +1,104 @@
+"""The streaming driver's decisions, pure: what a batch's outcome does to the job's status, when the next batch
+starts, what Spark's progress report says, and which exit code an error ends the job with (what the supervisor
+then does: onceflow.wire.NO_RESTART). onceflow.runtime.driver does the I/O around them; tests drive these without
+Spark or a broker."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from onceflow import wire
+from onceflow.config import ConfigError, Settings
+from onceflow.protocol.exactly_once import TransactionConfigError, ZombieFenced
+from onceflow.rules import pacing
+from onceflow.rules.ledger import BatchPlan, Decision, DivergentHistory
+from onceflow.runtime import preflight
+
+
+class StopRequested(RuntimeError):
+    """Raised in foreachBatch when a stop was requested before the batch began: the batch is not written and
+    Spark does not commit it (it is replayed by the next run)."""
+
+
+class InstanceLocked(wire.OnceflowError):
+    """Another driver of the app runs on this machine: not a misconfiguration, and nothing a restart fixes."""
+
+
+def initial_status(settings: Settings, pid: int, now_ms: int) -> dict:
+    return {"app": settings.app_id, "pid": pid, "state": "starting", "started_ms": now_ms,
+            "checkpoint": settings.checkpoint, "bootstrap_servers": settings.bootstrap_servers,
+            "transactional_id": settings.transactional_id, "group_id": settings.group_id, "committed_batches": 0,
+            "replays_skipped": 0}
+
+
+def status_after_batch(status: dict, plan: BatchPlan, spark_batch: int, decision: Decision, outputs: int, dlq: int,
+                       txn_ms: float, timings: dict, now_ms: int) -> dict:
+    """The status fields a finished batch changes: a written batch counts as committed (with its figures and
+    watermark); a replay or catch-up counts as skipped."""
+    out: dict[str, Any] = {"state": "running", "last_batch": plan.batch, "spark_batch": spark_batch,
+                           "last_commit_ms": now_ms, "running_batch": None}
+    if decision is Decision.WRITE:
+        return out | {"last_txn_ms": round(txn_ms, 1), "last_outputs": outputs, "last_dlq": dlq,
+                      "watermark_ms": plan.watermark_ms, "end_offsets": plan.end, "last_timings": timings,
+                      "committed_batches": status.get("committed_batches", 0) + 1}
+    return out | {"replays_skipped": status.get("replays_skipped", 0) + 1}
+
+
+@dataclass(frozen=True)
+class Pace:
+    delay_s: float       # how long to wait before Spark plans the next batch
+    closes_windows: bool  # the batch moved the watermark past a window end: the next one emits it
+
+
+def pace_after(settings: Settings, plan: BatchPlan, decision: Decision, max_event_ms: int | None, now_ms: int
+               ) -> Pace:
+    """When the next batch starts (onceflow.rules.pacing): replays and catch-up at once; a written batch that
+    closes windows at once (the close-out batch emits them); otherwise at the next multiple of the trigger."""
+    if not settings.close_out_batches or decision is not Decision.WRITE:
+        return Pace(0.0, False)
+    timing = pacing.BatchTiming(plan.batch_ts_ms, plan.watermark_ms, max_event_ms)
+    trigger_ms, wm_ms, w_ms = int(settings.trigger_interval_s * 1000), settings.watermark_s * 1000, \
+        settings.window_s * 1000
+    return Pace(pacing.delay_before_next_s(timing, now_ms, trigger_ms, wm_ms, w_ms),
+                pacing.closes_windows(timing, wm_ms, w_ms))
+
+
+def progress_fields(p: Any, batch_info: dict) -> dict:
+    """Spark's progress report of a batch (a StreamingQueryProgress, duck-typed), with the ledger batch and the
+    decision the batch had: Spark's ids repeat after a restore, reconciliation charges late rows by ledger batch,
+    and a catch-up batch's rows belong to no ledger batch."""
+    ops = list(p.stateOperators)
+    return {"batch": p.batchId, "input_rows": p.numInputRows,
+            "input_rows_per_s": round(p.inputRowsPerSecond or 0, 1),
+            "processed_rows_per_s": round(p.processedRowsPerSecond or 0, 1),
+            "duration_ms": dict(p.durationMs), "watermark": p.eventTime.get("watermark"),
+            "rows_dropped_by_watermark": sum(op.numRowsDroppedByWatermark for op in ops),
+            "state_rows": sum(op.numRowsTotal for op in ops),
+            "state_rows_updated": sum(op.numRowsUpdated for op in ops),
+            **batch_info,
+            "source_end_offsets": p.sources[0].endOffset if p.sources else None,
+            "source_latest_offsets": p.sources[0].latestOffset if p.sources else None}
+
+
+def failure_exit_code(err: BaseException | None) -> int:
+    """The exit code of a query that failed: fencing and divergent history end the job for good; anything else is a
+    crash the supervisor restarts (the batch is replayed)."""
+    if isinstance(err, ZombieFenced):
+        return wire.EXIT_FENCED
+    if isinstance(err, DivergentHistory):
+        return wire.EXIT_DIVERGENT
+    return wire.EXIT_FAILED
+
+
+def startup_exit_code(err: BaseException) -> int:
+    """The exit code of an error before the query runs: another instance here, a misconfiguration (the message
+    says what to change), a broker that is not there yet (transient: the supervisor tries again), or fenced."""
+    if isinstance(err, InstanceLocked):
+        return wire.EXIT_LOCKED
+    if isinstance(err, preflight.BrokerUnreachable):
+        return wire.EXIT_FAILED
+    if isinstance(err, (preflight.PreflightError, ConfigError, TransactionConfigError)):
+        return wire.EXIT_CONFIG
+    if isinstance(err, ZombieFenced):
+        return wire.EXIT_FENCED
+    return wire.EXIT_FAILED

@@ -1,0 +1,86 @@
+"""The streaming driver's decisions without Spark or a broker: the status a batch leaves, when the next batch
+starts, what Spark's progress report becomes, and the exit code each way of ending gets (what the supervisor
+then does)."""
+from types import SimpleNamespace
+
+import pytest
+
+from onceflow import config, wire
+from onceflow.protocol.exactly_once import TransactionConfigError, ZombieFenced
+from onceflow.rules.ledger import BatchPlan, Decision, DivergentHistory
+from onceflow.runtime import preflight
+from onceflow.runtime.driver_state import (
+    InstanceLocked,
+    failure_exit_code,
+    initial_status,
+    pace_after,
+    progress_fields,
+    startup_exit_code,
+    status_after_batch,
+)
+
+
+def plan(batch=7, wm=20_000, ts=30_000):
+    return BatchPlan(batch=batch, topic="src", start={0: 10}, end={0: 20}, watermark_ms=wm, batch_ts_ms=ts,
+                     spark_batch=batch)
+
+
+def test_a_written_batch_counts_and_a_replay_is_skipped():
+    s = config.load(env={}, app_id="a")
+    st = initial_status(s, pid=42, now_ms=1000)
+    assert st["state"] == "starting" and st["committed_batches"] == 0 and st["pid"] == 42
+    w = status_after_batch(st, plan(), 7, Decision.WRITE, 5, 1, 12.34, {"txn_ms": 12}, 2000)
+    assert w["committed_batches"] == 1 and w["last_batch"] == 7 and w["running_batch"] is None
+    assert (w["last_outputs"], w["last_dlq"], w["last_txn_ms"], w["watermark_ms"]) == (5, 1, 12.3, 20_000)
+    skipped = status_after_batch(st | w, plan(8), 8, Decision.SKIP, 0, 0, 0.0, {}, 3000)
+    assert skipped["replays_skipped"] == 1 and "committed_batches" not in skipped and skipped["last_batch"] == 8
+    assert status_after_batch(st, plan(9), 9, Decision.CATCH_UP, 0, 0, 0.0, {}, 4000)["replays_skipped"] == 1
+
+
+def test_pacing_after_a_batch():
+    s = config.load(env={}, app_id="a", trigger_interval_s=5, window_s=5, watermark_s=5)
+    # a replay or a catch-up is followed at once; so is everything with close-out batches off
+    assert pace_after(s, plan(), Decision.SKIP, None, 31_000).delay_s == 0
+    assert pace_after(s.replace(close_out_batches=False), plan(), Decision.WRITE, 99_000, 31_000).delay_s == 0
+    # the batch's newest event moves the watermark past a window end: the close-out batch runs at once
+    closing = pace_after(s, plan(wm=20_000, ts=30_000), Decision.WRITE, 36_000, 31_000)
+    assert closing.closes_windows and closing.delay_s == 0
+    # nothing closes: the next batch waits for the trigger's next multiple, never longer than one interval
+    waiting = pace_after(s, plan(wm=20_000, ts=30_000), Decision.WRITE, 21_000, 31_000)
+    assert not waiting.closes_windows and 0 < waiting.delay_s <= 5
+
+
+def test_progress_fields_carry_the_ledger_batch_and_decision():
+    op = SimpleNamespace(numRowsDroppedByWatermark=3, numRowsTotal=100, numRowsUpdated=7)
+    p = SimpleNamespace(batchId=12, numInputRows=500, inputRowsPerSecond=250.04, processedRowsPerSecond=None,
+                        durationMs={"triggerExecution": 900}, eventTime={"watermark": "2026-11-22T10:00:00.000Z"},
+                        stateOperators=[op, op], sources=[SimpleNamespace(endOffset='{"src":{"0":20}}',
+                                                                           latestOffset='{"src":{"0":25}}')])
+    f = progress_fields(p, {"ledger_batch": 15, "decision": "write", "epoch": 1})
+    assert (f["batch"], f["ledger_batch"], f["decision"], f["epoch"]) == (12, 15, "write", 1)
+    assert f["rows_dropped_by_watermark"] == 6 and f["state_rows"] == 200 and f["processed_rows_per_s"] == 0
+    assert f["input_rows_per_s"] == 250.0 and f["source_latest_offsets"] == '{"src":{"0":25}}'
+
+
+@pytest.mark.parametrize("err, code", [
+    (ZombieFenced("newer instance"), wire.EXIT_FENCED),
+    (DivergentHistory("ranges differ"), wire.EXIT_DIVERGENT),
+    (RuntimeError("a crash"), wire.EXIT_FAILED),
+    (None, wire.EXIT_FAILED),
+])
+def test_how_a_failed_query_ends(err, code):
+    assert failure_exit_code(err) == code
+
+
+@pytest.mark.parametrize("err, code", [
+    (InstanceLocked("another instance"), wire.EXIT_LOCKED),
+    (preflight.BrokerUnreachable("broker down"), wire.EXIT_FAILED),   # transient: the supervisor tries again
+    (preflight.PreflightError("topic missing"), wire.EXIT_CONFIG),
+    (config.ConfigError("bad setting"), wire.EXIT_CONFIG),
+    (TransactionConfigError("timeout above the broker's"), wire.EXIT_CONFIG),
+    (ZombieFenced("fenced at init"), wire.EXIT_FENCED),
+])
+def test_how_a_refused_start_ends(err, code):
+    assert startup_exit_code(err) == code
+    # and what the supervisor does with it: everything but a crash ends supervision
+    assert (code in wire.NO_RESTART) == (code != wire.EXIT_FAILED)
