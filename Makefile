@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RUN_RATE ?= 200
 RUN_SECONDS ?= 3600
 
-.PHONY: setup run stop status test test-unit test-integration bench bench-sweep chaos soak clean
+.PHONY: setup run stop status lint format test test-unit test-integration bench bench-sweep chaos soak clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,15 +32,28 @@ stop: setup
 status: setup
 	$(ONCEFLOW) stack status; $(ONCEFLOW) job status
 
-## test: unit tests, then integration tests against a real broker and real Spark (started and stopped here).
-test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+LINTED := include dags jobs tests
+
+## lint: ruff (lint + format check), the architecture contracts (import-linter), mypy. Seconds, no broker.
+lint: setup
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+
+format: setup
+	$(BIN)/ruff check --fix $(LINTED)
+	$(BIN)/ruff format $(LINTED)
+
+## test: lint, unit tests (no broker), then integration tests against a real broker, real Spark and Airflow
+## (started and stopped by the tests); each step stops the run on a failure.
+test: lint test-unit test-integration
 
 test-unit: setup
-	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
 test-integration: setup
-	$(BIN)/python -m pytest -q tests/integration
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/integration tests/airflow
 
 ## bench: exactly-once vs Spark's at-least-once Kafka sink vs a plain transactional loop, side by side (~10 min).
 ## BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S, BENCH_WARMUP_S, BENCH_TRIGGER_S, BENCH_MAX_OFFSETS.

@@ -1,15 +1,24 @@
 """Shared fixtures: one local Spark session and one real Kafka broker (KRaft) for the whole run.
 
 Each integration test gets its own app id and topics on the shared broker, so tests stay independent while
-the suite pays for one broker start. Everything started here is stopped at the end of the session.
+the suite pays for one broker start. What a test starts (the job of its app: supervisor, spark-submit, driver JVM,
+Python driver) is stopped when the test ends; the broker and the Spark session when the session ends. Every
+process the session starts carries a token in its environment: if any is still alive after the last fixture, the
+session fails and names it (and kills it: nothing is left running).
 """
 from __future__ import annotations
 
 import gc
 import os
+import signal
 import tempfile
+import time
 import uuid
 from pathlib import Path
+
+# Every process this session starts inherits the token (children of children too, detached or not).
+SESSION_ENV = "PYTEST_ONCEFLOW_SESSION"
+os.environ[SESSION_ENV] = uuid.uuid4().hex
 
 # Airflow reads its home at import time: give the test session its own, before anything imports airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="onceflow-airflow-"))
@@ -36,7 +45,14 @@ def spark():
          .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     s.sparkContext.setLogLevel("ERROR")
     yield s
+    gateway = s.sparkContext._gateway
     s.stop()
+    # the gateway JVM outlives stop() until this process exits: end it here, it is this session's process
+    gateway.shutdown()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        proc.wait(30)
 
 
 @pytest.fixture(scope="session")
@@ -49,23 +65,24 @@ def kafka(tmp_path_factory):
                        restart_delay_s=1.0, restart_attempts=5, transaction_timeout_ms=60_000)
     broker.start(base)
     jvm.spark_kafka_jars(base)  # resolve Spark's connector once, up front (Maven on a fresh machine)
-    started: list[config.Settings] = []
-    base_apps = {"apps": started}
-    yield base, base_apps
-    for s in started:
-        try:
-            jobctl.stop(s, timeout=30)
-        except Exception:
-            pass
+    yield base
     # Destroy clients still referenced from cycles while the broker is up, so none retries a dead port at exit.
     gc.collect()
     broker.stop(base)
 
 
+def stop_apps(apps: list[config.Settings]) -> None:
+    """Stop the jobs of these apps (supervisor first, then whatever of the job is left)."""
+    for s in apps:
+        jobctl.stop(s, timeout=60)
+
+
 @pytest.fixture
 def app(kafka, request):
-    """Settings for one test's own app: its own topics, checkpoint and transactional id on the shared broker."""
-    base, reg = kafka
+    """Settings for one test's own app: its own topics, checkpoint and transactional id on the shared broker. The
+    app's job is stopped when the test ends, whatever the test did."""
+    base = kafka
+    created: list[config.Settings] = []
     name = request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:40] + "_" + uuid.uuid4().hex[:6]
 
     def make(**overrides) -> config.Settings:
@@ -75,7 +92,46 @@ def app(kafka, request):
                          reconciliation_topic=f"{name}.recon", backfill_topic=f"{name}.backfill",
                          **overrides)
         topics.ensure(s)
-        reg["apps"].append(s)
+        created.append(s)
         return s
 
-    return make
+    yield make
+    stop_apps(created)
+
+
+def session_processes() -> list[tuple[int, str]]:
+    """Live processes (not this one) whose environment carries this session's token."""
+    token = f"{SESSION_ENV}={os.environ[SESSION_ENV]}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid() or not procs.pid_alive(int(entry)):
+            continue
+        pid = int(entry)
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if token not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:300]
+        except OSError:
+            continue
+        out.append((pid, cmd))
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_running():
+    """Set up first, torn down last: after every other fixture has stopped what it started, nothing of this session
+    may still run. A leak fails the session (with the processes named) and is killed."""
+    yield
+    deadline = time.monotonic() + 15  # a process that was just signalled may take a moment to exit
+    while (left := session_processes()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        for pid, _ in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pytest.fail("processes started by this test session were still running at its end (killed now): " +
+                    "; ".join(f"pid {pid}: {cmd}" for pid, cmd in left), pytrace=False)

@@ -138,10 +138,10 @@ def cmd_show(args, s: config.Settings) -> int:
     for m in msgs[-args.limit:] if args.limit else msgs:
         value = m.value.decode(errors="replace") if m.value is not None else None
         if args.what == "dlq":
-            print(json.dumps({"key": m.key.decode(), "reason": m.headers.get(wire.H_REASON, b"").decode(),
-                              "value": value}))
+            print(json.dumps({"key": m.key.decode() if m.key is not None else None,
+                              "reason": m.headers.get(wire.H_REASON, b"").decode(), "value": value}))
         else:
-            print(value if args.what != "sink" else f"{m.key.decode()}  {value}")
+            print(value if args.what != "sink" else f"{m.key.decode() if m.key is not None else None}  {value}")
     return 0
 
 
@@ -190,8 +190,8 @@ def cmd_savepoint(args, s: config.Settings) -> int:
         savepoints.delete(s, _need_id(args), bus=ev.EventBus(s))
         _print({"deleted": args.id}, args.json)
     elif args.action == "prune":
-        plan = savepoints.prune(s, dry_run=args.dry_run)
-        _print({"kept": plan.keep, "deleted": plan.delete, "dry_run": args.dry_run}, args.json)
+        pruned = savepoints.prune(s, dry_run=args.dry_run)
+        _print({"kept": pruned.keep, "deleted": pruned.delete, "dry_run": args.dry_run}, args.json)
     elif args.action == "rotate":
         report = rotation.rotate(s)
         _print(report, args.json)

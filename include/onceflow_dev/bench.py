@@ -26,6 +26,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from onceflow import config, wire
 from onceflow.apps import audit
@@ -74,7 +75,9 @@ def _settings(base: config.Settings, app: str, source: str, spec: BenchSpec, **o
 
 
 # ---------------------------------------------------------------------------- process accounting
-def _group_pids(pid: int) -> list[int]:
+def _group_pids(pid: int | None) -> list[int]:
+    if pid is None:
+        return []  # no process: nothing to account, like a process that is gone
     try:
         pgid = os.getpgid(pid)
     except ProcessLookupError:
@@ -90,7 +93,7 @@ def _group_pids(pid: int) -> list[int]:
     return out
 
 
-def usage(pid: int) -> dict:
+def usage(pid: int | None) -> dict:
     """Peak RSS (sum of VmHWM) and CPU seconds (utime + stime) of a process group, read while it runs."""
     hwm_kb, ticks = 0, 0
     for p in _group_pids(pid):
@@ -112,8 +115,9 @@ class Contender:
         self.s = s
 
     def start(self) -> None: ...
-    def stop(self) -> dict: ...
+    def stop(self) -> dict | None: ...
     def pid(self) -> int | None: ...
+    def drained(self, end: dict[int, int]) -> dict | None: ...
 
 
 class ExactlyOnce(Contender):
@@ -202,6 +206,7 @@ def ceiling(s: config.Settings, end: dict[int, int], records_: int) -> dict:
 
 class Stamper(threading.Thread):
     """Reads a sink with read_committed and stamps each result with the moment it became visible."""
+    seen: list[tuple[int, str]]  # (ms when it became visible, its window end)
 
     def __init__(self, s: config.Settings):
         super().__init__(daemon=True)
@@ -214,7 +219,7 @@ class Stamper(threading.Thread):
         while not self.stop_ev.is_set():
             for m in c.consume(num_messages=5000, timeout=0.2):
                 if m.error() is None:
-                    v = json.loads(m.value())
+                    v = json.loads(cast(bytes, m.value()))  # the sink's records always carry a value
                     self.seen.append((int(time.time() * 1000), v["window_end"]))
         c.close()
 
@@ -266,11 +271,16 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
     time.sleep(spec.live_s / 3)
 
     def lag():
-        hi = {p: h for p, (_, h) in kafka_reading.watermarks(s, s.source_topic).items()}
+        wm = kafka_reading.watermarks(s, s.source_topic)
+        assert wm is not None  # the source topic exists: the job reads it
+        hi = {p: h for p, (_, h) in wm.items()}
         got = audit.committed_offsets(s, hi)
         return sum(hi[p] - got.get(p, 0) for p in hi)
 
-    before = [lag() for _ in range(int(2 * spec.trigger_s) + 3) if time.sleep(0.5) is None]
+    before = []
+    for _ in range(int(2 * spec.trigger_s) + 3):
+        time.sleep(0.5)
+        before.append(lag())
     level = max(before)
     t_kill = int(time.time() * 1000)
     jobctl.kill(s)
@@ -285,7 +295,9 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
 
 
 def _events(s, type_):
-    return [e for e in (json.loads(m.value) for m in kafka_reading.read_topic(s, s.events_topic)) if e["type"] == type_]
+    # onceflow's events always carry a value
+    return [e for e in (json.loads(cast(bytes, m.value)) for m in kafka_reading.read_topic(s, s.events_topic))
+            if e["type"] == type_]
 
 
 # ---------------------------------------------------------------------------- the run
@@ -316,7 +328,9 @@ def bench_stack(spec: BenchSpec, var: Path):
             late_fraction=0.01, malformed_fraction=0.01, out_of_order_fraction=0.05, tail_s=30,
             watermark_s=base.watermark_s), progress_every=500_000)
         log.info("backlog written in %.0f s", time.time() - t)
-        end = {p: h for p, (_, h) in kafka_reading.watermarks(base, "bench.source").items()}
+        wm = kafka_reading.watermarks(base, "bench.source")
+        assert wm is not None  # topics.ensure created it
+        end = {p: h for p, (_, h) in wm.items()}
         _warm_up(base, end)
         yield base, end
     finally:

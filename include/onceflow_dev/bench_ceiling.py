@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
@@ -39,11 +40,11 @@ def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_
         return all(tp.offset >= end[tp.partition] for tp in consumer.position(tps))
 
     while not done():
-        msgs = []
+        msgs: list[Any] = []  # consumed Messages: partition() and offset() are set
         deadline = time.monotonic() + 1.0
         while len(msgs) < batch_records and time.monotonic() < deadline:
             got = consumer.consume(num_messages=10_000, timeout=0.2)
-            msgs += [m for m in got if m.error() is None or m.error().code() != KafkaError._PARTITION_EOF]
+            msgs += [m for m in got if (e := m.error()) is None or e.code() != KafkaError._PARTITION_EOF]
             if not got and done():
                 break
         if not msgs:
@@ -61,6 +62,7 @@ def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_
                                  value=m.value())
                 dlq += 1
                 continue
+            assert r.ts_us is not None and r.ip is not None  # a record without a reason is valid: both are set
             start = records.window_start_us(r.ts_us, settings.window_s)
             if start + w_us <= prev_wm_us:
                 continue  # late: Spark's rule, the previous batch's watermark

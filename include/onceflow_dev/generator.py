@@ -103,8 +103,10 @@ def _ip_pool(rng: random.Random, n: int, ipv6_fraction: float) -> list[str]:
     pool: set[str] = set()
     while len(pool) < n:
         if rng.random() < ipv6_fraction:
-            pool.add(records.canonical_ip("2001:db8:%x:%x::%x" % (rng.randrange(1 << 16), rng.randrange(1 << 16),
-                                                                  rng.randrange(1, 1 << 16))))
+            ip6 = records.canonical_ip("2001:db8:%x:%x::%x" % (rng.randrange(1 << 16), rng.randrange(1 << 16),
+                                                              rng.randrange(1, 1 << 16)))
+            assert ip6 is not None  # a valid address by construction
+            pool.add(ip6)
         else:
             pool.add("%d.%d.%d.%d" % (rng.randrange(1, 224), rng.randrange(256), rng.randrange(256),
                                       rng.randrange(1, 255)))
@@ -154,6 +156,7 @@ def generate(settings: Settings, spec: GeneratorSpec, manifest: Path | None = No
              progress_every: int = 0, stop=None) -> GeneratorResult:
     """Send the records of `spec`; `stop` (a threading.Event) ends the run early, like a duration."""
     spec.validate()
+    assert spec.event_rate is not None  # validate() sets it
     rng = random.Random(spec.seed)
     parts = spec.partitions
     if parts is None:
@@ -259,6 +262,7 @@ def default_start_ms(spec: GeneratorSpec, now_ms: int) -> int:
     event times too far ahead of it)."""
     if spec.rate > 0 or not spec.count:
         return now_ms
+    assert spec.event_rate is not None  # validate() sets it
     return now_ms - int(spec.count * 1000 / spec.event_rate) - int(spec.tail_s * 1000) - 1000
 
 

@@ -39,7 +39,7 @@ SCREENSHOTS = config.REPO_ROOT / "var" / "screenshots"
 
 @pytest.fixture(scope="module")
 def platform(kafka, tmp_path_factory):
-    base, reg = kafka
+    base = kafka
     var = tmp_path_factory.mktemp("airflow-e2e")
     s = base.replace(app_id=APP, **{f"{k}_topic": f"{APP}.{k}" for k in
                                     ("source", "sink", "dlq", "ledger", "events", "alerts", "health",
@@ -49,7 +49,6 @@ def platform(kafka, tmp_path_factory):
                      fault=f"stall_in_txn@{STALLED_BATCH}:16", max_offsets_per_trigger=3000, savepoint_keep=3,
                      health_progress_threshold_s=90.0, restart_delay_s=2.0, **SCHEDULES)
     topics.ensure(s)
-    reg["apps"].append(s)
     webhook = Receiver()
     extra = {"AIRFLOW_CONN_ONCEFLOW_WEBHOOK": json.dumps(webhook.connection()),
              "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(procs.free_port()),

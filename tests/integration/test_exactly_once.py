@@ -181,11 +181,10 @@ def test_transaction_timeout_is_aborted_reported_and_replayed(app, tmp_path):
     assert events(s, wire.SUPERVISOR_RESTART)
 
 
-def test_bad_configuration_fails_at_start_with_a_clear_message(app, kafka):
+def test_bad_configuration_fails_at_start_with_a_clear_message(app):
     from onceflow.config import ConfigError
     from onceflow.runtime import preflight
 
-    base, _ = kafka
     s = app()
     # 1. job timeout above the broker's maximum (the broker here allows 300 s)
     too_long = s.replace(broker_transaction_max_timeout_ms=900_000, transaction_timeout_ms=600_000)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def history(kafka, tmp_path_factory):
     """One drained run of the job (late, out-of-order and malformed records), shared by this module's tests."""
-    base, reg = kafka
+    base = kafka
     from onceflow.kafka import topics
 
     name = "recon_history"
@@ -30,12 +30,13 @@ def history(kafka, tmp_path_factory):
                      health_topic=f"{name}.health", reconciliation_topic=f"{name}.recon",
                      backfill_topic=f"{name}.backfill", max_offsets_per_trigger=6000)
     topics.ensure(s)
-    reg["apps"].append(s)
     sent = produce(s, tmp_path_factory.mktemp("recon") / "m.csv", count=30_000, event_rate=3000, distinct_ips=400,
                    out_of_order_fraction=0.05, late_fraction=0.03, malformed_fraction=0.02, tail_s=30, seed=51)
     jobctl.start(s)
-    wait_drained(s, sent)
-    jobctl.stop(s)
+    try:
+        wait_drained(s, sent)
+    finally:
+        jobctl.stop(s)
     return s, sent
 
 

@@ -30,7 +30,7 @@ def test_topics_have_explicit_settings(app):
 
 
 def test_broker_runs_transactions_v2(kafka):
-    base, _ = kafka
+    base = kafka
     from onceflow_dev import broker
 
     log = broker.paths(base).server_log.read_text()
@@ -38,7 +38,7 @@ def test_broker_runs_transactions_v2(kafka):
 
 
 def test_jvm_artifacts_are_cached(kafka, monkeypatch):
-    base, _ = kafka
+    base = kafka
 
     def no_maven(*a, **k):
         raise AssertionError("Maven ran again although the jars are cached")
@@ -51,7 +51,7 @@ def test_jvm_artifacts_are_cached(kafka, monkeypatch):
 
 
 def test_cli_stack_status_json(kafka):
-    base, _ = kafka
+    base = kafka
     env = base.as_env()
     out = subprocess.run([sys.executable, "-m", "onceflow.cli", "stack", "status", "--json"], env={**env, "PATH": ""},
                          capture_output=True, text=True, timeout=60)

@@ -84,6 +84,7 @@ def validate(settings: Settings, spec: br.Spec) -> br.Spec:
         if p.starts:  # resumed: the range is what the first run resolved, whatever came into the source since
             start, end = p.starts, p.ends
         else:
+            assert spec.since_ms is not None and spec.until_ms is not None  # check_params: a time range has both
             start = kafka_reading.offsets_at(settings, spec.source_topic, spec.since_ms, source.high)
             end = kafka_reading.offsets_at(settings, spec.source_topic, spec.until_ms, source.high)
         spec = br.Spec(**{**spec.as_dict(), "start": start, "end": end})
@@ -178,6 +179,7 @@ def _run(spark, settings: Settings, spec: br.Spec, writer: ChunkWriter | None, i
         report["sample"] = [r["key"] for r in out.limit(5).collect()]
         out.unpersist()
         return report
+    assert writer is not None  # None only for a dry run, which returned above
     if first >= n:
         report |= {"written_chunks": 0, "written_records": 0, "status": "complete (nothing left to write)"}
         out.unpersist()

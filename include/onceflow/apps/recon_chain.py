@@ -84,6 +84,7 @@ def commit(settings: Settings, res: Result) -> dict:
                            json.dumps(res.as_dict()).encode(), [(wire.H_APP, settings.app_id.encode()),
                                                                  (wire.H_KIND, b"reconciliation")])
             if moves:
+                assert res.last_batch is not None  # `moves` says so
                 meta = chain_metadata(res.last_batch, res.run_id, int(time.time() * 1000))
                 ends = {int(p): int(o) for p, o in res.coverage["end_offsets"].items()}
                 writer.send_offsets([TopicPartition(settings.source_topic, p, ends[p], meta) for p in sorted(ends)],

@@ -14,6 +14,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -25,7 +26,7 @@ from onceflow.config import Settings
 from onceflow.kafka import reading as kafka_reading
 from onceflow.rules import reconciliation as rr
 from onceflow.rules.checkpoint import parse_initial_offsets
-from onceflow.rules.ledger import LedgerEntry, check_coverage
+from onceflow.rules.ledger import LedgerEntry, QuarantineRange, check_coverage
 from onceflow.spark import kafka_source, parsing
 from onceflow.spark.ip_count_plan import ISO_MS
 from onceflow.storage.checkpoint import LocalFS
@@ -70,7 +71,7 @@ def _bounded(spark, settings, topic, selected, all_entries, isolation="read_comm
 
 # ---------------------------------------------------------------------------- the source pass
 def classified_source(spark: SparkSession, settings: Settings, selected: list[LedgerEntry],
-                      all_entries: list[LedgerEntry], quarantine: list = ()) -> DataFrame:
+                      all_entries: list[LedgerEntry], quarantine: Sequence[QuarantineRange] = ()) -> DataFrame:
     """The range's source records with their batch, late-row watermark, window and classification."""
     ranges = rr.source_ranges(selected)
     raw = kafka_source.read_range(spark, settings, settings.source_topic, {p: s for p, (s, _) in ranges.items()},
@@ -119,7 +120,7 @@ def carry_path(settings: Settings, batch: int) -> Path:
 
 
 def carry_in(spark: SparkSession, settings: Settings, entries: list[LedgerEntry], a: int,
-             quarantine: list = ()) -> DataFrame:
+             quarantine: Sequence[QuarantineRange] = ()) -> DataFrame:
     """Windows still open after batch a-1, with the counts of the records read before a: the previous run's
     carry-out, or (no previous run) one pass over the batches before a, done now and kept."""
     empty = spark.createDataFrame([], "window_start_ms long, ip string, n long")
@@ -212,8 +213,9 @@ def run(spark: SparkSession, settings: Settings, first: int | None = None, last:
     keys = with_emission(spark, keys, entries, settings.window_s).cache()
     save_carry(settings, keys.where(F.col("emit_batch").isNull() | (F.col("emit_batch") > b))
                .select("window_start_ms", "ip", "n"), b, keep=(a - 1,))
-    pending = keys.where(F.col("emit_batch").isNull() | (F.col("emit_batch") > b)) \
-        .agg(F.sum("from_range")).first()[0] or 0
+    pending_row = keys.where(F.col("emit_batch").isNull() | (F.col("emit_batch") > b)).agg(F.sum("from_range")).first()
+    assert pending_row is not None  # a global aggregation has one row
+    pending = pending_row[0] or 0
     expected = (keys.where(F.col("emit_batch").between(a, b))
                 .select(sink_key(F.col("window_start_ms"), F.col("ip")).alias("key"),
                         F.col("n").alias("expected"), "emit_batch", "from_range"))
@@ -336,6 +338,8 @@ def spark_dropped(settings: Settings, selected: list[LedgerEntry]) -> dict[int, 
     since = selected[0].commit_time_ms - MARGIN_MS
     got: dict[int, int] = {}
     for m in kafka_reading.read_topic(settings, settings.events_topic, since_ms=since):
+        if m.value is None:
+            continue  # not an event (a null record), like any record that is not JSON
         try:
             d = json.loads(m.value)
         except ValueError:

@@ -308,7 +308,7 @@ def verify(settings: Settings, sp_id: str) -> Verification:
     (separately) whether this Spark and this job configuration can restore it."""
     m = load(settings, sp_id)
     data = Store(f"{settings.savepoints}/{m.id}/{DATA_DIR}")
-    found = {}
+    found: dict[str, tuple[int, str | None]] = {}
     for rel, size in data.files().items():
         try:
             found[rel] = (size, _sha256(data.read(rel)))
@@ -354,8 +354,8 @@ def restore_facts(settings: Settings, m: Manifest) -> RestoreFacts:
         last_epoch=max((r.epoch for r in records if isinstance(r, RestoreRecord)), default=0),
         now_ms=int(time.time() * 1000),
         catch_up_skews=frozenset(e.max_event_ahead_ms for e in records
-                                 if after and isinstance(e, LedgerEntry) and e.kind == wire.LEDGER_STREAM
-                                 and m.ledger_batch < e.batch <= committed.batch))
+                                 if after and committed.batch is not None and isinstance(e, LedgerEntry)
+                                 and e.kind == wire.LEDGER_STREAM and m.ledger_batch < e.batch <= committed.batch))
 
 
 def check_restore(settings: Settings, sp_id: str, allow_rewind: bool = False) -> RestorePlan:

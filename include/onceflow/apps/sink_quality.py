@@ -83,6 +83,7 @@ def validate(sink: DataFrame, window_s: int, root: Path, run_name: str) -> dict:
     for vr in res.run_results.values():
         for r in vr.results:
             cfg = r.expectation_config
+            assert cfg is not None  # a checkpoint run's results always carry their expectation
             out.append({"expectation": cfg.type, "column": cfg.kwargs.get("column") or
                         f"{cfg.kwargs.get('column_A')}={cfg.kwargs.get('column_B')}", "success": r.success,
                         "unexpected_count": (r.result or {}).get("unexpected_count"),

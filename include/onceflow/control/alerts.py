@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka.reading import read_topic
@@ -98,8 +99,8 @@ class AlertSink:
         self.notifiers = list(notifiers)
 
     def history(self) -> list[Alert]:
-        return [Alert.from_json(m.value) for m in read_topic(self.s, self.s.alerts_topic)
-                if m.key == self.s.app_id.encode()]
+        return [Alert.from_json(cast(bytes, m.value)) for m in read_topic(self.s, self.s.alerts_topic)
+                if m.key == self.s.app_id.encode()]  # onceflow's alert records always carry a value
 
     def state(self) -> dict[str, str]:
         return fold_state(self.history())

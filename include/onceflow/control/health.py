@@ -18,6 +18,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, cast
 from urllib.parse import urlparse
 
 from confluent_kafka import TopicPartition
@@ -74,7 +75,7 @@ def last_record(settings: Settings) -> HealthRecord | None:
     except (OSError, ValueError, TypeError):
         pass
     msgs = [m for m in kafka_reading.read_topic(settings, settings.health_topic) if m.key == settings.app_id.encode()]
-    return HealthRecord(**json.loads(msgs[-1].value)) if msgs else None
+    return HealthRecord(**json.loads(cast(bytes, msgs[-1].value))) if msgs else None  # health records carry a value
 
 
 def _end_offsets(settings: Settings) -> dict[int, int]:
@@ -112,6 +113,8 @@ LATE_MIN_AGGREGATES = 20  # fewer aggregates over the window say nothing
 def recent_progress(settings: Settings, since_ms: int) -> list[dict]:
     out = []
     for m in kafka_reading.read_topic(settings, settings.events_topic, since_ms=since_ms, timeout_s=60):
+        if m.value is None:
+            continue  # not an event (a null record), like any record that is not JSON
         try:
             d = json.loads(m.value)
         except ValueError:
@@ -126,7 +129,7 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
     st = jobctl.status(settings)
     ends = _end_offsets(settings)
     committed = audit.committed_offsets(settings, ends)
-    parts = {}
+    parts: dict[str, dict[str, Any]] = {}
     for p, end in sorted(ends.items()):
         prev = (previous.partitions.get(str(p)) or previous.partitions.get(p) or {}) if previous else {}
         samples = [lag.Sample(**s) for s in prev.get("samples", [])]
@@ -160,6 +163,7 @@ NOT_RESTARTABLE = {code: why for code, why in wire.NO_RESTART.items() if code !=
 
 def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> list[alerts.Condition]:
     """The record's problems as alert conditions; sets rec.status."""
+    out: list[alerts.Condition]
     app, out = settings.app_id, []
     now_ms = now_ms or rec.ts_ms
     if not rec.running and rec.desired != "running":

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from typing import cast
 
-from airflow.sdk import BaseHook, BaseNotifier
+from airflow.sdk import BaseHook, BaseNotifier, Context
 
 from onceflow.config import Settings
 from onceflow.control.alerts import Alert
@@ -62,7 +63,7 @@ class SlackWebhookNotifier(BaseNotifier):
 
     def notify(self, context) -> None:
         conn = BaseHook.get_connection(self.conn_id)
-        url = conn.password if (conn.password or "").startswith("http") else _url(conn)
+        url = conn.password if conn.password and conn.password.startswith("http") else _url(conn)
         _post(url, {"text": self.text})
 
 
@@ -88,9 +89,9 @@ def channel_notifiers(settings: Settings, alert: Alert) -> list[BaseNotifier]:
     return out
 
 
-def airflow_notify(settings: Settings, context=None):
+def airflow_notify(settings: Settings, context: Context | None = None):
     """An AlertSink notifier that sends each alert through every configured Airflow notifier."""
     def send(alert: Alert) -> None:
         for n in channel_notifiers(settings, alert):
-            n.notify(context or {})
+            n.notify(context or cast(Context, {}))
     return send

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 from onceflow.apps import savepoints
 from onceflow.config import Settings
@@ -34,7 +35,7 @@ def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> 
     key = f"rotation:{settings.app_id}:savepoint_failed"
     conditions = []
     if savepoints.checkpoint_stats(settings)["latest_committed_batch"] is None:
-        out = {"status": "skipped", "why": "the checkpoint has no committed batch yet"}
+        out: dict[str, Any] = {"status": "skipped", "why": "the checkpoint has no committed batch yet"}
     else:
         try:
             m = savepoints.create(settings, bus=ev.EventBus(settings))
@@ -93,7 +94,7 @@ def report_checkpoint(settings: Settings, sink: alerts.AlertSink | None = None, 
 
 
 def rotate(settings: Settings, sink: alerts.AlertSink | None = None) -> dict:
-    report = {"app": settings.app_id, "savepoint": take_savepoint(settings, sink),
-              "retention": apply_retention(settings), "checkpoint": report_checkpoint(settings, sink)}
+    report: dict[str, Any] = {"app": settings.app_id, "savepoint": take_savepoint(settings, sink),
+                               "retention": apply_retention(settings), "checkpoint": report_checkpoint(settings, sink)}
     report["ok"] = report["savepoint"]["status"] != "failed"
     return report

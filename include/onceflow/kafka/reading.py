@@ -3,6 +3,7 @@ time, as a read_committed consumer sees them. Generic: nothing here knows what t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -48,11 +49,12 @@ def consume_to_end(consumer: Consumer, partitions: list, timeout_s: float = 120.
         msg = consumer.poll(1.0)
         if msg is None:
             continue
-        if msg.error():
-            if msg.error().code() == KafkaError._PARTITION_EOF:
+        err = msg.error()
+        if err:
+            if err.code() == KafkaError._PARTITION_EOF:
                 pending.discard(msg.partition())
                 continue
-            raise KafkaException(msg.error())
+            raise KafkaException(err)
         yield msg
 
 
@@ -150,9 +152,8 @@ def read_topic(settings: Settings, topic: str, isolation: str = "read_committed"
                timeout_s: float = 120.0, since_ms: int | None = None) -> list[Msg]:
     """Every visible record of a topic, from the beginning (or from the first record at or after `since_ms`)
     to the end (the LSO under read_committed)."""
-    c = read_committed_consumer(settings, **{"isolation.level": isolation,
-                                                           "enable.partition.eof": True,
-                                                           "fetch.max.bytes": 52428800})
+    extra: dict[str, Any] = {"isolation.level": isolation, "enable.partition.eof": True, "fetch.max.bytes": 52428800}
+    c = read_committed_consumer(settings, **extra)
     try:
         md = c.list_topics(topic, timeout=10).topics[topic]
         if md.error is not None:

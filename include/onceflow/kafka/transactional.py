@@ -125,8 +125,8 @@ def _advice(err: KafkaError) -> str:
 class TransactionalWriter:
     def __init__(self, make_producer: Callable[[], Any], transactional_id: str, timeout_ms: int, *,
                  init_timeout_s: float = 60.0, commit_timeout_s: float = 120.0, abort_timeout_s: float = 30.0,
-                 on_event: Callable[[str, dict], None] | None = None, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+                 on_event: Callable[[str, dict[str, Any]], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
         self._make, self.transactional_id, self.timeout_ms = make_producer, transactional_id, timeout_ms
         self.init_timeout_s, self.commit_timeout_s, self.abort_timeout_s = init_timeout_s, commit_timeout_s, \
             abort_timeout_s
@@ -160,10 +160,10 @@ class TransactionalWriter:
             raise self._failure(e, "begin") from e
         self._started = self._clock()
 
-    def produce(self, topic: str, key: bytes | None, value: bytes | None, headers: list | None = None,
+    def produce(self, topic: str, key: bytes | None, value: bytes | None, headers: list[Any] | None = None,
                 partition: int | None = None) -> None:
         self._check()
-        kw: dict = {"key": key, "value": value, "headers": headers, "on_delivery": self._on_delivery}
+        kw: dict[str, Any] = {"key": key, "value": value, "headers": headers, "on_delivery": self._on_delivery}
         if partition is not None:
             kw["partition"] = partition
         while True:
@@ -175,7 +175,7 @@ class TransactionalWriter:
             except KafkaException as e:
                 raise self._failure(e, "produce") from e
 
-    def send_offsets(self, offsets: list, group_metadata: Any, timeout_s: float = 60.0) -> None:
+    def send_offsets(self, offsets: list[Any], group_metadata: Any, timeout_s: float = 60.0) -> None:
         self._check()
         try:
             self._producer.send_offsets_to_transaction(offsets, group_metadata, timeout_s)

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
@@ -97,7 +98,7 @@ class ExactlyOnceSink:
         self._batch: int | None = None  # the batch whose transaction is open, for events
         self._warned = False            # the near-timeout warning of the open transaction went out
 
-        def make_producer():
+        def make_producer() -> Any:
             return kafka_clients.transactional_producer(
                 settings, settings.transactional_id, **{"partitioner": "murmur2_random",
                                                          "linger.ms": settings.producer_linger_ms,
@@ -243,7 +244,7 @@ class ExactlyOnceSink:
         return BatchOutcome(plan.batch, Decision.WRITE, outputs, dlq, txn_ms)
 
     # ------------------------------------------------------------------ helpers
-    def _writer_event(self, type_: str, fields: dict) -> None:
+    def _writer_event(self, type_: str, fields: dict[str, Any]) -> None:
         self.bus.emit(type_, logging.WARNING, flush=True, **fields)
 
     def _near_timeout(self, batch: int, started: float) -> None:

@@ -14,8 +14,9 @@ order, so once a record of an earlier batch is seen, the one looked for is not f
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from onceflow import wire
 from onceflow.config import Settings
@@ -58,9 +59,9 @@ def stable_end(settings: Settings, wait_s: float | None = None) -> tuple[int, in
     return low, target
 
 
-def _app_entries(consumer, settings: Settings, start: int, end: int) -> list[LedgerEntry]:
+def _app_entries(consumer: Consumer, settings: Settings, start: int, end: int) -> list[LedgerEntry]:
     key = settings.app_id.encode()
-    out = []
+    out: list[LedgerEntry] = []
     for msg in kafka_reading.read_range(consumer, settings.ledger_topic, 0, start, end):
         if msg.key() == key:
             rec = parse_record(msg.value())
@@ -69,7 +70,8 @@ def _app_entries(consumer, settings: Settings, start: int, end: int) -> list[Led
     return out
 
 
-def _scan_back(consumer, settings: Settings, stop) -> LedgerEntry | None:
+def _scan_back(consumer: Consumer, settings: Settings,
+               stop: Callable[[list[LedgerEntry]], tuple[LedgerEntry | None, bool]]) -> LedgerEntry | None:
     """Newest chunk first; `stop(entries_of_chunk)` returns (found, done)."""
     low, end = stable_end(settings)
     scanned = 0
@@ -89,9 +91,9 @@ def _scan_back(consumer, settings: Settings, stop) -> LedgerEntry | None:
     return None
 
 
-def find_entry(consumer, settings: Settings, batch: int) -> LedgerEntry | None:
+def find_entry(consumer: Consumer, settings: Settings, batch: int) -> LedgerEntry | None:
     """The committed stream record of ledger batch `batch` of this app, or None when it is not in the ledger."""
-    def stop(entries: list[LedgerEntry]):
+    def stop(entries: list[LedgerEntry]) -> tuple[LedgerEntry | None, bool]:
         for e in reversed(entries):
             if e.batch == batch:
                 return e, True
@@ -102,6 +104,6 @@ def find_entry(consumer, settings: Settings, batch: int) -> LedgerEntry | None:
     return _scan_back(consumer, settings, stop)
 
 
-def newest_entry(consumer, settings: Settings) -> LedgerEntry | None:
+def newest_entry(consumer: Consumer, settings: Settings) -> LedgerEntry | None:
     """The app's newest committed stream record (None: the app has committed nothing)."""
     return _scan_back(consumer, settings, lambda entries: (entries[-1], True) if entries else (None, False))

@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -52,7 +53,7 @@ class Spec:
                            **rng}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -63,7 +64,7 @@ class TopicFacts:
     high: dict[int, int] = field(default_factory=dict)  # end of the log, per partition
 
 
-def parse_offsets(text: str | dict | None) -> dict[int, int]:
+def parse_offsets(text: str | dict[Any, Any] | None) -> dict[int, int]:
     """`{"0": 100, "1": 250}` (JSON or dict) -> {0: 100, 1: 250}."""
     if text in (None, "", {}):
         return {}
@@ -88,7 +89,7 @@ def check_params(spec: Spec, protected_topics: dict[str, str], resolved: bool = 
         raise BackfillError(f"start and end name different partitions: {sorted(spec.start)} vs {sorted(spec.end)}")
     if by_time and (spec.since_ms is None or spec.until_ms is None):
         raise BackfillError("a time range needs both since and until")
-    if by_time and spec.until_ms <= spec.since_ms:
+    if by_time and spec.until_ms is not None and spec.since_ms is not None and spec.until_ms <= spec.since_ms:
         raise BackfillError(f"the end of the time range ({spec.until_ms}) is not after its start ({spec.since_ms})")
     for p in spec.start:
         if spec.end[p] < spec.start[p]:

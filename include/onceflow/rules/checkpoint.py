@@ -11,9 +11,9 @@ is restored behind the sink, it maps Spark's batch ids to the ledger's (see `Epo
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from onceflow.rules.ledger import BatchPlan, QuarantineRange
 
@@ -26,7 +26,7 @@ class CheckpointFS(Protocol):
     def read_text(self, rel: str) -> str | None: ...
 
 
-def parse_offsets_file(text: str, topic: str) -> tuple[dict, dict[int, int]]:
+def parse_offsets_file(text: str, topic: str) -> tuple[dict[str, Any], dict[int, int]]:
     """`offsets/N`: line 1 `v1`, line 2 the batch metadata JSON, then one offsets JSON per source."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines or not lines[0].startswith("v"):
@@ -102,7 +102,7 @@ def read_quarantine(fs: CheckpointFS) -> list[QuarantineRange]:
     return [QuarantineRange(**r) for r in json.loads(text)] if text else []
 
 
-def render_quarantine(ranges) -> str:
+def render_quarantine(ranges: Iterable[QuarantineRange]) -> str:
     return json.dumps([{"partition": r.partition, "start": r.start, "end": r.end} for r in ranges])
 
 

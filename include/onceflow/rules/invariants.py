@@ -11,6 +11,7 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from onceflow.rules import records
 from onceflow.rules.ledger import CoverageReport, LedgerEntry, check_coverage
@@ -63,7 +64,7 @@ class Expected:
     counts: dict[str, int] = field(default_factory=dict)   # sink key -> count, for windows already final
     pending: int = 0          # valid records in windows the watermark has not closed yet
     late: int = 0             # dropped by the watermark (Spark's rule: window end <= batch watermark)
-    malformed: set = field(default_factory=set)             # (partition, offset)
+    malformed: set[tuple[int, int]] = field(default_factory=set)  # (partition, offset)
     uncommitted: int = 0      # records outside every committed range (not processed yet)
 
 
@@ -79,7 +80,7 @@ def expected(source: Iterable[SourceRecord], entries: Sequence[LedgerEntry], win
     final_wm_us = max((e.watermark_ms for e in entries), default=0) * 1000
     w_us = window_s * 1_000_000
     out = Expected()
-    counts: Counter = Counter()
+    counts: Counter[str] = Counter()
     for r in source:
         batch = index.find(r.partition, r.offset)
         if batch is None:
@@ -88,6 +89,7 @@ def expected(source: Iterable[SourceRecord], entries: Sequence[LedgerEntry], win
         if r.reason is not None:
             out.malformed.add((r.partition, r.offset))
             continue
+        assert r.ts_us is not None and r.ip is not None  # a record without a reason is valid: both are set
         start = records.window_start_us(r.ts_us, window_s)
         if start + w_us <= wm_by_batch.get(batch.batch - 1, 0) * 1000:
             out.late += 1
@@ -104,14 +106,14 @@ class Report:
     coverage: CoverageReport
     expected_keys: int = 0
     sink_records: int = 0
-    duplicates: dict = field(default_factory=dict)      # key -> times seen
-    missing: dict = field(default_factory=dict)         # key -> expected count
-    unexpected: dict = field(default_factory=dict)      # key -> count found
-    wrong: dict = field(default_factory=dict)           # key -> (expected, found)
-    malformed_values: list = field(default_factory=list)
-    dlq_missing: list = field(default_factory=list)     # (partition, offset)
-    dlq_unexpected: list = field(default_factory=list)
-    dlq_duplicates: list = field(default_factory=list)
+    duplicates: dict[str, int] = field(default_factory=dict)      # key -> times seen
+    missing: dict[str, int] = field(default_factory=dict)         # key -> expected count
+    unexpected: dict[str, int] = field(default_factory=dict)      # key -> count found
+    wrong: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (expected, found)
+    malformed_values: list[str] = field(default_factory=list)
+    dlq_missing: list[tuple[int, int]] = field(default_factory=list)     # (partition, offset)
+    dlq_unexpected: list[tuple[int, int]] = field(default_factory=list)
+    dlq_duplicates: list[tuple[int, int]] = field(default_factory=list)
     ledger_outputs: int = 0
     ledger_dlq: int = 0
     late: int = 0
@@ -127,7 +129,7 @@ class Report:
                                           or self.dlq_duplicates)
                 and self.ledger_outputs == self.sink_records)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {"ok": self.ok, "snapshot_batch": self.snapshot_batch, "batches": self.coverage.batches,
                 "coverage_issues": [i.detail for i in
                                                                                    self.coverage.issues][:20],
@@ -167,7 +169,7 @@ def check(entries: Sequence[LedgerEntry], committed: Mapping[int, int] | None, s
     rep.malformed, rep.counted = len(exp.malformed), sum(exp.counts.values())
     rep.ledger_outputs = sum(e.outputs for e in entries)
     rep.ledger_dlq = sum(e.dlq for e in entries)
-    seen: Counter = Counter()
+    seen: Counter[str] = Counter()
     found: dict[str, int] = {}
     for rec in sink:
         rep.sink_records += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from enum import Enum
+from typing import Any
 
 OK, WARN, STALL, STOP, REWIND = "OK", "WARN", "STALL", "STOP", "REWIND"
 SEVERITY = {OK: 0, WARN: 1, REWIND: 2, STALL: 3, STOP: 3}
@@ -29,7 +30,7 @@ class Sample:
     def lag(self) -> int:
         return max(0, self.end - self.committed)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

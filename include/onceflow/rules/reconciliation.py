@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from onceflow.rules.ledger import CoverageReport, LedgerEntry
 
@@ -25,7 +26,7 @@ class ReconcileError(ValueError):
     """Bad parameters or an impossible range; raised before anything runs."""
 
 
-def to_ms(v) -> int | None:
+def to_ms(v: Any) -> int | None:
     """A time given as epoch ms, ISO-8601 or a datetime, in epoch ms (None stays None)."""
     if v is None or v == "":
         return None
@@ -84,7 +85,7 @@ def source_ranges(selected: Sequence[LedgerEntry]) -> dict[int, tuple[int, int]]
     return {p: r for p, r in sorted(out.items()) if r[1] > r[0]}
 
 
-def coverage(selected: Sequence[LedgerEntry]) -> dict:
+def coverage(selected: Sequence[LedgerEntry]) -> dict[str, Any]:
     """What a run proves, for its record: the batches, their commit times, the source offsets they read."""
     if not selected:
         return {"batches": None, "count": 0, "commit_time_ms": None, "source_offsets": {}}
@@ -153,7 +154,7 @@ class Emission:
     def __init__(self, entries: Iterable[LedgerEntry]):
         rows = sorted((e.batch, e.watermark_ms) for e in entries)
         self._batches = [b for b, _ in rows]
-        self._wms = []
+        self._wms: list[int] = []
         top = 0
         for _, w in rows:
             top = max(top, w)
@@ -169,8 +170,8 @@ class Check:
     name: str
     status: str
     summary: str
-    figures: dict = field(default_factory=dict)
-    differences: list = field(default_factory=list)   # precise, capped by the caller
+    figures: dict[str, Any] = field(default_factory=dict)
+    differences: list[dict[str, Any]] = field(default_factory=list)   # precise, capped by the caller
 
 
 @dataclass
@@ -179,13 +180,13 @@ class Result:
     run_id: str
     first_batch: int | None
     last_batch: int | None
-    ranges: dict
+    ranges: dict[int, tuple[int, int]]
     started_ms: int
     finished_ms: int = 0
     checks: list[Check] = field(default_factory=list)
     data_docs: str | None = None
     mode: str = MANUAL                  # MANUAL (a range asked for) or CHAIN (the scheduled, gap-free chain)
-    coverage: dict = field(default_factory=dict)   # batches, commit times and source offsets the run proved
+    coverage: dict[str, Any] = field(default_factory=dict)   # batches, commit times and source offsets the run proved
     snapshot_batch: int | None = None   # the newest committed batch when the run began (its consistent cut)
     proven_before: int | None = None    # CHAIN: the chain's last proven batch when the run began
 
@@ -193,9 +194,9 @@ class Result:
     def ok(self) -> bool:
         return all(c.status != FAIL for c in self.checks)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """JSON all the way down: numbers stay numbers (Spark's Decimal and numpy's ints included)."""
-        d = _jsonable(asdict(self))
+        d: dict[str, Any] = _jsonable(asdict(self))
         d["ok"], d["verdict"] = self.ok, self.verdict
         d["ranges"] = {str(p): list(r) for p, r in self.ranges.items()}
         return d
@@ -210,7 +211,7 @@ class Result:
         return [c for c in self.checks if c.status == FAIL]
 
     @classmethod
-    def from_dict(cls, d: dict) -> Result:
+    def from_dict(cls, d: dict[str, Any]) -> Result:
         d = dict(d)
         d.pop("ok", None)
         d.pop("verdict", None)
@@ -222,7 +223,7 @@ class Result:
         return next(c for c in self.checks if c.name == name)
 
 
-def _jsonable(v):
+def _jsonable(v: Any) -> Any:
     """Plain JSON types: dicts with string keys, lists, str, int, float, bool, None."""
     import decimal
 
@@ -263,9 +264,9 @@ def accounting_check(total: int, counted_in_sink: int, late: int, malformed_in_d
     watermark run ahead of the input) is never a healthy history."""
     valid = total - malformed_in_dlq
     late_fraction = round(late / valid, 4) if valid > 0 else 0.0
-    figures = {"source_records": total, "counted_in_sink": counted_in_sink, "late": late,
-               "malformed_in_dlq": malformed_in_dlq, "pending": pending, "late_fraction": late_fraction}
-    diffs = []
+    figures: dict[str, Any] = {"source_records": total, "counted_in_sink": counted_in_sink, "late": late,
+                               "malformed_in_dlq": malformed_in_dlq, "pending": pending, "late_fraction": late_fraction}
+    diffs: list[dict[str, Any]] = []
     if valid > 0 and late_fraction > late_threshold:
         diffs.append({"kind": "late_fraction", "late": late, "valid": valid,
                       "detail": f"{late} of the {valid} valid records ({100 * late_fraction:.0f}%) were late, above "
@@ -289,8 +290,9 @@ def accounting_check(total: int, counted_in_sink: int, late: int, malformed_in_d
                                         f"{malformed_in_dlq} malformed + {pending} pending", figures)
 
 
-def results_check(expected_keys: int, sink_records: int, duplicates: list, missing: list, wrong: list,
-                  unexpected: list, misplaced: list, ledger_outputs: int) -> Check:
+def results_check(expected_keys: int, sink_records: int, duplicates: list[dict[str, Any]],
+                  missing: list[dict[str, Any]], wrong: list[dict[str, Any]], unexpected: list[dict[str, Any]],
+                  misplaced: list[dict[str, Any]], ledger_outputs: int) -> Check:
     figures = {"expected_keys": expected_keys, "sink_records": sink_records, "ledger_outputs": ledger_outputs,
                "duplicates": len(duplicates), "missing": len(missing), "wrong": len(wrong),
                "unexpected": len(unexpected), "misplaced": len(misplaced)}
@@ -310,8 +312,8 @@ def results_check(expected_keys: int, sink_records: int, duplicates: list, missi
     return Check("I3_results", PASS, f"{expected_keys} keys, each once, each with the recounted value", figures)
 
 
-def dlq_check(malformed: int, dlq_records: int, missing: list, unexpected: list, duplicates: list,
-              ledger_dlq: int) -> Check:
+def dlq_check(malformed: int, dlq_records: int, missing: list[dict[str, Any]], unexpected: list[dict[str, Any]],
+              duplicates: list[dict[str, Any]], ledger_dlq: int) -> Check:
     figures = {"malformed": malformed, "dlq_records": dlq_records, "ledger_dlq": ledger_dlq}
     diffs = ([{"kind": "dlq_missing", **d} for d in missing] + [{"kind": "dlq_unexpected", **d} for d in unexpected]
              + [{"kind": "dlq_duplicate", **d} for d in duplicates])

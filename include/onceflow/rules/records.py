@@ -208,7 +208,7 @@ def parse(value: bytes | None, record_ts_ms: int | None = None, max_ahead_ms: in
     if quarantined:
         return Parsed(reason=REASON_QUARANTINED)
     parsed = _parse_value(value)
-    if parsed.ok and ahead(parsed.ts_us, record_ts_ms, max_ahead_ms):
+    if parsed.ok and parsed.ts_us is not None and ahead(parsed.ts_us, record_ts_ms, max_ahead_ms):
         return Parsed(reason=REASON_TS_AHEAD)
     return parsed
 

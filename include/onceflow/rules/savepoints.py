@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from onceflow.rules.checkpoint import Epoch
 from onceflow.rules.ledger import Committed, LedgerEntry, RestoreRecord
@@ -41,7 +42,7 @@ def in_cut(rel: str, batch: int) -> bool:
         return False  # Hadoop's in-flight files: renamed into place when complete
     if parts[0] in ("offsets", "commits") and len(parts) == 2:
         m = _LOG_FILE.match(name)
-        return bool(m) and int(m.group(1)) <= batch
+        return m is not None and int(m.group(1)) <= batch
     if parts[0] == "state":
         m = _STATE_FILE.match(name)
         if m:
@@ -138,7 +139,7 @@ class Manifest:
     batch_ts_ms: int
     group_offsets: dict[int, int]      # the group's committed offsets when it was taken
     group_metadata: dict[int, str]
-    ledger_entry: dict                 # the ledger record of ledger_batch, as committed
+    ledger_entry: dict[str, Any]       # the ledger record of ledger_batch, as committed
     spark_version: str
     state_store_provider: str
     shuffle_partitions: int
@@ -225,7 +226,8 @@ class RestoreFacts:
     source_low: dict[int, int]                 # the earliest offset still in the source, per partition
     last_epoch: int
     now_ms: int
-    catch_up_skews: frozenset = frozenset()    # the skew rules batches after the savepoint were classified with
+    # the skew rules batches after the savepoint were classified with
+    catch_up_skews: frozenset[int | None] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -252,7 +254,7 @@ class RestorePlan:
     record: RestoreRecord
     notes: list[str] = field(default_factory=list)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         c = self.catch_up
         return {"savepoint": self.manifest.id, "savepoint_batch": self.manifest.ledger_batch,
                 "spark_batch": self.manifest.spark_batch, "sink_batch": self.record.sink_batch,

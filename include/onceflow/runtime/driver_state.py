@@ -24,15 +24,15 @@ class InstanceLocked(wire.OnceflowError):
     """Another driver of the app runs on this machine: not a misconfiguration, and nothing a restart fixes."""
 
 
-def initial_status(settings: Settings, pid: int, now_ms: int) -> dict:
+def initial_status(settings: Settings, pid: int, now_ms: int) -> dict[str, Any]:
     return {"app": settings.app_id, "pid": pid, "state": "starting", "started_ms": now_ms,
             "checkpoint": settings.checkpoint, "bootstrap_servers": settings.bootstrap_servers,
             "transactional_id": settings.transactional_id, "group_id": settings.group_id, "committed_batches": 0,
             "replays_skipped": 0}
 
 
-def status_after_batch(status: dict, plan: BatchPlan, spark_batch: int, decision: Decision, outputs: int, dlq: int,
-                       txn_ms: float, timings: dict, now_ms: int) -> dict:
+def status_after_batch(status: dict[str, Any], plan: BatchPlan, spark_batch: int, decision: Decision, outputs: int,
+                       dlq: int, txn_ms: float, timings: dict[str, Any], now_ms: int) -> dict[str, Any]:
     """The status fields a finished batch changes: a written batch counts as committed (with its figures and
     watermark); a replay or catch-up counts as skipped."""
     out: dict[str, Any] = {"state": "running", "last_batch": plan.batch, "spark_batch": spark_batch,
@@ -63,7 +63,7 @@ def pace_after(settings: Settings, plan: BatchPlan, decision: Decision, max_even
                 pacing.closes_windows(timing, wm_ms, w_ms))
 
 
-def progress_fields(p: Any, batch_info: dict) -> dict:
+def progress_fields(p: Any, batch_info: dict[str, Any]) -> dict[str, Any]:
     """Spark's progress report of a batch (a StreamingQueryProgress, duck-typed), with the ledger batch and the
     decision the batch had: Spark's ids repeat after a restore, reconciliation charges late rows by ledger batch,
     and a catch-up batch's rows belong to no ledger batch."""

@@ -76,6 +76,8 @@ def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | 
     within_s = within_s or max(60.0, 6 * settings.trigger_interval_s)
     now_ms = int(time.time() * 1000)
     for e in reversed(kafka_reading.read_topic(settings, settings.events_topic, since_ms=now_ms - int(within_s * 1000))):
+        if e.value is None:
+            continue  # not an event (a null record), like any record that is not JSON
         try:
             d = json.loads(e.value)
         except ValueError:

@@ -8,6 +8,9 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def pid_alive(pid: int) -> bool:
@@ -85,8 +88,8 @@ def _raw_cmdline(pid: int) -> bytes:
         return b""
 
 
-def wait_until(cond: Callable[[], object], timeout: float, interval: float = 0.2,
-               what: str = "condition") -> object:
+def wait_until(cond: Callable[[], T | None], timeout: float, interval: float = 0.2,
+               what: str = "condition") -> T:
     """Poll `cond` until it returns a truthy value or the deadline passes (TimeoutError)."""
     deadline = time.monotonic() + timeout
     while True:
