@@ -59,7 +59,7 @@ class Settings:
     master: str = "local[2]"
     checkpoint_uri: str = ""  # default: <var_dir>/checkpoints/<app_id>
     trigger_interval_s: float = 5.0
-    # Run the batch that emits newly closed windows at once instead of one trigger later (onceflow.pacing).
+    # Run the batch that emits newly closed windows at once instead of one trigger later (onceflow.rules.pacing).
     close_out_batches: bool = True
     # Per-batch costs (planning, state store commit, checkpoint files, transaction) amortise over the batch:
     # 500,000 drained a backlog ~10-20 % faster than 200,000 (docs/performance.md, make bench-sweep).
@@ -69,7 +69,7 @@ class Settings:
     window_s: int = 5
     watermark_s: int = 5
     starting_offsets: str = "earliest"
-    # The seeds' producer setting. Must not exceed broker_transaction_max_timeout_ms.
+    # The classic setting for this job in Flink. Must not exceed broker_transaction_max_timeout_ms.
     transaction_timeout_ms: int = 60_000
     near_timeout_fraction: float = 0.8
     # The transactional producer's batching (the whole batch is produced, then committed at once).
@@ -98,7 +98,7 @@ class Settings:
     rotation_interval_minutes: float = 60.0
     checkpoint_size_alert_bytes: int = 1 << 30
 
-    # --- the supervisor (the seeds' fixed-delay restart strategy: 3 attempts, 10 s apart) ---
+    # --- the supervisor (Flink's classic fixed-delay restart strategy: 3 attempts, 10 s apart) ---
     restart_attempts: int = 3
     restart_delay_s: float = 10.0
 
@@ -109,7 +109,7 @@ class Settings:
     txn_watch_interval_s: float = 60.0
     reconcile_interval_minutes: float = 60.0
     # The scheduled reconciliation chain proves at most this many committed batches per run; the rest is the
-    # next run's (onceflow.recon_chain).
+    # next run's (onceflow.apps.recon_chain).
     reconcile_max_batches: int = 2000
     spark_conn_id: str = "spark_default"         # Airflow connection: Spark master / deploy mode
     airflow_port: int = 8080

@@ -1,4 +1,4 @@
-"""An emulation of the seeds' NGINX access-log service: writes (time, IP) records to the source topic.
+"""An emulation of an NGINX access-log service: writes (time, IP) records to the source topic.
 
 Reproducible from a seed; optional manifest (CSV: partition, offset, kind, ts_us, ip, reason) records what
 was sent and where it landed, so tests know the truth without trusting the job.

@@ -1,7 +1,7 @@
 """Read back what the platform committed (ledger, group offsets, sink, DLQ, source) and check I1-I4.
 
 The reading is plain Kafka consumption with `isolation.level=read_committed`; the deciding is in
-`onceflow.invariants`. Used by the tests today and by the reconciliation later.
+`onceflow.rules.invariants`. Used by `onceflow audit` and the tests; the reconciliation recounts with Spark.
 """
 from __future__ import annotations
 

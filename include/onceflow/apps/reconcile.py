@@ -5,7 +5,7 @@ One pass over the range's source records (a Spark batch read of exactly the ledg
 reads of the sink and the DLQ (the records those batches committed, found by the batches' commit times), plus
 the ledger. Every comparison is a Spark join or aggregation; only capped lists of differences reach the driver.
 The rules (late rows, window emission, the carry-in of windows still open before the range) are in
-onceflow.recon_rules. Each run's result goes to the `onceflow_reconciliation` topic and a JSON file; a failed
+onceflow.rules.reconciliation. Each run's result goes to the `onceflow_reconciliation` topic and a JSON file; a failed
 check fails the run and alerts with the precise difference.
 """
 from __future__ import annotations
@@ -152,7 +152,7 @@ def save_carry(settings: Settings, df: DataFrame, batch: int, keep: tuple[int, .
 
 # ---------------------------------------------------------------------------- the run
 def run_chain(spark: SparkSession, settings: Settings, with_gx: bool = True) -> rr.Result:
-    """The scheduled chain's next slice (onceflow.recon_chain): the batches committed after the last one the chain
+    """The scheduled chain's next slice (onceflow.apps.recon_chain): the batches committed after the last one the chain
     proved, up to the newest in a consistent cut taken now, at most ONCEFLOW_RECONCILE_MAX_BATCHES."""
     t0 = int(time.time() * 1000)
     pos = recon_chain.position(settings)

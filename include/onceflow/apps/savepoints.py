@@ -7,7 +7,7 @@ hdfs://, s3://, ...) with configuration only. Layout of one savepoint:
     <ONCEFLOW_SAVEPOINT_URI>/sp-<UTC time>-b<ledger batch>/checkpoint/...   the copied checkpoint files
     <ONCEFLOW_SAVEPOINT_URI>/sp-<UTC time>-b<ledger batch>/_manifest.json   written last: the savepoint exists
 
-What may be copied and restored, and how a restore stays exact, is decided in onceflow.savepoint_rules.
+What may be copied and restored, and how a restore stays exact, is decided in onceflow.rules.savepoints.
 """
 from __future__ import annotations
 

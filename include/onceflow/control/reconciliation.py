@@ -1,4 +1,4 @@
-"""What the reconciliation DAG and `onceflow reconcile` call around the Spark recount (onceflow.reconcile): which
+"""What the reconciliation DAG and `onceflow reconcile` call around the Spark recount (onceflow.apps.reconcile): which
 run it is (a manual range, or the scheduled chain's next slice), submitting it, recording its result, alerting.
 Light: no Spark here, so the DAG file that imports it parses fast."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ SCRIPT = REPO_ROOT / "jobs" / "reconcile.py"
 
 def range_from(first=None, last=None, since=None, until=None) -> dict | None:
     """A manual run's range from its params (batches or commit times), checked before anything runs; None when
-    none is given: then the run is the chain's next slice (onceflow.recon_chain). The timetable's data interval is
+    none is given: then the run is the chain's next slice (onceflow.apps.recon_chain). The timetable's data interval is
     never used: Airflow 3's scheduled runs have zero-length intervals, and the chain covers every batch anyway."""
     if first is None and last is None and since in (None, "") and until in (None, ""):
         return None

@@ -1,7 +1,7 @@
 """Checkpoint and savepoint rotation (what `ip_count_checkpoint_rotation` runs, and `onceflow savepoint rotate`).
 
 Three steps, each usable alone: take a savepoint and verify it (a stopped job's checkpoint is saved as it is);
-apply the retention rules (onceflow.retention) to savepoints and to checkpoints a restore moved aside; report the
+apply the retention rules (onceflow.rules.retention) to savepoints and to checkpoints a restore moved aside; report the
 checkpoint's size, file count, oldest retained batch and growth since the previous report. Alerts: a savepoint
 that fails or does not verify (critical), a checkpoint above `ONCEFLOW_CHECKPOINT_SIZE_ALERT_BYTES` (warning);
 each resolves by itself when a later run is fine.

@@ -1,4 +1,4 @@
-"""The exactly-once protocol (DESIGN.md section 3): one Kafka transaction per Spark micro-batch.
+"""The exactly-once protocol (docs/design.md, section 3): one Kafka transaction per Spark micro-batch.
 
 Spark writes `offsets/N` (the planned range) before batch N runs and `commits/N` after foreachBatch returns.
 Between the two, `ExactlyOnceSink.write_batch` does, in ONE transaction of a producer whose transactional.id
@@ -17,7 +17,7 @@ and commits. Before opening the transaction it asks the group what is committed 
   sink stands exactly at its end                              were committed before the restore);
 - anything else                                            -> DivergentHistory: fail loudly.
 Batch ids here are the ledger's: equal to Spark's until a restore behind the sink shifts them
-(onceflow.checkpoint.Epoch).
+(onceflow.rules.checkpoint.Epoch).
 
 Fencing: `init_transactions()` at start aborts whatever the previous incarnation left open and bumps the
 producer epoch, so a zombie instance of the same app can no longer commit (it gets fenced and stops).
@@ -85,7 +85,7 @@ class BatchOutcome:
 
 class UndeliverableRecord(RuntimeError):
     """A record the broker refuses every time (fault `undeliverable`, standing in for a permanent delivery error):
-    its batch can never commit until the operator quarantines the source record (onceflow.quarantine)."""
+    its batch can never commit until the operator quarantines the source record (onceflow.apps.quarantine)."""
 
 
 class ExactlyOnceSink:

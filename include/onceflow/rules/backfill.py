@@ -34,7 +34,7 @@ class Spec:
     until_ms: int | None = None                           # end then hold its resolution to offsets
     dry_run: bool = False
     window_s: int = 5
-    rules: int = 1                                        # the parsing rules' version (onceflow.records)
+    rules: int = 1                                        # the parsing rules' version (onceflow.rules.records)
     max_event_ahead_ms: int | None = None
 
     @property

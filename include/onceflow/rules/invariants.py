@@ -1,4 +1,4 @@
-"""The invariants I1-I4 of DESIGN.md section 4, as pure functions over plain data (no I/O).
+"""The invariants I1-I4 (docs/design.md, section 5), as pure functions over plain data (no I/O).
 
 Inputs are what an auditor reads back: the ledger entries, the group's committed offsets, the source records
 of the committed ranges (already classified: ts and ip, or a malformed reason), the committed sink records and

@@ -26,7 +26,7 @@ class BatchPlan:
 
     `batch` is the ledger's batch id, the one the sink commits under. It equals Spark's batch id until a
     savepoint is restored behind the sink: from then on Spark's ids run behind the ledger's by a fixed shift
-    (the epoch of the restore, see onceflow.checkpoint.Epoch). `catch_up_from` is set on the one batch after
+    (the epoch of the restore, see onceflow.rules.checkpoint.Epoch). `catch_up_from` is set on the one batch after
     such a restore that re-reads the already-committed ledger batches catch_up_from..batch in one go.
     """
     batch: int
@@ -74,7 +74,7 @@ class LedgerEntry:
     epoch: int = 0
     backfill_id: str | None = None    # kind "backfill": which backfill; `batch` is then the chunk number
     spec_hash: str | None = None      # kind "backfill": the parameters the chunk was computed from
-    # The parsing rules the batch was classified with (onceflow.records): their version and the event-time
+    # The parsing rules the batch was classified with (onceflow.rules.records): their version and the event-time
     # skew allowed over the record timestamp (None: no such rule, as in batches written before it existed).
     rules: int | None = None
     max_event_ahead_ms: int | None = None
@@ -244,7 +244,7 @@ def committed_from_ledger(newest: LedgerEntry) -> Committed:
 
 def decide(plan: BatchPlan, committed: Committed, entry: LedgerEntry | None,
            newest: LedgerEntry | None = None) -> Decision:
-    """The replay decision of the protocol (onceflow.exactly_once), by batch id AND offset range.
+    """The replay decision of the protocol (onceflow.protocol.exactly_once), by batch id AND offset range.
 
     `entry` is the committed ledger record of batch `plan.batch`, if any. `newest` is the app's newest stream
     ledger record, needed only when the group has no committed offsets at all (deleted by a clean-up, expired):

@@ -1,10 +1,10 @@
 """The parsing rules of the access-log records, as data, plus a pure-Python reference implementation.
 
-The streaming job applies these rules with Spark SQL built-ins (`onceflow.parsing`); this module states them
+The streaming job applies these rules with Spark SQL built-ins (`onceflow.spark.parsing`); this module states them
 once (the regular expressions are shared) and implements them again in plain Python, so that tests and the
 reconciliation can recount the source independently of Spark and compare.
 
-Accepted forms (DESIGN.md section 2):
+Accepted forms (docs/design.md, section 1):
 - NGINX combined log line: `IP - user [dd/Mon/yyyy:HH:mm:ss +zzzz] "request" status bytes "referer" "agent"`
 - JSON object: `{"ts": <epoch ms, as a JSON integer or a string of digits, or ISO-8601>, "ip": "<IPv4|IPv6>"}`
 Anything else is malformed, with one of the REASON_* codes. IPs are validated textually and counted under
@@ -116,7 +116,7 @@ def canonical_ip(candidate: object) -> str | None:
     the longest run of two or more zero groups written `::` (the first of equally long runs), a single zero
     group written `0`; an IPv4-mapped address (::ffff:0:0/96) keeps its last 32 bits dotted (section 5), every
     other address is pure hex. A dotted IPv4 may end any IPv6 spelling (`::ffff:1.2.3.4`, `64:ff9b::1.2.3.4`).
-    Zone ids (`%eth0`) are not addresses. The same rule in Spark SQL is in onceflow.parsing (`_ipv6_groups`, `_render`)."""
+    Zone ids (`%eth0`) are not addresses. The same rule in Spark SQL is in onceflow.spark.parsing (`_ipv6_groups`, `_render`)."""
     if not isinstance(candidate, str):
         return None
     s = candidate.lower()

@@ -1,11 +1,11 @@
 """What a savepoint is, as pure rules: which checkpoint files belong to a cut at batch N, whether a state store
 can be recovered from a file set, the manifest, compatibility, and the restore decision. No I/O here; the
-copying and the Kafka reads are in onceflow.savepoints.
+copying and the Kafka reads are in onceflow.apps.savepoints.
 
 A savepoint at Spark batch N holds `metadata`, `sources/`, `offsets/` and `commits/` up to N, and the state store
 files up to version N+1 (batch N commits state version N+1). Restoring it behind the sink (the sink committed
 ledger batches after it) is exact because the restored job re-reads the committed range in ONE catch-up batch
-that writes nothing (onceflow.ledger.Decision.CATCH_UP); see `plan_restore` and docs/savepoints.md.
+that writes nothing (onceflow.rules.ledger.Decision.CATCH_UP); see `plan_restore` and docs/savepoints.md.
 """
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ def incompatibilities(m: Manifest, rt: Runtime) -> list[str]:
 # ---------------------------------------------------------------------------- restore
 @dataclass(frozen=True)
 class RestoreFacts:
-    """What the world looks like when a restore is asked for (read by onceflow.savepoints)."""
+    """What the world looks like when a restore is asked for (read by onceflow.apps.savepoints)."""
     committed: Committed
     ledger_at_savepoint: LedgerEntry | None    # the ledger's record of the savepoint's batch, now
     ledger_at_sink: LedgerEntry | None         # the ledger's record of the group's committed batch

@@ -109,7 +109,7 @@ def start_lock(settings: Settings):
 
 def start(settings: Settings, argv=None) -> dict:
     """Preflight, then launch the supervisor detached. Refuses if an instance already runs here.
-    `argv`: the spark-submit command line to run (default: onceflow.launcher.submit_argv)."""
+    `argv`: the spark-submit command line to run (default: onceflow.runtime.launcher.submit_argv)."""
     preflight.check_job(settings)
     jvm.spark_kafka_jars(settings)  # resolve (first time: Maven) here, where an error is seen, not in the child
     env = launcher.submit_env(settings)

@@ -1,4 +1,4 @@
-"""Restarts a crashed job: fixed delay, bounded attempts (the seeds' Flink fixed-delay restart strategy).
+"""Restarts a crashed job: fixed delay, bounded attempts (Flink's classic fixed-delay restart strategy).
 
 Attempts count consecutive failures: a run that committed at least one batch resets the count, so a
 long-lived job is not retired by crashes spread over weeks. Exit codes the job uses for conditions a restart

@@ -2,7 +2,7 @@
 
 Spark computes the next watermark from the event-time statistics of the plan's `EventTimeWatermarkExec`
 (an accumulator, complete once the batch's tasks finished) after foreachBatch returns; the job needs the same
-number inside foreachBatch to decide whether to run a close-out batch at once (onceflow.pacing). It is read
+number inside foreachBatch to decide whether to run a close-out batch at once (onceflow.rules.pacing). It is read
 through the query's current IncrementalExecution over py4j: internal API, so any surprise yields None and the
 job falls back to the plain trigger cadence. Only scheduling depends on it, never what is written.
 """

@@ -1,4 +1,4 @@
-"""The workload of the seeds as a Spark Structured Streaming plan: requests per IP in 5 s event-time windows.
+"""The workload as a Spark Structured Streaming plan: requests per IP in 5 s event-time windows.
 
 Kafka source (read_committed) -> parse with SQL built-ins -> two branches, one query:
 - good records: watermark 5 s, tumbling 5 s windows per IP, count; append mode emits each window once, final;

@@ -1,4 +1,4 @@
-"""The parsing rules of `onceflow.records`, expressed with Spark SQL built-ins (no Python UDF per record).
+"""The parsing rules of `onceflow.rules.records`, expressed with Spark SQL built-ins (no Python UDF per record).
 
 `classify(df)` takes the Kafka source columns (value, topic, partition, offset, timestamp) and adds
 `ts` (event time, timestamp) and `ip` (validated, canonical) for good records, or `reason` for malformed ones.
