@@ -10,6 +10,7 @@ same id with other parameters is refused. Every parameter is checked before anyt
 offsets within the source's retention, topics exist, no overlap with a running backfill). `dry_run` reports what
 would be written. How the backfill relates to the live sink: `docs/backfill.md`.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,28 +24,53 @@ from onceflow.control import orchestration
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minutes=5)}
 
 
-@dag(dag_id="ip_count_backfill", schedule=None, catchup=False, max_active_runs=4, doc_md=__doc__,
-     default_args=DEFAULT_ARGS, tags=["onceflow", "ip_count", "backfill"],
-     params={"backfill_id": Param("backfill-1", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-                                  description="re-running the same id resumes it and writes nothing twice"),
-             "start_offsets": Param(None, type=["null", "object"],
-                                    description='source range by offsets: {"0": 0, "1": 0, ...} (inclusive)'),
-             "end_offsets": Param(None, type=["null", "object"], description="... to these offsets (exclusive)"),
-             "since": Param(None, type=["null", "string"],
-                            description="or by time (Kafka record timestamps): from this ISO-8601 time"),
-             "until": Param(None, type=["null", "string"], description="... to this one (exclusive)"),
-             "target_topic": Param("", type="string", description="empty: ONCEFLOW_BACKFILL_TOPIC"),
-             "chunk_size": Param(5000, type="integer", minimum=1, maximum=1_000_000,
-                                 description="windows per transaction"),
-             "dry_run": Param(False, type="boolean", description="report what would be written; write nothing")})
+@dag(
+    dag_id="ip_count_backfill",
+    schedule=None,
+    catchup=False,
+    max_active_runs=4,
+    doc_md=__doc__,
+    default_args=DEFAULT_ARGS,
+    tags=["onceflow", "ip_count", "backfill"],
+    params={
+        "backfill_id": Param(
+            "backfill-1",
+            type="string",
+            pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+            description="re-running the same id resumes it and writes nothing twice",
+        ),
+        "start_offsets": Param(
+            None, type=["null", "object"], description='source range by offsets: {"0": 0, "1": 0, ...} (inclusive)'
+        ),
+        "end_offsets": Param(None, type=["null", "object"], description="... to these offsets (exclusive)"),
+        "since": Param(
+            None, type=["null", "string"], description="or by time (Kafka record timestamps): from this ISO-8601 time"
+        ),
+        "until": Param(None, type=["null", "string"], description="... to this one (exclusive)"),
+        "target_topic": Param("", type="string", description="empty: ONCEFLOW_BACKFILL_TOPIC"),
+        "chunk_size": Param(5000, type="integer", minimum=1, maximum=1_000_000, description="windows per transaction"),
+        "dry_run": Param(False, type="boolean", description="report what would be written; write nothing"),
+    },
+)
 def ip_count_backfill():
     @task
     def validate() -> dict:
         p = get_current_context()["params"]
         s = orchestration.settings()
-        spec = backfill.validate(s, backfill.spec_from(
-            s, p["backfill_id"], p["start_offsets"], p["end_offsets"], p["since"], p["until"],
-            p["target_topic"] or None, p["chunk_size"], p["dry_run"]))
+        spec = backfill.validate(
+            s,
+            backfill.spec_from(
+                s,
+                p["backfill_id"],
+                p["start_offsets"],
+                p["end_offsets"],
+                p["since"],
+                p["until"],
+                p["target_topic"] or None,
+                p["chunk_size"],
+                p["dry_run"],
+            ),
+        )
         return spec.as_dict() | {"spec_hash": spec.spec_hash()}
 
     @task
@@ -53,8 +79,9 @@ def ip_count_backfill():
         s = orchestration.settings()
         spec.pop("spec_hash", None)
         out = s.var_dir / "backfills" / f"{spec['id']}-{ctx['run_id'].replace(':', '_')}.json"
-        argv = orchestration.batch_submit_argv(s, backfill.SCRIPT, ["--spec", json.dumps(spec, default=str),
-                                                                   "--out", str(out)])
+        argv = orchestration.batch_submit_argv(
+            s, backfill.SCRIPT, ["--spec", json.dumps(spec, default=str), "--out", str(out)]
+        )
         report = backfill.submitted(s, argv, out)
         print(f"backfill {spec['id']}: {report}")
         return report

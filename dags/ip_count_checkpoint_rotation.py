@@ -9,6 +9,7 @@ and when the checkpoint grows past `ONCEFLOW_CHECKPOINT_SIZE_ALERT_BYTES`. Spark
 commits and state versions is `ONCEFLOW_MIN_BATCHES_TO_RETAIN` (spark.sql.streaming.minBatchesToRetain).
 Restore a savepoint with `ip_count_deploy` (action restore).
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -21,9 +22,15 @@ from onceflow.control import orchestration, rotation
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minutes=5)}
 
 
-@dag(dag_id="ip_count_checkpoint_rotation", schedule=timedelta(minutes=config.load().rotation_interval_minutes),
-     catchup=False, max_active_runs=1, doc_md=__doc__, default_args=DEFAULT_ARGS,
-     tags=["onceflow", "ip_count", "savepoints"])
+@dag(
+    dag_id="ip_count_checkpoint_rotation",
+    schedule=timedelta(minutes=config.load().rotation_interval_minutes),
+    catchup=False,
+    max_active_runs=1,
+    doc_md=__doc__,
+    default_args=DEFAULT_ARGS,
+    tags=["onceflow", "ip_count", "savepoints"],
+)
 def ip_count_checkpoint_rotation():
     @task
     def savepoint() -> dict:

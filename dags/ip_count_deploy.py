@@ -18,6 +18,7 @@ Start, stop, restart, upgrade or restore the exactly-once `ip_count` streaming j
 
 The job keeps running after this DAG ends; `ip_count_health` supervises it.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -29,22 +30,39 @@ from onceflow.control import deploy, orchestration
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(seconds=30)}
 
 
-@dag(dag_id="ip_count_deploy", schedule=None, catchup=False, max_active_runs=1, doc_md=__doc__,
-     default_args=DEFAULT_ARGS, tags=["onceflow", "ip_count", "deploy"],
-     params={"action": Param("start", type="string", enum=list(deploy.ACTIONS),
-                             description="start | stop | restart | upgrade | restore"),
-             "savepoint_id": Param("latest", type="string", minLength=1,
-                                   description="restore: the savepoint to restore (`latest` = the newest)"),
-             "allow_rewind": Param(False, type="boolean",
-                                   description="restore: allow a savepoint older than the newest (a rewind)"),
-             "wait_timeout_s": Param(300, type="integer", minimum=30, maximum=3600,
-                                     description="how long to wait for the first committed batch")})
+@dag(
+    dag_id="ip_count_deploy",
+    schedule=None,
+    catchup=False,
+    max_active_runs=1,
+    doc_md=__doc__,
+    default_args=DEFAULT_ARGS,
+    tags=["onceflow", "ip_count", "deploy"],
+    params={
+        "action": Param(
+            "start", type="string", enum=list(deploy.ACTIONS), description="start | stop | restart | upgrade | restore"
+        ),
+        "savepoint_id": Param(
+            "latest",
+            type="string",
+            minLength=1,
+            description="restore: the savepoint to restore (`latest` = the newest)",
+        ),
+        "allow_rewind": Param(
+            False, type="boolean", description="restore: allow a savepoint older than the newest (a rewind)"
+        ),
+        "wait_timeout_s": Param(
+            300, type="integer", minimum=30, maximum=3600, description="how long to wait for the first committed batch"
+        ),
+    },
+)
 def ip_count_deploy():
     @task
     def preflight() -> dict:
         params = get_current_context()["params"]
-        return deploy.preflight_for(orchestration.settings(), params["action"], params["savepoint_id"],
-                                    params["allow_rewind"])
+        return deploy.preflight_for(
+            orchestration.settings(), params["action"], params["savepoint_id"], params["allow_rewind"]
+        )
 
     @task
     def stop(checked: dict) -> dict:

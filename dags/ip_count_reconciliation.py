@@ -24,6 +24,7 @@ The recount runs as a Spark batch job (`jobs/reconcile.py`) submitted through th
 (`spark_default`). Each result goes to the `onceflow_reconciliation` topic (a chain run's in one transaction with
 the chain's move) and a JSON file; a failed check fails the run and alerts with the precise difference.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -36,25 +37,41 @@ from onceflow.control import orchestration, reconciliation
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minutes=5)}
 
 
-@dag(dag_id="ip_count_reconciliation", schedule=timedelta(minutes=config.load().reconcile_interval_minutes),
-     catchup=False, max_active_runs=1, doc_md=__doc__, default_args=DEFAULT_ARGS,
-     tags=["onceflow", "ip_count", "reconciliation"],
-     params={"first_batch": Param(None, type=["null", "integer"], minimum=0,
-                                  description="by hand: the first ledger batch (with last_batch); empty: the chain"),
-             "last_batch": Param(None, type=["null", "integer"], minimum=0, description="by hand: the last batch"),
-             "since": Param(None, type=["null", "string"],
-                            description="by hand: batches committed at or after this time (ISO-8601)"),
-             "until": Param(None, type=["null", "string"], description="by hand: ... and before this time"),
-             "great_expectations": Param(True, type="boolean", description="run the GX suite on the sink range")})
+@dag(
+    dag_id="ip_count_reconciliation",
+    schedule=timedelta(minutes=config.load().reconcile_interval_minutes),
+    catchup=False,
+    max_active_runs=1,
+    doc_md=__doc__,
+    default_args=DEFAULT_ARGS,
+    tags=["onceflow", "ip_count", "reconciliation"],
+    params={
+        "first_batch": Param(
+            None,
+            type=["null", "integer"],
+            minimum=0,
+            description="by hand: the first ledger batch (with last_batch); empty: the chain",
+        ),
+        "last_batch": Param(None, type=["null", "integer"], minimum=0, description="by hand: the last batch"),
+        "since": Param(
+            None, type=["null", "string"], description="by hand: batches committed at or after this time (ISO-8601)"
+        ),
+        "until": Param(None, type=["null", "string"], description="by hand: ... and before this time"),
+        "great_expectations": Param(True, type="boolean", description="run the GX suite on the sink range"),
+    },
+)
 def ip_count_reconciliation():
     @task
     def reconcile() -> dict:
         ctx = get_current_context()
         s = orchestration.settings()
         return reconciliation.run_for_dag(
-            s, ctx["params"], ctx["run_id"],
+            s,
+            ctx["params"],
+            ctx["run_id"],
             lambda args: orchestration.batch_submit_argv(s, reconciliation.SCRIPT, args),
-            orchestration.alert_sink(s, ctx))
+            orchestration.alert_sink(s, ctx),
+        )
 
     reconcile()
 

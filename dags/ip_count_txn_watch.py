@@ -7,6 +7,7 @@ transactions on the sink, DLQ, ledger and backfill topics: the last stable offse
 the transaction timeout, with the open transaction's age from its first record. Each alert names the
 partition, the age, the transactional id or app, and what to do.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -19,8 +20,15 @@ from onceflow.control import orchestration, txnwatch
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 1, "retry_delay": timedelta(seconds=15)}
 
 
-@dag(dag_id="ip_count_txn_watch", schedule=timedelta(seconds=config.load().txn_watch_interval_s), catchup=False, max_active_runs=1,
-     doc_md=__doc__, default_args=DEFAULT_ARGS, tags=["onceflow", "ip_count", "transactions"])
+@dag(
+    dag_id="ip_count_txn_watch",
+    schedule=timedelta(seconds=config.load().txn_watch_interval_s),
+    catchup=False,
+    max_active_runs=1,
+    doc_md=__doc__,
+    default_args=DEFAULT_ARGS,
+    tags=["onceflow", "ip_count", "transactions"],
+)
 def ip_count_txn_watch():
     @task
     def watch() -> dict:

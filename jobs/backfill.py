@@ -1,5 +1,6 @@
 """A backfill as a Spark application (spark-submit): --spec is the JSON of onceflow.backfill_rules.Spec (validated
 by the caller, and again here), --out receives the report. Exit 0 when done, 2 when the parameters are refused."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,5 +19,6 @@ if __name__ == "__main__":
     a = ap.parse_args()
     d = json.loads(a.spec)
     spec = Spec(**(d | {"start": parse_offsets(d["start"]), "end": parse_offsets(d["end"])}))
-    batch_app.main(lambda: backfill.run(SparkSession.builder.getOrCreate(), config.load(), spec), a.out,
-                   (BackfillError,))
+    batch_app.main(
+        lambda: backfill.run(SparkSession.builder.getOrCreate(), config.load(), spec), a.out, (BackfillError,)
+    )

@@ -5,6 +5,7 @@ settings come from the environment (onceflow.config). The driver is onceflow.run
 the supervisor what to do (onceflow.wire: 0 stopped, 2 misconfiguration, 3 fenced, 4 divergent history, 5 another
 instance holds the app's lock here; anything else is a crash, restarted after a fixed delay).
 """
+
 from onceflow.runtime.driver import main
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 the app in ONCEFLOW_* settings (or, with --chain, the scheduled chain's next slice) and writes the result as JSON
 to --out. Exit 0 when it ran (whatever the verdict:
 the caller records and alerts), 2 on bad parameters."""
+
 from __future__ import annotations
 
 import argparse

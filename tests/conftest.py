@@ -6,6 +6,7 @@ Python driver) is stopped when the test ends; the broker and the Spark session w
 process the session starts carries a token in its environment: if any is still alive after the last fixture, the
 session fails and names it (and kills it: nothing is left running).
 """
+
 from __future__ import annotations
 
 import gc
@@ -40,9 +41,15 @@ def spark():
     from pyspark.sql import SparkSession
 
     jars = ",".join(str(j) for j in jvm.spark_kafka_jars(config.load(env={})))  # for the batch jobs' Kafka reads
-    s = (SparkSession.builder.master("local[2]").appName("onceflow-tests").config("spark.jars", jars)
-         .config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false")
-         .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    s = (
+        SparkSession.builder.master("local[2]")
+        .appName("onceflow-tests")
+        .config("spark.jars", jars)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
     s.sparkContext.setLogLevel("ERROR")
     yield s
     gateway = s.sparkContext._gateway
@@ -59,10 +66,18 @@ def spark():
 def kafka(tmp_path_factory):
     """A real single-node KRaft broker on free loopback ports, started once per test session."""
     var = tmp_path_factory.mktemp("var")
-    base = config.load(env={}, var_dir=var, bootstrap_servers=f"127.0.0.1:{free_port()}",
-                       controller_port=free_port(), broker_txn_abort_check_interval_ms=1000,
-                       broker_transaction_max_timeout_ms=300_000, trigger_interval_s=1.0,
-                       restart_delay_s=1.0, restart_attempts=5, transaction_timeout_ms=60_000)
+    base = config.load(
+        env={},
+        var_dir=var,
+        bootstrap_servers=f"127.0.0.1:{free_port()}",
+        controller_port=free_port(),
+        broker_txn_abort_check_interval_ms=1000,
+        broker_transaction_max_timeout_ms=300_000,
+        trigger_interval_s=1.0,
+        restart_delay_s=1.0,
+        restart_attempts=5,
+        transaction_timeout_ms=60_000,
+    )
     broker.start(base)
     jvm.spark_kafka_jars(base)  # resolve Spark's connector once, up front (Maven on a fresh machine)
     yield base
@@ -86,11 +101,19 @@ def app(kafka, request):
     name = request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:40] + "_" + uuid.uuid4().hex[:6]
 
     def make(**overrides) -> config.Settings:
-        s = base.replace(app_id=name, source_topic=f"{name}.source", sink_topic=f"{name}.sink",
-                         dlq_topic=f"{name}.dlq", ledger_topic=f"{name}.ledger", events_topic=f"{name}.events",
-                         alerts_topic=f"{name}.alerts", health_topic=f"{name}.health",
-                         reconciliation_topic=f"{name}.recon", backfill_topic=f"{name}.backfill",
-                         **overrides)
+        s = base.replace(
+            app_id=name,
+            source_topic=f"{name}.source",
+            sink_topic=f"{name}.sink",
+            dlq_topic=f"{name}.dlq",
+            ledger_topic=f"{name}.ledger",
+            events_topic=f"{name}.events",
+            alerts_topic=f"{name}.alerts",
+            health_topic=f"{name}.health",
+            reconciliation_topic=f"{name}.recon",
+            backfill_topic=f"{name}.backfill",
+            **overrides,
+        )
         topics.ensure(s)
         created.append(s)
         return s
@@ -133,5 +156,8 @@ def nothing_left_running():
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        pytest.fail("processes started by this test session were still running at its end (killed now): " +
-                    "; ".join(f"pid {pid}: {cmd}" for pid, cmd in left), pytrace=False)
+        pytest.fail(
+            "processes started by this test session were still running at its end (killed now): "
+            + "; ".join(f"pid {pid}: {cmd}" for pid, cmd in left),
+            pytrace=False,
+        )

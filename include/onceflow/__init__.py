@@ -1,2 +1,3 @@
 """onceflow: exactly-once Kafka-to-Kafka streaming on PySpark, operated from Airflow."""
+
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
 """`onceflow`: the command line of the platform (stack, produce, job)."""
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,10 @@ def _dev(name: str):
         return importlib.import_module(f"onceflow_dev.{name}")
     except ModuleNotFoundError as e:
         if e.name and e.name.startswith("onceflow_dev"):
-            raise SystemExit("onceflow: this command needs the development tooling (onceflow_dev), which ships "
-                             "with the repository and not with a production image") from None
+            raise SystemExit(
+                "onceflow: this command needs the development tooling (onceflow_dev), which ships "
+                "with the repository and not with a production image"
+            ) from None
         raise
 
 
@@ -71,15 +74,26 @@ def cmd_produce(args, s: config.Settings) -> int:
         _print({"generator_pid": proc.pid, "log": str(s.log_dir / "generator.log")}, args.json)
         return 0
 
-    spec = g.GeneratorSpec(count=None if args.duration else args.count, duration_s=args.duration, rate=args.rate,
-                           event_rate=args.event_rate, start_ms=_ts_ms(args.start) if args.start else None,
-                           distinct_ips=args.ips, ipv6_fraction=args.ipv6, skew=args.skew,
-                           out_of_order_fraction=args.out_of_order, late_fraction=args.late,
-                           malformed_fraction=args.malformed, json_fraction=args.json_fraction,
-                           future_fraction=args.future, tail_s=args.tail, seed=args.seed, watermark_s=s.watermark_s,
-                           max_ahead_ms=s.max_event_ahead_ms)
-    res = g.generate(s, spec, Path(args.manifest) if args.manifest else None,
-                     progress_every=args.progress_every)
+    spec = g.GeneratorSpec(
+        count=None if args.duration else args.count,
+        duration_s=args.duration,
+        rate=args.rate,
+        event_rate=args.event_rate,
+        start_ms=_ts_ms(args.start) if args.start else None,
+        distinct_ips=args.ips,
+        ipv6_fraction=args.ipv6,
+        skew=args.skew,
+        out_of_order_fraction=args.out_of_order,
+        late_fraction=args.late,
+        malformed_fraction=args.malformed,
+        json_fraction=args.json_fraction,
+        future_fraction=args.future,
+        tail_s=args.tail,
+        seed=args.seed,
+        watermark_s=s.watermark_s,
+        max_ahead_ms=s.max_event_ahead_ms,
+    )
+    res = g.generate(s, spec, Path(args.manifest) if args.manifest else None, progress_every=args.progress_every)
     _print(vars(res), args.json)
     return 0
 
@@ -108,18 +122,22 @@ def cmd_job(args, s: config.Settings) -> int:
 
 def cmd_where(args, s: config.Settings) -> int:
     from onceflow.runtime import jobctl, procs
+
     airflow_local = _dev("airflow_local")
 
     st = jobctl.status(s)
-    ui = (f"  Airflow UI           http://localhost:{s.airflow_port}  user {airflow_local.USER}, password "
-          f"{airflow_local.password(s)}\n                       DAGs: {', '.join(airflow_local.ALL_DAGS)}\n"
-          if procs.read_pidfile(airflow_local.pidfile(s)) else "")
+    ui = (
+        f"  Airflow UI           http://localhost:{s.airflow_port}  user {airflow_local.USER}, password "
+        f"{airflow_local.password(s)}\n                       DAGs: {', '.join(airflow_local.ALL_DAGS)}\n"
+        if procs.read_pidfile(airflow_local.pidfile(s))
+        else ""
+    )
     print(f"""
 onceflow is running on the embedded stack.
 {ui}
   Kafka (KRaft)        {s.bootstrap_servers}   topics: {s.source_topic} -> {s.sink_topic} (+ {s.dlq_topic}, {s.ledger_topic}, {s.events_topic})
-  job                  pid {st['job_pid']}, last committed batch {st['last_batch']}, checkpoint {s.checkpoint}
-  job log              {st['log']}
+  job                  pid {st["job_pid"]}, last committed batch {st["last_batch"]}, checkpoint {s.checkpoint}
+  job log              {st["log"]}
 Look at the results:
   .venv/bin/onceflow show sink --limit 10      committed window counts (read_committed)
   .venv/bin/onceflow show ledger --limit 5     one record per committed batch
@@ -132,14 +150,26 @@ Stop everything: make stop""")
 
 def cmd_show(args, s: config.Settings) -> int:
 
-    topic = {"sink": s.sink_topic, "dlq": s.dlq_topic, "ledger": s.ledger_topic, "events": s.events_topic,
-             "source": s.source_topic}[args.what]
+    topic = {
+        "sink": s.sink_topic,
+        "dlq": s.dlq_topic,
+        "ledger": s.ledger_topic,
+        "events": s.events_topic,
+        "source": s.source_topic,
+    }[args.what]
     msgs = kafka_reading.read_topic(s, topic)
-    for m in msgs[-args.limit:] if args.limit else msgs:
+    for m in msgs[-args.limit :] if args.limit else msgs:
         value = m.value.decode(errors="replace") if m.value is not None else None
         if args.what == "dlq":
-            print(json.dumps({"key": m.key.decode() if m.key is not None else None,
-                              "reason": m.headers.get(wire.H_REASON, b"").decode(), "value": value}))
+            print(
+                json.dumps(
+                    {
+                        "key": m.key.decode() if m.key is not None else None,
+                        "reason": m.headers.get(wire.H_REASON, b"").decode(),
+                        "value": value,
+                    }
+                )
+            )
         else:
             print(value if args.what != "sink" else f"{m.key.decode() if m.key is not None else None}  {value}")
     return 0
@@ -148,12 +178,17 @@ def cmd_show(args, s: config.Settings) -> int:
 def cmd_audit(args, s: config.Settings) -> int:
     from onceflow.apps import audit
 
-    _progress(f"auditing app {s.app_id}: a consistent cut of its committed history (reading the source, sink, "
-              f"DLQ and ledger) ...")
+    _progress(
+        f"auditing app {s.app_id}: a consistent cut of its committed history (reading the source, sink, "
+        f"DLQ and ledger) ..."
+    )
     rep = audit.audit(s)
     _print(rep.summary(), True)
-    print(f"{'OK' if rep.ok else 'VIOLATED'}: I1-I4 on every batch up to batch {rep.snapshot_batch} "
-          f"(the newest committed when the audit began)", file=sys.stderr)
+    print(
+        f"{'OK' if rep.ok else 'VIOLATED'}: I1-I4 on every batch up to batch {rep.snapshot_batch} "
+        f"(the newest committed when the audit began)",
+        file=sys.stderr,
+    )
     return 0 if rep.ok else 1
 
 
@@ -165,23 +200,39 @@ def cmd_savepoint(args, s: config.Settings) -> int:
 
     if args.action == "create":
         m = savepoints.create(s, stop=args.stop, bus=ev.EventBus(s))
-        _print({"id": m.id, "batch": m.ledger_batch, "spark_batch": m.spark_batch, "mode": m.mode,
-                "files": len(m.files), "size_bytes": m.total_size}, args.json)
+        _print(
+            {
+                "id": m.id,
+                "batch": m.ledger_batch,
+                "spark_batch": m.spark_batch,
+                "mode": m.mode,
+                "files": len(m.files),
+                "size_bytes": m.total_size,
+            },
+            args.json,
+        )
     elif args.action == "list":
         rows = [vars(x) for x in savepoints.list_all(s)]
         if args.json:
             _print({"savepoints": rows}, True)
         for r in rows if not args.json else []:
             when = datetime.fromtimestamp(r["created_ms"] / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
-            print(f"{r['id']:<36} {when}Z  batch {r['ledger_batch']!s:>6}  {r['mode'] or '-':<8} "
-                  f"{r['total_size'] or 0:>10} B  {'complete' if r['complete'] else r['error']}")
+            print(
+                f"{r['id']:<36} {when}Z  batch {r['ledger_batch']!s:>6}  {r['mode'] or '-':<8} "
+                f"{r['total_size'] or 0:>10} B  {'complete' if r['complete'] else r['error']}"
+            )
     elif args.action == "verify":
         v = savepoints.verify(s, _need_id(args))
         _print(v.as_dict(), args.json)
         return 0 if v.compatible else 1
     elif args.action == "restore":
-        plan = savepoints.restore(s, _need_id(args), allow_rewind=args.allow_rewind, dry_run=args.dry_run,
-                                  bus=None if args.dry_run else ev.EventBus(s))
+        plan = savepoints.restore(
+            s,
+            _need_id(args),
+            allow_rewind=args.allow_rewind,
+            dry_run=args.dry_run,
+            bus=None if args.dry_run else ev.EventBus(s),
+        )
         out = plan.summary() | {"dry_run": args.dry_run}
         if args.start and not args.dry_run:
             out["job"] = jobctl.start(s)
@@ -220,30 +271,44 @@ def cmd_reconcile(args, s: config.Settings) -> int:
             print(f"pending  {_ranges(st['pending'])}   (newest committed batch {st['newest_committed_batch']})")
             print(f"failed   {_ranges(st['failed'])}")
             for r in st["recent_runs"]:
-                print(f"  {r['mode']:<6} {r['run_id']}  batches {r['batches'][0]}..{r['batches'][1]}  {r['verdict']}"
-                      + (f"  failed: {', '.join(r['failed_checks'])}" if r["failed_checks"] else ""))
+                print(
+                    f"  {r['mode']:<6} {r['run_id']}  batches {r['batches'][0]}..{r['batches'][1]}  {r['verdict']}"
+                    + (f"  failed: {', '.join(r['failed_checks'])}" if r["failed_checks"] else "")
+                )
         return 0
     rng = reconciliation.range_from(args.first, args.last, args.since, args.until)
-    what = ("the chain's next slice" if args.chain else
-            "every committed batch" if rng is None else ", ".join(f"{k}={v}" for k, v in rng.items()))
+    what = (
+        "the chain's next slice"
+        if args.chain
+        else "every committed batch"
+        if rng is None
+        else ", ".join(f"{k}={v}" for k, v in rng.items())
+    )
     _progress(f"reconciling {what} of app {s.app_id} (Spark; log: {s.log_dir / 'cli.log'}) ...")
     spark = _spark(s, "reconcile")
     from onceflow.apps import reconcile
 
-    res = reconcile.run_chain(spark, s, with_gx=not args.no_gx) if args.chain else \
-        reconcile.run(spark, s, **(rng or {}), with_gx=not args.no_gx)
+    res = (
+        reconcile.run_chain(spark, s, with_gx=not args.no_gx)
+        if args.chain
+        else reconcile.run(spark, s, **(rng or {}), with_gx=not args.no_gx)
+    )
     info = reconciliation.record(s, res)
     if args.json:
         _print(res.as_dict() | info, True)
     else:
-        print(f"batches {res.first_batch}..{res.last_batch} (cut at batch {res.snapshot_batch})  "
-              f"source offsets {res.coverage.get('source_offsets')}")
+        print(
+            f"batches {res.first_batch}..{res.last_batch} (cut at batch {res.snapshot_batch})  "
+            f"source offsets {res.coverage.get('source_offsets')}"
+        )
         for c in res.checks:
             print(f"  {c.status.upper():<5} {c.name:<14} {c.summary}")
             for d in c.differences[:10]:
                 print(f"        {json.dumps(d)}")
-        print(f"{res.verdict.upper()}   result: {info['file']}" +
-              (f"\nData Docs: {res.data_docs}" if res.data_docs else ""))
+        print(
+            f"{res.verdict.upper()}   result: {info['file']}"
+            + (f"\nData Docs: {res.data_docs}" if res.data_docs else "")
+        )
     return 0 if res.ok else 1
 
 
@@ -270,11 +335,22 @@ def _spark(s: config.Settings, name: str):
 def cmd_backfill(args, s: config.Settings) -> int:
     from onceflow.apps import backfill
 
-    spec = backfill.spec_from(s, args.id, args.start_offsets, args.end_offsets, args.since, args.until, args.target,
-                              args.chunk_size, args.dry_run)
+    spec = backfill.spec_from(
+        s,
+        args.id,
+        args.start_offsets,
+        args.end_offsets,
+        args.since,
+        args.until,
+        args.target,
+        args.chunk_size,
+        args.dry_run,
+    )
     spec = backfill.validate(s, spec)  # before Spark starts: bad parameters cost nothing
-    _progress(f"backfill {spec.id}: {spec.start} -> {spec.end} into {spec.target_topic} (Spark; log: "
-              f"{s.log_dir / 'cli.log'}) ...")
+    _progress(
+        f"backfill {spec.id}: {spec.start} -> {spec.end} into {spec.target_topic} (Spark; log: "
+        f"{s.log_dir / 'cli.log'}) ..."
+    )
     report = backfill.run(_spark(s, "backfill"), s, spec)
     _print(report, args.json)
     return 0
@@ -286,12 +362,18 @@ def cmd_quarantine(args, s: config.Settings) -> int:
     if args.action == "add":
         if args.partition is None or args.offset is None:
             raise SystemExit("onceflow quarantine add: give --partition and --offset (and --reason)")
-        rec = quarantine.add(s, args.partition, args.offset, args.end if args.end is not None else args.offset + 1,
-                             args.reason or "")
+        rec = quarantine.add(
+            s, args.partition, args.offset, args.end if args.end is not None else args.offset + 1, args.reason or ""
+        )
         _print(json.loads(rec.to_json()), args.json)
     else:
-        _print({"in_force": [vars(r) for r in quarantine.current(s)],
-                "ledger": [json.loads(r.to_json()) for r in quarantine.records(s)]}, args.json)
+        _print(
+            {
+                "in_force": [vars(r) for r in quarantine.current(s)],
+                "ledger": [json.loads(r.to_json()) for r in quarantine.records(s)],
+            },
+            args.json,
+        )
     return 0
 
 
@@ -314,8 +396,11 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     st = sub.add_parser("stack", help="the embedded Kafka broker and topics")
-    st.add_argument("action", choices=["up", "down", "status", "topics"],
-                    help="topics: create the topics on the cluster ONCEFLOW_BOOTSTRAP_SERVERS names, start nothing")
+    st.add_argument(
+        "action",
+        choices=["up", "down", "status", "topics"],
+        help="topics: create the topics on the cluster ONCEFLOW_BOOTSTRAP_SERVERS names, start nothing",
+    )
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_stack)
 
@@ -323,8 +408,11 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--count", type=int, default=10_000)
     pr.add_argument("--duration", type=float, help="seconds to run (needs --rate); overrides --count")
     pr.add_argument("--rate", type=float, default=0.0, help="records per second (0 = as fast as possible)")
-    pr.add_argument("--event-rate", type=float,
-                    help="records per second of event time (default: --rate, so event time follows the clock)")
+    pr.add_argument(
+        "--event-rate",
+        type=float,
+        help="records per second of event time (default: --rate, so event time follows the clock)",
+    )
     pr.add_argument("--start", help="event time of the first record (epoch ms or ISO-8601; default now)")
     pr.add_argument("--ips", type=int, default=1000, help="distinct IPs")
     pr.add_argument("--ipv6", type=float, default=0.2, help="fraction of IPv6 addresses")
@@ -332,11 +420,19 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--out-of-order", type=float, default=0.05)
     pr.add_argument("--late", type=float, default=0.01)
     pr.add_argument("--malformed", type=float, default=0.01)
-    pr.add_argument("--future", type=float, default=0.0,
-                    help="fraction of records from a client whose clock is a year ahead (quarantined by the job)")
+    pr.add_argument(
+        "--future",
+        type=float,
+        default=0.0,
+        help="fraction of records from a client whose clock is a year ahead (quarantined by the job)",
+    )
     pr.add_argument("--json-fraction", type=float, default=0.5, help="JSON records; the rest are log lines")
-    pr.add_argument("--tail", type=float, default=0.0,
-                    help="finish with one record per partition this many seconds later, to close windows")
+    pr.add_argument(
+        "--tail",
+        type=float,
+        default=0.0,
+        help="finish with one record per partition this many seconds later, to close windows",
+    )
     pr.add_argument("--seed", type=int, default=1)
     pr.add_argument("--manifest", help="write what was sent (CSV) to this file")
     pr.add_argument("--progress-every", type=int, default=0)
@@ -362,25 +458,37 @@ def parser() -> argparse.ArgumentParser:
     au.set_defaults(fn=cmd_audit)
 
     sp = sub.add_parser("savepoint", help="savepoints of the job's checkpoint: take, list, verify, restore")
-    sp.add_argument("action", choices=["create", "list", "verify", "restore", "delete", "prune", "rotate", "stats"],
-                    help="create: copy the checkpoint at its latest committed batch (--stop: stop the job first); "
-                         "restore: replace the checkpoint with a savepoint (job stopped); prune: apply retention; "
-                         "rotate: create + verify + prune + report, as the rotation DAG does; stats: the "
-                         "checkpoint's size")
+    sp.add_argument(
+        "action",
+        choices=["create", "list", "verify", "restore", "delete", "prune", "rotate", "stats"],
+        help="create: copy the checkpoint at its latest committed batch (--stop: stop the job first); "
+        "restore: replace the checkpoint with a savepoint (job stopped); prune: apply retention; "
+        "rotate: create + verify + prune + report, as the rotation DAG does; stats: the "
+        "checkpoint's size",
+    )
     sp.add_argument("id", nargs="?", help="a savepoint id, or 'latest'")
     sp.add_argument("--stop", action="store_true", help="create: stop-with-savepoint")
-    sp.add_argument("--allow-rewind", action="store_true",
-                    help="restore: allow a savepoint older than the newest (see docs/savepoints.md)")
+    sp.add_argument(
+        "--allow-rewind",
+        action="store_true",
+        help="restore: allow a savepoint older than the newest (see docs/savepoints.md)",
+    )
     sp.add_argument("--dry-run", action="store_true", help="restore/prune: say what would happen, change nothing")
     sp.add_argument("--start", action="store_true", help="restore: start the job afterwards")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_savepoint)
 
-    rc = sub.add_parser("reconcile", help="prove the committed output exact for a range of batches (I1-I4 + GX); "
-                                          "`reconcile status`: which batches are proven, pending or failed")
+    rc = sub.add_parser(
+        "reconcile",
+        help="prove the committed output exact for a range of batches (I1-I4 + GX); "
+        "`reconcile status`: which batches are proven, pending or failed",
+    )
     rc.add_argument("action", nargs="?", choices=["run", "status"], default="run")
-    rc.add_argument("--chain", action="store_true",
-                    help="the scheduled chain's next slice (what the reconciliation DAG's scheduled runs do)")
+    rc.add_argument(
+        "--chain",
+        action="store_true",
+        help="the scheduled chain's next slice (what the reconciliation DAG's scheduled runs do)",
+    )
     rc.add_argument("--first", type=int, help="first ledger batch (with --last)")
     rc.add_argument("--last", type=int)
     rc.add_argument("--since", help="batches committed at or after this time (ISO-8601 or epoch ms)")
@@ -401,8 +509,11 @@ def parser() -> argparse.ArgumentParser:
     bf.add_argument("--json", action="store_true")
     bf.set_defaults(fn=cmd_backfill)
 
-    qu = sub.add_parser("quarantine", help="quarantine source records whose output can never be delivered "
-                                          "(the way past a batch that cannot commit; see docs/operations.md)")
+    qu = sub.add_parser(
+        "quarantine",
+        help="quarantine source records whose output can never be delivered "
+        "(the way past a batch that cannot commit; see docs/operations.md)",
+    )
     qu.add_argument("action", choices=["add", "list"])
     qu.add_argument("--partition", type=int)
     qu.add_argument("--offset", type=int, help="the first offset to quarantine")
@@ -412,9 +523,12 @@ def parser() -> argparse.ArgumentParser:
     qu.set_defaults(fn=cmd_quarantine)
 
     jb = sub.add_parser("job", help="the streaming job")
-    jb.add_argument("action", choices=["start", "stop", "status", "run", "kill"],
-                    help="start: detached under the supervisor; run: supervisor in the foreground; "
-                         "kill: kill -9 the job (the supervisor restarts it)")
+    jb.add_argument(
+        "action",
+        choices=["start", "stop", "status", "run", "kill"],
+        help="start: detached under the supervisor; run: supervisor in the foreground; "
+        "kill: kill -9 the job (the supervisor restarts it)",
+    )
     jb.add_argument("--wait", type=float, default=0, help="with start: wait this long for a committed batch")
     jb.add_argument("--json", action="store_true")
     jb.set_defaults(fn=cmd_job)

@@ -4,6 +4,7 @@ The CLI, the streaming job, the supervisor and (later) the DAGs all call `load()
 overridden by an environment variable `ONCEFLOW_<FIELD>` (upper case), e.g. `ONCEFLOW_BOOTSTRAP_SERVERS`.
 Values are validated on load so a misconfiguration fails before anything starts.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -92,8 +93,8 @@ class Settings:
 
     # --- savepoints and their rotation (Hadoop-compatible URIs through fsspec: file://, hdfs://, s3://) ---
     savepoint_uri: str = ""  # default: <var_dir>/savepoints/<app_id>
-    savepoint_keep: int = 10                 # the newest K savepoints are kept ...
-    savepoint_max_age_s: float = 86_400.0    # ... and none older than this, except the newest
+    savepoint_keep: int = 10  # the newest K savepoints are kept ...
+    savepoint_max_age_s: float = 86_400.0  # ... and none older than this, except the newest
     savepoint_incomplete_grace_s: float = 3600.0  # a savepoint without manifest this old was abandoned
     rotation_interval_minutes: float = 60.0
     checkpoint_size_alert_bytes: int = 1 << 30
@@ -103,7 +104,7 @@ class Settings:
     restart_delay_s: float = 10.0
 
     # --- the control plane (Airflow) ---
-    kafka_conn_id: str = "onceflow_kafka"        # Airflow connection holding bootstrap.servers
+    kafka_conn_id: str = "onceflow_kafka"  # Airflow connection holding bootstrap.servers
     # The schedules of the watching DAGs (read when the DAG files are parsed; shortened for tests and soaks).
     health_interval_s: float = 120.0
     txn_watch_interval_s: float = 60.0
@@ -111,19 +112,19 @@ class Settings:
     # The scheduled reconciliation chain proves at most this many committed batches per run; the rest is the
     # next run's (onceflow.apps.recon_chain).
     reconcile_max_batches: int = 2000
-    spark_conn_id: str = "spark_default"         # Airflow connection: Spark master / deploy mode
+    spark_conn_id: str = "spark_default"  # Airflow connection: Spark master / deploy mode
     airflow_port: int = 8080
-    health_progress_threshold_s: float = 120.0   # no committed batch for this long while input waits = stalled
+    health_progress_threshold_s: float = 120.0  # no committed batch for this long while input waits = stalled
     checkpoint_freshness_threshold_s: float = 600.0
-    health_restart_attempts: int = 3             # restarts by the health check per window, then page
+    health_restart_attempts: int = 3  # restarts by the health check per window, then page
     health_restart_window_s: float = 3600.0
-    health_batch_grace_s: float = 900.0          # a batch in progress may run this much longer (catch-up, backlog)
+    health_batch_grace_s: float = 900.0  # a batch in progress may run this much longer (catch-up, backlog)
     # Late records over recent batches (health) or a reconciled range above this share: "everything is late"
     late_fraction_threshold: float = 0.5
     # The watermark this far behind wall-clock time while the job has caught up: producers' clocks are behind,
     # or an old topic is being replayed
     health_event_time_lag_threshold_s: float = 3600.0
-    alert_channels: str = ""                     # comma-separated: webhook, slack, smtp
+    alert_channels: str = ""  # comma-separated: webhook, slack, smtp
     alert_webhook_conn_id: str = "onceflow_webhook"
     alert_slack_conn_id: str = "onceflow_slack"
     alert_smtp_conn_id: str = "smtp_default"
@@ -204,13 +205,30 @@ class Settings:
             if not cond:
                 raise ConfigError(msg)
 
-        for name in ("source_partitions", "sink_partitions", "replication_factor", "min_insync_replicas",
-                     "max_offsets_per_trigger", "shuffle_partitions", "min_batches_to_retain",
-                     "window_s", "transaction_timeout_ms", "broker_transaction_max_timeout_ms",
-                     "savepoint_keep", "savepoint_max_age_s", "rotation_interval_minutes",
-                     "checkpoint_size_alert_bytes", "producer_batch_messages", "dlq_max_value_bytes",
-                     "ledger_wait_s", "commit_timeout_s", "health_interval_s", "txn_watch_interval_s",
-                     "reconcile_interval_minutes", "reconcile_max_batches"):
+        for name in (
+            "source_partitions",
+            "sink_partitions",
+            "replication_factor",
+            "min_insync_replicas",
+            "max_offsets_per_trigger",
+            "shuffle_partitions",
+            "min_batches_to_retain",
+            "window_s",
+            "transaction_timeout_ms",
+            "broker_transaction_max_timeout_ms",
+            "savepoint_keep",
+            "savepoint_max_age_s",
+            "rotation_interval_minutes",
+            "checkpoint_size_alert_bytes",
+            "producer_batch_messages",
+            "dlq_max_value_bytes",
+            "ledger_wait_s",
+            "commit_timeout_s",
+            "health_interval_s",
+            "txn_watch_interval_s",
+            "reconcile_interval_minutes",
+            "reconcile_max_batches",
+        ):
             need(getattr(self, name) > 0, f"{ENV_PREFIX}{name.upper()} must be > 0, got {getattr(self, name)}")
         need(self.watermark_s >= 0, f"{ENV_PREFIX}WATERMARK_S must be >= 0, got {self.watermark_s}")
         need(self.trigger_interval_s >= 0, f"{ENV_PREFIX}TRIGGER_INTERVAL_S must be >= 0")
@@ -218,31 +236,44 @@ class Settings:
         need(self.health_restart_attempts >= 0, f"{ENV_PREFIX}HEALTH_RESTART_ATTEMPTS must be >= 0")
         need(self.health_progress_threshold_s > 0, f"{ENV_PREFIX}HEALTH_PROGRESS_THRESHOLD_S must be > 0")
         channels = {c.strip() for c in self.alert_channels.split(",") if c.strip()}
-        need(channels <= {"webhook", "slack", "smtp"},
-             f"{ENV_PREFIX}ALERT_CHANNELS takes webhook, slack, smtp; got {sorted(channels)}")
-        need("smtp" not in channels or bool(self.alert_email_to),
-             f"{ENV_PREFIX}ALERT_EMAIL_TO is needed when the smtp alert channel is on")
-        need(self.dlq_max_value_bytes <= 900_000,
-             f"{ENV_PREFIX}DLQ_MAX_VALUE_BYTES must leave room for the provenance within the producer's 1,000,000-"
-             f"byte record limit: at most 900000, got {self.dlq_max_value_bytes}")
+        need(
+            channels <= {"webhook", "slack", "smtp"},
+            f"{ENV_PREFIX}ALERT_CHANNELS takes webhook, slack, smtp; got {sorted(channels)}",
+        )
+        need(
+            "smtp" not in channels or bool(self.alert_email_to),
+            f"{ENV_PREFIX}ALERT_EMAIL_TO is needed when the smtp alert channel is on",
+        )
+        need(
+            self.dlq_max_value_bytes <= 900_000,
+            f"{ENV_PREFIX}DLQ_MAX_VALUE_BYTES must leave room for the provenance within the producer's 1,000,000-"
+            f"byte record limit: at most 900000, got {self.dlq_max_value_bytes}",
+        )
         need(self.max_event_ahead_s >= 0, f"{ENV_PREFIX}MAX_EVENT_AHEAD_S must be >= 0")
         need(0 < self.late_fraction_threshold <= 1, f"{ENV_PREFIX}LATE_FRACTION_THRESHOLD must be in (0, 1]")
         need(self.health_batch_grace_s >= 0, f"{ENV_PREFIX}HEALTH_BATCH_GRACE_S must be >= 0")
         need(self.producer_linger_ms >= 0, f"{ENV_PREFIX}PRODUCER_LINGER_MS must be >= 0")
         need(self.restart_delay_s >= 0, f"{ENV_PREFIX}RESTART_DELAY_S must be >= 0")
         need(0 < self.near_timeout_fraction < 1, f"{ENV_PREFIX}NEAR_TIMEOUT_FRACTION must be in (0, 1)")
-        need(self.min_insync_replicas <= self.replication_factor,
-             f"{ENV_PREFIX}MIN_INSYNC_REPLICAS ({self.min_insync_replicas}) must be <= "
-             f"{ENV_PREFIX}REPLICATION_FACTOR ({self.replication_factor})")
-        need(self.starting_offsets in ("earliest", "latest"),
-             f"{ENV_PREFIX}STARTING_OFFSETS must be 'earliest' or 'latest', got {self.starting_offsets!r}")
-        need(bool(self.app_id) and all(c.isalnum() or c in "._-" for c in self.app_id),
-             f"{ENV_PREFIX}APP_ID must be non-empty and use only letters, digits, '.', '_', '-'")
+        need(
+            self.min_insync_replicas <= self.replication_factor,
+            f"{ENV_PREFIX}MIN_INSYNC_REPLICAS ({self.min_insync_replicas}) must be <= "
+            f"{ENV_PREFIX}REPLICATION_FACTOR ({self.replication_factor})",
+        )
+        need(
+            self.starting_offsets in ("earliest", "latest"),
+            f"{ENV_PREFIX}STARTING_OFFSETS must be 'earliest' or 'latest', got {self.starting_offsets!r}",
+        )
+        need(
+            bool(self.app_id) and all(c.isalnum() or c in "._-" for c in self.app_id),
+            f"{ENV_PREFIX}APP_ID must be non-empty and use only letters, digits, '.', '_', '-'",
+        )
         try:
             _ = self.bootstrap_host_port  # parses, or raises
         except ValueError:
-            raise ConfigError(f"{ENV_PREFIX}BOOTSTRAP_SERVERS must be host:port[,host:port], "
-                              f"got {self.bootstrap_servers!r}") from None
+            raise ConfigError(
+                f"{ENV_PREFIX}BOOTSTRAP_SERVERS must be host:port[,host:port], got {self.bootstrap_servers!r}"
+            ) from None
         check_transaction_timeout(self.transaction_timeout_ms, self.broker_transaction_max_timeout_ms)
 
 
@@ -252,12 +283,16 @@ def check_transaction_timeout(job_timeout_ms: int, broker_max_ms: int) -> None:
         raise ConfigError(
             f"transaction.timeout.ms of the job ({job_timeout_ms} ms) is above the broker's "
             f"transaction.max.timeout.ms ({broker_max_ms} ms): lower {ENV_PREFIX}TRANSACTION_TIMEOUT_MS "
-            f"to at most {broker_max_ms}, or raise transaction.max.timeout.ms on the brokers")
+            f"to at most {broker_max_ms}, or raise transaction.max.timeout.ms on the brokers"
+        )
 
 
 def _coerce(raw: str, typ: Any, name: str) -> Any:
-    t = typ if isinstance(typ, type) else {"int": int, "float": float, "str": str, "Path": Path,
-                                            "bool": bool}.get(str(typ), str)
+    t = (
+        typ
+        if isinstance(typ, type)
+        else {"int": int, "float": float, "str": str, "Path": Path, "bool": bool}.get(str(typ), str)
+    )
     try:
         if t is bool:
             if raw.lower() in ("1", "true", "yes", "on"):

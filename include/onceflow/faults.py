@@ -20,6 +20,7 @@ A crash is a SIGKILL of the job's whole process group (the Python driver and its
 Each fault fires once per checkpoint: a marker file beside the checkpoint's run state remembers it, so the
 replayed batch after the restart goes through.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-POINTS = ("crash_before_produce", "crash_after_produce", "crash_after_commit", "raise_after_commit", "stall_in_txn",
-          "crash_in_chunk", "crash_after_chunk", "stall_before_chunks", "stall_before_fence", "undeliverable")
+POINTS = (
+    "crash_before_produce",
+    "crash_after_produce",
+    "crash_after_commit",
+    "raise_after_commit",
+    "stall_in_txn",
+    "crash_in_chunk",
+    "crash_after_chunk",
+    "stall_before_chunks",
+    "stall_before_fence",
+    "undeliverable",
+)
 STALLS = ("stall_in_txn", "stall_before_chunks", "stall_before_fence")
 
 
@@ -80,8 +91,9 @@ class Injector:
 
     def undeliverable(self, partition: int | None, offset: int | None) -> bool:
         """Is the DLQ copy of this source record to be refused (fault `undeliverable@P:O`)?"""
-        return any(f.point == "undeliverable" and f.batch == partition and int(f.seconds) == offset
-                   for f in self.faults)
+        return any(
+            f.point == "undeliverable" and f.batch == partition and int(f.seconds) == offset for f in self.faults
+        )
 
     def hit(self, point: str, batch: int) -> None:
         for f in self.faults:

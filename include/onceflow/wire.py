@@ -5,6 +5,7 @@ the kinds of output rows and of ledger records; the streaming job's exit codes a
 each; the base exception. Consumers (the console, an auditor's script, a downstream job merging a backfill) rely
 on these names; changing one is a breaking change of the platform's contract (docs/design.md).
 """
+
 from __future__ import annotations
 
 
@@ -13,27 +14,27 @@ class OnceflowError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------- record headers
-H_APP = "onceflow.app"              # every record the platform writes: the app id
-H_BATCH = "onceflow.batch"          # sink, DLQ and ledger records of the job: the ledger batch
-H_KIND = "onceflow.kind"            # operator and control records: restore, quarantine, reconciliation
-H_BACKFILL = "onceflow.backfill"    # a backfill's records: its id
-H_CHUNK = "onceflow.chunk"          # ... and the chunk
+H_APP = "onceflow.app"  # every record the platform writes: the app id
+H_BATCH = "onceflow.batch"  # sink, DLQ and ledger records of the job: the ledger batch
+H_KIND = "onceflow.kind"  # operator and control records: restore, quarantine, reconciliation
+H_BACKFILL = "onceflow.backfill"  # a backfill's records: its id
+H_CHUNK = "onceflow.chunk"  # ... and the chunk
 # provenance of a DLQ record (Kafka Connect style)
 H_SOURCE_TOPIC = "onceflow.source.topic"
 H_SOURCE_PARTITION = "onceflow.source.partition"
 H_SOURCE_OFFSET = "onceflow.source.offset"
 H_SOURCE_TIMESTAMP = "onceflow.source.timestamp"
 H_REASON = "onceflow.reason"
-H_ORIGINAL_SIZE = "onceflow.original.size"      # the original value's size (-1: unknown)
+H_ORIGINAL_SIZE = "onceflow.original.size"  # the original value's size (-1: unknown)
 H_ORIGINAL_SHA256 = "onceflow.original.sha256"  # set when the copy holds less than the original
-H_TRUNCATED = "onceflow.truncated"              # "true" when the copy holds less than the original
+H_TRUNCATED = "onceflow.truncated"  # "true" when the copy holds less than the original
 
 # ---------------------------------------------------------------------------- output rows and ledger records
-KIND_RESULT = "result"     # an output row of a batch: a (window, ip) count for the sink
-KIND_DLQ = "dlq"           # an output row of a batch: a malformed source record for the DLQ
-LEDGER_STREAM = "stream"         # one committed batch of the streaming job
-LEDGER_BACKFILL = "backfill"     # one committed chunk of a backfill
-LEDGER_RESTORE = "restore"       # a savepoint restore (an operator action)
+KIND_RESULT = "result"  # an output row of a batch: a (window, ip) count for the sink
+KIND_DLQ = "dlq"  # an output row of a batch: a malformed source record for the DLQ
+LEDGER_STREAM = "stream"  # one committed batch of the streaming job
+LEDGER_BACKFILL = "backfill"  # one committed chunk of a backfill
+LEDGER_RESTORE = "restore"  # a savepoint restore (an operator action)
 LEDGER_QUARANTINE = "quarantine"  # quarantined source offsets (an operator action)
 
 # ---------------------------------------------------------------------------- events (topic onceflow_events)
@@ -62,13 +63,18 @@ BACKFILL_CHUNK = "backfill_chunk_committed"
 BACKFILL_DONE = "backfill_done"
 
 # ---------------------------------------------------------------------------- the streaming job's exit codes
-EXIT_OK = 0          # stopped on request
-EXIT_FAILED = 1      # a crash: the supervisor restarts it after a fixed delay
-EXIT_CONFIG = 2      # a misconfiguration: the message says what to change
-EXIT_FENCED = 3      # fenced by a newer instance of the app
-EXIT_DIVERGENT = 4   # the checkpoint and the committed history disagree (or cannot be proven to agree)
-EXIT_LOCKED = 5      # another instance holds the app's lock on this machine
+EXIT_OK = 0  # stopped on request
+EXIT_FAILED = 1  # a crash: the supervisor restarts it after a fixed delay
+EXIT_CONFIG = 2  # a misconfiguration: the message says what to change
+EXIT_FENCED = 3  # fenced by a newer instance of the app
+EXIT_DIVERGENT = 4  # the checkpoint and the committed history disagree (or cannot be proven to agree)
+EXIT_LOCKED = 5  # another instance holds the app's lock on this machine
 
 # Exit codes after which the supervisor does not restart the job, and why (a restart would not help).
-NO_RESTART = {EXIT_OK: "stopped", EXIT_CONFIG: "misconfiguration", EXIT_FENCED: "fenced by a newer instance",
-              EXIT_DIVERGENT: "divergent history", EXIT_LOCKED: "another instance holds the app's lock on this machine"}
+NO_RESTART = {
+    EXIT_OK: "stopped",
+    EXIT_CONFIG: "misconfiguration",
+    EXIT_FENCED: "fenced by a newer instance",
+    EXIT_DIVERGENT: "divergent history",
+    EXIT_LOCKED: "another instance holds the app's lock on this machine",
+}

@@ -1,6 +1,7 @@
 """A small client of Airflow 3's public REST API (`/api/v2`), as an operator's script or the soak uses it: a token
 from the auth manager, DAG runs triggered with the typed params the UI's trigger form sends, their states and
 task instances. Standard library only."""
+
 from __future__ import annotations
 
 import json
@@ -27,19 +28,26 @@ class AirflowClient:
     # ------------------------------------------------------------------ plumbing
     def token(self) -> str:
         if self._token is None:
-            got = self._call("POST", "/auth/token", {"username": self.username, "password": self.password},
-                             auth=False)
+            got = self._call("POST", "/auth/token", {"username": self.username, "password": self.password}, auth=False)
             self._token = got["access_token"]
         return self._token
 
-    def _call(self, method: str, path: str, body: dict | None = None, auth: bool = True,
-              query: dict | None = None, timeout: float = 30.0):
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict | None = None,
+        auth: bool = True,
+        query: dict | None = None,
+        timeout: float = 30.0,
+    ):
         url = self.base_url.rstrip("/") + path + (("?" + urllib.parse.urlencode(query, doseq=True)) if query else "")
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if auth:
             headers["Authorization"] = f"Bearer {self.token()}"
-        req = urllib.request.Request(url, method=method, headers=headers,
-                                     data=json.dumps(body).encode() if body is not None else None)
+        req = urllib.request.Request(
+            url, method=method, headers=headers, data=json.dumps(body).encode() if body is not None else None
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 raw = r.read()
@@ -84,8 +92,11 @@ class AirflowClient:
         return {ti["task_id"]: ti["state"] for ti in got["task_instances"]}
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value"):
-        got = self.get(f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances/"
-                       f"{task_id}/xcomEntries/{key}", deserialize="true")
+        got = self.get(
+            f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances/"
+            f"{task_id}/xcomEntries/{key}",
+            deserialize="true",
+        )
         return got.get("value")
 
     def wait_run(self, dag_id: str, run_id: str, timeout: float = 600.0, interval: float = 3.0) -> dict:

@@ -1,5 +1,6 @@
 """The embedded Airflow: `airflow standalone` with AIRFLOW_HOME under var/, the project's DAGs and plugins,
 connections to the embedded Kafka and Spark, the control-plane DAGs unpaused and the deploy DAG triggered."""
+
 from __future__ import annotations
 
 import json
@@ -36,25 +37,30 @@ def env(s: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
     ports for tests) last."""
     h = home(s)
     bin_dir = str(Path(sys.executable).parent)
-    return {**os.environ, **s.as_env(),
-            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-            "AIRFLOW_HOME": str(h),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__API__PORT": str(s.airflow_port),
-            "AIRFLOW__API__BASE_URL": f"http://localhost:{s.airflow_port}",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(h / "passwords.json"),
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
-            "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "30",
-            **(extra or {})}
+    return {
+        **os.environ,
+        **s.as_env(),
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        "AIRFLOW_HOME": str(h),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__API__PORT": str(s.airflow_port),
+        "AIRFLOW__API__BASE_URL": f"http://localhost:{s.airflow_port}",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(h / "passwords.json"),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "30",
+        **(extra or {}),
+    }
 
 
-def _airflow(s: Settings, *args: str, check: bool = True, timeout: float = 120,
-             extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "airflow", *args], env=env(s, extra), capture_output=True,
-                         text=True, timeout=timeout)
+def _airflow(
+    s: Settings, *args: str, check: bool = True, timeout: float = 120, extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    out = subprocess.run(
+        [sys.executable, "-m", "airflow", *args], env=env(s, extra), capture_output=True, text=True, timeout=timeout
+    )
     if check and out.returncode != 0:
         raise RuntimeError(f"airflow {' '.join(args)} failed:\n{out.stdout[-1500:]}\n{out.stderr[-1500:]}")
     return out
@@ -76,21 +82,23 @@ def _healthy(s: Settings) -> bool:
         return False
 
 
-def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env: dict[str, str] | None = None
-       ) -> dict:
+def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env: dict[str, str] | None = None) -> dict:
     """Start Airflow as `make run` does: `airflow standalone` (api-server, scheduler, dag-processor, triggerer)
     with the connections to the embedded Kafka and Spark, every onceflow DAG unpaused, and (by default) the deploy
     DAG triggered to start the job."""
     pw = password(s)
     if not procs.read_pidfile(pidfile(s)):
         _airflow(s, "db", "migrate", timeout=300, extra=extra_env)
-        conns = {s.kafka_conn_id: {"conn_type": "kafka", "extra": {"bootstrap.servers": s.bootstrap_servers}},
-                 s.spark_conn_id: {"conn_type": "spark", "host": "local[*]"}}
+        conns = {
+            s.kafka_conn_id: {"conn_type": "kafka", "extra": {"bootstrap.servers": s.bootstrap_servers}},
+            s.spark_conn_id: {"conn_type": "spark", "host": "local[*]"},
+        }
         for conn_id, spec in conns.items():
             _airflow(s, "connections", "delete", conn_id, check=False, extra=extra_env)
             _airflow(s, "connections", "add", conn_id, "--conn-json", json.dumps(spec), extra=extra_env)
-        proc = procs.spawn_detached([sys.executable, "-m", "airflow", "standalone"], s.log_dir / "airflow.log",
-                                    env=env(s, extra_env))
+        proc = procs.spawn_detached(
+            [sys.executable, "-m", "airflow", "standalone"], s.log_dir / "airflow.log", env=env(s, extra_env)
+        )
         procs.write_pidfile(pidfile(s), proc.pid, "airflow")
     procs.wait_until(lambda: _healthy(s), timeout, interval=2, what=f"Airflow at port {s.airflow_port}")
     # The DAGs exist for the API once the dag-processor has parsed them.
@@ -107,8 +115,13 @@ def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env
         api.unpause(dag_id)
     if trigger_deploy:
         api.trigger(DEPLOY_DAG, {"action": "start"}, note="make run: start the job")
-    return {"url": f"http://localhost:{s.airflow_port}", "user": USER, "password": pw,
-            "airflow_home": str(home(s)), "log": str(s.log_dir / "airflow.log")}
+    return {
+        "url": f"http://localhost:{s.airflow_port}",
+        "user": USER,
+        "password": pw,
+        "airflow_home": str(home(s)),
+        "log": str(s.log_dir / "airflow.log"),
+    }
 
 
 def client(s: Settings) -> AirflowClient:

@@ -12,6 +12,7 @@ Phases, each run in turn for every contender on the same machine:
    and until its lag is back to the level before the crash.
 Prints one table and writes the figures to var/bench/results-<time>.json.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,15 @@ from onceflow_dev import broker, generator
 
 log = logging.getLogger("onceflow_dev.bench")
 # The job settings a tuning run varies (docs/performance.md); recorded with every result.
-TUNABLES = ("trigger_interval_s", "close_out_batches", "max_offsets_per_trigger", "shuffle_partitions",
-            "state_store_provider", "producer_linger_ms", "producer_batch_messages")
+TUNABLES = (
+    "trigger_interval_s",
+    "close_out_batches",
+    "max_offsets_per_trigger",
+    "shuffle_partitions",
+    "state_store_provider",
+    "producer_linger_ms",
+    "producer_batch_messages",
+)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -51,6 +59,7 @@ def _env_int(name: str, default: int) -> int:
 class BenchSpec:
     """The workload. The job's own settings are the embedded defaults (onceflow.config) unless BENCH_TRIGGER_S
     or BENCH_MAX_OFFSETS override them."""
+
     records: int = field(default_factory=lambda: _env_int("BENCH_RECORDS", 2_000_000))
     ips: int = field(default_factory=lambda: _env_int("BENCH_IPS", 10_000))
     event_rate: int = field(default_factory=lambda: _env_int("BENCH_EVENT_RATE", 20_000))
@@ -59,19 +68,34 @@ class BenchSpec:
     # results of windows ending in the first seconds of the live phase are not counted: the job's first
     # batches include the JVM's warm-up (JIT) and the query's first state store loads
     warmup_s: int = field(default_factory=lambda: _env_int("BENCH_WARMUP_S", 20))
-    trigger_s: float = field(default_factory=lambda: float(os.environ.get(
-        "BENCH_TRIGGER_S", config.Settings.trigger_interval_s)))
-    max_offsets: int = field(default_factory=lambda: _env_int("BENCH_MAX_OFFSETS",
-                                                              config.Settings.max_offsets_per_trigger))
+    trigger_s: float = field(
+        default_factory=lambda: float(os.environ.get("BENCH_TRIGGER_S", config.Settings.trigger_interval_s))
+    )
+    max_offsets: int = field(
+        default_factory=lambda: _env_int("BENCH_MAX_OFFSETS", config.Settings.max_offsets_per_trigger)
+    )
 
 
 def _settings(base: config.Settings, app: str, source: str, spec: BenchSpec, **overrides) -> config.Settings:
-    return base.replace(**({"app_id": app, "source_topic": source, "sink_topic": f"{app}.sink",
-                            "dlq_topic": f"{app}.dlq", "ledger_topic": f"{app}.ledger",
-                            "events_topic": f"{app}.events", "alerts_topic": f"{app}.alerts",
-                            "health_topic": f"{app}.health", "reconciliation_topic": f"{app}.recon",
-                            "backfill_topic": f"{app}.backfill", "trigger_interval_s": spec.trigger_s,
-                            "max_offsets_per_trigger": spec.max_offsets} | overrides))
+    return base.replace(
+        **(
+            {
+                "app_id": app,
+                "source_topic": source,
+                "sink_topic": f"{app}.sink",
+                "dlq_topic": f"{app}.dlq",
+                "ledger_topic": f"{app}.ledger",
+                "events_topic": f"{app}.events",
+                "alerts_topic": f"{app}.alerts",
+                "health_topic": f"{app}.health",
+                "reconciliation_topic": f"{app}.recon",
+                "backfill_topic": f"{app}.backfill",
+                "trigger_interval_s": spec.trigger_s,
+                "max_offsets_per_trigger": spec.max_offsets,
+            }
+            | overrides
+        )
+    )
 
 
 # ---------------------------------------------------------------------------- process accounting
@@ -136,9 +160,11 @@ class ExactlyOnce(Contender):
         if got != end:
             return None
         entries = audit.ledger_entries(self.s)
-        return {"first_ms": min(e.batch_ts_ms for e in entries if e.ranges and any(a < b for a, b in
-                                                                                   e.ranges.values())),
-                "last_ms": max(e.commit_time_ms for e in entries), "batches": len(entries)}
+        return {
+            "first_ms": min(e.batch_ts_ms for e in entries if e.ranges and any(a < b for a, b in e.ranges.values())),
+            "last_ms": max(e.commit_time_ms for e in entries),
+            "batches": len(entries),
+        }
 
     def stop(self):
         jobctl.stop(self.s)
@@ -150,10 +176,12 @@ class AtLeastOnce(Contender):
 
     def start(self):
         argv = launcher.submit_argv(self.s)[:-1] + [str(Path(__file__).with_name("ip_count_alo.py"))]
-        self.proc = procs.spawn_detached(argv, self.s.log_dir / f"{self.s.app_id}.log",
-                                         env=launcher.submit_env(self.s))
-        procs.wait_until(lambda: (ev.read_status(self.s.status_file) or {}).get("state") == "running", 300,
-                         what="the at-least-once query to run")
+        self.proc = procs.spawn_detached(argv, self.s.log_dir / f"{self.s.app_id}.log", env=launcher.submit_env(self.s))
+        procs.wait_until(
+            lambda: (ev.read_status(self.s.status_file) or {}).get("state") == "running",
+            300,
+            what="the at-least-once query to run",
+        )
 
     def pid(self):
         return self.proc.pid
@@ -179,8 +207,13 @@ def throughput(c: Contender, end: dict[int, int], records_: int, timeout: float 
     use = usage(c.pid())
     c.stop()
     secs = (got["last_ms"] - got["first_ms"]) / 1000
-    return {"records": records_, "seconds": round(secs, 1), "records_per_s": round(records_ / secs),
-            "batches": got["batches"], "wall_incl_startup_s": round(time.time() - t0, 1)} | use
+    return {
+        "records": records_,
+        "seconds": round(secs, 1),
+        "records_per_s": round(records_ / secs),
+        "batches": got["batches"],
+        "wall_incl_startup_s": round(time.time() - t0, 1),
+    } | use
 
 
 def ceiling(s: config.Settings, end: dict[int, int], records_: int) -> dict:
@@ -188,8 +221,12 @@ def ceiling(s: config.Settings, end: dict[int, int], records_: int) -> dict:
     import tempfile
 
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "onceflow_dev.bench_ceiling", json.dumps(end)],
-                                env={**os.environ, **s.as_env()}, stdout=out, stderr=err)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "onceflow_dev.bench_ceiling", json.dumps(end)],
+            env={**os.environ, **s.as_env()},
+            stdout=out,
+            stderr=err,
+        )
         _, status, ru = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -199,13 +236,19 @@ def ceiling(s: config.Settings, end: dict[int, int], records_: int) -> dict:
         raise RuntimeError(f"the ceiling loop failed ({proc.returncode}): {errors[-2000:]}")
     got = json.loads(text.strip().splitlines()[-1])
     secs = (got["last_ms"] - got["first_ms"]) / 1000
-    return {"records": records_, "seconds": round(secs, 1), "records_per_s": round(records_ / secs),
-            "batches": got["batches"], "peak_rss_mb": round(ru.ru_maxrss / 1024),
-            "cpu_s": round(ru.ru_utime + ru.ru_stime, 1)}
+    return {
+        "records": records_,
+        "seconds": round(secs, 1),
+        "records_per_s": round(records_ / secs),
+        "batches": got["batches"],
+        "peak_rss_mb": round(ru.ru_maxrss / 1024),
+        "cpu_s": round(ru.ru_utime + ru.ru_stime, 1),
+    }
 
 
 class Stamper(threading.Thread):
     """Reads a sink with read_committed and stamps each result with the moment it became visible."""
+
     seen: list[tuple[int, str]]  # (ms when it became visible, its window end)
 
     def __init__(self, s: config.Settings):
@@ -213,8 +256,9 @@ class Stamper(threading.Thread):
         self.s, self.seen, self.stop_ev = s, [], threading.Event()
 
     def run(self):
-        c = kafka_clients.read_committed_consumer(self.s, group_id=f"bench.stamper.{self.s.app_id}",
-                                                  **{"fetch.wait.max.ms": 50})
+        c = kafka_clients.read_committed_consumer(
+            self.s, group_id=f"bench.stamper.{self.s.app_id}", **{"fetch.wait.max.ms": 50}
+        )
         c.subscribe([self.s.sink_topic])
         while not self.stop_ev.is_set():
             for m in c.consume(num_messages=5000, timeout=0.2):
@@ -236,10 +280,21 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     stamper.start()
     c.start()
     t_live = int(time.time() * 1000)
-    generator.generate(s, generator.GeneratorSpec(count=None, duration_s=spec.live_s, rate=spec.live_rate,
-                                                  distinct_ips=spec.ips, late_fraction=0.0, seed=7,
-                                                  out_of_order_fraction=0.05, malformed_fraction=0.01,
-                                                  watermark_s=s.watermark_s, tail_s=0))
+    generator.generate(
+        s,
+        generator.GeneratorSpec(
+            count=None,
+            duration_s=spec.live_s,
+            rate=spec.live_rate,
+            distinct_ips=spec.ips,
+            late_fraction=0.0,
+            seed=7,
+            out_of_order_fraction=0.05,
+            malformed_fraction=0.01,
+            watermark_s=s.watermark_s,
+            tail_s=0,
+        ),
+    )
     t_end = int(time.time() * 1000)
     time.sleep(3 * s.trigger_interval_s + s.watermark_s + s.window_s)
     use = usage(c.pid())
@@ -249,24 +304,45 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     delay = s.watermark_s * 1000
     # windows wholly inside the live period after the warm-up, and early enough that a later event closes them
     first = t_live + max(spec.warmup_s, 2 * s.window_s) * 1000
-    lat = sorted(seen - (_iso_ms(we) + delay) for seen, we in stamper.seen
-                 if first <= _iso_ms(we) <= t_end - s.window_s * 1000)
+    lat = sorted(
+        seen - (_iso_ms(we) + delay) for seen, we in stamper.seen if first <= _iso_ms(we) <= t_end - s.window_s * 1000
+    )
     if not lat:
         return {"results": 0}
 
     def pct(q):
         return lat[min(len(lat) - 1, int(q * len(lat)))]
-    return {"results": len(lat), "p50_ms": pct(0.50), "p95_ms": pct(0.95), "p99_ms": pct(0.99),
-            "max_ms": lat[-1], "mean_ms": round(statistics.mean(lat))} | {f"live_{k}": v for k, v in use.items()}
+
+    return {
+        "results": len(lat),
+        "p50_ms": pct(0.50),
+        "p95_ms": pct(0.95),
+        "p99_ms": pct(0.99),
+        "max_ms": lat[-1],
+        "mean_ms": round(statistics.mean(lat)),
+    } | {f"live_{k}": v for k, v in use.items()}
 
 
 def recovery(s: config.Settings, spec: BenchSpec) -> dict:
     """kill -9 of the exactly-once job under live input: time to its next commit and until lag recovers."""
     jobctl.start(s)
     jobctl.wait_running(s, timeout=300)
-    feeder = threading.Thread(target=generator.generate, daemon=True, args=(s, generator.GeneratorSpec(
-        count=None, duration_s=spec.live_s, rate=spec.live_rate, distinct_ips=spec.ips, late_fraction=0.0, seed=8,
-        watermark_s=s.watermark_s)))
+    feeder = threading.Thread(
+        target=generator.generate,
+        daemon=True,
+        args=(
+            s,
+            generator.GeneratorSpec(
+                count=None,
+                duration_s=spec.live_s,
+                rate=spec.live_rate,
+                distinct_ips=spec.ips,
+                late_fraction=0.0,
+                seed=8,
+                watermark_s=s.watermark_s,
+            ),
+        ),
+    )
     feeder.start()
     time.sleep(spec.live_s / 3)
 
@@ -284,20 +360,32 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
     level = max(before)
     t_kill = int(time.time() * 1000)
     jobctl.kill(s)
-    first = procs.wait_until(lambda: next((e for e in _events(s, wire.BATCH_COMMITTED) if e["ts_ms"] > t_kill), None),
-                             300, interval=0.2, what="a commit after the kill")
-    back = procs.wait_until(lambda: lag() <= level and int(time.time() * 1000), 600, interval=0.5,
-                            what="lag to recover")
+    first = procs.wait_until(
+        lambda: next((e for e in _events(s, wire.BATCH_COMMITTED) if e["ts_ms"] > t_kill), None),
+        300,
+        interval=0.2,
+        what="a commit after the kill",
+    )
+    back = procs.wait_until(
+        lambda: lag() <= level and int(time.time() * 1000), 600, interval=0.5, what="lag to recover"
+    )
     feeder.join(spec.live_s + 30)
     jobctl.stop(s)
-    return {"pre_crash_lag": level, "to_next_commit_s": round((first["ts_ms"] - t_kill) / 1000, 1),
-            "to_lag_recovered_s": round((back - t_kill) / 1000, 1), "restart_delay_s": s.restart_delay_s}
+    return {
+        "pre_crash_lag": level,
+        "to_next_commit_s": round((first["ts_ms"] - t_kill) / 1000, 1),
+        "to_lag_recovered_s": round((back - t_kill) / 1000, 1),
+        "restart_delay_s": s.restart_delay_s,
+    }
 
 
 def _events(s, type_):
     # onceflow's events always carry a value
-    return [e for e in (json.loads(cast(bytes, m.value)) for m in kafka_reading.read_topic(s, s.events_topic))
-            if e["type"] == type_]
+    return [
+        e
+        for e in (json.loads(cast(bytes, m.value)) for m in kafka_reading.read_topic(s, s.events_topic))
+        if e["type"] == type_
+    ]
 
 
 # ---------------------------------------------------------------------------- the run
@@ -314,19 +402,37 @@ def bench_stack(spec: BenchSpec, var: Path):
 
     for sub in ("kafka", "checkpoints", "run", "log"):
         shutil.rmtree(var / sub, ignore_errors=True)
-    base = config.load(env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
-                       var_dir=var, bootstrap_servers=f"127.0.0.1:{procs.free_port()}",
-                       controller_port=procs.free_port(), broker_heap="1g", restart_delay_s=2.0)
+    base = config.load(
+        env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
+        var_dir=var,
+        bootstrap_servers=f"127.0.0.1:{procs.free_port()}",
+        controller_port=procs.free_port(),
+        broker_heap="1g",
+        restart_delay_s=2.0,
+    )
     broker.start(base)
     try:
         backlog = _settings(base, "bench_backlog", "bench.source", spec)
         topics.ensure(backlog)
         log.info("writing the backlog: %d records", spec.records)
         t = time.time()
-        generator.generate(backlog, generator.GeneratorSpec(
-            count=spec.records, rate=0, event_rate=spec.event_rate, distinct_ips=spec.ips, skew=0.5, seed=3,
-            late_fraction=0.01, malformed_fraction=0.01, out_of_order_fraction=0.05, tail_s=30,
-            watermark_s=base.watermark_s), progress_every=500_000)
+        generator.generate(
+            backlog,
+            generator.GeneratorSpec(
+                count=spec.records,
+                rate=0,
+                event_rate=spec.event_rate,
+                distinct_ips=spec.ips,
+                skew=0.5,
+                seed=3,
+                late_fraction=0.01,
+                malformed_fraction=0.01,
+                out_of_order_fraction=0.05,
+                tail_s=30,
+                watermark_s=base.watermark_s,
+            ),
+            progress_every=500_000,
+        )
         log.info("backlog written in %.0f s", time.time() - t)
         wm = kafka_reading.watermarks(base, "bench.source")
         assert wm is not None  # topics.ensure created it
@@ -345,8 +451,10 @@ def _warm_up(s: config.Settings, end: dict[int, int]) -> None:
     t = time.time()
     c = kafka_clients.read_committed_consumer(s, group_id="bench.warmup", **{"enable.partition.eof": True})
     try:
-        n = sum(1 for _ in kafka_reading.consume_to_end(c, [TopicPartition("bench.source", p, 0) for p in end],
-                                                        timeout_s=600))
+        n = sum(
+            1
+            for _ in kafka_reading.consume_to_end(c, [TopicPartition("bench.source", p, 0) for p in end], timeout_s=600)
+        )
     finally:
         c.close()
     log.info("broker warmed up: read %d records in %.0f s", n, time.time() - t)
@@ -360,11 +468,11 @@ def main() -> int:
     with bench_stack(spec, var) as (base, end):
         run_contenders(base, end, spec, results)
     tp = results["throughput"]
-    results["ratios"] = {"eos_vs_alo_throughput": round(tp["eos"]["records_per_s"] / tp["alo"]["records_per_s"], 3),
-                         "eos_vs_ceiling_throughput": round(tp["eos"]["records_per_s"] /
-                                                            tp["ceiling"]["records_per_s"], 3),
-                         "eos_p99_in_trigger_intervals": round(results["latency"]["eos"].get("p99_ms", 0) / 1000 /
-                                                               spec.trigger_s, 2)}
+    results["ratios"] = {
+        "eos_vs_alo_throughput": round(tp["eos"]["records_per_s"] / tp["alo"]["records_per_s"], 3),
+        "eos_vs_ceiling_throughput": round(tp["eos"]["records_per_s"] / tp["ceiling"]["records_per_s"], 3),
+        "eos_p99_in_trigger_intervals": round(results["latency"]["eos"].get("p99_ms", 0) / 1000 / spec.trigger_s, 2),
+    }
     out = var / f"results-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(results, indent=1))
     print(table(results))
@@ -407,21 +515,36 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
 def table(r: dict) -> str:
     tp, lat = r["throughput"], r["latency"]
     rows = [("", "records/s", "p50 ms", "p95 ms", "p99 ms", "peak RSS MB", "CPU s")]
-    names = {"eos": "onceflow exactly-once", "alo": "Spark Kafka sink (at-least-once)",
-             "ceiling": "confluent-kafka txn loop (no Spark)"}
+    names = {
+        "eos": "onceflow exactly-once",
+        "alo": "Spark Kafka sink (at-least-once)",
+        "ceiling": "confluent-kafka txn loop (no Spark)",
+    }
     for k in ("eos", "alo", "ceiling"):
         l_ = lat.get(k, {})
-        rows.append((names[k], f"{tp[k]['records_per_s']:,}", str(l_.get("p50_ms", "-")), str(l_.get("p95_ms", "-")),
-                     str(l_.get("p99_ms", "-")), str(tp[k]["peak_rss_mb"]), str(tp[k]["cpu_s"])))
+        rows.append(
+            (
+                names[k],
+                f"{tp[k]['records_per_s']:,}",
+                str(l_.get("p50_ms", "-")),
+                str(l_.get("p95_ms", "-")),
+                str(l_.get("p99_ms", "-")),
+                str(tp[k]["peak_rss_mb"]),
+                str(tp[k]["cpu_s"]),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
     ra, rec = r["ratios"], r["recovery"]
-    lines += ["", f"exactly-once / at-least-once throughput: {ra['eos_vs_alo_throughput']}",
-              f"exactly-once / ceiling throughput:       {ra['eos_vs_ceiling_throughput']}",
-              f"exactly-once p99 latency in trigger intervals ({r['spec']['trigger_s']} s): "
-              f"{ra['eos_p99_in_trigger_intervals']}",
-              f"recovery after kill -9: next commit in {rec['to_next_commit_s']} s, lag back to its pre-crash level "
-              f"({rec['pre_crash_lag']}) in {rec['to_lag_recovered_s']} s (restart delay {rec['restart_delay_s']} s)"]
+    lines += [
+        "",
+        f"exactly-once / at-least-once throughput: {ra['eos_vs_alo_throughput']}",
+        f"exactly-once / ceiling throughput:       {ra['eos_vs_ceiling_throughput']}",
+        f"exactly-once p99 latency in trigger intervals ({r['spec']['trigger_s']} s): "
+        f"{ra['eos_p99_in_trigger_intervals']}",
+        f"recovery after kill -9: next commit in {rec['to_next_commit_s']} s, lag back to its pre-crash level "
+        f"({rec['pre_crash_lag']}) in {rec['to_lag_recovered_s']} s (restart delay {rec['restart_delay_s']} s)",
+    ]
     return "\n".join(lines)
 
 

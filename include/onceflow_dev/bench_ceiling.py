@@ -6,6 +6,7 @@ transaction per batch of records with `send_offsets_to_transaction`, as in confl
 examples/eos_transactions.py. Run as `python -m onceflow.bench_ceiling '<end offsets JSON>'` with ONCEFLOW_*
 settings; prints a JSON line with its timings.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ from onceflow.rules import records
 def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_000) -> dict:
     consumer = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
     consumer.assign([TopicPartition(settings.source_topic, p, 0) for p in sorted(end)])
-    producer = kafka_clients.transactional_producer(settings, settings.transactional_id,
-                                                    **{"linger.ms": 20, "batch.num.messages": 10000})
+    producer = kafka_clients.transactional_producer(
+        settings, settings.transactional_id, **{"linger.ms": 20, "batch.num.messages": 10000}
+    )
     producer.init_transactions(60)
     w_us, wm_delay_us = settings.window_s * 1_000_000, settings.watermark_s * 1_000_000
     state: dict[tuple[int, str], int] = defaultdict(int)
@@ -58,8 +60,9 @@ def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_
             pos[m.partition()] = m.offset() + 1
             r = records.parse(m.value(), m.timestamp()[1], settings.max_event_ahead_ms)
             if r.reason is not None:
-                producer.produce(settings.dlq_topic, key=f"{m.topic()}|{m.partition()}|{m.offset()}".encode(),
-                                 value=m.value())
+                producer.produce(
+                    settings.dlq_topic, key=f"{m.topic()}|{m.partition()}|{m.offset()}".encode(), value=m.value()
+                )
                 dlq += 1
                 continue
             assert r.ts_us is not None and r.ip is not None  # a record without a reason is valid: both are set
@@ -72,12 +75,20 @@ def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_
         for key in [k for k in state if k[0] + w_us <= watermark_us]:
             start, ip = key
             n = state.pop(key)
-            value = json.dumps({"window_start": records.iso_ms(start), "window_end": records.iso_ms(start + w_us),
-                                "ip": ip, "count": n}, separators=(",", ":"))
+            value = json.dumps(
+                {
+                    "window_start": records.iso_ms(start),
+                    "window_end": records.iso_ms(start + w_us),
+                    "ip": ip,
+                    "count": n,
+                },
+                separators=(",", ":"),
+            )
             while True:
                 try:
-                    producer.produce(settings.sink_topic, key=records.sink_key(start, ip).encode(),
-                                     value=value.encode())
+                    producer.produce(
+                        settings.sink_topic, key=records.sink_key(start, ip).encode(), value=value.encode()
+                    )
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -85,15 +96,23 @@ def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_
         prev_wm_us = watermark_us
         producer.send_offsets_to_transaction(
             [TopicPartition(settings.source_topic, p, o) for p, o in pos.items()],
-            consumer.consumer_group_metadata(), 60)
+            consumer.consumer_group_metadata(),
+            60,
+        )
         producer.commit_transaction(120)
         consumed += len(msgs)
         batches += 1
         last_ms = int(time.time() * 1000)
     consumer.close()
     producer.flush(10)
-    return {"first_ms": first_ms, "last_ms": last_ms, "records": consumed, "outputs": out, "dlq": dlq,
-            "batches": batches}
+    return {
+        "first_ms": first_ms,
+        "last_ms": last_ms,
+        "records": consumed,
+        "outputs": out,
+        "dlq": dlq,
+        "batches": batches,
+    }
 
 
 if __name__ == "__main__":

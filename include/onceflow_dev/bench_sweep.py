@@ -6,6 +6,7 @@ into its own sink), then result latency over live input. Prints one table; raw f
 var/bench/sweep-<time>.json. BENCH_SWEEP picks variants by number (e.g. "0,2,4"); the BENCH_* workload
 variables of `make bench` apply.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,7 @@ def chosen() -> list[tuple[int, str, dict]]:
     return [(i, *VARIANTS[i]) for i in idx]
 
 
-def run_variant(base: config.Settings, end: dict[int, int], spec: bench.BenchSpec, run: int, overrides: dict
-                ) -> dict:
+def run_variant(base: config.Settings, end: dict[int, int], spec: bench.BenchSpec, run: int, overrides: dict) -> dict:
     s = bench._settings(base, f"sweep{run}", "bench.source", spec, **overrides)
     live = bench._settings(base, f"sweep{run}_live", f"sweep{run}_live.source", spec, **overrides)
     try:
@@ -52,8 +52,12 @@ def run_variant(base: config.Settings, end: dict[int, int], spec: bench.BenchSpe
     finally:
         jobctl.stop(s, timeout=30)
         jobctl.stop(live, timeout=30)
-    return {"settings": {k: getattr(s, k) for k in bench.TUNABLES}, "throughput": tp, "latency": lat,
-            "p99_in_triggers": round(lat.get("p99_ms", 0) / 1000 / s.trigger_interval_s, 2)}
+    return {
+        "settings": {k: getattr(s, k) for k in bench.TUNABLES},
+        "throughput": tp,
+        "latency": lat,
+        "p99_in_triggers": round(lat.get("p99_ms", 0) / 1000 / s.trigger_interval_s, 2),
+    }
 
 
 def table(rows: list[tuple[str, dict]]) -> str:
@@ -61,8 +65,17 @@ def table(rows: list[tuple[str, dict]]) -> str:
     lines = [head]
     for name, r in rows:
         tp, lat = r["throughput"], r["latency"]
-        lines.append((name, f"{tp['records_per_s']:,}", str(tp["batches"]), str(tp["cpu_s"]),
-                      str(lat.get("p50_ms", "-")), str(lat.get("p99_ms", "-")), str(r["p99_in_triggers"])))
+        lines.append(
+            (
+                name,
+                f"{tp['records_per_s']:,}",
+                str(tp["batches"]),
+                str(tp["cpu_s"]),
+                str(lat.get("p50_ms", "-")),
+                str(lat.get("p99_ms", "-")),
+                str(r["p99_in_triggers"]),
+            )
+        )
     widths = [max(len(row[c]) for row in lines) for c in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in lines)
 

@@ -1,4 +1,5 @@
 """A single-node Apache Kafka broker in KRaft mode (broker + controller in one JVM), run from Maven jars."""
+
 from __future__ import annotations
 
 import base64
@@ -89,8 +90,7 @@ def server_properties(settings: Settings, data_dir: Path) -> dict[str, str]:
         "transaction.state.log.num.partitions": "4",
         "group.initial.rebalance.delay.ms": "0",
         "transaction.max.timeout.ms": str(settings.broker_transaction_max_timeout_ms),
-        "transaction.abort.timed.out.transaction.cleanup.interval.ms":
-            str(settings.broker_txn_abort_check_interval_ms),
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": str(settings.broker_txn_abort_check_interval_ms),
         "share.coordinator.state.topic.replication.factor": "1",
         "share.coordinator.state.topic.min.isr": "1",
     }
@@ -113,9 +113,14 @@ def status(settings: Settings) -> dict:
     p = paths(settings)
     info = procs.read_pidfile(p.pidfile)
     host, port = settings.bootstrap_host_port
-    return {"running": info is not None, "pid": info["pid"] if info else None,
-            "bootstrap_servers": settings.bootstrap_servers,
-            "listening": _port_open(host, port), "home": str(p.home), "log": str(p.server_log)}
+    return {
+        "running": info is not None,
+        "pid": info["pid"] if info else None,
+        "bootstrap_servers": settings.bootstrap_servers,
+        "listening": _port_open(host, port),
+        "home": str(p.home),
+        "log": str(p.server_log),
+    }
 
 
 def start(settings: Settings, timeout: float = 90.0) -> dict:
@@ -127,26 +132,46 @@ def start(settings: Settings, timeout: float = 90.0) -> dict:
     host, port = settings.bootstrap_host_port
     for prt in (port, settings.controller_port):
         if _port_open(host, prt):
-            raise BrokerError(f"port {host}:{prt} is taken by another process: stop it, or set "
-                              f"ONCEFLOW_BOOTSTRAP_SERVERS / ONCEFLOW_CONTROLLER_PORT to free ports")
+            raise BrokerError(
+                f"port {host}:{prt} is taken by another process: stop it, or set "
+                f"ONCEFLOW_BOOTSTRAP_SERVERS / ONCEFLOW_CONTROLLER_PORT to free ports"
+            )
     classpath = jvm.kafka_classpath(settings)
     p.home.mkdir(parents=True, exist_ok=True)
     props = server_properties(settings, p.data)
     p.properties.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     p.log4j.write_text(LOG4J2.format(log=p.server_log, level="INFO"))
     java = _java()
-    jvm_opts = [f"-Xmx{settings.broker_heap}", f"-Xms{settings.broker_heap}", "-XX:+UseG1GC",
-                f"-Dlog4j2.configurationFile={p.log4j}", "-Djava.awt.headless=true"]
+    jvm_opts = [
+        f"-Xmx{settings.broker_heap}",
+        f"-Xms{settings.broker_heap}",
+        "-XX:+UseG1GC",
+        f"-Dlog4j2.configurationFile={p.log4j}",
+        "-Djava.awt.headless=true",
+    ]
     if not (p.data / "meta.properties").exists():
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         fmt = subprocess.run(
-            [java, *jvm_opts, "-cp", classpath, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
-             "-c", str(p.properties), "--feature", "transaction.version=2"],
-            capture_output=True, text=True, timeout=120)
+            [
+                java,
+                *jvm_opts,
+                "-cp",
+                classpath,
+                "kafka.tools.StorageTool",
+                "format",
+                f"--cluster-id={cluster_id}",
+                "-c",
+                str(p.properties),
+                "--feature",
+                "transaction.version=2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if fmt.returncode != 0:
             raise BrokerError(f"formatting the KRaft storage failed:\n{fmt.stdout}\n{fmt.stderr}")
-    proc = procs.spawn_detached([java, *jvm_opts, "-cp", classpath, MAIN_CLASS, str(p.properties)],
-                                p.stdout)
+    proc = procs.spawn_detached([java, *jvm_opts, "-cp", classpath, MAIN_CLASS, str(p.properties)], p.stdout)
     procs.write_pidfile(p.pidfile, proc.pid, MAIN_CLASS, bootstrap=settings.bootstrap_servers)
     try:
         _wait_ready(settings, timeout, proc)
@@ -165,8 +190,10 @@ def _wait_ready(settings: Settings, timeout: float, proc: subprocess.Popen | Non
     def ready() -> bool:
         nonlocal admin
         if proc is not None and proc.poll() is not None:
-            raise BrokerError(f"the broker exited with code {proc.returncode}; see {paths(settings).stdout} "
-                              f"and {paths(settings).server_log}")
+            raise BrokerError(
+                f"the broker exited with code {proc.returncode}; see {paths(settings).stdout} "
+                f"and {paths(settings).server_log}"
+            )
         host, port = settings.bootstrap_host_port
         if not _port_open(host, port):  # quiet: librdkafka logs every refused connection
             return False

@@ -7,6 +7,7 @@ job's `stall_in_txn` fault at chosen batches). Then it waits for the job to drai
 against the generator's manifest (I1-I4, exact: lost and duplicated must be 0, the DLQ complete) and with a Spark
 reconciliation run, and prints what happened. Exit 1 on any loss, duplicate or failed check.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,10 +55,10 @@ def plan(spec: ChaosSpec) -> list[tuple[float, str, float]]:
     so the last part of the input is processed by a job that is left alone."""
     rng = random.Random(spec.seed)
     events = [(rng.uniform(0.05, 0.85) * spec.seconds, "kill_job", 0.0) for _ in range(spec.job_kills)]
-    events += [(rng.uniform(0.1, 0.8) * spec.seconds, "restart_broker", rng.uniform(2, 8))
-               for _ in range(spec.broker_restarts)]
-    events += [(rng.uniform(0.05, 0.85) * spec.seconds, "pause_driver", rng.uniform(2, 12))
-               for _ in range(spec.pauses)]
+    events += [
+        (rng.uniform(0.1, 0.8) * spec.seconds, "restart_broker", rng.uniform(2, 8)) for _ in range(spec.broker_restarts)
+    ]
+    events += [(rng.uniform(0.05, 0.85) * spec.seconds, "pause_driver", rng.uniform(2, 12)) for _ in range(spec.pauses)]
     return sorted(events)
 
 
@@ -69,17 +70,34 @@ def stall_batches(spec: ChaosSpec) -> list[int]:
 
 
 def run(spec: ChaosSpec, var_dir) -> dict:
-    base = config.load(env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
-                       var_dir=var_dir, bootstrap_servers=f"127.0.0.1:{procs.free_port()}", controller_port=procs.free_port(),
-                       broker_txn_abort_check_interval_ms=1000, broker_heap="1g")
+    base = config.load(
+        env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
+        var_dir=var_dir,
+        bootstrap_servers=f"127.0.0.1:{procs.free_port()}",
+        controller_port=procs.free_port(),
+        broker_txn_abort_check_interval_ms=1000,
+        broker_heap="1g",
+    )
     timeout_ms = 8000
     stall_s = timeout_ms / 1000 + 4
-    s = base.replace(app_id="chaos", source_topic="chaos.source", sink_topic="chaos.sink", dlq_topic="chaos.dlq",
-                     ledger_topic="chaos.ledger", events_topic="chaos.events", alerts_topic="chaos.alerts",
-                     health_topic="chaos.health", reconciliation_topic="chaos.recon", backfill_topic="chaos.backfill",
-                     trigger_interval_s=1.0, max_offsets_per_trigger=20_000, transaction_timeout_ms=timeout_ms,
-                     restart_attempts=1000, restart_delay_s=1.0,
-                     fault=",".join(f"stall_in_txn@{b}:{stall_s:.0f}" for b in stall_batches(spec)))
+    s = base.replace(
+        app_id="chaos",
+        source_topic="chaos.source",
+        sink_topic="chaos.sink",
+        dlq_topic="chaos.dlq",
+        ledger_topic="chaos.ledger",
+        events_topic="chaos.events",
+        alerts_topic="chaos.alerts",
+        health_topic="chaos.health",
+        reconciliation_topic="chaos.recon",
+        backfill_topic="chaos.backfill",
+        trigger_interval_s=1.0,
+        max_offsets_per_trigger=20_000,
+        transaction_timeout_ms=timeout_ms,
+        restart_attempts=1000,
+        restart_delay_s=1.0,
+        fault=",".join(f"stall_in_txn@{b}:{stall_s:.0f}" for b in stall_batches(spec)),
+    )
     var_dir.mkdir(parents=True, exist_ok=True)
     broker.start(base)
     counts = {"kill_job": 0, "restart_broker": 0, "pause_driver": 0, "stall_in_txn": 0}
@@ -90,10 +108,22 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         fed: dict = {}
 
         def feed():
-            fed["result"] = generator.generate(s, generator.GeneratorSpec(
-                count=spec.records, rate=spec.records / spec.seconds, distinct_ips=spec.ips, seed=spec.seed,
-                late_fraction=0.01, out_of_order_fraction=0.05, malformed_fraction=0.02, tail_s=30,
-                watermark_s=s.watermark_s), manifest=manifest, progress_every=100_000)
+            fed["result"] = generator.generate(
+                s,
+                generator.GeneratorSpec(
+                    count=spec.records,
+                    rate=spec.records / spec.seconds,
+                    distinct_ips=spec.ips,
+                    seed=spec.seed,
+                    late_fraction=0.01,
+                    out_of_order_fraction=0.05,
+                    malformed_fraction=0.02,
+                    tail_s=30,
+                    watermark_s=s.watermark_s,
+                ),
+                manifest=manifest,
+                progress_every=100_000,
+            )
 
         jobctl.start(s)
         jobctl.wait_running(s, timeout=300)
@@ -129,17 +159,26 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         jobctl.stop(s)
         counts["stall_in_txn"] = len(_events(s, wire.FAULT_INJECTED))
         report = verify(s, sent)
-        report |= {"faults": counts, "restarts": len(_events(s, wire.SUPERVISOR_RESTART)),
-                   "transaction_timeouts": len(_events(s, wire.TRANSACTION_TIMEOUT)),
-                   "wall_s": round(time.monotonic() - t0, 1), "seed": spec.seed}
+        report |= {
+            "faults": counts,
+            "restarts": len(_events(s, wire.SUPERVISOR_RESTART)),
+            "transaction_timeouts": len(_events(s, wire.TRANSACTION_TIMEOUT)),
+            "wall_s": round(time.monotonic() - t0, 1),
+            "seed": spec.seed,
+        }
         spark = launcher.local_session(s, "chaos-reconcile")
         from onceflow.apps import reconcile
 
         res = reconcile.run(spark, s, with_gx=False)
         report["reconciliation"] = {c.name: c.status for c in res.checks}
         # every transaction held past its timeout must have been detected and reported as such
-        report["ok"] = (report["lost"] == 0 and report["duplicated"] == 0 and report["dlq_complete"] and res.ok
-                        and report["transaction_timeouts"] >= counts["stall_in_txn"])
+        report["ok"] = (
+            report["lost"] == 0
+            and report["duplicated"] == 0
+            and report["dlq_complete"]
+            and res.ok
+            and report["transaction_timeouts"] >= counts["stall_in_txn"]
+        )
         return report
     finally:
         jobctl.stop(s, timeout=30)
@@ -148,8 +187,11 @@ def run(spec: ChaosSpec, var_dir) -> dict:
 
 def _events(s, type_: str) -> list[dict]:
     # onceflow's events always carry a value
-    return [e for e in (json.loads(cast(bytes, m.value)) for m in kafka_reading.read_topic(s, s.events_topic))
-            if e["type"] == type_]
+    return [
+        e
+        for e in (json.loads(cast(bytes, m.value)) for m in kafka_reading.read_topic(s, s.events_topic))
+        if e["type"] == type_
+    ]
 
 
 def _wait_stall_over(s, stall_s: float) -> None:
@@ -163,34 +205,52 @@ def _wait_drained(s, sent, timeout: float) -> None:
     ends: dict[int, int] = {}
     for r in sent:
         ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
-    procs.wait_until(lambda: audit.committed_offsets(s, ends) == ends, timeout, interval=2.0,
-                     what="the job to drain the input")
+    procs.wait_until(
+        lambda: audit.committed_offsets(s, ends) == ends, timeout, interval=2.0, what="the job to drain the input"
+    )
     time.sleep(3 * s.trigger_interval_s)  # the windows the tail closes are emitted by the next batches
 
 
 def verify(s, sent) -> dict:
     """I1-I4 against the manifest: what was lost, what was duplicated, whether the DLQ is complete."""
-    truth = [invariants.SourceRecord(r.partition, r.offset, r.ts_us, r.ip,
-                                     r.reason if r.kind == KIND_MALFORMED else None) for r in sent]
+    truth = [
+        invariants.SourceRecord(r.partition, r.offset, r.ts_us, r.ip, r.reason if r.kind == KIND_MALFORMED else None)
+        for r in sent
+    ]
     entries = audit.ledger_entries(s)
     ends: dict[int, int] = {}
     for r in sent:
         ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
     # onceflow's sink records always carry a key and a value
-    sink = [invariants.SinkRecord(cast(bytes, m.key).decode(), cast(bytes, m.value), m.partition, m.offset)
-            for m in kafka_reading.read_topic(s, s.sink_topic)]
+    sink = [
+        invariants.SinkRecord(cast(bytes, m.key).decode(), cast(bytes, m.value), m.partition, m.offset)
+        for m in kafka_reading.read_topic(s, s.sink_topic)
+    ]
     dlq = audit.dlq_provenance(kafka_reading.read_topic(s, s.dlq_topic))
-    rep = invariants.check(entries, audit.committed_offsets(s, ends), truth, sink, dlq, s.window_s,
-                           starting={p: 0 for p in ends})
+    rep = invariants.check(
+        entries, audit.committed_offsets(s, ends), truth, sink, dlq, s.window_s, starting={p: 0 for p in ends}
+    )
     lost = len(rep.missing) + sum(max(0, e - f) for e, f in rep.wrong.values())
-    duplicated = sum(n - 1 for n in rep.duplicates.values()) + sum(max(0, f - e) for e, f in rep.wrong.values()) \
+    duplicated = (
+        sum(n - 1 for n in rep.duplicates.values())
+        + sum(max(0, f - e) for e, f in rep.wrong.values())
         + len(rep.unexpected)
-    return {"records": len(sent), "tail_records": sum(1 for r in sent if r.kind == KIND_TAIL),
-            "batches": len(entries), "sink_records": rep.sink_records, "counted": rep.counted, "late": rep.late,
-            "malformed": rep.malformed, "pending": rep.pending, "coverage_ok": rep.coverage.ok,
-            "lost": lost, "duplicated": duplicated,
-            "dlq_complete": not (rep.dlq_missing or rep.dlq_unexpected or rep.dlq_duplicates),
-            "invariants_ok": rep.ok}
+    )
+    return {
+        "records": len(sent),
+        "tail_records": sum(1 for r in sent if r.kind == KIND_TAIL),
+        "batches": len(entries),
+        "sink_records": rep.sink_records,
+        "counted": rep.counted,
+        "late": rep.late,
+        "malformed": rep.malformed,
+        "pending": rep.pending,
+        "coverage_ok": rep.coverage.ok,
+        "lost": lost,
+        "duplicated": duplicated,
+        "dlq_complete": not (rep.dlq_missing or rep.dlq_unexpected or rep.dlq_duplicates),
+        "invariants_ok": rep.ok,
+    }
 
 
 def main() -> int:
@@ -207,15 +267,15 @@ def main() -> int:
     (var / "report.json").write_text(json.dumps(report, indent=1))
     f = report["faults"]
     print(f"""
-records           {report['records']:,} ({report['malformed']:,} malformed, {report['late']:,} late)
-faults injected   {f['kill_job']} kill -9 of the job, {f['restart_broker']} broker kill+restart, {f['pause_driver']} driver SIGSTOP/SIGCONT, {f['stall_in_txn']} transactions held past their timeout ({report['transaction_timeouts']} timeouts reported)
-restarts          {report['restarts']} (supervisor)
-lost              {report['lost']}
-duplicated        {report['duplicated']}
-DLQ complete      {report['dlq_complete']}
-invariants I1-I4  {'ok' if report['invariants_ok'] else 'FAILED'}; reconciliation {report['reconciliation']}
-wall time         {report['wall_s']} s
-result            {'PASS' if report['ok'] else 'FAIL'}  (report: {var / 'report.json'})""")
+records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late)
+faults injected   {f["kill_job"]} kill -9 of the job, {f["restart_broker"]} broker kill+restart, {f["pause_driver"]} driver SIGSTOP/SIGCONT, {f["stall_in_txn"]} transactions held past their timeout ({report["transaction_timeouts"]} timeouts reported)
+restarts          {report["restarts"]} (supervisor)
+lost              {report["lost"]}
+duplicated        {report["duplicated"]}
+DLQ complete      {report["dlq_complete"]}
+invariants I1-I4  {"ok" if report["invariants_ok"] else "FAILED"}; reconciliation {report["reconciliation"]}
+wall time         {report["wall_s"]} s
+result            {"PASS" if report["ok"] else "FAIL"}  (report: {var / "report.json"})""")
     return 0 if report["ok"] else 1
 
 

@@ -3,6 +3,7 @@
 Reproducible from a seed; optional manifest (CSV: partition, offset, kind, ts_us, ip, reason) records what
 was sent and where it landed, so tests know the truth without trusting the job.
 """
+
 from __future__ import annotations
 
 import csv
@@ -39,29 +40,34 @@ def pidfile(settings: Settings) -> Path:
 
 @dataclass
 class GeneratorSpec:
-    count: int | None = 10_000          # records to send (None: until duration_s)
-    duration_s: float | None = None     # or: send for this long (needs rate > 0)
-    rate: float = 0.0                   # records per second of wall time; 0 = as fast as possible
-    event_rate: float | None = None     # records per second of *event* time; default: `rate`, or 1000 if unpaced
-    start_ms: int | None = None         # event time of the first record; default: now
+    count: int | None = 10_000  # records to send (None: until duration_s)
+    duration_s: float | None = None  # or: send for this long (needs rate > 0)
+    rate: float = 0.0  # records per second of wall time; 0 = as fast as possible
+    event_rate: float | None = None  # records per second of *event* time; default: `rate`, or 1000 if unpaced
+    start_ms: int | None = None  # event time of the first record; default: now
     distinct_ips: int = 1000
     ipv6_fraction: float = 0.2
-    skew: float = 0.0                   # Zipf exponent over the IPs; 0 = uniform
+    skew: float = 0.0  # Zipf exponent over the IPs; 0 = uniform
     out_of_order_fraction: float = 0.05  # shifted back by less than the watermark delay: never late
-    late_fraction: float = 0.01         # shifted back by 30-120 s: late once the watermark has passed them
+    late_fraction: float = 0.01  # shifted back by 30-120 s: late once the watermark has passed them
     malformed_fraction: float = 0.01
-    future_fraction: float = 0.0        # event time a year ahead of the record (a broken client clock)
-    json_fraction: float = 0.5          # the rest are combined log lines
-    tail_s: float = 0.0                 # after the run, one record per partition this far past the last event
+    future_fraction: float = 0.0  # event time a year ahead of the record (a broken client clock)
+    json_fraction: float = 0.5  # the rest are combined log lines
+    tail_s: float = 0.0  # after the run, one record per partition this far past the last event
     seed: int = 1
-    partitions: int | None = None       # default: the source topic's partition count
+    partitions: int | None = None  # default: the source topic's partition count
     watermark_s: int = 5
-    max_ahead_ms: int | None = 60_000   # the job's event-time skew rule, to record the reason of future records
+    max_ahead_ms: int | None = 60_000  # the job's event-time skew rule, to record the reason of future records
 
     def validate(self) -> None:
-        fr = {"ipv6_fraction": self.ipv6_fraction, "out_of_order_fraction": self.out_of_order_fraction,
-              "late_fraction": self.late_fraction, "malformed_fraction": self.malformed_fraction,
-              "json_fraction": self.json_fraction, "future_fraction": self.future_fraction}
+        fr = {
+            "ipv6_fraction": self.ipv6_fraction,
+            "out_of_order_fraction": self.out_of_order_fraction,
+            "late_fraction": self.late_fraction,
+            "malformed_fraction": self.malformed_fraction,
+            "json_fraction": self.json_fraction,
+            "future_fraction": self.future_fraction,
+        }
         for k, v in fr.items():
             if not 0 <= v <= 1:
                 raise GeneratorError(f"{k} must be within [0, 1], got {v}")
@@ -103,13 +109,15 @@ def _ip_pool(rng: random.Random, n: int, ipv6_fraction: float) -> list[str]:
     pool: set[str] = set()
     while len(pool) < n:
         if rng.random() < ipv6_fraction:
-            ip6 = records.canonical_ip("2001:db8:%x:%x::%x" % (rng.randrange(1 << 16), rng.randrange(1 << 16),
-                                                              rng.randrange(1, 1 << 16)))
+            ip6 = records.canonical_ip(
+                "2001:db8:%x:%x::%x" % (rng.randrange(1 << 16), rng.randrange(1 << 16), rng.randrange(1, 1 << 16))
+            )
             assert ip6 is not None  # a valid address by construction
             pool.add(ip6)
         else:
-            pool.add("%d.%d.%d.%d" % (rng.randrange(1, 224), rng.randrange(256), rng.randrange(256),
-                                      rng.randrange(1, 255)))
+            pool.add(
+                "%d.%d.%d.%d" % (rng.randrange(1, 224), rng.randrange(256), rng.randrange(256), rng.randrange(1, 255))
+            )
     return sorted(pool)
 
 
@@ -122,8 +130,10 @@ def _combined_line(ip: str, ts_ms: int, rng: random.Random) -> tuple[bytes, int]
     stamp = f"{dt.day:02d}/{_MONTHS[dt.month - 1]}/{dt.year}:{dt:%H:%M:%S} {zone}"
     path = rng.choice(["/", "/index.html", "/api/v1/items?id=%d" % rng.randrange(1000), "/static/app.js"])
     status = rng.choice([200, 200, 200, 304, 404, 500])
-    line = (f'{ip} - - [{stamp}] "GET {path} HTTP/1.1" {status} {rng.randrange(100, 50000)} '
-            f'"-" "Mozilla/5.0 (onceflow-generator)"')
+    line = (
+        f'{ip} - - [{stamp}] "GET {path} HTTP/1.1" {status} {rng.randrange(100, 50000)} '
+        f'"-" "Mozilla/5.0 (onceflow-generator)"'
+    )
     return line.encode(), (ts_ms // 1000) * 1_000_000
 
 
@@ -152,8 +162,9 @@ def _malformed(ip: str, ts_ms: int, rng: random.Random) -> bytes:
     return b"this is not an access log line"
 
 
-def generate(settings: Settings, spec: GeneratorSpec, manifest: Path | None = None,
-             progress_every: int = 0, stop=None) -> GeneratorResult:
+def generate(
+    settings: Settings, spec: GeneratorSpec, manifest: Path | None = None, progress_every: int = 0, stop=None
+) -> GeneratorResult:
     """Send the records of `spec`; `stop` (a threading.Event) ends the run early, like a duration."""
     spec.validate()
     assert spec.event_rate is not None  # validate() sets it
@@ -168,8 +179,9 @@ def generate(settings: Settings, spec: GeneratorSpec, manifest: Path | None = No
     ips = _ip_pool(rng, spec.distinct_ips, spec.ipv6_fraction)
     cum = list(accumulate(1.0 / (i + 1) ** spec.skew for i in range(len(ips))))
     start_ms = spec.start_ms if spec.start_ms is not None else default_start_ms(spec, int(time.time() * 1000))
-    producer = kafka_clients.idempotent_producer(settings, **{"linger.ms": 50, "batch.size": 262144,
-                                                                "compression.type": "lz4"})
+    producer = kafka_clients.idempotent_producer(
+        settings, **{"linger.ms": 50, "batch.size": 262144, "compression.type": "lz4"}
+    )
     sent: list[Sent] = []
     errors: list[str] = []
     result = GeneratorResult()
@@ -187,8 +199,13 @@ def generate(settings: Settings, spec: GeneratorSpec, manifest: Path | None = No
 
         while True:
             try:
-                producer.produce(settings.source_topic, value=value, partition=rec.partition,
-                                 on_delivery=on_delivery, timestamp=ts_ms or 0)
+                producer.produce(
+                    settings.source_topic,
+                    value=value,
+                    partition=rec.partition,
+                    on_delivery=on_delivery,
+                    timestamp=ts_ms or 0,
+                )
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -218,8 +235,11 @@ def generate(settings: Settings, spec: GeneratorSpec, manifest: Path | None = No
             # a client whose clock is a year ahead: its record's Kafka timestamp is the real time of sending
             now_ms = int(time.time() * 1000)
             value, _ = _json_record(ip, now_ms + 365 * 86_400_000, rng)
-            emit(value, Sent(part, KIND_MALFORMED, None, None, records.parse(value, now_ms, spec.max_ahead_ms).reason),
-                 now_ms)
+            emit(
+                value,
+                Sent(part, KIND_MALFORMED, None, None, records.parse(value, now_ms, spec.max_ahead_ms).reason),
+                now_ms,
+            )
         else:
             kind, ts_ms = KIND_OK, clock_ms
             u -= spec.future_fraction
@@ -275,14 +295,21 @@ def write_manifest(path: Path, sent: list[Sent]) -> None:
         w = csv.writer(f)
         w.writerow(MANIFEST_FIELDS)
         for s in sent:
-            w.writerow([s.partition, s.offset, s.kind, "" if s.ts_us is None else s.ts_us, s.ip or "",
-                        s.reason or ""])
+            w.writerow([s.partition, s.offset, s.kind, "" if s.ts_us is None else s.ts_us, s.ip or "", s.reason or ""])
 
 
 def read_manifest(path: Path) -> list[Sent]:
     out = []
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            out.append(Sent(int(row["partition"]), row["kind"], int(row["ts_us"]) if row["ts_us"] else None,
-                            row["ip"] or None, row["reason"] or None, int(row["offset"])))
+            out.append(
+                Sent(
+                    int(row["partition"]),
+                    row["kind"],
+                    int(row["ts_us"]) if row["ts_us"] else None,
+                    row["ip"] or None,
+                    row["reason"] or None,
+                    int(row["offset"]),
+                )
+            )
     return out

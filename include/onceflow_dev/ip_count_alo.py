@@ -1,6 +1,7 @@
 """The same Spark query as jobs/ip_count.py, written with Spark's built-in Kafka sink (at-least-once): what a
 user would pick instead of onceflow. Used only by `make bench` as the baseline. Progress goes to the status file
 (ONCEFLOW_* settings, like the real job) so the benchmark can time it the same way."""
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,13 @@ from onceflow.spark import ip_count_plan as ip_count
 class Progress(StreamingQueryListener):
     def __init__(self, settings):
         self.s = settings
-        self.data = {"app": settings.app_id, "pid": os.getpid(), "state": "running", "batches": 0,
-                     "started_ms": int(time.time() * 1000)}
+        self.data = {
+            "app": settings.app_id,
+            "pid": os.getpid(),
+            "state": "running",
+            "batches": 0,
+            "started_ms": int(time.time() * 1000),
+        }
 
     def onQueryStarted(self, event):
         pass
@@ -32,8 +38,12 @@ class Progress(StreamingQueryListener):
         now = int(time.time() * 1000)
         if p.numInputRows and "first_batch_ms" not in self.data:
             self.data["first_batch_ms"] = now - int(p.durationMs.get("triggerExecution", 0))
-        self.data.update(batches=self.data["batches"] + 1, last_commit_ms=now, last_batch=p.batchId,
-                         end_offsets=p.sources[0].endOffset if p.sources else None)
+        self.data.update(
+            batches=self.data["batches"] + 1,
+            last_commit_ms=now,
+            last_batch=p.batchId,
+            end_offsets=p.sources[0].endOffset if p.sources else None,
+        )
         ev.write_status(self.s.status_file, self.data)
 
     def onQueryIdle(self, event):
@@ -48,11 +58,19 @@ def main() -> int:
     spark = SparkSession.builder.getOrCreate()
     spark.streams.addListener(Progress(s))
     out = ip_count.results_and_dlq(ip_count.source(spark, s), s)
-    frame = out.select(F.when(F.col("kind") == wire.KIND_RESULT, F.lit(s.sink_topic)).otherwise(F.lit(s.dlq_topic))
-                       .alias("topic"), F.col("key").cast("binary").alias("key"), "value")
-    query = (frame.writeStream.format("kafka").option("kafka.bootstrap.servers", s.bootstrap_servers)
-             .option("checkpointLocation", s.checkpoint).outputMode("append")
-             .trigger(processingTime=f"{s.trigger_interval_s} seconds").start())
+    frame = out.select(
+        F.when(F.col("kind") == wire.KIND_RESULT, F.lit(s.sink_topic)).otherwise(F.lit(s.dlq_topic)).alias("topic"),
+        F.col("key").cast("binary").alias("key"),
+        "value",
+    )
+    query = (
+        frame.writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", s.bootstrap_servers)
+        .option("checkpointLocation", s.checkpoint)
+        .outputMode("append")
+        .trigger(processingTime=f"{s.trigger_interval_s} seconds")
+        .start()
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while query.isActive and not stop.is_set():

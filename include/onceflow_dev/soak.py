@@ -14,6 +14,7 @@ input stops (with a tail that closes the last windows), the job drains it, and t
 
 Exit 1 if any of it fails. The report goes to var/soak/report.json and the terminal.
 """
+
 from __future__ import annotations
 
 import json
@@ -70,8 +71,10 @@ def plan(spec: SoakSpec) -> list[tuple[float, str, float]]:
     """(seconds from the start, kind, duration), seeded; faults between 10 % and 80 % of the run."""
     rng = random.Random(spec.seed)
     out = [(rng.uniform(0.1, 0.8) * spec.seconds, "kill_job", 0.0) for _ in range(spec.job_kills)]
-    out += [(rng.uniform(0.15, 0.75) * spec.seconds, "restart_broker", rng.uniform(3, 15))
-            for _ in range(spec.broker_restarts)]
+    out += [
+        (rng.uniform(0.15, 0.75) * spec.seconds, "restart_broker", rng.uniform(3, 15))
+        for _ in range(spec.broker_restarts)
+    ]
     out += [(rng.uniform(0.1, 0.8) * spec.seconds, "pause_driver", rng.uniform(5, 30)) for _ in range(spec.pauses)]
     return sorted(out)
 
@@ -93,10 +96,15 @@ def chain_coverage(results: list[dict], first_batch: int, last_batch: int) -> di
     for r in proving:
         covered += list(range(r["first_batch"], r["last_batch"] + 1))
     want = list(range(first_batch, last_batch + 1))
-    return {"runs": len(proving), "failed_runs": sum(1 for r in results if r.get("mode") == "chain" and not r["ok"]),
-            "nothing_new_runs": sum(1 for r in results if r.get("mode") == "chain" and r.get("first_batch") is None),
-            "batches_proven": len(covered), "twice": len(covered) - len(set(covered)),
-            "missing": len(set(want) - set(covered)), "ok": covered == want}
+    return {
+        "runs": len(proving),
+        "failed_runs": sum(1 for r in results if r.get("mode") == "chain" and not r["ok"]),
+        "nothing_new_runs": sum(1 for r in results if r.get("mode") == "chain" and r.get("first_batch") is None),
+        "batches_proven": len(covered),
+        "twice": len(covered) - len(set(covered)),
+        "missing": len(set(want) - set(covered)),
+        "ok": covered == want,
+    }
 
 
 def _ms(iso: str | None) -> int:
@@ -106,21 +114,40 @@ def _ms(iso: str | None) -> int:
 
 
 def run(spec: SoakSpec, var_dir) -> dict:
-    base = config.load(env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
-                       var_dir=var_dir, bootstrap_servers=f"127.0.0.1:{procs.free_port()}",
-                       controller_port=procs.free_port(), broker_txn_abort_check_interval_ms=1000, broker_heap="1g")
-    s = base.replace(app_id="soak", **{f"{k}_topic": f"soak.{k}" for k in
-                                       ("source", "sink", "dlq", "ledger", "events", "alerts", "health", "backfill")},
-                     reconciliation_topic="soak.recon", airflow_port=procs.free_port(), alert_channels="webhook",
-                     trigger_interval_s=2.0, max_offsets_per_trigger=20_000, restart_attempts=5, restart_delay_s=2.0,
-                     health_interval_s=spec.health_interval_s, txn_watch_interval_s=spec.txn_watch_interval_s,
-                     rotation_interval_minutes=spec.rotation_interval_minutes,
-                     reconcile_interval_minutes=spec.reconcile_interval_minutes, savepoint_keep=5)
+    base = config.load(
+        env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
+        var_dir=var_dir,
+        bootstrap_servers=f"127.0.0.1:{procs.free_port()}",
+        controller_port=procs.free_port(),
+        broker_txn_abort_check_interval_ms=1000,
+        broker_heap="1g",
+    )
+    s = base.replace(
+        app_id="soak",
+        **{
+            f"{k}_topic": f"soak.{k}"
+            for k in ("source", "sink", "dlq", "ledger", "events", "alerts", "health", "backfill")
+        },
+        reconciliation_topic="soak.recon",
+        airflow_port=procs.free_port(),
+        alert_channels="webhook",
+        trigger_interval_s=2.0,
+        max_offsets_per_trigger=20_000,
+        restart_attempts=5,
+        restart_delay_s=2.0,
+        health_interval_s=spec.health_interval_s,
+        txn_watch_interval_s=spec.txn_watch_interval_s,
+        rotation_interval_minutes=spec.rotation_interval_minutes,
+        reconcile_interval_minutes=spec.reconcile_interval_minutes,
+        savepoint_keep=5,
+    )
     var_dir.mkdir(parents=True, exist_ok=True)
     receiver = Receiver()
-    extra = {"AIRFLOW_CONN_ONCEFLOW_WEBHOOK": json.dumps(receiver.connection()),
-             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(procs.free_port()),
-             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(procs.free_port())}
+    extra = {
+        "AIRFLOW_CONN_ONCEFLOW_WEBHOOK": json.dumps(receiver.connection()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(procs.free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(procs.free_port()),
+    }
     faults: list[Fault] = []
     manifest = var_dir / "soak-manifest.csv"
     t0 = time.monotonic()
@@ -130,13 +157,35 @@ def run(spec: SoakSpec, var_dir) -> dict:
         airflow_local.up(s, trigger_deploy=True, timeout=600, extra_env=extra)
         airflow_local.wait_job_started(s, timeout=600)
         api = airflow_local.client(s)
-        log.info("Airflow at http://localhost:%d (%s); the job runs; input for %.0f s at %.0f records/s",
-                 s.airflow_port, airflow_local.password(s), spec.seconds, spec.rate)
+        log.info(
+            "Airflow at http://localhost:%d (%s); the job runs; input for %.0f s at %.0f records/s",
+            s.airflow_port,
+            airflow_local.password(s),
+            spec.seconds,
+            spec.rate,
+        )
         fed: dict = {}
-        feeder = threading.Thread(target=lambda: fed.update(result=generator.generate(s, generator.GeneratorSpec(
-            count=int(spec.rate * spec.seconds), rate=spec.rate, distinct_ips=2000, seed=spec.seed,
-            late_fraction=0.01, out_of_order_fraction=0.03, malformed_fraction=0.01, tail_s=30,
-            watermark_s=s.watermark_s), manifest=manifest, progress_every=50_000)), daemon=True)
+        feeder = threading.Thread(
+            target=lambda: fed.update(
+                result=generator.generate(
+                    s,
+                    generator.GeneratorSpec(
+                        count=int(spec.rate * spec.seconds),
+                        rate=spec.rate,
+                        distinct_ips=2000,
+                        seed=spec.seed,
+                        late_fraction=0.01,
+                        out_of_order_fraction=0.03,
+                        malformed_fraction=0.01,
+                        tail_s=30,
+                        watermark_s=s.watermark_s,
+                    ),
+                    manifest=manifest,
+                    progress_every=50_000,
+                )
+            ),
+            daemon=True,
+        )
         t_input = time.monotonic()
         feeder.start()
         rng = random.Random(spec.seed + 1)
@@ -152,8 +201,9 @@ def run(spec: SoakSpec, var_dir) -> dict:
                     continue
                 if jobctl.kill(s, with_supervisor=whole_tree) is None:
                     continue
-                faults.append(Fault(kind, start_ms, int(time.time() * 1000),
-                                    "job and supervisor" if whole_tree else "job"))
+                faults.append(
+                    Fault(kind, start_ms, int(time.time() * 1000), "job and supervisor" if whole_tree else "job")
+                )
             elif kind == "restart_broker":
                 broker.kill(base)
                 time.sleep(dur)
@@ -173,9 +223,12 @@ def run(spec: SoakSpec, var_dir) -> dict:
         chaos._wait_drained(s, sent, timeout=max(900.0, spec.seconds / 2))
         last = audit.ledger_entries(s)[-1].batch
         # the chain catches up with the last committed batch on its schedule (bounded)
-        procs.wait_until(lambda: (recon_chain.position(s).batch or -1) >= last,
-                         6 * 60 * spec.reconcile_interval_minutes + 600, interval=10,
-                         what=f"the scheduled reconciliation chain to prove batch {last}")
+        procs.wait_until(
+            lambda: (recon_chain.position(s).batch or -1) >= last,
+            6 * 60 * spec.reconcile_interval_minutes + 600,
+            interval=10,
+            what=f"the scheduled reconciliation chain to prove batch {last}",
+        )
         runs = {d: api.runs(d, run_type="scheduled", limit=1000) for d in airflow_local.WATCH_DAGS}
         report = judge(s, spec, runs, faults, sent, last)
         report["alerts"] = _alert_counts(receiver)
@@ -198,21 +251,46 @@ def judge(s, spec: SoakSpec, runs: dict[str, list[dict]], faults: list[Fault], s
             f = explained(r, faults, grace_ms)
             later_green = any(x["state"] == "success" and _ms(x["run_after"]) > _ms(r["run_after"]) for x in rs)
             if f is None or not later_green:
-                unexplained.append({"dag": dag_id, "run": r["dag_run_id"], "fault": f.kind if f else None,
-                                    "followed_by_green": later_green})
-        dag_report[dag_id] = {"scheduled": len(rs), "success": sum(1 for r in rs if r["state"] == "success"),
-                              "failed": len(failed)}
+                unexplained.append(
+                    {
+                        "dag": dag_id,
+                        "run": r["dag_run_id"],
+                        "fault": f.kind if f else None,
+                        "followed_by_green": later_green,
+                    }
+                )
+        dag_report[dag_id] = {
+            "scheduled": len(rs),
+            "success": sum(1 for r in rs if r["state"] == "success"),
+            "failed": len(failed),
+        }
     first = audit.ledger_entries(s)[0].batch
     chain = chain_coverage(recon_chain.recent_results(s, limit=100_000), first, last_batch)
     exact = chaos.verify(s, sent)
     counts: dict[str, int] = {}
     for f in faults:
         counts[f.kind] = counts.get(f.kind, 0) + 1
-    ok = not unexplained and chain["ok"] and exact["lost"] == 0 and exact["duplicated"] == 0 \
-        and exact["dlq_complete"] and exact["invariants_ok"]
-    return {"ok": ok, "seconds": spec.seconds, "rate": spec.rate, "seed": spec.seed, "faults": counts,
-            "fault_log": [f.__dict__ for f in faults], "dag_runs": dag_report, "unexplained_failures": unexplained,
-            "chain": chain, "exact": exact, "restarts": len(chaos._events(s, wire.SUPERVISOR_RESTART))}
+    ok = (
+        not unexplained
+        and chain["ok"]
+        and exact["lost"] == 0
+        and exact["duplicated"] == 0
+        and exact["dlq_complete"]
+        and exact["invariants_ok"]
+    )
+    return {
+        "ok": ok,
+        "seconds": spec.seconds,
+        "rate": spec.rate,
+        "seed": spec.seed,
+        "faults": counts,
+        "fault_log": [f.__dict__ for f in faults],
+        "dag_runs": dag_report,
+        "unexplained_failures": unexplained,
+        "chain": chain,
+        "exact": exact,
+        "restarts": len(chaos._events(s, wire.SUPERVISOR_RESTART)),
+    }
 
 
 def _alert_counts(receiver: Receiver) -> dict[str, int]:
@@ -236,17 +314,17 @@ def main() -> int:
     (var / "report.json").write_text(json.dumps(report, indent=1))
     d, c, e = report["dag_runs"], report["chain"], report["exact"]
     print(f"""
-soak              {spec.seconds:.0f} s of input at {spec.rate:.0f} records/s, seed {spec.seed} ({report['wall_s']} s in all)
-faults injected   {report['faults']}
-scheduled runs    {', '.join(f"{k.removeprefix('ip_count_')} {v['success']}/{v['scheduled']} green" for k, v in d.items())}
-failures          {len(report['unexplained_failures'])} not explained by a fault or not followed by a green run
-chain             {c['runs']} proving runs covered batches once each: {c['ok']} ({c['batches_proven']} batches, {c['twice']} twice, {c['missing']} missing; {c['failed_runs']} failed runs, {c['nothing_new_runs']} with nothing new)
-records           {e['records']:,} ({e['malformed']:,} malformed, {e['late']:,} late); restarts {report['restarts']}
-lost              {e['lost']}
-duplicated        {e['duplicated']}
-DLQ complete      {e['dlq_complete']}; I1-I4 {'ok' if e['invariants_ok'] else 'FAILED'}
-alerts            {report['alerts']}
-result            {'PASS' if report['ok'] else 'FAIL'}  (report: {var / 'report.json'})""")
+soak              {spec.seconds:.0f} s of input at {spec.rate:.0f} records/s, seed {spec.seed} ({report["wall_s"]} s in all)
+faults injected   {report["faults"]}
+scheduled runs    {", ".join(f"{k.removeprefix('ip_count_')} {v['success']}/{v['scheduled']} green" for k, v in d.items())}
+failures          {len(report["unexplained_failures"])} not explained by a fault or not followed by a green run
+chain             {c["runs"]} proving runs covered batches once each: {c["ok"]} ({c["batches_proven"]} batches, {c["twice"]} twice, {c["missing"]} missing; {c["failed_runs"]} failed runs, {c["nothing_new_runs"]} with nothing new)
+records           {e["records"]:,} ({e["malformed"]:,} malformed, {e["late"]:,} late); restarts {report["restarts"]}
+lost              {e["lost"]}
+duplicated        {e["duplicated"]}
+DLQ complete      {e["dlq_complete"]}; I1-I4 {"ok" if e["invariants_ok"] else "FAILED"}
+alerts            {report["alerts"]}
+result            {"PASS" if report["ok"] else "FAIL"}  (report: {var / "report.json"})""")
     return 0 if report["ok"] else 1
 
 

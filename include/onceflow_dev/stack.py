@@ -1,4 +1,5 @@
 """The embedded stack: one command brings up the broker and the topics; another takes it down."""
+
 from __future__ import annotations
 
 from onceflow.config import Settings
@@ -23,13 +24,22 @@ def down(settings: Settings) -> dict:
     if gen:
         procs.stop_process(gen["pid"], 10)
     stopped_job = jobctl.stop(settings)
-    return {"airflow_stopped": airflow_stopped, "generator_stopped": bool(gen), "job_stopped": stopped_job, "broker_stopped": broker.stop(settings)}
+    return {
+        "airflow_stopped": airflow_stopped,
+        "generator_stopped": bool(gen),
+        "job_stopped": stopped_job,
+        "broker_stopped": broker.stop(settings),
+    }
 
 
 def status(settings: Settings) -> dict:
     b = broker.status(settings)
-    out = {"broker": b, "bootstrap_servers": settings.bootstrap_servers, "checkpoint": settings.checkpoint,
-           "var_dir": str(settings.var_dir)}
+    out = {
+        "broker": b,
+        "bootstrap_servers": settings.bootstrap_servers,
+        "checkpoint": settings.checkpoint,
+        "var_dir": str(settings.var_dir),
+    }
     if b["running"]:
         try:
             out["topic_problems"] = topics.check(settings)

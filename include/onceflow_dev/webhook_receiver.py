@@ -1,5 +1,6 @@
 """A local webhook receiver: what the alert channel `webhook` posts to, in tests and the soak (loopback, a free
 port, stopped by `close`)."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,13 @@ class Receiver:
 
     def connection(self) -> dict:
         """The Airflow connection (as AIRFLOW_CONN_ONCEFLOW_WEBHOOK JSON) that points the webhook channel here."""
-        return {"conn_type": "http", "host": "127.0.0.1", "port": self.port, "schema": "http",
-                "extra": {"endpoint": "/alerts"}}
+        return {
+            "conn_type": "http",
+            "host": "127.0.0.1",
+            "port": self.port,
+            "schema": "http",
+            "extra": {"endpoint": "/alerts"},
+        }
 
     def close(self) -> None:
         self.server.shutdown()

@@ -1,4 +1,5 @@
 """The control plane DAGs: import cleanly, and do their job against a real broker, Spark and Airflow DB."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,14 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.runtime import jobctl, procs
 from tests.integration.helpers import assert_exact, copy_topic, end_offsets, events, produce, wait_drained, wait_event
 
-DAGS = ("ip_count_deploy", "ip_count_health", "ip_count_txn_watch", "ip_count_checkpoint_rotation",
-        "ip_count_reconciliation", "ip_count_backfill")
+DAGS = (
+    "ip_count_deploy",
+    "ip_count_health",
+    "ip_count_txn_watch",
+    "ip_count_checkpoint_rotation",
+    "ip_count_reconciliation",
+    "ip_count_backfill",
+)
 
 
 def test_dags_import_with_owners_retries_tags_and_docs(dagbag):
@@ -58,8 +65,7 @@ def test_deploy_refuses_duplicates_and_health_restarts_a_killed_job(dagbag, airf
     down = webhook.alerts(f"health:{s.app_id}:down")
     assert [a["status"] for a in down] == ["firing"] and "not running" in down[0]["summary"]
     restarted = int(time.time() * 1000)
-    more = produce(s, tmp_path / "b.csv", count=5000, event_rate=2000, seed=12, start_ms=1_795_000_030_000,
-                   tail_s=30)
+    more = produce(s, tmp_path / "b.csv", count=5000, event_rate=2000, seed=12, start_ms=1_795_000_030_000, tail_s=30)
     jobctl.wait_for_commit(s, after_ms=restarted, timeout=240)
     wait_drained(s, sent + more)
     assert_exact(s, sent + more)
@@ -92,8 +98,9 @@ def test_transaction_timeout_gives_exactly_one_alert_and_its_resolution(dagbag, 
 @pytest.mark.integration
 def test_hanging_transaction_is_detected_with_its_age(dagbag, airflow_app, webhook):
     s = airflow_app(transaction_timeout_ms=3000)
-    rogue = Producer({**kafka_clients.base(s), "transactional.id": f"rogue-{s.app_id}",
-                      "transaction.timeout.ms": 120_000})
+    rogue = Producer(
+        {**kafka_clients.base(s), "transactional.id": f"rogue-{s.app_id}", "transaction.timeout.ms": 120_000}
+    )
     rogue.init_transactions(30)
     rogue.begin_transaction()
     rogue.produce(s.sink_topic, key=b"k", value=b"v", partition=2)
@@ -107,7 +114,7 @@ def test_hanging_transaction_is_detected_with_its_age(dagbag, airflow_app, webho
     assert a["key"] == f"txn_watch:hanging:{s.sink_topic}:2" and a["status"] == "firing"
     assert a["details"]["partition"] == 2 and a["details"]["age_ms"] >= 3000
     assert "not onceflow" in a["summary"] and "kafka-transactions.sh" in a["action"]
-    assert _run(dagbag, "ip_count_txn_watch")[0] == "success"   # still hanging: no second alert
+    assert _run(dagbag, "ip_count_txn_watch")[0] == "success"  # still hanging: no second alert
     assert len(webhook.alerts("txn_watch:hanging:")) == 1
     rogue.abort_transaction(30)
     assert _run(dagbag, "ip_count_txn_watch")[0] == "success"
@@ -157,8 +164,7 @@ def test_rotation_and_savepoint_actions_of_the_deploy_dag(dagbag, airflow_app, w
     # ... the newest restores, and the job continues exactly once.
     state, tis = _run(dagbag, "ip_count_deploy", action="restore", savepoint_id="latest", wait_timeout_s=240)
     assert state == "success", tis
-    more = produce(s, tmp_path / "b.csv", count=5000, event_rate=2000, seed=42, start_ms=1_795_000_010_000,
-                   tail_s=30)
+    more = produce(s, tmp_path / "b.csv", count=5000, event_rate=2000, seed=42, start_ms=1_795_000_010_000, tail_s=30)
     wait_drained(s, sent + more)
     assert_exact(s, sent + more)
     assert jobctl.stop(s)
@@ -169,8 +175,17 @@ def test_reconciliation_and_backfill_dags_submit_spark_jobs(dagbag, airflow_app,
     from onceflow.apps import audit
 
     s = airflow_app(max_offsets_per_trigger=4000)
-    sent = produce(s, tmp_path / "a.csv", count=12_000, event_rate=1500, distinct_ips=300, late_fraction=0.02,
-                   malformed_fraction=0.02, tail_s=30, seed=71)
+    sent = produce(
+        s,
+        tmp_path / "a.csv",
+        count=12_000,
+        event_rate=1500,
+        distinct_ips=300,
+        late_fraction=0.02,
+        malformed_fraction=0.02,
+        tail_s=30,
+        seed=71,
+    )
     jobctl.start(s)
     wait_drained(s, sent)
     assert jobctl.stop(s)
@@ -179,8 +194,14 @@ def test_reconciliation_and_backfill_dags_submit_spark_jobs(dagbag, airflow_app,
     assert state == "success", tis
     recorded = json.loads(kafka_reading.read_topic(s, s.reconciliation_topic)[-1].value)
     assert recorded["ok"] and (recorded["first_batch"], recorded["last_batch"]) == (0, last)
-    assert {c["name"] for c in recorded["checks"]} == {"I1_coverage", "I2_accounting", "I3_results", "I2_dlq",
-                                                       "I4_visibility", "gx_suite"}
+    assert {c["name"] for c in recorded["checks"]} == {
+        "I1_coverage",
+        "I2_accounting",
+        "I3_results",
+        "I2_dlq",
+        "I4_visibility",
+        "gx_suite",
+    }
     # A ledger with a batch missing: the run fails and pages with the exact gap.
     gone = audit.ledger_entries(s)[1]
     copy_topic(s, s.ledger_topic, s.ledger_topic + ".gap", keep=lambda m: json.loads(m.value).get("batch") != 1)
@@ -194,11 +215,18 @@ def test_reconciliation_and_backfill_dags_submit_spark_jobs(dagbag, airflow_app,
 
     # Backfill: bad parameters fail in validation, before any write; a good one writes every window once.
     ends = end_offsets(sent)
-    state, tis = _run(dagbag, "ip_count_backfill", backfill_id="dag-bad", start_offsets=ends,
-                      end_offsets={str(p): 0 for p in ends})
+    state, tis = _run(
+        dagbag, "ip_count_backfill", backfill_id="dag-bad", start_offsets=ends, end_offsets={str(p): 0 for p in ends}
+    )
     assert state == "failed" and tis["validate"] == "failed" and tis["run"] != "success"
-    state, tis = _run(dagbag, "ip_count_backfill", backfill_id="dag-1", start_offsets={str(p): 0 for p in ends},
-                      end_offsets={str(p): e for p, e in ends.items()}, chunk_size=300)
+    state, tis = _run(
+        dagbag,
+        "ip_count_backfill",
+        backfill_id="dag-1",
+        start_offsets={str(p): 0 for p in ends},
+        end_offsets={str(p): e for p, e in ends.items()},
+        chunk_size=300,
+    )
     assert state == "success", tis
     out = kafka_reading.read_topic(s, s.backfill_topic)
     assert out and len({m.key for m in out}) == len(out)

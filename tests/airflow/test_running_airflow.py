@@ -6,6 +6,7 @@ API with the typed params the UI's trigger form sends; the DAG list and the back
 
 One Airflow, one job and one input stream for the module; the tests run in order and each waits on a condition
 with a deadline."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ pytestmark = pytest.mark.integration
 
 APP = "airflow_e2e"
 # Shortened through the same settings an operator would set (ONCEFLOW_*_INTERVAL_*), not through test code paths.
-SCHEDULES = dict(health_interval_s=30.0, txn_watch_interval_s=30.0, rotation_interval_minutes=1.5,
-                 reconcile_interval_minutes=1.0)
+SCHEDULES = dict(
+    health_interval_s=30.0, txn_watch_interval_s=30.0, rotation_interval_minutes=1.5, reconcile_interval_minutes=1.0
+)
 STALLED_BATCH = 6  # this batch's transaction is held past its timeout (fault injection, once)
 SCREENSHOTS = config.REPO_ROOT / "var" / "screenshots"
 
@@ -41,23 +43,49 @@ SCREENSHOTS = config.REPO_ROOT / "var" / "screenshots"
 def platform(kafka, tmp_path_factory):
     base = kafka
     var = tmp_path_factory.mktemp("airflow-e2e")
-    s = base.replace(app_id=APP, **{f"{k}_topic": f"{APP}.{k}" for k in
-                                    ("source", "sink", "dlq", "ledger", "events", "alerts", "health",
-                                     "backfill")},
-                     reconciliation_topic=f"{APP}.recon", var_dir=var, airflow_port=procs.free_port(),
-                     alert_channels="webhook", transaction_timeout_ms=10_000, trigger_interval_s=2.0,
-                     fault=f"stall_in_txn@{STALLED_BATCH}:16", max_offsets_per_trigger=3000, savepoint_keep=3,
-                     health_progress_threshold_s=90.0, restart_delay_s=2.0, **SCHEDULES)
+    s = base.replace(
+        app_id=APP,
+        **{
+            f"{k}_topic": f"{APP}.{k}"
+            for k in ("source", "sink", "dlq", "ledger", "events", "alerts", "health", "backfill")
+        },
+        reconciliation_topic=f"{APP}.recon",
+        var_dir=var,
+        airflow_port=procs.free_port(),
+        alert_channels="webhook",
+        transaction_timeout_ms=10_000,
+        trigger_interval_s=2.0,
+        fault=f"stall_in_txn@{STALLED_BATCH}:16",
+        max_offsets_per_trigger=3000,
+        savepoint_keep=3,
+        health_progress_threshold_s=90.0,
+        restart_delay_s=2.0,
+        **SCHEDULES,
+    )
     topics.ensure(s)
     webhook = Receiver()
-    extra = {"AIRFLOW_CONN_ONCEFLOW_WEBHOOK": json.dumps(webhook.connection()),
-             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(procs.free_port()),
-             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(procs.free_port())}
+    extra = {
+        "AIRFLOW_CONN_ONCEFLOW_WEBHOOK": json.dumps(webhook.connection()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(procs.free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(procs.free_port()),
+    }
     done = threading.Event()
-    feeder = threading.Thread(target=produce, args=(s, var / "input.csv", done), daemon=True,
-                              kwargs=dict(count=10_000_000, rate=300, event_rate=300, start_ms=None,
-                                          distinct_ips=300, late_fraction=0.01, malformed_fraction=0.01,
-                                          out_of_order_fraction=0.02, seed=91))
+    feeder = threading.Thread(
+        target=produce,
+        args=(s, var / "input.csv", done),
+        daemon=True,
+        kwargs=dict(
+            count=10_000_000,
+            rate=300,
+            event_rate=300,
+            start_ms=None,
+            distinct_ips=300,
+            late_fraction=0.01,
+            malformed_fraction=0.01,
+            out_of_order_fraction=0.02,
+            seed=91,
+        ),
+    )
     feeder.start()
     try:
         info = airflow_local.up(s, trigger_deploy=True, timeout=420, extra_env=extra)
@@ -85,9 +113,13 @@ def test_scheduled_runs_do_their_work(platform):
     def enough():
         done = {d: len(scheduled(api, d, "success")) for d in airflow_local.WATCH_DAGS}
         proving = [r for r in chain_results(s) if r["first_batch"] is not None and r["ok"]]
-        ok = (done["ip_count_health"] >= 2 and done["ip_count_txn_watch"] >= 2
-              and done["ip_count_checkpoint_rotation"] >= 1 and done["ip_count_reconciliation"] >= 2
-              and len(proving) >= 2)
+        ok = (
+            done["ip_count_health"] >= 2
+            and done["ip_count_txn_watch"] >= 2
+            and done["ip_count_checkpoint_rotation"] >= 1
+            and done["ip_count_reconciliation"] >= 2
+            and len(proving) >= 2
+        )
         return done if ok else None
 
     procs.wait_until(enough, 900, interval=10, what="scheduled runs of every watching DAG")
@@ -110,8 +142,12 @@ def test_scheduled_runs_do_their_work(platform):
     assert health and set(health[-1]["partitions"]) == {"0", "1", "2", "3"}, health[-1:]
     # the transaction held past its timeout: one alert from the scheduled watch, and its resolution once the job
     # committed that batch again
-    procs.wait_until(lambda: len(webhook.alerts("txn_watch:event:timeout:")) >= 2, 240, interval=5,
-                     what="the timeout's alert and its resolution")
+    procs.wait_until(
+        lambda: len(webhook.alerts("txn_watch:event:timeout:")) >= 2,
+        240,
+        interval=5,
+        what="the timeout's alert and its resolution",
+    )
     got = webhook.alerts("txn_watch:event:timeout:")
     assert [a["status"] for a in got] == ["firing", "resolved"], got
     assert f"batch {STALLED_BATCH}" in got[0]["summary"] and got[0]["source"] == "txn_watch"
@@ -123,14 +159,22 @@ def test_a_killed_job_is_brought_back_by_the_scheduled_health_check(platform):
     jobctl.kill(s, with_supervisor=True)  # the whole process tree, as when a machine loses it
     killed_ms = int(time.time() * 1000)
     key = f"health:{s.app_id}:down"
-    procs.wait_until(lambda: [a["status"] for a in webhook.alerts(key)] == ["firing", "resolved"], 420,
-                     interval=5, what="health to page the dead job, restart it and resolve")
+    procs.wait_until(
+        lambda: [a["status"] for a in webhook.alerts(key)] == ["firing", "resolved"],
+        420,
+        interval=5,
+        what="health to page the dead job, restart it and resolve",
+    )
     st = jobctl.wait_for_commit(s, after_ms=killed_ms, timeout=240)
     assert st["last_batch"] > before
     # one more scheduled health run after the resolution: still exactly one alert and one resolution
     resolved_ms = webhook.alerts(key)[-1]["ts_ms"]
-    procs.wait_until(lambda: [r for r in scheduled(api, "ip_count_health", "success") if _ms(r["run_after"]) >
-                              resolved_ms], 240, interval=5, what="a scheduled health run after the resolution")
+    procs.wait_until(
+        lambda: [r for r in scheduled(api, "ip_count_health", "success") if _ms(r["run_after"]) > resolved_ms],
+        240,
+        interval=5,
+        what="a scheduled health run after the resolution",
+    )
     assert [a["status"] for a in webhook.alerts(key)] == ["firing", "resolved"], "exactly one alert and one resolution"
     assert not scheduled(api, "ip_count_health", "failed")
 
@@ -148,16 +192,30 @@ def _wait(api, dag_id: str, run: dict, timeout: float = 600) -> dict:
 def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_api(platform):
     s, api, webhook, _ = platform
     ends = {str(p): hi for p, (_, hi) in kafka_watermarks(s).items()}
-    form = {"backfill_id": "e2e-1", "start_offsets": {p: 0 for p in ends}, "end_offsets": ends, "since": None,
-            "until": None, "target_topic": "", "chunk_size": 2000, "dry_run": False}
+    form = {
+        "backfill_id": "e2e-1",
+        "start_offsets": {p: 0 for p in ends},
+        "end_offsets": ends,
+        "since": None,
+        "until": None,
+        "target_topic": "",
+        "chunk_size": 2000,
+        "dry_run": False,
+    }
     # refused by the params' own schema, before any run exists
     for bad in ({"chunk_size": 0}, {"backfill_id": "no/slashes"}, {"dry_run": "yes"}):
         with pytest.raises(AirflowApiError) as e:
             api.trigger("ip_count_backfill", form | bad)
         assert e.value.status == 400
     # refused by the backfill's own validation (an empty range), in its first task: nothing is written
-    run = _wait(api, "ip_count_backfill", api.trigger("ip_count_backfill", form | {
-        "backfill_id": "e2e-bad", "end_offsets": {p: 0 for p in ends}, "start_offsets": ends}))
+    run = _wait(
+        api,
+        "ip_count_backfill",
+        api.trigger(
+            "ip_count_backfill",
+            form | {"backfill_id": "e2e-bad", "end_offsets": {p: 0 for p in ends}, "start_offsets": ends},
+        ),
+    )
     assert run["state"] == "failed"
     assert api.task_instances("ip_count_backfill", run["dag_run_id"])["validate"] == "failed"
     assert not kafka_reading.read_topic(s, s.backfill_topic)
@@ -171,8 +229,14 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
     # reconciliation by range, beside the chain
     entries = audit.ledger_entries(s)
     a, b = entries[1].batch, entries[4].batch
-    run = _wait(api, "ip_count_reconciliation", api.trigger("ip_count_reconciliation", {
-        "first_batch": a, "last_batch": b, "since": None, "until": None, "great_expectations": False}))
+    run = _wait(
+        api,
+        "ip_count_reconciliation",
+        api.trigger(
+            "ip_count_reconciliation",
+            {"first_batch": a, "last_batch": b, "since": None, "until": None, "great_expectations": False},
+        ),
+    )
     assert run["state"] == "success"
     manual = [r for r in recon_chain.recent_results(s) if r.get("mode") == "manual"]
     assert manual and (manual[-1]["first_batch"], manual[-1]["last_batch"]) == (a, b) and manual[-1]["ok"]
@@ -183,8 +247,14 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
     # deploy: restart, then upgrade (stop-with-savepoint, start again)
     for action in ("restart", "upgrade"):
         pid = jobctl.status(s)["job_pid"]
-        run = _wait(api, "ip_count_deploy", api.trigger("ip_count_deploy", {
-            "action": action, "savepoint_id": "latest", "allow_rewind": False, "wait_timeout_s": 300}))
+        run = _wait(
+            api,
+            "ip_count_deploy",
+            api.trigger(
+                "ip_count_deploy",
+                {"action": action, "savepoint_id": "latest", "allow_rewind": False, "wait_timeout_s": 300},
+            ),
+        )
         assert run["state"] == "success", (action, api.task_instances("ip_count_deploy", run["dag_run_id"]))
         st = jobctl.status(s)
         assert st["running"] and st["job_pid"] != pid and st["desired_state"] == "running"
@@ -206,8 +276,9 @@ def test_the_live_audit_agrees_with_a_running_job(platform):
     env = {**os.environ, **s.as_env()}
     for _ in range(3):
         before = jobctl.status(s)["last_batch"]
-        out = subprocess.run([sys.executable, "-m", "onceflow.cli", "audit"], env=env, capture_output=True,
-                             text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-m", "onceflow.cli", "audit"], env=env, capture_output=True, text=True, timeout=300
+        )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
         rep = json.loads(out.stdout)
         assert rep["ok"] and rep["snapshot_batch"] >= before, rep
@@ -223,9 +294,19 @@ def test_the_dag_list_and_the_backfill_form_in_a_real_browser(platform):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     base = f"http://127.0.0.1:{s.airflow_port}"
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = pw.chromium.launch(
+            executable_path="/usr/bin/chromium",
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.goto(f"{base}/auth/login/", wait_until="networkidle")

@@ -1,4 +1,5 @@
 """What the integration tests share: produce a known workload, wait for the job to drain it, prove exactness."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,10 @@ def produce(s: Settings, path: Path, stop=None, **spec) -> list[generator.Sent]:
 
 def truth(sent: list[generator.Sent]) -> list[invariants.SourceRecord]:
     """The generator's own record of what it sent: the expected results do not depend on any parser."""
-    return [invariants.SourceRecord(r.partition, r.offset, r.ts_us, r.ip,
-                                    r.reason if r.kind == KIND_MALFORMED else None) for r in sent]
+    return [
+        invariants.SourceRecord(r.partition, r.offset, r.ts_us, r.ip, r.reason if r.kind == KIND_MALFORMED else None)
+        for r in sent
+    ]
 
 
 def end_offsets(sent: list[generator.Sent]) -> dict[int, int]:
@@ -43,8 +46,14 @@ def end_offsets(sent: list[generator.Sent]) -> dict[int, int]:
 
 def final_window_end_ms(s: Settings, sent: list[generator.Sent]) -> int:
     w = s.window_s * 1_000_000
-    return max(records.window_start_us(r.ts_us, s.window_s) + w for r in sent
-               if r.ts_us is not None and r.kind != KIND_TAIL) // 1000
+    return (
+        max(
+            records.window_start_us(r.ts_us, s.window_s) + w
+            for r in sent
+            if r.ts_us is not None and r.kind != KIND_TAIL
+        )
+        // 1000
+    )
 
 
 def wait_drained(s: Settings, sent: list[generator.Sent], timeout: float = 300.0) -> None:
@@ -69,7 +78,8 @@ def assert_exact(s: Settings, sent: list[generator.Sent]) -> invariants.Report:
     transactions (if any) are invisible to read_committed consumers."""
     ledger = audit.ledger_records(s)
     src_on_broker = audit.source_records(
-        s, [e for e in ledger if isinstance(e, audit.LedgerEntry) and e.kind == "stream"], audit.quarantined(ledger))
+        s, [e for e in ledger if isinstance(e, audit.LedgerEntry) and e.kind == "stream"], audit.quarantined(ledger)
+    )
     by_pos = {(r.partition, r.offset): r for r in truth(sent)}
     assert len(src_on_broker) == len(by_pos), "the source topic does not hold what the generator sent"
     for r in src_on_broker:
@@ -81,8 +91,9 @@ def assert_exact(s: Settings, sent: list[generator.Sent]) -> invariants.Report:
     sink_msgs = kafka_reading.read_topic(s, s.sink_topic)
     sink = [invariants.SinkRecord(m.key.decode(), m.value, m.partition, m.offset) for m in sink_msgs]
     dlq = audit.dlq_provenance(kafka_reading.read_topic(s, s.dlq_topic))
-    rep = invariants.check(entries, committed, truth(sent), sink, dlq, s.window_s,
-                           starting={p: 0 for p in end_offsets(sent)})
+    rep = invariants.check(
+        entries, committed, truth(sent), sink, dlq, s.window_s, starting={p: 0 for p in end_offsets(sent)}
+    )
     assert rep.ok, json.dumps(rep.summary(), indent=1, default=str)
     # Every valid record is counted exactly once, late, or still pending in an open window (I2).
     valid = sum(1 for r in sent if r.kind != KIND_MALFORMED)
@@ -102,13 +113,20 @@ def events(s: Settings, type_: str | None = None) -> list[dict]:
 
 
 def wait_event(s: Settings, type_: str, timeout: float = 120.0, count: int = 1) -> list[dict]:
-    return procs.wait_until(lambda: (lambda ev: ev if len(ev) >= count else None)(events(s, type_)), timeout,
-                            interval=1.0, what=f"{count} {type_} event(s) of {s.app_id}")
+    return procs.wait_until(
+        lambda: (lambda ev: ev if len(ev) >= count else None)(events(s, type_)),
+        timeout,
+        interval=1.0,
+        what=f"{count} {type_} event(s) of {s.app_id}",
+    )
 
 
 def wait_job_exit(s: Settings, timeout: float = 120.0) -> None:
-    procs.wait_until(lambda: not jobctl.status(s)["running"] and not jobctl.status(s)["supervisor_pid"],
-                     timeout, what=f"{s.app_id} to exit")
+    procs.wait_until(
+        lambda: not jobctl.status(s)["running"] and not jobctl.status(s)["supervisor_pid"],
+        timeout,
+        what=f"{s.app_id} to exit",
+    )
 
 
 def now_ms() -> int:
@@ -125,6 +143,12 @@ def copy_topic(s, src: str, dst: str, keep=lambda m: True, change=lambda m: m, e
     for m in list(kafka_reading.read_topic(s, src)) + list(extra):
         if keep(m):
             m = change(m)
-            p.produce(dst, key=m.key, value=m.value, partition=m.partition, timestamp=m.timestamp_ms,
-                      headers=list(m.headers.items()))
+            p.produce(
+                dst,
+                key=m.key,
+                value=m.value,
+                partition=m.partition,
+                timestamp=m.timestamp_ms,
+                headers=list(m.headers.items()),
+            )
     assert p.flush(30) == 0

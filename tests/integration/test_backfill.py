@@ -1,6 +1,7 @@
 """Backfill against the real broker and real Spark: bad parameters refused before any write, a dry run writes
 nothing, a run killed (kill -9) inside a chunk's transaction resumes and writes the rest once, a re-run writes
 nothing; the result equals a recount from the generator's manifest."""
+
 import json
 import subprocess
 import sys
@@ -24,8 +25,13 @@ pytestmark = pytest.mark.integration
 
 def expected_windows(s, sent) -> dict[str, int]:
     """Every valid record of the range counts (a batch recount has no watermark)."""
-    return dict(Counter(records.sink_key(records.window_start_us(r.ts_us, s.window_s), r.ip)
-                        for r in sent if r.kind != KIND_MALFORMED))
+    return dict(
+        Counter(
+            records.sink_key(records.window_start_us(r.ts_us, s.window_s), r.ip)
+            for r in sent
+            if r.kind != KIND_MALFORMED
+        )
+    )
 
 
 def written(s, topic, isolation="read_committed"):
@@ -39,21 +45,32 @@ def backfill_ledger(s):
 def test_backfill_validates_resumes_after_kill9_and_writes_each_window_once(app, spark, tmp_path):
     s = app()
     before_ms = int(time.time() * 1000)
-    sent = produce(s, tmp_path / "m.csv", count=12_000, event_rate=1000, distinct_ips=300, malformed_fraction=0.02,
-                   late_fraction=0.02, seed=61)
+    sent = produce(
+        s,
+        tmp_path / "m.csv",
+        count=12_000,
+        event_rate=1000,
+        distinct_ips=300,
+        malformed_fraction=0.02,
+        late_fraction=0.02,
+        seed=61,
+    )
     ends = end_offsets(sent)
     start = {p: 0 for p in ends}
-    spec = lambda **kw: backfill.spec_from(s, **({"backfill_id": "bf1", "start": start, "end": ends,
-                                                   "chunk_size": 200} | kw))
+    spec = lambda **kw: backfill.spec_from(
+        s, **({"backfill_id": "bf1", "start": start, "end": ends, "chunk_size": 200} | kw)
+    )
 
     # Refused before anything is written, each with its reason.
-    bad = [(dict(end={p: 0 for p in ends}, start={p: 10 for p in ends}), "before start"),
-           (dict(end={p: e + 5 for p, e in ends.items()}), "beyond the end of the source"),
-           (dict(target="no.such.topic"), "unknown target topic"),
-           (dict(target=s.sink_topic), "live job's sink topic"),
-           (dict(since="2026-11-22T10:00:00Z", until="2026-11-22T09:00:00Z", start=None, end=None), "not after"),
-           (dict(chunk_size=0), "chunk size"),
-           (dict(backfill_id="no spaces"), "backfill id")]
+    bad = [
+        (dict(end={p: 0 for p in ends}, start={p: 10 for p in ends}), "before start"),
+        (dict(end={p: e + 5 for p, e in ends.items()}), "beyond the end of the source"),
+        (dict(target="no.such.topic"), "unknown target topic"),
+        (dict(target=s.sink_topic), "live job's sink topic"),
+        (dict(since="2026-11-22T10:00:00Z", until="2026-11-22T09:00:00Z", start=None, end=None), "not after"),
+        (dict(chunk_size=0), "chunk size"),
+        (dict(backfill_id="no spaces"), "backfill id"),
+    ]
     for kw, why in bad:
         with pytest.raises(BackfillError, match=why):
             backfill.validate(s, spec(**kw))
@@ -61,8 +78,19 @@ def test_backfill_validates_resumes_after_kill9_and_writes_each_window_once(app,
     reg.parent.mkdir(parents=True, exist_ok=True)
     import os
     import socket
-    reg.write_text(json.dumps({"id": "other", "pid": os.getpid(), "host": socket.gethostname(),
-                               "source": s.source_topic, "start": {"0": 100}, "end": {"0": 200}}))
+
+    reg.write_text(
+        json.dumps(
+            {
+                "id": "other",
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "source": s.source_topic,
+                "start": {"0": 100},
+                "end": {"0": 200},
+            }
+        )
+    )
     with pytest.raises(BackfillError, match="overlaps backfill other"):
         backfill.validate(s, spec())
     reg.unlink()
@@ -72,15 +100,37 @@ def test_backfill_validates_resumes_after_kill9_and_writes_each_window_once(app,
     assert dry["windows"] == len(want) and dry["would_write_chunks"] == -(-len(want) // 200) == dry["chunks"]
     assert not written(s, s.backfill_topic) and not backfill_ledger(s)
     # a range by time (Kafka record timestamps) resolves to the same offsets, so to the same windows
-    by_time = backfill.run(spark, s, spec(start=None, end=None, since=str(before_ms - 1000),
-                                          until=str(int(time.time() * 1000) + 1000), dry_run=True))
+    by_time = backfill.run(
+        spark,
+        s,
+        spec(
+            start=None, end=None, since=str(before_ms - 1000), until=str(int(time.time() * 1000) + 1000), dry_run=True
+        ),
+    )
     assert by_time["end"] == ends and by_time["windows"] == dry["windows"]
 
     # kill -9 inside chunk 3's transaction (a real SIGKILL of the backfill's process group)
     env = launcher.submit_env(s) | {"ONCEFLOW_FAULT": "crash_in_chunk@3"}
-    proc = subprocess.run([sys.executable, "-m", "onceflow.cli", "backfill", "--id", "bf1", "--start-offsets",
-                           json.dumps(start), "--end-offsets", json.dumps(ends), "--chunk-size", "200"],
-                          env=env, capture_output=True, timeout=300, start_new_session=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onceflow.cli",
+            "backfill",
+            "--id",
+            "bf1",
+            "--start-offsets",
+            json.dumps(start),
+            "--end-offsets",
+            json.dumps(ends),
+            "--chunk-size",
+            "200",
+        ],
+        env=env,
+        capture_output=True,
+        timeout=300,
+        start_new_session=True,
+    )
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert [e.batch for e in backfill_ledger(s)] == [0, 1, 2]
     assert len(written(s, s.backfill_topic)) == 3 * 200
@@ -117,11 +167,31 @@ def test_two_runs_of_one_backfill_never_write_a_chunk_twice(app, spark, tmp_path
     sent = produce(s, tmp_path / "m.csv", count=6000, event_rate=1000, distinct_ips=200, seed=62)
     ends = end_offsets(sent)
     start = {p: 0 for p in ends}
-    env = launcher.submit_env(s) | {"ONCEFLOW_FAULT": "stall_before_fence@0:40",
-                                    "ONCEFLOW_VAR_DIR": str(tmp_path / "other-host")}
-    a = subprocess.Popen([sys.executable, "-m", "onceflow.cli", "backfill", "--id", "twice", "--start-offsets",
-                          json.dumps(start), "--end-offsets", json.dumps(ends), "--chunk-size", "100"],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = launcher.submit_env(s) | {
+        "ONCEFLOW_FAULT": "stall_before_fence@0:40",
+        "ONCEFLOW_VAR_DIR": str(tmp_path / "other-host"),
+    }
+    a = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "onceflow.cli",
+            "backfill",
+            "--id",
+            "twice",
+            "--start-offsets",
+            json.dumps(start),
+            "--end-offsets",
+            json.dumps(ends),
+            "--chunk-size",
+            "100",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_event(s, "fault_injected", timeout=180)  # A has validated and read its progress, and waits
         b = backfill.run(spark, s, backfill.spec_from(s, "twice", start, ends, chunk_size=100))
@@ -145,14 +215,27 @@ def test_a_time_range_backfill_resumes_after_the_source_grew(app, spark, tmp_pat
     since = int(time.time() * 1000) - 1000
     sent = produce(s, tmp_path / "a.csv", count=4000, event_rate=1000, distinct_ips=200, seed=63)
     until = int(time.time() * 1000) + 3_600_000
-    argv = [sys.executable, "-m", "onceflow.cli", "backfill", "--id", "by-time", "--since", str(since), "--until",
-            str(until), "--chunk-size", "100"]
+    argv = [
+        sys.executable,
+        "-m",
+        "onceflow.cli",
+        "backfill",
+        "--id",
+        "by-time",
+        "--since",
+        str(since),
+        "--until",
+        str(until),
+        "--chunk-size",
+        "100",
+    ]
     env = launcher.submit_env(s) | {"ONCEFLOW_FAULT": "crash_in_chunk@2"}
     proc = subprocess.run(argv, env=env, capture_output=True, timeout=300, start_new_session=True)
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert [e.batch for e in backfill_ledger(s)] == [0, 1]
-    produce(s, tmp_path / "b.csv", count=2000, event_rate=1000, distinct_ips=200, seed=64,
-            start_ms=1_795_000_100_000)  # more records inside [since, until) by their Kafka timestamps
+    produce(
+        s, tmp_path / "b.csv", count=2000, event_rate=1000, distinct_ips=200, seed=64, start_ms=1_795_000_100_000
+    )  # more records inside [since, until) by their Kafka timestamps
     spec = backfill.spec_from(s, "by-time", since=str(since), until=str(until), chunk_size=100)
     resumed = backfill.run(spark, s, spec)
     assert resumed["already_committed_chunks"] == 2 and resumed["end"] == end_offsets(sent), resumed

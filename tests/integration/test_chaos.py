@@ -1,5 +1,6 @@
 """The short variant of `make chaos`: its own broker (it is killed and restarted), fewer faults, less data; the
 same exact verification (nothing lost, nothing duplicated, the DLQ complete, reconciliation green)."""
+
 import pytest
 
 from onceflow_dev import chaos

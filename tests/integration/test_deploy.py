@@ -1,4 +1,5 @@
 """Deploy preflight against the real broker (no Spark needed)."""
+
 import json
 import time
 
@@ -17,8 +18,14 @@ def test_preflight_refuses_when_another_driver_committed_recently(app):
     s = app()
     assert deploy.preflight_checks(s)["checkpoint"] == s.checkpoint
     p = kafka_clients.idempotent_producer(s)
-    other = {"type": wire.BATCH_COMMITTED, "app": s.app_id, "ts_ms": int(time.time() * 1000), "host": "elsewhere",
-             "pid": 4242, "batch": 17}
+    other = {
+        "type": wire.BATCH_COMMITTED,
+        "app": s.app_id,
+        "ts_ms": int(time.time() * 1000),
+        "host": "elsewhere",
+        "pid": 4242,
+        "batch": 17,
+    }
     p.produce(s.events_topic, key=s.app_id.encode(), value=json.dumps(other).encode())
     p.flush(10)
     with pytest.raises(deploy.DeployError, match="another driver of app .* committed batch 17 .* from elsewhere"):
@@ -29,8 +36,11 @@ def test_preflight_refuses_when_another_driver_committed_recently(app):
 
     old = s.replace(app_id=s.app_id + "_old", events_topic=s.events_topic + ".old")
     topics.ensure(old)
-    p.produce(old.events_topic, key=old.app_id.encode(), value=json.dumps(
-        other | {"app": old.app_id, "ts_ms": int(time.time() * 1000) - 600_000}).encode())
+    p.produce(
+        old.events_topic,
+        key=old.app_id.encode(),
+        value=json.dumps(other | {"app": old.app_id, "ts_ms": int(time.time() * 1000) - 600_000}).encode(),
+    )
     p.flush(10)
     assert len(kafka_reading.read_topic(old, old.events_topic, since_ms=int(time.time() * 1000) - 60_000)) == 1
     assert jobctl.live_elsewhere(old) is None
@@ -45,8 +55,16 @@ def test_two_concurrent_starts_launch_one_driver(app):
 
     s = app()
     env = launcher.submit_env(s)
-    procs_ = [subprocess.Popen([sys.executable, "-m", "onceflow.cli", "job", "start"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs_ = [
+        subprocess.Popen(
+            [sys.executable, "-m", "onceflow.cli", "job", "start"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs_]
     codes = sorted(p.returncode for p in procs_)
     assert codes == [0, 2], outs

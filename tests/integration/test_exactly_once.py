@@ -1,4 +1,5 @@
 """Exactly-once, proven against the real broker and real Spark, with real crashes (SIGKILL)."""
+
 import random
 import subprocess
 import sys
@@ -22,8 +23,19 @@ pytestmark = pytest.mark.integration
 
 def test_happy_path_100k_records_exact(app, tmp_path):
     s = app(max_offsets_per_trigger=25_000)
-    sent = produce(s, tmp_path / "m.csv", count=100_000, event_rate=4000, distinct_ips=3000, skew=0.8,
-                   out_of_order_fraction=0.05, late_fraction=0.02, malformed_fraction=0.02, tail_s=30, seed=1)
+    sent = produce(
+        s,
+        tmp_path / "m.csv",
+        count=100_000,
+        event_rate=4000,
+        distinct_ips=3000,
+        skew=0.8,
+        out_of_order_fraction=0.05,
+        late_fraction=0.02,
+        malformed_fraction=0.02,
+        tail_s=30,
+        seed=1,
+    )
     jobctl.start(s)
     wait_drained(s, sent)
     rep = assert_exact(s, sent)
@@ -49,9 +61,19 @@ def test_crash_at_every_protocol_point_and_random_kill9(app, tmp_path):
     produced: dict = {}
 
     def feed():
-        produced["sent"] = produce(s, tmp_path / "m.csv", count=80_000, rate=2500, event_rate=2500,
-                                   distinct_ips=500, out_of_order_fraction=0.05, late_fraction=0.01,
-                                   malformed_fraction=0.02, tail_s=30, seed=2)
+        produced["sent"] = produce(
+            s,
+            tmp_path / "m.csv",
+            count=80_000,
+            rate=2500,
+            event_rate=2500,
+            distinct_ips=500,
+            out_of_order_fraction=0.05,
+            late_fraction=0.01,
+            malformed_fraction=0.02,
+            tail_s=30,
+            seed=2,
+        )
 
     jobctl.start(s)
     feeder = threading.Thread(target=feed, daemon=True)
@@ -109,8 +131,9 @@ def test_zombie_is_fenced_and_its_transaction_never_visible(app, tmp_path):
     tps = [TopicPartition(s.sink_topic, p) for p in range(s.sink_partitions)]
 
     def open_txn():  # the zombie's records are in the log, behind its open (stalled) transaction
-        return kafka_reading.latest_offsets(admin, tps, read_committed=False) != \
-            kafka_reading.latest_offsets(admin, tps, read_committed=True)
+        return kafka_reading.latest_offsets(admin, tps, read_committed=False) != kafka_reading.latest_offsets(
+            admin, tps, read_committed=True
+        )
 
     procs.wait_until(open_txn, 30, what="the zombie's transaction to be open")
     newer = ExactlyOnceSink(s, bus)  # same transactional.id: fences the zombie, aborts its transaction
@@ -136,15 +159,15 @@ def test_running_job_fenced_by_newer_instance_stops_without_restart(app, tmp_pat
     # A second instance on this machine is refused before it can touch Kafka.
     with pytest.raises(jobctl.JobControlError, match="already running"):
         jobctl.start(s)
-    second = subprocess.run(launcher.submit_argv(s), env=launcher.submit_env(s),
-                            capture_output=True, text=True, timeout=180)
+    second = subprocess.run(
+        launcher.submit_argv(s), env=launcher.submit_env(s), capture_output=True, text=True, timeout=180
+    )
     # (spark-submit merges the Python driver's stderr into its stdout)
     # (exit 5: another instance holds the app's lock here; not a misconfiguration, and not restarted)
     assert second.returncode == 5 and "another instance of app" in second.stdout + second.stderr
     # An instance elsewhere (same app id) initialises transactions: the running job is now a zombie.
     newer = ExactlyOnceSink(s, ev.EventBus(s))
-    more = produce(s, tmp_path / "b.csv", count=2000, event_rate=1000, seed=4, start_ms=1_795_000_010_000,
-                   tail_s=30)
+    more = produce(s, tmp_path / "b.csv", count=2000, event_rate=1000, seed=4, start_ms=1_795_000_010_000, tail_s=30)
     wait_event(s, wire.FENCED)
     wait_job_exit(s)
     gave_up = events(s, wire.SUPERVISOR_GAVE_UP)
@@ -190,12 +213,15 @@ def test_bad_configuration_fails_at_start_with_a_clear_message(app):
     too_long = s.replace(broker_transaction_max_timeout_ms=900_000, transaction_timeout_ms=600_000)
     with pytest.raises(ConfigError, match=r"above the broker's transaction.max.timeout.ms \(300000 ms\)"):
         jobctl.start(too_long)
-    run = subprocess.run([sys.executable, "-m", "onceflow.cli", "job", "run"],
-                         env={**__import__("os").environ, **too_long.as_env()}, capture_output=True, text=True,
-                         timeout=180)
+    run = subprocess.run(
+        [sys.executable, "-m", "onceflow.cli", "job", "run"],
+        env={**__import__("os").environ, **too_long.as_env()},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert run.returncode == 2
-    assert "lower ONCEFLOW_TRANSACTION_TIMEOUT_MS to at most 300000" in \
-        supervisor.job_log(too_long).read_text()
+    assert "lower ONCEFLOW_TRANSACTION_TIMEOUT_MS to at most 300000" in supervisor.job_log(too_long).read_text()
     bus = ev.EventBus(too_long)
     with pytest.raises(TransactionConfigError, match="refused transaction.timeout.ms=600000"):
         ExactlyOnceSink(too_long, bus)  # and the broker itself refuses it
@@ -208,8 +234,12 @@ def test_bad_configuration_fails_at_start_with_a_clear_message(app):
 
     with pytest.raises(preflight.PreflightError, match="cannot reach the Kafka broker"):
         jobctl.start(s.replace(bootstrap_servers=f"127.0.0.1:{free_port()}"))
-    cli = subprocess.run([sys.executable, "-m", "onceflow.cli", "job", "start"],
-                         env={**__import__("os").environ, **s.replace(source_topic="nope.source").as_env()},
-                         capture_output=True, text=True, timeout=60)
+    cli = subprocess.run(
+        [sys.executable, "-m", "onceflow.cli", "job", "start"],
+        env={**__import__("os").environ, **s.replace(source_topic="nope.source").as_env()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert cli.returncode == 2 and "nope.source is missing" in cli.stderr
     assert not jobctl.status(s)["running"]

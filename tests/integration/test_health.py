@@ -1,5 +1,6 @@
 """The health check against a real job on the real broker: it leaves a long first batch alone, and a restart it
 does never changes the operator's intent, also when the restart fails."""
+
 import time
 
 import pytest
@@ -16,8 +17,11 @@ pytestmark = pytest.mark.integration
 
 def _dlq_limit(s, value: str | None) -> None:
     op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
-    res = ConfigResource(ResourceType.TOPIC, s.dlq_topic, incremental_configs=[
-        ConfigEntry("max.message.bytes", value, incremental_operation=op)])
+    res = ConfigResource(
+        ResourceType.TOPIC,
+        s.dlq_topic,
+        incremental_configs=[ConfigEntry("max.message.bytes", value, incremental_operation=op)],
+    )
     admin = kafka_clients.admin(s)  # held until the future resolves
     admin.incremental_alter_configs([res])[res].result(30)
 
@@ -27,14 +31,20 @@ def firing(sink) -> set[str]:
 
 
 def test_health_leaves_a_long_first_batch_alone_and_a_failed_restart_keeps_the_intent(app, tmp_path):
-    s = app(transaction_timeout_ms=60_000, fault="stall_in_txn@0:20", health_progress_threshold_s=5,
-            health_batch_grace_s=120, max_offsets_per_trigger=3000)
+    s = app(
+        transaction_timeout_ms=60_000,
+        fault="stall_in_txn@0:20",
+        health_progress_threshold_s=5,
+        health_batch_grace_s=120,
+        max_offsets_per_trigger=3000,
+    )
     sent = produce(s, tmp_path / "a.csv", count=8000, event_rate=2000, distinct_ips=300, seed=91, tail_s=30)
     sink = alerts.AlertSink(s)
     jobctl.start(s)
     # batch 0 holds its transaction open for 20 s; the job has no commit yet, and input waits
-    st = procs.wait_until(lambda: (lambda st: st if st.get("running_batch") == 0 else None)(jobctl.status(s)), 180,
-                          what="batch 0 to run")
+    st = procs.wait_until(
+        lambda: (lambda st: st if st.get("running_batch") == 0 else None)(jobctl.status(s)), 180, what="batch 0 to run"
+    )
     procs.wait_until(lambda: time.time() * 1000 - st["batch_started_ms"] > 8000, 30, what="batch 0 to pass 5 s")
     rec = health.check(s, sink, start_fn=jobctl.start)
     assert rec.action == "none" and rec.batch_running_s > s.health_progress_threshold_s, rec
@@ -47,15 +57,23 @@ def test_health_leaves_a_long_first_batch_alone_and_a_failed_restart_keeps_the_i
     _dlq_limit(s, "1000")
     rec = health.check(s, sink, start_fn=jobctl.start)
     assert rec.action == "restart failed" and "max.message.bytes" in rec.restart_error, rec
-    assert jobctl.desired_state(s) == "running"   # a restart by health never records a stop
+    assert jobctl.desired_state(s) == "running"  # a restart by health never records a stop
     assert firing(sink) == {f"health:{s.app_id}:down", f"health:{s.app_id}:restart_failed"}
     # The operator fixes the topic; the next health run restarts the job (the budget allows it), and it finishes.
     _dlq_limit(s, None)
     rec = health.check(s, sink, start_fn=jobctl.start)
     assert rec.action == "restarted" and len(rec.restarts) == 2, rec
     jobctl.wait_running(s, after_ms=rec.ts_ms, timeout=180)
-    more = produce(s, tmp_path / "b.csv", count=2000, event_rate=2000, distinct_ips=300, seed=92,
-                   start_ms=1_795_000_030_000, tail_s=30)
+    more = produce(
+        s,
+        tmp_path / "b.csv",
+        count=2000,
+        event_rate=2000,
+        distinct_ips=300,
+        seed=92,
+        start_ms=1_795_000_030_000,
+        tail_s=30,
+    )
     wait_drained(s, sent + more)
     assert_exact(s, sent + more)
     health.check(s, sink, start_fn=jobctl.start)

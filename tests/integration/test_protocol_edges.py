@@ -1,6 +1,7 @@
 """The protocol's edges, each reproduced against the real broker (and, where it takes a crash, a real kill -9):
 a client clock a year ahead, records near the size limit and poison records, lost group offsets, a ledger record
 hidden behind another producer's open transaction, a commit whose outcome is unknown."""
+
 import json
 import os
 import signal
@@ -30,8 +31,18 @@ pytestmark = pytest.mark.integration
 
 def test_a_clock_a_year_ahead_is_quarantined_and_everything_late_is_reported(app, tmp_path, spark):
     s = app(max_offsets_per_trigger=5000)
-    sent = produce(s, tmp_path / "a.csv", count=12_000, event_rate=2000, distinct_ips=300, future_fraction=0.01,
-                   late_fraction=0.01, malformed_fraction=0.01, seed=81, tail_s=30)
+    sent = produce(
+        s,
+        tmp_path / "a.csv",
+        count=12_000,
+        event_rate=2000,
+        distinct_ips=300,
+        future_fraction=0.01,
+        late_fraction=0.01,
+        malformed_fraction=0.01,
+        seed=81,
+        tail_s=30,
+    )
     ahead = [r for r in sent if r.reason == records.REASON_TS_AHEAD]
     assert len(ahead) > 50
     jobctl.start(s)
@@ -47,8 +58,18 @@ def test_a_clock_a_year_ahead_is_quarantined_and_everything_late_is_reported(app
     assert reasons.count(records.REASON_TS_AHEAD.encode()) == len(ahead)
 
     # A producer whose clock is 10 minutes behind: everything it sends is late. Health says so, and so does I2.
-    behind = produce(s, tmp_path / "b.csv", count=3000, event_rate=2000, distinct_ips=300, late_fraction=0,
-                     malformed_fraction=0, out_of_order_fraction=0, seed=82, start_ms=honest_max_ms - 600_000)
+    behind = produce(
+        s,
+        tmp_path / "b.csv",
+        count=3000,
+        event_rate=2000,
+        distinct_ips=300,
+        late_fraction=0,
+        malformed_fraction=0,
+        out_of_order_fraction=0,
+        seed=82,
+        start_ms=honest_max_ms - 600_000,
+    )
     wait_drained(s, sent + behind)
     rec = health.check(s, sink)
     assert rec.late_fraction is not None and rec.late_fraction > s.late_fraction_threshold, rec
@@ -74,22 +95,39 @@ def test_oversized_and_poison_records_never_stop_the_job(app, tmp_path):
     got: dict = {}
     poison_value = b"not json, not a log line: a poison record"
     for part, value in ((1, big), (2, poison_value)):
-        p.produce(s.source_topic, value=value, partition=part,
-                  on_delivery=lambda err, msg: got.update({msg.partition(): (err, msg.offset())}))
+        p.produce(
+            s.source_topic,
+            value=value,
+            partition=part,
+            on_delivery=lambda err, msg: got.update({msg.partition(): (err, msg.offset())}),
+        )
     assert p.flush(30) == 0 and all(err is None for err, _ in got.values())
     big_off, poison_off = got[1][1], got[2][1]
-    extra = [Sent(1, KIND_MALFORMED, None, None, records.REASON_TOO_LARGE, big_off),
-             Sent(2, KIND_MALFORMED, None, None, records.REASON_QUARANTINED, poison_off)]
+    extra = [
+        Sent(1, KIND_MALFORMED, None, None, records.REASON_TOO_LARGE, big_off),
+        Sent(2, KIND_MALFORMED, None, None, records.REASON_QUARANTINED, poison_off),
+    ]
     # One address, many spellings (RFC 5952): the running job counts each under one canonical key.
     ts_ms = max(r.ts_us for r in first if r.ts_us is not None) // 1000
-    spellings = {"2001:DB8::1": "2001:db8::1", "2001:db8:0:0::1": "2001:db8::1", "2001:0db8::0:1": "2001:db8::1",
-                 "::FFFF:1.2.3.4": "::ffff:1.2.3.4", "::ffff:1.2.3.4": "::ffff:1.2.3.4"}
+    spellings = {
+        "2001:DB8::1": "2001:db8::1",
+        "2001:db8:0:0::1": "2001:db8::1",
+        "2001:0db8::0:1": "2001:db8::1",
+        "::FFFF:1.2.3.4": "::ffff:1.2.3.4",
+        "::ffff:1.2.3.4": "::ffff:1.2.3.4",
+    }
     for spelled in spellings:
-        p.produce(s.source_topic, value=json.dumps({"ts": ts_ms, "ip": spelled}).encode(), partition=3,
-                  on_delivery=lambda err, msg: got.setdefault("spelled", []).append((err, msg.offset())))
+        p.produce(
+            s.source_topic,
+            value=json.dumps({"ts": ts_ms, "ip": spelled}).encode(),
+            partition=3,
+            on_delivery=lambda err, msg: got.setdefault("spelled", []).append((err, msg.offset())),
+        )
     assert p.flush(30) == 0 and all(err is None for err, _ in got["spelled"])
-    extra += [Sent(3, KIND_OK, ts_ms * 1000, canonical, None, off)
-              for (_, off), canonical in zip(got["spelled"], spellings.values())]
+    extra += [
+        Sent(3, KIND_OK, ts_ms * 1000, canonical, None, off)
+        for (_, off), canonical in zip(got["spelled"], spellings.values())
+    ]
     poisoned = s.replace(fault=f"undeliverable@2:{poison_off}")
     jobctl.start(poisoned)
     gave_up = wait_event(s, wire.SUPERVISOR_GAVE_UP, timeout=240)
@@ -103,13 +141,23 @@ def test_oversized_and_poison_records_never_stop_the_job(app, tmp_path):
     rec = quarantine.add(s, 2, poison_off, poison_off + 1, "its DLQ copy is refused by the broker", by="test")
     assert [r.ranges for r in quarantine.records(s)] == [rec.ranges]
     jobctl.start(poisoned)
-    second = produce(s, tmp_path / "b.csv", count=2000, event_rate=2000, distinct_ips=200, seed=84,
-                     start_ms=1_795_000_010_000, tail_s=30)
+    second = produce(
+        s,
+        tmp_path / "b.csv",
+        count=2000,
+        event_rate=2000,
+        distinct_ips=200,
+        seed=84,
+        start_ms=1_795_000_010_000,
+        tail_s=30,
+    )
     sent = first + extra + second
     wait_drained(s, sent)
     assert_exact(s, sent)
-    dlq = {(int(m.headers[wire.H_SOURCE_PARTITION]), int(m.headers[wire.H_SOURCE_OFFSET])): m
-           for m in kafka_reading.read_topic(s, s.dlq_topic)}
+    dlq = {
+        (int(m.headers[wire.H_SOURCE_PARTITION]), int(m.headers[wire.H_SOURCE_OFFSET])): m
+        for m in kafka_reading.read_topic(s, s.dlq_topic)
+    }
     capped = dlq[(1, big_off)]
     assert len(capped.value) == s.dlq_max_value_bytes and capped.headers[wire.H_TRUNCATED] == b"true"
     assert int(capped.headers[wire.H_ORIGINAL_SIZE]) == len(big)
@@ -160,12 +208,18 @@ def test_a_ledger_record_behind_another_producers_open_transaction_is_waited_for
     bus = ev.EventBus(s)
     first = ExactlyOnceSink(s, bus)
     assert first.write_batch(_plan(s, 0, 0, 10), _rows(0, 10)).decision is Decision.WRITE
-    other = Producer({**kafka_clients.base(s), "transactional.id": f"{s.transactional_id}.backfill.x",
-                      "transaction.timeout.ms": 120_000})
+    other = Producer(
+        {
+            **kafka_clients.base(s),
+            "transactional.id": f"{s.transactional_id}.backfill.x",
+            "transaction.timeout.ms": 120_000,
+        }
+    )
     other.init_transactions(30)
     other.begin_transaction()
-    other.produce(s.ledger_topic, key=b"other", value=b"{}",
-                  headers=[(wire.H_APP, s.app_id.encode()), (wire.H_BACKFILL, b"x")])
+    other.produce(
+        s.ledger_topic, key=b"other", value=b"{}", headers=[(wire.H_APP, s.app_id.encode()), (wire.H_BACKFILL, b"x")]
+    )
     assert other.flush(10) == 0
     assert first.write_batch(_plan(s, 1, 10, 20), _rows(1, 10)).decision is Decision.WRITE
     first.close()
@@ -175,8 +229,9 @@ def test_a_ledger_record_behind_another_producers_open_transaction_is_waited_for
         procs.wait_until(lambda: time.time() - opened > 6, 20, what="the open transaction to age")
         from onceflow.control import txnwatch
 
-        found["hanging"] = txnwatch.hanging(txnwatch.open_transactions(s, [s.ledger_topic]),
-                                            int(time.time() * 1000), s.transaction_timeout_ms)
+        found["hanging"] = txnwatch.hanging(
+            txnwatch.open_transactions(s, [s.ledger_topic]), int(time.time() * 1000), s.transaction_timeout_ms
+        )
         other.abort_transaction(30)
 
     found: dict = {}
@@ -216,8 +271,9 @@ def test_a_commit_that_times_out_is_settled_before_anything_else_is_written(app,
         os.kill(pid, signal.SIGSTOP)  # the commit request reaches a frozen coordinator
         froze["at"] = time.time()
         try:  # until the client's commit deadline (the hold, then ONCEFLOW_COMMIT_TIMEOUT_S) has passed
-            procs.wait_until(lambda: time.time() > fired + 3 + s.commit_timeout_s + 2, 20, interval=0.1,
-                             what="the commit's deadline")
+            procs.wait_until(
+                lambda: time.time() > fired + 3 + s.commit_timeout_s + 2, 20, interval=0.1, what="the commit's deadline"
+            )
         finally:
             os.kill(pid, signal.SIGCONT)
 

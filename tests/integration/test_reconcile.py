@@ -1,6 +1,7 @@
 """Reconciliation against the real broker and real Spark: a clean history reconciles green (in two chained runs
 and in one); each kind of fault is caught with the exact difference. Faults are made on copies of the topics,
 so the job's own history stays intact."""
+
 import json
 
 import pytest
@@ -25,13 +26,32 @@ def history(kafka, tmp_path_factory):
     from onceflow.kafka import topics
 
     name = "recon_history"
-    s = base.replace(app_id=name, source_topic=f"{name}.source", sink_topic=f"{name}.sink", dlq_topic=f"{name}.dlq",
-                     ledger_topic=f"{name}.ledger", events_topic=f"{name}.events", alerts_topic=f"{name}.alerts",
-                     health_topic=f"{name}.health", reconciliation_topic=f"{name}.recon",
-                     backfill_topic=f"{name}.backfill", max_offsets_per_trigger=6000)
+    s = base.replace(
+        app_id=name,
+        source_topic=f"{name}.source",
+        sink_topic=f"{name}.sink",
+        dlq_topic=f"{name}.dlq",
+        ledger_topic=f"{name}.ledger",
+        events_topic=f"{name}.events",
+        alerts_topic=f"{name}.alerts",
+        health_topic=f"{name}.health",
+        reconciliation_topic=f"{name}.recon",
+        backfill_topic=f"{name}.backfill",
+        max_offsets_per_trigger=6000,
+    )
     topics.ensure(s)
-    sent = produce(s, tmp_path_factory.mktemp("recon") / "m.csv", count=30_000, event_rate=3000, distinct_ips=400,
-                   out_of_order_fraction=0.05, late_fraction=0.03, malformed_fraction=0.02, tail_s=30, seed=51)
+    sent = produce(
+        s,
+        tmp_path_factory.mktemp("recon") / "m.csv",
+        count=30_000,
+        event_rate=3000,
+        distinct_ips=400,
+        out_of_order_fraction=0.05,
+        late_fraction=0.03,
+        malformed_fraction=0.02,
+        tail_s=30,
+        seed=51,
+    )
     jobctl.start(s)
     try:
         wait_drained(s, sent)
@@ -58,12 +78,20 @@ def test_a_clean_history_reconciles_green_in_chained_runs_and_in_one(history, sp
     assert i2["pending"] == sum(1 for r in sent if r.kind == KIND_TAIL)  # only the tail's own windows are open
     # the late-row rule agrees with Spark's own numRowsDroppedByWatermark, batch by batch
     assert {b: n for b, n in i2["spark_rows_dropped_by_watermark"].items() if n} == i2["late_groups_by_batch"]
-    assert sum(first.check("I2_accounting").figures[k] + second.check("I2_accounting").figures[k]
-               for k in ("late", "malformed_in_dlq")) == i2["late"] + i2["malformed_in_dlq"]
+    assert (
+        sum(
+            first.check("I2_accounting").figures[k] + second.check("I2_accounting").figures[k]
+            for k in ("late", "malformed_in_dlq")
+        )
+        == i2["late"] + i2["malformed_in_dlq"]
+    )
     assert first.check("gx_suite").figures["expectations"] == 9 and first.data_docs.endswith("index.html")
     # the result is recorded where the console can read it
     out = reconciliation.record(s, whole)
-    assert out["ok"] and json.loads(kafka_reading.read_topic(s, s.reconciliation_topic)[-1].value)["run_id"] == whole.run_id
+    assert (
+        out["ok"]
+        and json.loads(kafka_reading.read_topic(s, s.reconciliation_topic)[-1].value)["run_id"] == whole.run_id
+    )
 
 
 def test_a_duplicate_key_written_outside_any_transaction_is_caught(history, spark):
@@ -84,8 +112,9 @@ def test_a_removed_ledger_record_is_a_gap_with_exact_offsets(history, spark):
     s, _ = history
     entries = audit.ledger_entries(s)
     gone = entries[2]
-    copy_topic(s, s.ledger_topic, s.ledger_topic + ".gap",
-               keep=lambda m: json.loads(m.value).get("batch") != gone.batch)
+    copy_topic(
+        s, s.ledger_topic, s.ledger_topic + ".gap", keep=lambda m: json.loads(m.value).get("batch") != gone.batch
+    )
     res = reconcile.run(spark, s.replace(ledger_topic=s.ledger_topic + ".gap"), with_gx=False)
     i1 = res.check("I1_coverage")
     gaps = {(d["partition"], d["start"], d["end"]) for d in i1.differences if d["kind"] == "gap"}
@@ -100,15 +129,17 @@ def test_a_sink_record_rewritten_with_another_value_is_a_wrong_count(history, sp
     def change(m):
         if (m.partition, m.offset) != (victim.partition, victim.offset):
             return m
-        return kafka_reading.Msg(m.partition, m.offset, m.key, json.dumps(v | {"count": v["count"] + 1}).encode(),
-                         m.headers, m.timestamp_ms)
+        return kafka_reading.Msg(
+            m.partition, m.offset, m.key, json.dumps(v | {"count": v["count"] + 1}).encode(), m.headers, m.timestamp_ms
+        )
 
     copy_topic(s, s.sink_topic, s.sink_topic + ".wrong", change=change)
     res = reconcile.run(spark, s.replace(sink_topic=s.sink_topic + ".wrong"), with_gx=False)
     i3 = res.check("I3_results")
     assert i3.status == FAIL
-    assert [(d["key"], d["expected"], d["count"]) for d in i3.differences] == \
-        [(victim.key.decode(), v["count"], v["count"] + 1)]
+    assert [(d["key"], d["expected"], d["count"]) for d in i3.differences] == [
+        (victim.key.decode(), v["count"], v["count"] + 1)
+    ]
 
 
 def test_a_missing_dlq_record_is_named(history, spark):
@@ -136,16 +167,32 @@ def test_a_running_job_reconciles_green_while_it_commits(app, spark, tmp_path, m
 
     def after_the_next_commit(settings, partitions):
         seen = jobctl.status(s)["last_batch"]
-        procs.wait_until(lambda: (jobctl.status(s)["last_batch"] or -1) > (seen or -1), 120,
-                         what="a commit between the reads")
+        procs.wait_until(
+            lambda: (jobctl.status(s)["last_batch"] or -1) > (seen or -1), 120, what="a commit between the reads"
+        )
         return real_position(settings, partitions)
 
     s = app(max_offsets_per_trigger=1500)
     fed: dict = {}
     done = threading.Event()
-    feeder = threading.Thread(target=lambda: fed.update(sent=produce(
-        s, tmp_path / "m.csv", stop=done, count=60_000, rate=400, event_rate=400, distinct_ips=200, late_fraction=0.02,
-        malformed_fraction=0.02, seed=52, start_ms=1_795_000_000_000)), daemon=True)
+    feeder = threading.Thread(
+        target=lambda: fed.update(
+            sent=produce(
+                s,
+                tmp_path / "m.csv",
+                stop=done,
+                count=60_000,
+                rate=400,
+                event_rate=400,
+                distinct_ips=200,
+                late_fraction=0.02,
+                malformed_fraction=0.02,
+                seed=52,
+                start_ms=1_795_000_000_000,
+            )
+        ),
+        daemon=True,
+    )
     jobctl.start(s)
     feeder.start()
     procs.wait_until(lambda: len(audit.ledger_entries(s)) >= 4, 180, what="a few committed batches")
@@ -166,8 +213,9 @@ def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(his
     from onceflow.apps import recon_chain
 
     s0, _ = history
-    s = s0.replace(reconcile_max_batches=3, reconciliation_topic=f"{s0.reconciliation_topic}.chain",
-                   var_dir=s0.var_dir / "chain")
+    s = s0.replace(
+        reconcile_max_batches=3, reconciliation_topic=f"{s0.reconciliation_topic}.chain", var_dir=s0.var_dir / "chain"
+    )
     from onceflow.kafka import topics
 
     topics.ensure(s)
@@ -178,8 +226,9 @@ def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(his
     assert reconciliation.record(s, first)["chain_moved"]
     assert recon_chain.position(s).batch == entries[2].batch
     # the group's committed offsets are the end of the proven batch: lag tools show what is left to prove
-    assert audit.committed_offsets(s.replace(app_id=s.app_id + ".reconciliation"), entries[2].end) == \
-        {p: o for p, o in entries[2].end.items()}
+    assert audit.committed_offsets(s.replace(app_id=s.app_id + ".reconciliation"), entries[2].end) == {
+        p: o for p, o in entries[2].end.items()
+    }
     # a run that fails (a duplicate slipped into the sink) is recorded but does not move the chain
     victim = kafka_reading.read_topic(s, s.sink_topic)[-3]
     injected = kafka_reading.Msg(victim.partition, -1, victim.key, victim.value, {}, victim.timestamp_ms)

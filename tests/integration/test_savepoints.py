@@ -1,5 +1,6 @@
 """Savepoints against the real broker and real Spark: taken under load, restored after kill -9, stop-with-savepoint
 upgrade, rewinds, damaged savepoints. Every run ends with the exactness check of the whole history."""
+
 import json
 import threading
 from pathlib import Path
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.integration
 
 def wait_batch(s, at_least: int, timeout: float = 180.0) -> int:
     """Until the job has committed ledger batch `at_least` (or later)."""
+
     def reached():
         b = jobctl.status(s)["last_batch"]
         return b if b is not None and b >= at_least else None
@@ -40,9 +42,18 @@ def checkpoint_listing(s) -> dict:
 
 def test_savepoint_under_load_then_kill9_and_restore_latest_is_exact(app, tmp_path, spark):
     s = app(max_offsets_per_trigger=2500, restart_attempts=10)
-    feeder, fed = feed_in_background(s, tmp_path / "m.csv", count=50_000, rate=2500, event_rate=2500,
-                                     distinct_ips=800, late_fraction=0.02, malformed_fraction=0.02, tail_s=30,
-                                     seed=31)
+    feeder, fed = feed_in_background(
+        s,
+        tmp_path / "m.csv",
+        count=50_000,
+        rate=2500,
+        event_rate=2500,
+        distinct_ips=800,
+        late_fraction=0.02,
+        malformed_fraction=0.02,
+        tail_s=30,
+        seed=31,
+    )
     jobctl.start(s)
     wait_batch(s, 2)
     m = savepoints.create(s)  # the job keeps running and committing meanwhile
@@ -63,11 +74,16 @@ def test_savepoint_under_load_then_kill9_and_restore_latest_is_exact(app, tmp_pa
     assert_exact(s, fed["sent"])
 
     skipped = [e for e in events(s, wire.BATCH_REPLAY_SKIPPED) if e.get("decision") == "catch_up"]
-    assert [(e["batch"], e["spark_batch"], e["catch_up_from"]) for e in skipped][:1] == \
-        [(sink_batch, m.spark_batch + 1, m.ledger_batch + 1)]
+    assert [(e["batch"], e["spark_batch"], e["catch_up_from"]) for e in skipped][:1] == [
+        (sink_batch, m.spark_batch + 1, m.ledger_batch + 1)
+    ]
     [rec] = audit.restore_records(s)
-    assert (rec.savepoint_id, rec.sink_batch, rec.rewind, rec.skipped_batches) == \
-        (m.id, sink_batch, False, (m.ledger_batch + 1, sink_batch))
+    assert (rec.savepoint_id, rec.sink_batch, rec.rewind, rec.skipped_batches) == (
+        m.id,
+        sink_batch,
+        False,
+        (m.ledger_batch + 1, sink_batch),
+    )
     after = [e for e in audit.ledger_entries(s) if e.batch > sink_batch]
     assert after and after[0].spark_batch == m.spark_batch + 2 and after[0].epoch == rec.epoch
     assert jobctl.stop(s)
@@ -99,8 +115,16 @@ def test_stop_with_savepoint_upgrade_continues_exact_and_damaged_savepoints_are_
     assert jobctl.status(s2)["running"]
     started = [e for e in events(s2, wire.JOB_STARTED)]
     assert len(started) == 2
-    second = produce(s2, tmp_path / "b.csv", count=10_000, event_rate=2000, distinct_ips=500, seed=33,
-                     start_ms=1_795_000_015_000, tail_s=30)
+    second = produce(
+        s2,
+        tmp_path / "b.csv",
+        count=10_000,
+        event_rate=2000,
+        distinct_ips=500,
+        seed=33,
+        start_ms=1_795_000_015_000,
+        tail_s=30,
+    )
     wait_drained(s2, first + second)
     assert_exact(s2, first + second)
     assert jobctl.stop(s2)
@@ -120,8 +144,11 @@ def test_stop_with_savepoint_upgrade_continues_exact_and_damaged_savepoints_are_
     mf = json.loads((other_spark / MANIFEST).read_text())
     (other_spark / MANIFEST).write_text(json.dumps(mf | {"spark_version": "3.5.1"}))
     before = checkpoint_listing(s2)
-    for sp_id, why in [(corrupt.name, "is corrupt"), (missing.name, f"commits/{good.spark_batch} is missing"),
-                       (other_spark.name, "taken with Spark 3.5.1")]:
+    for sp_id, why in [
+        (corrupt.name, "is corrupt"),
+        (missing.name, f"commits/{good.spark_batch} is missing"),
+        (other_spark.name, "taken with Spark 3.5.1"),
+    ]:
         v = savepoints.verify(s2, sp_id)
         assert not v.compatible and why in " ".join(v.problems + v.incompatibilities)
         with pytest.raises(SavepointError, match=why):
@@ -141,9 +168,18 @@ def _clone(root: Path, sp_id: str, new_id: str) -> Path:
 
 def test_older_savepoint_is_a_rewind_refused_without_the_flag_and_exact_with_it(app, tmp_path):
     s = app(max_offsets_per_trigger=2500)
-    feeder, fed = feed_in_background(s, tmp_path / "m.csv", count=50_000, rate=2000, event_rate=2000,
-                                     distinct_ips=800, late_fraction=0.02, malformed_fraction=0.02, tail_s=30,
-                                     seed=34)
+    feeder, fed = feed_in_background(
+        s,
+        tmp_path / "m.csv",
+        count=50_000,
+        rate=2000,
+        event_rate=2000,
+        distinct_ips=800,
+        late_fraction=0.02,
+        malformed_fraction=0.02,
+        tail_s=30,
+        seed=34,
+    )
     jobctl.start(s)
     wait_batch(s, 1)
     older = savepoints.create(s)
@@ -173,6 +209,8 @@ def test_older_savepoint_is_a_rewind_refused_without_the_flag_and_exact_with_it(
     recs = audit.restore_records(s)
     assert [r.rewind for r in recs] == [False, True] and recs[1].epoch == recs[0].epoch + 1
     assert recs[1].skipped_batches == (older.ledger_batch + 1, sink_batch)
-    assert recs[1].skipped == {p: (older.end_offsets[p], e) for p, e in audit.ledger_entries(s)[
-        [e.batch for e in audit.ledger_entries(s)].index(sink_batch)].end.items()}
+    assert recs[1].skipped == {
+        p: (older.end_offsets[p], e)
+        for p, e in audit.ledger_entries(s)[[e.batch for e in audit.ledger_entries(s)].index(sink_batch)].end.items()
+    }
     assert jobctl.stop(s)

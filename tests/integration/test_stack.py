@@ -1,4 +1,5 @@
 """The embedded stack: the broker from Maven jars, the topics with explicit settings, the CLI around them."""
+
 import json
 import subprocess
 import sys
@@ -53,8 +54,13 @@ def test_jvm_artifacts_are_cached(kafka, monkeypatch):
 def test_cli_stack_status_json(kafka):
     base = kafka
     env = base.as_env()
-    out = subprocess.run([sys.executable, "-m", "onceflow.cli", "stack", "status", "--json"], env={**env, "PATH": ""},
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "onceflow.cli", "stack", "status", "--json"],
+        env={**env, "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     st = json.loads(out.stdout)
     assert st["broker"]["running"] and st["bootstrap_servers"] == base.bootstrap_servers

@@ -1,4 +1,5 @@
 """docker-compose.yaml (not startable here: no Docker engine) checked against onceflow's configuration."""
+
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,20 @@ def env_of(svc) -> dict:
 
 def test_services_and_health_checks(compose):
     svcs = compose["services"]
-    expected = {"kafka-1", "kafka-2", "kafka-3", "spark-master", "spark-worker-1", "spark-worker-2", "postgres",
-                "airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
-                "airflow-triggerer"}
+    expected = {
+        "kafka-1",
+        "kafka-2",
+        "kafka-3",
+        "spark-master",
+        "spark-worker-1",
+        "spark-worker-2",
+        "postgres",
+        "airflow-init",
+        "airflow-apiserver",
+        "airflow-scheduler",
+        "airflow-dag-processor",
+        "airflow-triggerer",
+    }
     assert expected <= set(svcs)
     for name, svc in svcs.items():
         if name != "airflow-init":
@@ -51,7 +63,9 @@ def test_onceflow_settings_match_the_topology(compose):
     airflow_env = env_of(svcs["airflow-scheduler"])
     onceflow_env = {k: v for k, v in airflow_env.items() if k.startswith(config.ENV_PREFIX)}
     s = config.load(env=onceflow_env)  # every name is a real setting and every value validates
-    unknown = {k for k in onceflow_env if k[len(config.ENV_PREFIX):].lower() not in config.Settings.__dataclass_fields__}
+    unknown = {
+        k for k in onceflow_env if k[len(config.ENV_PREFIX) :].lower() not in config.Settings.__dataclass_fields__
+    }
     assert not unknown
     brokers = {f"kafka-{i}:9092" for i in (1, 2, 3)}
     assert set(s.bootstrap_servers.split(",")) == brokers

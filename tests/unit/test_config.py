@@ -13,8 +13,14 @@ def test_defaults_are_the_embedded_stack():
 
 
 def test_environment_overrides_are_typed():
-    s = config.load(env={"ONCEFLOW_SOURCE_PARTITIONS": "8", "ONCEFLOW_TRIGGER_INTERVAL_S": "2.5",
-                         "ONCEFLOW_APP_ID": "x1", "ONCEFLOW_CHECKPOINT_URI": "hdfs://nn/cp"})
+    s = config.load(
+        env={
+            "ONCEFLOW_SOURCE_PARTITIONS": "8",
+            "ONCEFLOW_TRIGGER_INTERVAL_S": "2.5",
+            "ONCEFLOW_APP_ID": "x1",
+            "ONCEFLOW_CHECKPOINT_URI": "hdfs://nn/cp",
+        }
+    )
     assert s.source_partitions == 8 and s.trigger_interval_s == 2.5 and s.app_id == "x1"
     assert s.checkpoint == "hdfs://nn/cp" and s.transactional_id == "onceflow.x1"
 
@@ -24,15 +30,18 @@ def test_as_env_roundtrip():
     assert config.load(env=s.as_env()) == s
 
 
-@pytest.mark.parametrize("env,match", [
-    ({"ONCEFLOW_SOURCE_PARTITIONS": "four"}, "not a valid int"),
-    ({"ONCEFLOW_SOURCE_PARTITIONS": "0"}, "SOURCE_PARTITIONS must be > 0"),
-    ({"ONCEFLOW_APP_ID": "a b"}, "APP_ID"),
-    ({"ONCEFLOW_STARTING_OFFSETS": "middle"}, "STARTING_OFFSETS"),
-    ({"ONCEFLOW_BOOTSTRAP_SERVERS": "nohostport"}, "BOOTSTRAP_SERVERS"),
-    ({"ONCEFLOW_MIN_INSYNC_REPLICAS": "2"}, "MIN_INSYNC_REPLICAS"),
-    ({"ONCEFLOW_NEAR_TIMEOUT_FRACTION": "1.5"}, "NEAR_TIMEOUT_FRACTION"),
-])
+@pytest.mark.parametrize(
+    "env,match",
+    [
+        ({"ONCEFLOW_SOURCE_PARTITIONS": "four"}, "not a valid int"),
+        ({"ONCEFLOW_SOURCE_PARTITIONS": "0"}, "SOURCE_PARTITIONS must be > 0"),
+        ({"ONCEFLOW_APP_ID": "a b"}, "APP_ID"),
+        ({"ONCEFLOW_STARTING_OFFSETS": "middle"}, "STARTING_OFFSETS"),
+        ({"ONCEFLOW_BOOTSTRAP_SERVERS": "nohostport"}, "BOOTSTRAP_SERVERS"),
+        ({"ONCEFLOW_MIN_INSYNC_REPLICAS": "2"}, "MIN_INSYNC_REPLICAS"),
+        ({"ONCEFLOW_NEAR_TIMEOUT_FRACTION": "1.5"}, "NEAR_TIMEOUT_FRACTION"),
+    ],
+)
 def test_bad_values_are_rejected_with_the_variable_name(env, match):
     with pytest.raises(ConfigError, match=match):
         config.load(env=env)
@@ -40,8 +49,9 @@ def test_bad_values_are_rejected_with_the_variable_name(env, match):
 
 def test_transaction_timeout_above_broker_max_says_what_to_change():
     with pytest.raises(ConfigError, match=r"lower ONCEFLOW_TRANSACTION_TIMEOUT_MS to at most 60000"):
-        config.load(env={"ONCEFLOW_TRANSACTION_TIMEOUT_MS": "120000",
-                         "ONCEFLOW_BROKER_TRANSACTION_MAX_TIMEOUT_MS": "60000"})
+        config.load(
+            env={"ONCEFLOW_TRANSACTION_TIMEOUT_MS": "120000", "ONCEFLOW_BROKER_TRANSACTION_MAX_TIMEOUT_MS": "60000"}
+        )
 
 
 def test_unknown_override_rejected():

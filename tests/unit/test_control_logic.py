@@ -1,4 +1,5 @@
 """Pure control-plane logic: Burrow lag rules, alert deduplication, hanging transactions, health assessment."""
+
 from onceflow import config, wire
 from onceflow.control import alerts, health, txnwatch
 from onceflow.kafka import events as ev
@@ -11,13 +12,13 @@ def samples(pairs, t0=0, step=60_000, commit_ts=None):
 
 
 def test_burrow_rules():
-    assert lag.evaluate(samples([(10, 10), (20, 30), (30, 50)])) == lag.OK          # lag was zero in the window
-    assert lag.evaluate(samples([(10, 20), (20, 40), (30, 70)])) == lag.WARN        # moving, lag grows
-    assert lag.evaluate(samples([(10, 20), (20, 25), (30, 32)])) == lag.OK          # moving, lag shrinks
-    assert lag.evaluate(samples([(10, 20), (10, 25), (10, 30)])) == lag.STALL       # stuck with lag
-    assert lag.evaluate(samples([(10, 20), (10, 25), (10, 30)], commit_ts=-10**9)) == lag.STOP
+    assert lag.evaluate(samples([(10, 10), (20, 30), (30, 50)])) == lag.OK  # lag was zero in the window
+    assert lag.evaluate(samples([(10, 20), (20, 40), (30, 70)])) == lag.WARN  # moving, lag grows
+    assert lag.evaluate(samples([(10, 20), (20, 25), (30, 32)])) == lag.OK  # moving, lag shrinks
+    assert lag.evaluate(samples([(10, 20), (10, 25), (10, 30)])) == lag.STALL  # stuck with lag
+    assert lag.evaluate(samples([(10, 20), (10, 25), (10, 30)], commit_ts=-(10**9))) == lag.STOP
     assert lag.evaluate(samples([(10, 20), (5, 25), (12, 30)])) == lag.REWIND
-    assert lag.evaluate(samples([(10, 20), (10, 25)])) == lag.OK                    # too few samples to judge
+    assert lag.evaluate(samples([(10, 20), (10, 25)])) == lag.OK  # too few samples to judge
     assert lag.trend(samples([(0, 5), (0, 9)])) is lag.Trend.GROWING
     assert lag.worst([lag.OK, lag.WARN, lag.STALL]) == lag.STALL
 
@@ -76,17 +77,19 @@ def test_hanging_transactions_are_those_older_than_the_timeout():
 
 def test_timeout_event_absorbs_its_near_timeout_warning():
     base = {"app": "a", "host": "h", "pid": 1, "transactional_id": "onceflow.a", "timeout_ms": 6000}
-    evs = [dict(base, type=wire.TRANSACTION_NEAR_TIMEOUT, batch=3, txn_ms=4900, committed=False),
-           dict(base, type=wire.TRANSACTION_TIMEOUT, batch=3, elapsed_ms=6100, action="raise it"),
-           dict(base, type=wire.TRANSACTION_NEAR_TIMEOUT, batch=5, txn_ms=5000, committed=True)]
+    evs = [
+        dict(base, type=wire.TRANSACTION_NEAR_TIMEOUT, batch=3, txn_ms=4900, committed=False),
+        dict(base, type=wire.TRANSACTION_TIMEOUT, batch=3, elapsed_ms=6100, action="raise it"),
+        dict(base, type=wire.TRANSACTION_NEAR_TIMEOUT, batch=5, txn_ms=5000, committed=True),
+    ]
     out = txnwatch.event_conditions(evs)
     assert [c.key.split(":")[2] for c in out] == ["timeout", "near_timeout"]
     assert not out[0].one_off and out[1].one_off and out[0].severity == alerts.CRITICAL
     # the timeout stays open until the job commits that batch (or a later one) after it
     timeout = dict(evs[1], ts_ms=5_000)
     commit = dict(base, type=wire.BATCH_COMMITTED)
-    assert not txnwatch.replayed(timeout, [dict(commit, batch=3, ts_ms=4_000)])   # before the timeout
-    assert not txnwatch.replayed(timeout, [dict(commit, batch=2, ts_ms=6_000)])   # an earlier batch
+    assert not txnwatch.replayed(timeout, [dict(commit, batch=3, ts_ms=4_000)])  # before the timeout
+    assert not txnwatch.replayed(timeout, [dict(commit, batch=2, ts_ms=6_000)])  # an earlier batch
     assert txnwatch.replayed(timeout, [dict(commit, batch=3, ts_ms=6_000)])
 
 
@@ -107,24 +110,42 @@ def test_a_timeout_and_its_replay_between_two_watch_runs_give_one_alert_and_its_
             self.record += found
             return list(found)
 
-    runs = [[dict(base, type=wire.TRANSACTION_TIMEOUT, batch=3, elapsed_ms=6100, ts_ms=5_000)],
-            [dict(base, type=wire.BATCH_COMMITTED, batch=2, ts_ms=6_000)],
-            [dict(base, type=wire.BATCH_COMMITTED, batch=3, ts_ms=7_000)],
-            [dict(base, type=wire.TRANSACTION_TIMEOUT, batch=9, elapsed_ms=6100, ts_ms=8_000, pid=2),
-             dict(base, type=wire.BATCH_COMMITTED, batch=9, ts_ms=9_000, pid=3)],
-            []]
+    runs = [
+        [dict(base, type=wire.TRANSACTION_TIMEOUT, batch=3, elapsed_ms=6100, ts_ms=5_000)],
+        [dict(base, type=wire.BATCH_COMMITTED, batch=2, ts_ms=6_000)],
+        [dict(base, type=wire.BATCH_COMMITTED, batch=3, ts_ms=7_000)],
+        [
+            dict(base, type=wire.TRANSACTION_TIMEOUT, batch=9, elapsed_ms=6100, ts_ms=8_000, pid=2),
+            dict(base, type=wire.BATCH_COMMITTED, batch=9, ts_ms=9_000, pid=3),
+        ],
+        [],
+    ]
     monkeypatch.setattr(txnwatch, "open_transactions", lambda settings, topics: [])
     sink = Sink()
     for evs in runs:
         monkeypatch.setattr(txnwatch, "new_events", lambda settings, types, evs=evs: evs)
         txnwatch.watch(s, sink, now_ms=10_000)
     assert [(a.key.split(":")[-1], a.status) for a in sink.record] == [
-        ("3", alerts.FIRING), ("3", alerts.RESOLVED), ("9", alerts.FIRING), ("9", alerts.RESOLVED)]
+        ("3", alerts.FIRING),
+        ("3", alerts.RESOLVED),
+        ("9", alerts.FIRING),
+        ("9", alerts.RESOLVED),
+    ]
 
 
 def record(**kw):
-    base = dict(app="a", ts_ms=1_000_000, running=True, job_pid=1, last_commit_age_s=5.0, partitions={},
-                total_lag=0, checkpoint_age_s=5.0, desired="running", progress_age_s=5.0)
+    base = dict(
+        app="a",
+        ts_ms=1_000_000,
+        running=True,
+        job_pid=1,
+        last_commit_age_s=5.0,
+        partitions={},
+        total_lag=0,
+        checkpoint_age_s=5.0,
+        desired="running",
+        progress_age_s=5.0,
+    )
     return health.HealthRecord(**(base | kw))
 
 
@@ -171,21 +192,24 @@ def test_a_job_that_ended_for_good_pages_and_is_not_restarted():
 def test_everything_late_and_a_watermark_off_the_clock_alert():
     s = config.load(env={}, app_id="a", max_event_ahead_s=60, watermark_s=5)
     now = 1_800_000_000_000
-    assert health.late_share([{"decision": "write", "input_rows": 100, "rows_dropped_by_watermark": 90,
-                               "state_rows_updated": 10},
-                              {"decision": "catch_up", "input_rows": 100, "rows_dropped_by_watermark": 0,
-                               "state_rows_updated": 500}]) == (0.9, 1)
+    assert health.late_share(
+        [
+            {"decision": "write", "input_rows": 100, "rows_dropped_by_watermark": 90, "state_rows_updated": 10},
+            {"decision": "catch_up", "input_rows": 100, "rows_dropped_by_watermark": 0, "state_rows_updated": 500},
+        ]
+    ) == (0.9, 1)
     assert health.late_share([{"input_rows": 5, "rows_dropped_by_watermark": 1, "state_rows_updated": 2}]) == (None, 1)
     late = health.assess(record(ts_ms=now, watermark_ms=now - 10_000, late_fraction=0.9, late_batches=4), s)
     assert [c.key for c in late] == ["health:a:late"] and "90%" in late[0].summary
     ahead = health.assess(record(ts_ms=now, watermark_ms=now + 365 * 86_400_000), s)
     assert [c.key for c in ahead] == ["health:a:watermark_ahead"]
-    assert health.assess(record(ts_ms=now, watermark_ms=now + 60_000), s) == []   # within the allowed skew
+    assert health.assess(record(ts_ms=now, watermark_ms=now + 60_000), s) == []  # within the allowed skew
     behind = health.assess(record(ts_ms=now, watermark_ms=now - 2 * 3600_000), s)
     assert [c.key for c in behind] == ["health:a:event_time_lag"] and behind[0].severity == alerts.WARNING
     # a backlog explains an old watermark
-    assert health.assess(record(ts_ms=now, watermark_ms=now - 2 * 3600_000, total_lag=10**7,
-                                progress_age_s=1.0), s) == []
+    assert (
+        health.assess(record(ts_ms=now, watermark_ms=now - 2 * 3600_000, total_lag=10**7, progress_age_s=1.0), s) == []
+    )
 
 
 def test_remediation_is_bounded_and_never_changes_the_operators_intent(tmp_path):
@@ -211,7 +235,7 @@ def test_remediation_is_bounded_and_never_changes_the_operators_intent(tmp_path)
     assert jobctl.desired_state(s) == "running"  # the operator's intent is untouched
     assert health.remediate(rec, found, s, 1_100_000, started.append) == [] and rec.action == "restarted"
     assert jobctl.desired_state(s) == "running" and len(started) == 1
-    paged = health.remediate(rec, found, s, 1_200_000, started.append)   # two attempts (one failed) used up
+    paged = health.remediate(rec, found, s, 1_200_000, started.append)  # two attempts (one failed) used up
     assert [c.key for c in paged] == ["health:a:gave_up"] and len(started) == 1 and rec.action == "gave up"
     # outside the window the budget is back
     assert health.remediate(rec, found, s, 1_000_000 + 700_000 + 600_000, started.append) == []
@@ -230,8 +254,16 @@ def test_a_relaunched_job_is_not_judged_by_its_predecessors_status(tmp_path):
 
     s = config.load(env={}, app_id="a", var_dir=tmp_path)
     old_start = int(time.time() * 1000) - 3600_000
-    ev.write_status(s.status_file, {"state": "running", "started_ms": old_start, "running_batch": 7,
-                                    "batch_started_ms": old_start + 1000, "last_commit_ms": old_start + 500})
+    ev.write_status(
+        s.status_file,
+        {
+            "state": "running",
+            "started_ms": old_start,
+            "running_batch": 7,
+            "batch_started_ms": old_start + 1000,
+            "last_commit_ms": old_start + 500,
+        },
+    )
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", supervisor.JOB_MARKER])
     try:
         procs.write_pidfile(supervisor.job_pidfile(s), proc.pid, supervisor.JOB_MARKER)
@@ -241,8 +273,9 @@ def test_a_relaunched_job_is_not_judged_by_its_predecessors_status(tmp_path):
         assert st["running_batch"] is None and st["batch_started_ms"] is None
         # the new driver writes its own status: from then on it is the truth
         now = int(time.time() * 1000) + 1000
-        ev.write_status(s.status_file, {"state": "running", "started_ms": now, "running_batch": 0,
-                                        "batch_started_ms": now + 10})
+        ev.write_status(
+            s.status_file, {"state": "running", "started_ms": now, "running_batch": 0, "batch_started_ms": now + 10}
+        )
         st = jobctl.status(s)
         assert (st["state"], st["started_ms"], st["running_batch"]) == ("running", now, 0)
     finally:

@@ -1,6 +1,7 @@
 """The streaming driver's decisions without Spark or a broker: the status a batch leaves, when the next batch
 starts, what Spark's progress report becomes, and the exit code each way of ending gets (what the supervisor
 then does)."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -21,8 +22,9 @@ from onceflow.runtime.driver_state import (
 
 
 def plan(batch=7, wm=20_000, ts=30_000):
-    return BatchPlan(batch=batch, topic="src", start={0: 10}, end={0: 20}, watermark_ms=wm, batch_ts_ms=ts,
-                     spark_batch=batch)
+    return BatchPlan(
+        batch=batch, topic="src", start={0: 10}, end={0: 20}, watermark_ms=wm, batch_ts_ms=ts, spark_batch=batch
+    )
 
 
 def test_a_written_batch_counts_and_a_replay_is_skipped():
@@ -52,34 +54,46 @@ def test_pacing_after_a_batch():
 
 def test_progress_fields_carry_the_ledger_batch_and_decision():
     op = SimpleNamespace(numRowsDroppedByWatermark=3, numRowsTotal=100, numRowsUpdated=7)
-    p = SimpleNamespace(batchId=12, numInputRows=500, inputRowsPerSecond=250.04, processedRowsPerSecond=None,
-                        durationMs={"triggerExecution": 900}, eventTime={"watermark": "2026-11-22T10:00:00.000Z"},
-                        stateOperators=[op, op], sources=[SimpleNamespace(endOffset='{"src":{"0":20}}',
-                                                                           latestOffset='{"src":{"0":25}}')])
+    p = SimpleNamespace(
+        batchId=12,
+        numInputRows=500,
+        inputRowsPerSecond=250.04,
+        processedRowsPerSecond=None,
+        durationMs={"triggerExecution": 900},
+        eventTime={"watermark": "2026-11-22T10:00:00.000Z"},
+        stateOperators=[op, op],
+        sources=[SimpleNamespace(endOffset='{"src":{"0":20}}', latestOffset='{"src":{"0":25}}')],
+    )
     f = progress_fields(p, {"ledger_batch": 15, "decision": "write", "epoch": 1})
     assert (f["batch"], f["ledger_batch"], f["decision"], f["epoch"]) == (12, 15, "write", 1)
     assert f["rows_dropped_by_watermark"] == 6 and f["state_rows"] == 200 and f["processed_rows_per_s"] == 0
     assert f["input_rows_per_s"] == 250.0 and f["source_latest_offsets"] == '{"src":{"0":25}}'
 
 
-@pytest.mark.parametrize("err, code", [
-    (ZombieFenced("newer instance"), wire.EXIT_FENCED),
-    (DivergentHistory("ranges differ"), wire.EXIT_DIVERGENT),
-    (RuntimeError("a crash"), wire.EXIT_FAILED),
-    (None, wire.EXIT_FAILED),
-])
+@pytest.mark.parametrize(
+    "err, code",
+    [
+        (ZombieFenced("newer instance"), wire.EXIT_FENCED),
+        (DivergentHistory("ranges differ"), wire.EXIT_DIVERGENT),
+        (RuntimeError("a crash"), wire.EXIT_FAILED),
+        (None, wire.EXIT_FAILED),
+    ],
+)
 def test_how_a_failed_query_ends(err, code):
     assert failure_exit_code(err) == code
 
 
-@pytest.mark.parametrize("err, code", [
-    (InstanceLocked("another instance"), wire.EXIT_LOCKED),
-    (preflight.BrokerUnreachable("broker down"), wire.EXIT_FAILED),   # transient: the supervisor tries again
-    (preflight.PreflightError("topic missing"), wire.EXIT_CONFIG),
-    (config.ConfigError("bad setting"), wire.EXIT_CONFIG),
-    (TransactionConfigError("timeout above the broker's"), wire.EXIT_CONFIG),
-    (ZombieFenced("fenced at init"), wire.EXIT_FENCED),
-])
+@pytest.mark.parametrize(
+    "err, code",
+    [
+        (InstanceLocked("another instance"), wire.EXIT_LOCKED),
+        (preflight.BrokerUnreachable("broker down"), wire.EXIT_FAILED),  # transient: the supervisor tries again
+        (preflight.PreflightError("topic missing"), wire.EXIT_CONFIG),
+        (config.ConfigError("bad setting"), wire.EXIT_CONFIG),
+        (TransactionConfigError("timeout above the broker's"), wire.EXIT_CONFIG),
+        (ZombieFenced("fenced at init"), wire.EXIT_FENCED),
+    ],
+)
 def test_how_a_refused_start_ends(err, code):
     assert startup_exit_code(err) == code
     # and what the supervisor does with it: everything but a crash ends supervision

@@ -1,4 +1,5 @@
 """I1-I4 decisions on constructed data: each kind of fault is reported precisely."""
+
 import json
 
 from onceflow.rules import records as R
@@ -15,20 +16,24 @@ def entry(batch, start, end, wm_ms, outputs=0, dlq=0):
 
 def sink(ws_us, ip, count):
     key = R.sink_key(ws_us, ip)
-    value = json.dumps({"window_start": R.iso_ms(ws_us), "window_end": R.iso_ms(ws_us + W * 1_000_000),
-                        "ip": ip, "count": count}).encode()
+    value = json.dumps(
+        {"window_start": R.iso_ms(ws_us), "window_end": R.iso_ms(ws_us + W * 1_000_000), "ip": ip, "count": count}
+    ).encode()
     return SinkRecord(key, value)
 
 
 def history():
-    src = [SourceRecord(0, 0, S + 1, "1.1.1.1"), SourceRecord(0, 1, S + 2, "1.1.1.1"),
-           SourceRecord(0, 2, S + 3, "2.2.2.2"), SourceRecord(0, 3, None, None, "bad_ip"),
-           # batch 1: watermark of batch 0 is S/1000 + 5000 ms: a record of window S is late now
-           SourceRecord(0, 4, S + 10, "1.1.1.1"),
-           SourceRecord(0, 5, S + 6_000_000, "1.1.1.1"),
-           SourceRecord(0, 6, S + 60_000_000, "3.3.3.3")]   # far ahead: window not final yet
-    entries = [entry(0, 0, 4, S // 1000 + 5000, outputs=0, dlq=1),
-               entry(1, 4, 7, S // 1000 + 55_000, outputs=3)]
+    src = [
+        SourceRecord(0, 0, S + 1, "1.1.1.1"),
+        SourceRecord(0, 1, S + 2, "1.1.1.1"),
+        SourceRecord(0, 2, S + 3, "2.2.2.2"),
+        SourceRecord(0, 3, None, None, "bad_ip"),
+        # batch 1: watermark of batch 0 is S/1000 + 5000 ms: a record of window S is late now
+        SourceRecord(0, 4, S + 10, "1.1.1.1"),
+        SourceRecord(0, 5, S + 6_000_000, "1.1.1.1"),
+        SourceRecord(0, 6, S + 60_000_000, "3.3.3.3"),
+    ]  # far ahead: window not final yet
+    entries = [entry(0, 0, 4, S // 1000 + 5000, outputs=0, dlq=1), entry(1, 4, 7, S // 1000 + 55_000, outputs=3)]
     good_sink = [sink(S, "1.1.1.1", 2), sink(S, "2.2.2.2", 1), sink(S + 5_000_000, "1.1.1.1", 1)]
     return src, entries, good_sink
 
@@ -37,8 +42,11 @@ def test_expected_uses_previous_batch_watermark_for_late_rows():
     src, entries, _ = history()
     exp = expected(src, entries, W)
     assert exp.late == 1 and exp.pending == 1 and exp.malformed == {(0, 3)}
-    assert exp.counts == {R.sink_key(S, "1.1.1.1"): 2, R.sink_key(S, "2.2.2.2"): 1,
-                          R.sink_key(S + 5_000_000, "1.1.1.1"): 1}
+    assert exp.counts == {
+        R.sink_key(S, "1.1.1.1"): 2,
+        R.sink_key(S, "2.2.2.2"): 1,
+        R.sink_key(S + 5_000_000, "1.1.1.1"): 1,
+    }
 
 
 def test_clean_history_is_ok():

@@ -1,4 +1,5 @@
 """The replay decision and the coverage checks (I1), without a broker."""
+
 import pytest
 
 from onceflow import wire
@@ -21,8 +22,11 @@ def plan(n, start, end):
 
 def entry(n, start, end, topic="src"):
     p = plan(n, start, end)
-    return LedgerEntry.for_plan("app", p, 0, 0, 1.0, 0, wire.H_APP) if topic == "src" else \
-        LedgerEntry("app", n, topic, p.ranges, 0, 0, 0, 0, 1.0, 0, wire.H_APP)
+    return (
+        LedgerEntry.for_plan("app", p, 0, 0, 1.0, 0, wire.H_APP)
+        if topic == "src"
+        else LedgerEntry("app", n, topic, p.ranges, 0, 0, 0, 0, 1.0, 0, wire.H_APP)
+    )
 
 
 def committed(batch, offsets):

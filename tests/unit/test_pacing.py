@@ -1,8 +1,9 @@
 """The batch pacing rules: close-out batches at once, otherwise the trigger cadence."""
+
 from onceflow.rules.pacing import BatchTiming, closes_windows, delay_before_next_s, next_watermark_ms
 
 W = D = 5000  # window and watermark delay, ms
-T = 2000      # trigger interval, ms
+T = 2000  # trigger interval, ms
 
 
 def timing(wm: int, max_event: int | None, batch_ts: int = 100_000) -> BatchTiming:
@@ -27,20 +28,36 @@ def test_a_window_closes_when_the_new_watermark_reaches_its_end():
 
 
 def test_a_batch_that_closes_windows_is_followed_at_once():
-    assert delay_before_next_s(timing(9_000, 15_500, batch_ts=100_000), now_ms=100_300, trigger_ms=T,
-                               delay_ms=D, window_ms=W) == 0.0
+    assert (
+        delay_before_next_s(
+            timing(9_000, 15_500, batch_ts=100_000), now_ms=100_300, trigger_ms=T, delay_ms=D, window_ms=W
+        )
+        == 0.0
+    )
 
 
 def test_otherwise_the_next_batch_starts_at_the_next_trigger_boundary():
     # planned at 100.4 s: the next multiple of 2 s is 102 s; it is now 100.9 s
-    assert delay_before_next_s(timing(9_000, 14_000, batch_ts=100_400), now_ms=100_900, trigger_ms=T,
-                               delay_ms=D, window_ms=W) == 1.1
+    assert (
+        delay_before_next_s(
+            timing(9_000, 14_000, batch_ts=100_400), now_ms=100_900, trigger_ms=T, delay_ms=D, window_ms=W
+        )
+        == 1.1
+    )
     # the batch ran past the boundary: no wait
-    assert delay_before_next_s(timing(9_000, 14_000, batch_ts=100_400), now_ms=102_500, trigger_ms=T,
-                               delay_ms=D, window_ms=W) == 0.0
+    assert (
+        delay_before_next_s(
+            timing(9_000, 14_000, batch_ts=100_400), now_ms=102_500, trigger_ms=T, delay_ms=D, window_ms=W
+        )
+        == 0.0
+    )
     # planned exactly on a boundary: the next one
-    assert delay_before_next_s(timing(9_000, 14_000, batch_ts=100_000), now_ms=100_000, trigger_ms=T,
-                               delay_ms=D, window_ms=W) == 2.0
+    assert (
+        delay_before_next_s(
+            timing(9_000, 14_000, batch_ts=100_000), now_ms=100_000, trigger_ms=T, delay_ms=D, window_ms=W
+        )
+        == 2.0
+    )
 
 
 def test_replays_and_a_zero_trigger_never_wait():
@@ -51,5 +68,9 @@ def test_replays_and_a_zero_trigger_never_wait():
 
 def test_a_wall_clock_stepped_back_never_waits_more_than_one_trigger():
     # the batch was planned at 100.4 s; the clock has since been stepped back by an hour
-    assert delay_before_next_s(timing(9_000, 14_000, batch_ts=100_400), now_ms=100_400 - 3_600_000, trigger_ms=T,
-                               delay_ms=D, window_ms=W) == T / 1000
+    assert (
+        delay_before_next_s(
+            timing(9_000, 14_000, batch_ts=100_400), now_ms=100_400 - 3_600_000, trigger_ms=T, delay_ms=D, window_ms=W
+        )
+        == T / 1000
+    )

@@ -1,4 +1,5 @@
 """The Spark SQL parsing (what the job runs) agrees with the reference parser, record for record."""
+
 import json
 import random
 from datetime import UTC
@@ -14,15 +15,31 @@ CORNER = [
     b'2001:db8::7 - - [21/nov/2026:22:00:01 -0530] "GET /a\\"b HTTP/1.1" 200 - "-" "x"',
     b'fe80::1%eth0 - - [21/Nov/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 1 "-" "x"',
     b'1.2.3.4 - - [31/Feb/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 1 "-" "x"',
-    b'{"ts": 1795303741123, "ip": "10.0.0.1"}', b'{"ts": "2026-11-21T22:00:01.5Z", "ip": "2001:DB8::1"}',
-    b'{"ts": "2026-11-21T22:00:01+01:00", "ip": "::ffff:1.2.3.4"}', b'{"ts": 1.5, "ip": "10.0.0.1"}',
-    b'{"ts": 1, "ip": "1.2.3.4"} junk', b'{"ts": 1, "ip": "1.2.3.4"}\n', b'{"ts":1,"ip":"1.2.3.4"}}',
-    b"{'ts': 1, 'ip': '1.2.3.4'}", b'{"ts": 1, "ip": "1.2.3.4", "ts": 2}', b'{"ts": -5, "ip": "1.2.3.4"}',
-    b'{"ts": "2026-11-21T22:00:01.1234567Z", "ip": "1.2.3.4"}', b'{"ts": 1e3, "ip": "1.2.3.4"}',
-    b'{"ts": {"a": 1}, "ip": "1.2.3.4"}', b'{"ts": 1, "ip": 5}', b'{}', b'[1, 2]', b'', b'\xff\xfe',
-    b'  {"ts":"0005", "ip":"1.2.3.4"}  ', b'{"ts": 99999999999999, "ip": "::1"}', b"x" * 70000,
-    b'{"ts": 4102444799999, "ip": "::1"}', b'{"ts": 4102444800000, "ip": "::1"}',
-    b'{"ts": 1795298400000, "ip": "1.1.1.1"}', b'{"ts": 1795298404999, "ip": "1.1.1.1"}',
+    b'{"ts": 1795303741123, "ip": "10.0.0.1"}',
+    b'{"ts": "2026-11-21T22:00:01.5Z", "ip": "2001:DB8::1"}',
+    b'{"ts": "2026-11-21T22:00:01+01:00", "ip": "::ffff:1.2.3.4"}',
+    b'{"ts": 1.5, "ip": "10.0.0.1"}',
+    b'{"ts": 1, "ip": "1.2.3.4"} junk',
+    b'{"ts": 1, "ip": "1.2.3.4"}\n',
+    b'{"ts":1,"ip":"1.2.3.4"}}',
+    b"{'ts': 1, 'ip': '1.2.3.4'}",
+    b'{"ts": 1, "ip": "1.2.3.4", "ts": 2}',
+    b'{"ts": -5, "ip": "1.2.3.4"}',
+    b'{"ts": "2026-11-21T22:00:01.1234567Z", "ip": "1.2.3.4"}',
+    b'{"ts": 1e3, "ip": "1.2.3.4"}',
+    b'{"ts": {"a": 1}, "ip": "1.2.3.4"}',
+    b'{"ts": 1, "ip": 5}',
+    b"{}",
+    b"[1, 2]",
+    b"",
+    b"\xff\xfe",
+    b'  {"ts":"0005", "ip":"1.2.3.4"}  ',
+    b'{"ts": 99999999999999, "ip": "::1"}',
+    b"x" * 70000,
+    b'{"ts": 4102444799999, "ip": "::1"}',
+    b'{"ts": 4102444800000, "ip": "::1"}',
+    b'{"ts": 1795298400000, "ip": "1.1.1.1"}',
+    b'{"ts": 1795298404999, "ip": "1.1.1.1"}',
 ]
 
 
@@ -44,7 +61,9 @@ def corpus(n=1500, seed=11):
     rng = random.Random(seed)
     base = []
     for _ in range(200):
-        ip = rng.choice(["10.0.%d.%d" % (rng.randrange(256), rng.randrange(256)), "2001:db8::%x" % rng.randrange(1 << 16)])
+        ip = rng.choice(
+            ["10.0.%d.%d" % (rng.randrange(256), rng.randrange(256)), "2001:db8::%x" % rng.randrange(1 << 16)]
+        )
         ts = 1795298400000 + rng.randrange(10**7)
         base.append(generator._json_record(ip, ts, rng)[0])
         base.append(generator._combined_line(ip, ts, rng)[0])
@@ -60,15 +79,27 @@ def test_spark_matches_reference_on_corpus(spark):
         ref = R.parse(v)
         got_ts = None
         if r.reason is None:
-            got_ts = int(r.ts.replace(tzinfo=UTC).timestamp() * 1_000_000) if r.ts.tzinfo is None \
+            got_ts = (
+                int(r.ts.replace(tzinfo=UTC).timestamp() * 1_000_000)
+                if r.ts.tzinfo is None
                 else int(r.ts.timestamp() * 1_000_000)
+            )
         got = (r.reason, got_ts if r.reason is None else None, r.ip if r.reason is None else None)
         if got != (ref.reason, ref.ts_us, ref.ip):
             mismatches.append((v[:80], got, (ref.reason, ref.ts_us, ref.ip)))
     assert not mismatches, mismatches[:10]
     reasons = {R.parse(v).reason for v in values}
-    assert {None, R.REASON_BAD_JSON, R.REASON_BAD_IP, R.REASON_BAD_TS, R.REASON_UNRECOGNIZED,
-            R.REASON_EMPTY, R.REASON_NOT_UTF8, R.REASON_TOO_LARGE, R.REASON_TS_RANGE} <= reasons
+    assert {
+        None,
+        R.REASON_BAD_JSON,
+        R.REASON_BAD_IP,
+        R.REASON_BAD_TS,
+        R.REASON_UNRECOGNIZED,
+        R.REASON_EMPTY,
+        R.REASON_NOT_UTF8,
+        R.REASON_TOO_LARGE,
+        R.REASON_TS_RANGE,
+    } <= reasons
 
 
 @pytest.mark.parametrize("ts_ms", [1795298400000, 1795298404999, 1795298405000])
@@ -89,12 +120,25 @@ def test_the_streaming_plan_parses_each_record_once_per_branch(spark, tmp_path):
     from onceflow import config
     from onceflow.spark import ip_count_plan as ip_count
 
-    raw = (spark.readStream.format("rate").option("rowsPerSecond", 10).load()
-           .select(F.col("value").cast("string").cast("binary").alias("value"), F.lit("t").alias("topic"),
-                   F.lit(0).alias("partition"), F.col("value").alias("offset"), F.col("timestamp")))
-    q = (ip_count.results_and_dlq(raw, config.load(env={})).writeStream
-         .foreachBatch(lambda df, _: df.count()).option("checkpointLocation", str(tmp_path / "ckpt"))
-         .trigger(availableNow=True).start())
+    raw = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 10)
+        .load()
+        .select(
+            F.col("value").cast("string").cast("binary").alias("value"),
+            F.lit("t").alias("topic"),
+            F.lit(0).alias("partition"),
+            F.col("value").alias("offset"),
+            F.col("timestamp"),
+        )
+    )
+    q = (
+        ip_count.results_and_dlq(raw, config.load(env={}))
+        .writeStream.foreachBatch(lambda df, _: df.count())
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
     assert q.awaitTermination(120)
     plan = q._jsq.streamingQuery().lastExecution().executedPlan().toString()
     assert plan.count("from_json(") == 2, plan
@@ -118,8 +162,15 @@ def test_the_clock_and_quarantine_rules_agree_with_the_reference(spark):
         ts = 1795298400000 + rng.randrange(-120_000, 10**7 + 120_000)
         rows.append((v, datetime.fromtimestamp(ts / 1000, tz=UTC), i % 3, i, ts))
     for i, ahead in enumerate((59_999, 60_000, 60_001, 365 * 86_400_000)):  # exactly at the limit and past it
-        rows.append((json.dumps({"ts": 1795298400000 + ahead, "ip": "1.2.3.4"}).encode(),
-                     datetime.fromtimestamp(1795298400000 / 1000, tz=UTC), 0, 10_000 + i, 1795298400000))
+        rows.append(
+            (
+                json.dumps({"ts": 1795298400000 + ahead, "ip": "1.2.3.4"}).encode(),
+                datetime.fromtimestamp(1795298400000 / 1000, tz=UTC),
+                0,
+                10_000 + i,
+                1795298400000,
+            )
+        )
     q = [QuarantineRange(1, 100, 110), QuarantineRange(2, 5, 6)]
     df = spark.createDataFrame(rows, "value binary, timestamp timestamp, partition int, offset long, rec_ms long")
     for limit in (60_000, F.lit(60_000).cast("long")):
@@ -131,8 +182,10 @@ def test_the_clock_and_quarantine_rules_agree_with_the_reference(spark):
             if r.reason != ref.reason:
                 mismatches.append((v[:60], part, off, r.reason, ref.reason))
         assert not mismatches, mismatches[:10]
-    reasons = [R.parse(v, ms, 60_000, any(x.partition == p and x.start <= o < x.end for x in q)).reason
-               for v, _, p, o, ms in rows]
+    reasons = [
+        R.parse(v, ms, 60_000, any(x.partition == p and x.start <= o < x.end for x in q)).reason
+        for v, _, p, o, ms in rows
+    ]
     assert reasons[-4:] == [None, None, R.REASON_TS_AHEAD, R.REASON_TS_AHEAD]
     assert reasons.count(R.REASON_QUARANTINED) == 5 and reasons.count(R.REASON_TS_AHEAD) > 10
 
@@ -142,8 +195,22 @@ def test_spark_counts_every_ip_spelling_under_the_reference_key(spark):
 
     rng, values = random_addresses(n=1500, seed=9)
     texts = [t for v in values for t in spellings(rng, v)]
-    texts += ["1.2.3.4", "01.2.3.4", "fe80::1%eth0", "1::2::3", ":::", "12345::1", "::1.2.3", "1.2.3.4::", "", None,
-              "1:2:3:4:5:6:7:1.2.3.4", "::FFFF:1.2.3.4", "1:2:3:4:5:6:7::", "::2:3:4:5:6:7:8"]
+    texts += [
+        "1.2.3.4",
+        "01.2.3.4",
+        "fe80::1%eth0",
+        "1::2::3",
+        ":::",
+        "12345::1",
+        "::1.2.3",
+        "1.2.3.4::",
+        "",
+        None,
+        "1:2:3:4:5:6:7:1.2.3.4",
+        "::FFFF:1.2.3.4",
+        "1:2:3:4:5:6:7::",
+        "::2:3:4:5:6:7:8",
+    ]
     rows = [(json.dumps({"ts": 1795298400000, "ip": t}).encode(),) for t in texts]
     got = parsing.classify(spark.createDataFrame(rows, "value binary")).select("ip", "reason").collect()
     mismatches = [(t, r.ip, R.canonical_ip(t)) for t, r in zip(texts, got) if r.ip != R.canonical_ip(t)]

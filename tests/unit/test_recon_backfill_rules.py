@@ -1,5 +1,6 @@
 """Reconciliation and backfill rules without a broker: range selection, late-row watermarks, window emission,
 the verdicts and their differences; backfill parameter checks and chunking."""
+
 import json
 
 import pytest
@@ -15,8 +16,12 @@ def entry(n, ranges, wm, commit_ms=0):
     return LedgerEntry("app", n, "src", ranges, wm, 0, 1, 0, 1.0, commit_ms, wire.H_APP)
 
 
-ENTRIES = [entry(0, {0: (0, 10), 1: (0, 5)}, 0, 1000), entry(1, {0: (10, 20), 1: (5, 5)}, 5000, 2000),
-           entry(2, {0: (20, 25), 1: (5, 9)}, 5000, 3000), entry(3, {0: (25, 30), 1: (9, 12)}, 15000, 4000)]
+ENTRIES = [
+    entry(0, {0: (0, 10), 1: (0, 5)}, 0, 1000),
+    entry(1, {0: (10, 20), 1: (5, 5)}, 5000, 2000),
+    entry(2, {0: (20, 25), 1: (5, 9)}, 5000, 3000),
+    entry(3, {0: (25, 30), 1: (9, 12)}, 15000, 4000),
+]
 
 
 def test_select_batches_by_id_or_commit_time():
@@ -29,8 +34,13 @@ def test_select_batches_by_id_or_commit_time():
 
 def test_batch_rows_carry_the_previous_batchs_watermark_and_skip_empty_ranges():
     rows = rr.batch_rows(rr.select_batches(ENTRIES, first=1, last=3), ENTRIES)
-    assert rows == [rr.BatchRow(0, 10, 20, 1, 0), rr.BatchRow(0, 20, 25, 2, 5000), rr.BatchRow(1, 5, 9, 2, 5000),
-                    rr.BatchRow(0, 25, 30, 3, 5000), rr.BatchRow(1, 9, 12, 3, 5000)]
+    assert rows == [
+        rr.BatchRow(0, 10, 20, 1, 0),
+        rr.BatchRow(0, 20, 25, 2, 5000),
+        rr.BatchRow(1, 5, 9, 2, 5000),
+        rr.BatchRow(0, 25, 30, 3, 5000),
+        rr.BatchRow(1, 9, 12, 3, 5000),
+    ]
     assert rr.source_ranges(ENTRIES[1:]) == {0: (10, 30), 1: (5, 12)}
 
 
@@ -42,8 +52,9 @@ def test_emission_is_the_first_batch_whose_watermark_reaches_the_window_end():
 
 def test_verdicts_list_precise_differences():
     cov = rr.coverage_check(check_coverage([ENTRIES[0], ENTRIES[2]], {0: 25, 1: 9}))
-    assert cov.status == rr.FAIL and {(d["kind"], d["partition"], d["start"], d["end"]) for d in cov.differences
-                                      if d["kind"] == "gap"} == {("gap", 0, 10, 20)}
+    assert cov.status == rr.FAIL and {
+        (d["kind"], d["partition"], d["start"], d["end"]) for d in cov.differences if d["kind"] == "gap"
+    } == {("gap", 0, 10, 20)}
     ok = rr.accounting_check(100, 80, 5, 10, 5, {2: 3}, {2: 3})
     assert ok.status == rr.PASS
     off = rr.accounting_check(100, 79, 5, 10, 5, {2: 4}, {2: 3})
@@ -58,12 +69,18 @@ def test_verdicts_list_precise_differences():
 
 def test_reconcile_range_params():
     assert reconciliation.range_from(2, 5) == {"first": 2, "last": 5}
-    assert reconciliation.range_from(since="2026-11-22T10:00:00Z", until="1795341600001") == \
-        {"since_ms": 1795341600000, "until_ms": 1795341600001}
+    assert reconciliation.range_from(since="2026-11-22T10:00:00Z", until="1795341600001") == {
+        "since_ms": 1795341600000,
+        "until_ms": 1795341600001,
+    }
     assert reconciliation.range_from() is None and reconciliation.range_from(None, None, "", "") is None  # chain
-    for args, why in [((2, None), "both"), ((5, 2), "before"), ((1, 2, "2026-11-22T10:00:00Z"), "not both"),
-                      ((None, None, "yesterday"), "not a time"),
-                      ((None, None, "2026-11-22T10:00:00Z", "2026-11-22T09:00:00Z"), "not after")]:
+    for args, why in [
+        ((2, None), "both"),
+        ((5, 2), "before"),
+        ((1, 2, "2026-11-22T10:00:00Z"), "not both"),
+        ((None, None, "yesterday"), "not a time"),
+        ((None, None, "2026-11-22T10:00:00Z", "2026-11-22T09:00:00Z"), "not after"),
+    ]:
         with pytest.raises(rr.ReconcileError, match=why):
             reconciliation.range_from(*args)
     assert reconciliation.args_for(None) == ["--chain"]
@@ -71,16 +88,15 @@ def test_reconcile_range_params():
 
 
 def _e(batch, commit_ms=0):
-    return LedgerEntry("app", batch, "src", {0: (batch * 10, batch * 10 + 10)}, 0, 0, 1, 0, 1.0, commit_ms,
-                       wire.H_APP)
+    return LedgerEntry("app", batch, "src", {0: (batch * 10, batch * 10 + 10)}, 0, 0, 1, 0, 1.0, commit_ms, wire.H_APP)
 
 
 def test_the_chain_takes_every_batch_once_in_bounded_slices():
     entries = [_e(b) for b in range(0, 10)]
-    assert rr.chain_range(None, entries, 4) == (0, 3)     # nothing proven yet: from the first batch
+    assert rr.chain_range(None, entries, 4) == (0, 3)  # nothing proven yet: from the first batch
     assert rr.chain_range(3, entries, 4) == (4, 7)
-    assert rr.chain_range(7, entries, 4) == (8, 9)        # the rest
-    assert rr.chain_range(9, entries, 4) is None          # nothing new
+    assert rr.chain_range(7, entries, 4) == (8, 9)  # the rest
+    assert rr.chain_range(9, entries, 4) is None  # nothing new
     with pytest.raises(rr.ReconcileError, match="batches 4..5 are missing"):
         rr.chain_range(3, [e for e in entries if e.batch not in (4, 5)], 4)
     # the position round-trips through the group's offset metadata (one per partition, all alike)
@@ -99,8 +115,24 @@ def test_results_are_json_all_the_way_down():
     import decimal
     import json
 
-    res = rr.Result("app", "r1", 1, 3, {0: (10, 30)}, 1, 2, [rr.Check("I2", rr.PASS, "ok", {
-        "n": decimal.Decimal("12"), "share": decimal.Decimal("0.5"), "by_batch": {1: 3}}, [{"batches": (1, 2)}])])
+    res = rr.Result(
+        "app",
+        "r1",
+        1,
+        3,
+        {0: (10, 30)},
+        1,
+        2,
+        [
+            rr.Check(
+                "I2",
+                rr.PASS,
+                "ok",
+                {"n": decimal.Decimal("12"), "share": decimal.Decimal("0.5"), "by_batch": {1: 3}},
+                [{"batches": (1, 2)}],
+            )
+        ],
+    )
     d = res.as_dict()
     assert json.loads(json.dumps(d)) == d  # no default=str needed: nothing is a repr
     assert d["checks"][0]["figures"] == {"n": 12, "share": 0.5, "by_batch": {"1": 3}}
@@ -117,11 +149,16 @@ def spec(**kw):
 def test_backfill_params_are_checked_before_any_write():
     protected = {"sink": "sink", "dlq": "DLQ"}
     br.check_params(spec(), protected)
-    for kw, why in [(dict(id="a b"), "backfill id"), (dict(chunk_size=0), "chunk size"),
-                    (dict(start={}, end={}), "either by offsets"), (dict(since_ms=1, until_ms=2), "either"),
-                    (dict(start={0: 0}, end={1: 5}), "different partitions"),
-                    (dict(end={0: 100, 1: 4}), "before start"), (dict(target_topic="sink"), "live job's sink"),
-                    (dict(start={}, end={}, since_ms=5, until_ms=5), "not after")]:
+    for kw, why in [
+        (dict(id="a b"), "backfill id"),
+        (dict(chunk_size=0), "chunk size"),
+        (dict(start={}, end={}), "either by offsets"),
+        (dict(since_ms=1, until_ms=2), "either"),
+        (dict(start={0: 0}, end={1: 5}), "different partitions"),
+        (dict(end={0: 100, 1: 4}), "before start"),
+        (dict(target_topic="sink"), "live job's sink"),
+        (dict(start={}, end={}, since_ms=5, until_ms=5), "not after"),
+    ]:
         with pytest.raises(br.BackfillError, match=why):
             br.check_params(spec(**kw), protected)
     src = br.TopicFacts(True, {0: 0, 1: 10}, {0: 100, 1: 50})
@@ -133,7 +170,7 @@ def test_backfill_params_are_checked_before_any_write():
         br.check_against(spec(start={0: 0, 1: 10}, end={0: 101, 1: 50}), src, br.TopicFacts(True))
     assert br.parse_offsets('{"0": 5}') == {0: 5} and br.parse_offsets(None) == {}
     with pytest.raises(br.BackfillError):
-        br.parse_offsets('[1, 2]')
+        br.parse_offsets("[1, 2]")
 
 
 def test_backfill_overlap_chunks_and_identity():
@@ -143,8 +180,17 @@ def test_backfill_overlap_chunks_and_identity():
     assert br.first_chunk_to_write(None) == 0 and br.first_chunk_to_write(3) == 4
     assert spec().spec_hash() == spec(dry_run=True).spec_hash() != spec(chunk_size=11).spec_hash()
     # the window, the parsing rules and the skew rule are part of a backfill's identity
-    assert len({spec().spec_hash(), spec(window_s=10).spec_hash(), spec(rules=2).spec_hash(),
-                spec(max_event_ahead_ms=1).spec_hash()}) == 4
+    assert (
+        len(
+            {
+                spec().spec_hash(),
+                spec(window_s=10).spec_hash(),
+                spec(rules=2).spec_hash(),
+                spec(max_event_ahead_ms=1).spec_hash(),
+            }
+        )
+        == 4
+    )
 
 
 def test_a_time_range_is_identified_by_its_times_and_resumes_on_its_first_resolution():
@@ -153,7 +199,7 @@ def test_a_time_range_is_identified_by_its_times_and_resumes_on_its_first_resolu
     grown = spec(start={0: 0, 1: 10}, end={0: 180, 1: 90}, since_ms=1000, until_ms=2000)
     assert by_time.spec_hash() == resolved_now.spec_hash() == grown.spec_hash()
     assert by_time.spec_hash() != spec(start={}, end={}, since_ms=1000, until_ms=3000).spec_hash()
-    br.check_params(resolved_now, {}, resolved=True)   # a resolved time range carries both
+    br.check_params(resolved_now, {}, resolved=True)  # a resolved time range carries both
     with pytest.raises(br.BackfillError, match="either"):
         br.check_params(resolved_now, {})
     meta = br.chunk_metadata(4, "abc", 10)

@@ -1,5 +1,6 @@
 """Savepoints without a broker: which files belong to a cut, state recoverability, manifest checks,
 compatibility, the restore decision (including the catch-up after a restore behind the sink), retention."""
+
 import json
 from dataclasses import replace
 
@@ -39,8 +40,14 @@ ROCKS = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvide
 
 
 def checkpoint_files(last_batch: int, partitions: int = 2, snapshot_at: int | None = None) -> list[str]:
-    files = ["metadata", ".metadata.crc", "sources/0/0", "sources/0/.0.crc", "state/0/_metadata/metadata",
-             "onceflow/epoch.json"]
+    files = [
+        "metadata",
+        ".metadata.crc",
+        "sources/0/0",
+        "sources/0/.0.crc",
+        "state/0/_metadata/metadata",
+        "onceflow/epoch.json",
+    ]
     for b in range(last_batch + 1):
         files += [f"offsets/{b}", f"offsets/.{b}.crc", f"commits/{b}", f"commits/.{b}.crc"]
     for p in range(partitions):
@@ -66,12 +73,15 @@ def test_state_chain_needs_every_increment_after_the_newest_snapshot():
     files -= {f"state/0/1/{v}.delta" for v in range(1, 10)}  # cleaned up by Spark: the snapshot covers them
     assert state_problems(files, 13, 2) == []
     files.discard("state/0/1/12.delta")
-    assert state_problems(files, 13, 2) == ["state/0/1: no increment for state version(s) 12 (needed to load "
-                                            "version 13 from the snapshot of version 10)"]
+    assert state_problems(files, 13, 2) == [
+        "state/0/1: no increment for state version(s) 12 (needed to load version 13 from the snapshot of version 10)"
+    ]
     files.discard("state/0/0/3.delta")  # before partition 0's snapshot: not needed
     assert len(state_problems(files, 13, 2)) == 1
-    assert "state/0/1: no increment for state version(s) 1..9, 12" in state_problems(
-        files - {"state/0/1/10.snapshot"}, 13, 2)[0]
+    assert (
+        "state/0/1: no increment for state version(s) 1..9, 12"
+        in state_problems(files - {"state/0/1/10.snapshot"}, 13, 2)[0]
+    )
 
 
 def test_state_chain_rocksdb_zip_and_changelog():
@@ -87,17 +97,34 @@ def test_cut_problems_name_missing_and_later_batches():
 
 
 def entry(n, start, end, wm=0):
-    return LedgerEntry("app", n, "src", {p: (s, e) for p, (s, e) in enumerate(zip(start, end))}, wm, 1000 + n,
-                       1, 0, 1.0, 0, wire.H_APP)
+    return LedgerEntry(
+        "app", n, "src", {p: (s, e) for p, (s, e) in enumerate(zip(start, end))}, wm, 1000 + n, 1, 0, 1.0, 0, wire.H_APP
+    )
 
 
 def manifest(**kw) -> Manifest:
-    d = dict(id="sp-20261122T010000000Z-b5", app="app", created_ms=1_000, mode="running", checkpoint="file:///c",
-             spark_batch=5, ledger_batch=5, epoch=0, end_offsets={0: 50, 1: 60}, watermark_ms=10_000,
-             batch_ts_ms=1005, group_offsets={0: 50, 1: 60}, group_metadata={0: '{"batch":5}', 1: '{"batch":5}'},
-             ledger_entry=json.loads(entry(5, [40, 55], [50, 60], 10_000).to_json()), spark_version="4.2.0",
-             state_store_provider=HDFS, shuffle_partitions=2, job_config_hash="h1",
-             files=(FileEntry("metadata", 3, "aa"), FileEntry("commits/5", 4, "bb")), total_size=7)
+    d = dict(
+        id="sp-20261122T010000000Z-b5",
+        app="app",
+        created_ms=1_000,
+        mode="running",
+        checkpoint="file:///c",
+        spark_batch=5,
+        ledger_batch=5,
+        epoch=0,
+        end_offsets={0: 50, 1: 60},
+        watermark_ms=10_000,
+        batch_ts_ms=1005,
+        group_offsets={0: 50, 1: 60},
+        group_metadata={0: '{"batch":5}', 1: '{"batch":5}'},
+        ledger_entry=json.loads(entry(5, [40, 55], [50, 60], 10_000).to_json()),
+        spark_version="4.2.0",
+        state_store_provider=HDFS,
+        shuffle_partitions=2,
+        job_config_hash="h1",
+        files=(FileEntry("metadata", 3, "aa"), FileEntry("commits/5", 4, "bb")),
+        total_size=7,
+    )
     d.update(kw)
     return Manifest(**d)
 
@@ -110,10 +137,15 @@ def committed(batch, offsets):
 
 
 def facts(sink_batch, sink_end, newer=(), low=(0, 0), last_epoch=0, at_sp=None, at_sink=None):
-    return RestoreFacts(committed=committed(sink_batch, sink_end),
-                        ledger_at_savepoint=at_sp or entry(5, [40, 55], [50, 60], 10_000),
-                        ledger_at_sink=at_sink or entry(sink_batch, [0, 0], sink_end, 77_000),
-                        newer=tuple(newer), source_low=dict(enumerate(low)), last_epoch=last_epoch, now_ms=9)
+    return RestoreFacts(
+        committed=committed(sink_batch, sink_end),
+        ledger_at_savepoint=at_sp or entry(5, [40, 55], [50, 60], 10_000),
+        ledger_at_sink=at_sink or entry(sink_batch, [0, 0], sink_end, 77_000),
+        newer=tuple(newer),
+        source_low=dict(enumerate(low)),
+        last_epoch=last_epoch,
+        now_ms=9,
+    )
 
 
 def test_manifest_roundtrip_and_file_checks():
@@ -138,8 +170,9 @@ def test_incompatible_savepoints_are_refused_with_the_reason():
 def test_restore_at_the_sinks_batch_continues_without_catch_up():
     p = plan_restore(manifest(), RT, facts(5, [50, 60], last_epoch=2))
     assert p.catch_up is None and not p.rewind
-    assert p.epoch == Epoch(epoch=3, ledger_shift=0, spark_batch_from=6, savepoint_id=manifest().id, restored_ms=9,
-                            prior_shift=0)
+    assert p.epoch == Epoch(
+        epoch=3, ledger_shift=0, spark_batch_from=6, savepoint_id=manifest().id, restored_ms=9, prior_shift=0
+    )
     assert p.record.skipped == {} and p.record.sink_batch == 5
 
 
@@ -164,12 +197,15 @@ def test_rewind_needs_the_flag_and_is_recorded():
     assert p.rewind and p.record.rewind and p.catch_up.ledger_from == 6
 
 
-@pytest.mark.parametrize("f, match", [
-    (dict(sink_batch=3, sink_end=[30, 40]), "sink is behind the savepoint"),
-    (dict(sink_batch=9, sink_end=[90, 95], low=[55, 0]), "retention has already deleted"),
-    (dict(sink_batch=9, sink_end=[90, 95], at_sp=entry(5, [41, 55], [50, 60])), "another history"),
-    (dict(sink_batch=9, sink_end=[90, 95], at_sink=entry(9, [0, 0], [90, 94])), "inconsistent"),
-])
+@pytest.mark.parametrize(
+    "f, match",
+    [
+        (dict(sink_batch=3, sink_end=[30, 40]), "sink is behind the savepoint"),
+        (dict(sink_batch=9, sink_end=[90, 95], low=[55, 0]), "retention has already deleted"),
+        (dict(sink_batch=9, sink_end=[90, 95], at_sp=entry(5, [41, 55], [50, 60])), "another history"),
+        (dict(sink_batch=9, sink_end=[90, 95], at_sink=entry(9, [0, 0], [90, 94])), "inconsistent"),
+    ],
+)
 def test_restore_refusals(f, match):
     with pytest.raises(SavepointError, match=match):
         plan_restore(manifest(), RT, facts(**f))
@@ -182,8 +218,9 @@ def test_restore_refused_when_the_sink_has_nothing():
 
 
 def test_catch_up_decision_and_the_shifted_batches_after_it():
-    cu = BatchPlan(batch=9, topic="src", start={0: 50, 1: 60}, end={0: 90, 1: 95}, spark_batch=6, epoch=1,
-                   catch_up_from=6)
+    cu = BatchPlan(
+        batch=9, topic="src", start={0: 50, 1: 60}, end={0: 90, 1: 95}, spark_batch=6, epoch=1, catch_up_from=6
+    )
     e9 = entry(9, [80, 90], [90, 95])
     assert decide(cu, committed(9, [90, 95]), e9) is Decision.CATCH_UP
     with pytest.raises(DivergentHistory, match="another driver wrote"):
@@ -197,8 +234,9 @@ def test_catch_up_decision_and_the_shifted_batches_after_it():
 def test_batch_plan_maps_spark_ids_to_ledger_ids_through_the_epoch(tmp_path):
     meta = {"batchWatermarkMs": 1, "batchTimestampMs": 2, "conf": {"spark.sql.shuffle.partitions": "2"}}
     (tmp_path / "offsets").mkdir()
-    (tmp_path / "offsets" / "5").write_text("v1\n" + json.dumps(meta) + '\n{"src":{"0":50,"1":60}}\n'
-                                            '{"src":{"0":50,"1":60}}')
+    (tmp_path / "offsets" / "5").write_text(
+        "v1\n" + json.dumps(meta) + '\n{"src":{"0":50,"1":60}}\n{"src":{"0":50,"1":60}}'
+    )
     text = render_offsets_file((tmp_path / "offsets" / "5").read_text(), "src", {0: 90, 1: 95}, 77_000, 1009)
     (tmp_path / "offsets" / "6").write_text(text)
     m6, end6 = parse_offsets_file(text, "src")
@@ -232,8 +270,13 @@ def test_retention_keeps_newest_k_within_max_age_and_always_the_newest():
 
 
 def test_retention_leaves_fresh_incomplete_savepoints_alone():
-    plan = retention.plan([sp(1, 1), sp(2, 0.1, complete=False), sp(3, 5, complete=False)], NOW, keep=10,
-                          max_age_s=86400, incomplete_grace_s=3600)
+    plan = retention.plan(
+        [sp(1, 1), sp(2, 0.1, complete=False), sp(3, 5, complete=False)],
+        NOW,
+        keep=10,
+        max_age_s=86400,
+        incomplete_grace_s=3600,
+    )
     assert plan.keep == ["sp1", "sp2"] and plan.delete_ids == ["sp3"]
     with pytest.raises(ValueError):
         retention.plan([], NOW, keep=0, max_age_s=1)

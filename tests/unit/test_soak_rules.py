@@ -1,12 +1,15 @@
 """The soak's verdicts, without a platform: which failed DAG runs an injected fault explains, and whether the
 reconciliation chain proved every batch exactly once."""
+
 from onceflow_dev import soak
 
 
 def test_a_failed_run_is_explained_only_by_a_fault_it_overlaps():
     t0 = soak._ms("2026-11-23T00:00:00Z")
-    faults = [soak.Fault("restart_broker", t0 + 100_000, t0 + 110_000), soak.Fault("kill_job", t0 + 500_000,
-                                                                                     t0 + 500_100)]
+    faults = [
+        soak.Fault("restart_broker", t0 + 100_000, t0 + 110_000),
+        soak.Fault("kill_job", t0 + 500_000, t0 + 500_100),
+    ]
 
     def iso(ms):
         return f"2026-11-23T00:{ms // 60_000:02d}:{(ms % 60_000) / 1000:06.3f}Z"
@@ -16,7 +19,7 @@ def test_a_failed_run_is_explained_only_by_a_fault_it_overlaps():
     long_after = {"start_date": iso(300_000), "end_date": iso(310_000), "run_after": iso(300_000)}
     assert soak.explained(during, faults, 0).kind == "restart_broker"
     assert soak.explained(just_after, faults, 0) is None
-    assert soak.explained(just_after, faults, 30_000).kind == "restart_broker"   # within the grace
+    assert soak.explained(just_after, faults, 30_000).kind == "restart_broker"  # within the grace
     assert soak.explained(long_after, faults, 30_000) is None
 
 
@@ -25,13 +28,20 @@ def test_the_chain_must_prove_every_batch_exactly_once():
         return {"mode": "chain", "first_batch": a, "last_batch": b, "ok": ok}
 
     good = [r(None, None), r(0, 3), r(4, 6, ok=False), r(4, 9), r(None, None)]
-    assert soak.chain_coverage(good, 0, 9) | {} == {"runs": 2, "failed_runs": 1, "nothing_new_runs": 2,
-                                                   "batches_proven": 10, "twice": 0, "missing": 0, "ok": True}
+    assert soak.chain_coverage(good, 0, 9) | {} == {
+        "runs": 2,
+        "failed_runs": 1,
+        "nothing_new_runs": 2,
+        "batches_proven": 10,
+        "twice": 0,
+        "missing": 0,
+        "ok": True,
+    }
     twice = soak.chain_coverage([r(0, 3), r(3, 9)], 0, 9)
     assert not twice["ok"] and twice["twice"] == 1
     gap = soak.chain_coverage([r(0, 3), r(5, 9)], 0, 9)
     assert not gap["ok"] and gap["missing"] == 1
-    assert not soak.chain_coverage([r(0, 3)], 0, 9)["ok"]   # the chain never reached the last batch
+    assert not soak.chain_coverage([r(0, 3)], 0, 9)["ok"]  # the chain never reached the last batch
 
 
 def test_the_fault_plan_is_seeded_and_inside_the_run():

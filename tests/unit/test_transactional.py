@@ -1,5 +1,6 @@
 """The transactional writer through every error branch, with a scripted fake producer (no broker), the way
 flink-connector-kafka's KafkaCommitterTest drives its committer with a mock producer."""
+
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
@@ -8,8 +9,9 @@ from onceflow.kafka import transactional as t
 
 
 def kerr(code, fatal=False, retriable=False, abortable=False):
-    return KafkaException(KafkaError(code, f"scripted {code}", fatal=fatal, retriable=retriable,
-                                     txn_requires_abort=abortable))
+    return KafkaException(
+        KafkaError(code, f"scripted {code}", fatal=fatal, retriable=retriable, txn_requires_abort=abortable)
+    )
 
 
 class Msg:
@@ -59,8 +61,11 @@ class FakeProducer:
 
     def commit_transaction(self, timeout):
         for cb, topic, key in self.pending:  # deliveries are reported when the commit flushes
-            err = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large") \
-                if self.fail_delivery == key else None
+            err = (
+                KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large")
+                if self.fail_delivery == key
+                else None
+            )
             cb(err, Msg(topic, key))
         self.pending = []
         self._call("commit_transaction")
@@ -92,13 +97,18 @@ def writer(scripts, timeout_ms=60_000, clock=None, fail_delivery=None, events=No
     calls, made = [], []
 
     def make():
-        p = FakeProducer(f"p{len(made)}", calls, scripts[len(made)] if len(made) < len(scripts) else {},
-                         fail_delivery)
+        p = FakeProducer(f"p{len(made)}", calls, scripts[len(made)] if len(made) < len(scripts) else {}, fail_delivery)
         made.append(p)
         return p
 
-    w = t.TransactionalWriter(make, wire.H_APP, timeout_ms, clock=clock or Clock(), sleep=lambda s: None,
-                              on_event=(lambda k, d: events.append(k)) if events is not None else None)
+    w = t.TransactionalWriter(
+        make,
+        wire.H_APP,
+        timeout_ms,
+        clock=clock or Clock(),
+        sleep=lambda s: None,
+        on_event=(lambda k, d: events.append(k)) if events is not None else None,
+    )
     return w, calls, made
 
 
@@ -112,8 +122,13 @@ def one_batch(w, key=b"k"):
 def test_happy_path_calls_in_order():
     w, calls, _ = writer([{}])
     one_batch(w)
-    assert [m for _, m in calls] == ["init_transactions", "begin_transaction", "produce",
-                                    "send_offsets_to_transaction", "commit_transaction"]
+    assert [m for _, m in calls] == [
+        "init_transactions",
+        "begin_transaction",
+        "produce",
+        "send_offsets_to_transaction",
+        "commit_transaction",
+    ]
     assert w.elapsed_ms is None
 
 
@@ -134,8 +149,9 @@ def test_an_abortable_produce_error_aborts():
 
 
 def test_a_failed_delivery_is_named_when_the_commit_fails():
-    w, calls, _ = writer([{"commit_transaction": [kerr(KafkaError.MSG_SIZE_TOO_LARGE, abortable=True)]}],
-                         fail_delivery=b"big")
+    w, calls, _ = writer(
+        [{"commit_transaction": [kerr(KafkaError.MSG_SIZE_TOO_LARGE, abortable=True)]}], fail_delivery=b"big"
+    )
     with pytest.raises(t.Aborted, match=r"record key b'big' to topic sink .*Message size too large"):
         one_batch(w, key=b"big")
     assert calls[-1] == ("p0", "abort_transaction")
@@ -165,8 +181,7 @@ def test_a_commit_retried_until_its_deadline_is_an_unknown_outcome_not_an_abort(
         made.append(p)
         return p
 
-    w = t.TransactionalWriter(make, wire.H_APP, 60_000, clock=clock, sleep=lambda s: None,
-                              commit_timeout_s=120)
+    w = t.TransactionalWriter(make, wire.H_APP, 60_000, clock=clock, sleep=lambda s: None, commit_timeout_s=120)
     with pytest.raises(t.OutcomeUnknown):
         one_batch(w)
     assert "abort_transaction" not in [m for _, m in calls]
@@ -176,19 +191,23 @@ def test_a_commit_retried_until_its_deadline_is_an_unknown_outcome_not_an_abort(
 @pytest.mark.parametrize("method", ["commit_transaction", "abort_transaction"])
 def test_a_commit_or_abort_that_times_out_replaces_the_producer_before_anything_else(method):
     events = []
-    script = {"commit_transaction": [kerr(KafkaError._TIMED_OUT, retriable=True)]} if method == "commit_transaction" \
+    script = (
+        {"commit_transaction": [kerr(KafkaError._TIMED_OUT, retriable=True)]}
+        if method == "commit_transaction"
         else {"produce": [kerr(KafkaError._STATE, abortable=True)], "abort_transaction": [kerr(KafkaError._TIMED_OUT)]}
+    )
     w, calls, made = writer([script, {}], events=events)
     with pytest.raises(t.OutcomeUnknown if method == "commit_transaction" else t.Aborted):
         one_batch(w)
     assert w.producer is made[1]
     # the new producer is initialised before the old one is closed, and before anything else happens
-    after = calls[calls.index(("p0", method)) + 1:]
+    after = calls[calls.index(("p0", method)) + 1 :]
     assert after[0] == ("p1", "init_transactions") and ("p0", "close") in after
     assert events == ["producer_replaced"]
     one_batch(w)
-    assert all(name == "p1" for name, m in calls[calls.index(("p1", "init_transactions")):] if m != "close"
-               and m != "purge")
+    assert all(
+        name == "p1" for name, m in calls[calls.index(("p1", "init_transactions")) :] if m != "close" and m != "purge"
+    )
 
 
 def test_a_fenced_producer_is_never_aborted_nor_initialised_again():
@@ -201,8 +220,9 @@ def test_a_fenced_producer_is_never_aborted_nor_initialised_again():
 
 
 def test_fatal_is_not_fenced():
-    w, calls, made = writer([{"send_offsets_to_transaction": [kerr(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
-                                                                   fatal=True)]}])
+    w, calls, made = writer(
+        [{"send_offsets_to_transaction": [kerr(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, fatal=True)]}]
+    )
     with pytest.raises(t.FatalProducerError):
         one_batch(w)
     with pytest.raises(t.FatalProducerError):
@@ -212,16 +232,20 @@ def test_fatal_is_not_fenced():
 
 def test_an_epoch_error_late_in_the_transaction_is_the_coordinators_timeout():
     clock = Clock()
-    w, calls, _ = writer([{"commit_transaction": [kerr(KafkaError.INVALID_PRODUCER_EPOCH, abortable=True)]}],
-                         timeout_ms=6000, clock=clock)
+    w, calls, _ = writer(
+        [{"commit_transaction": [kerr(KafkaError.INVALID_PRODUCER_EPOCH, abortable=True)]}],
+        timeout_ms=6000,
+        clock=clock,
+    )
     w.begin()
     w.produce("sink", b"k", b"v")
-    clock.now += 5.8   # 97 % of the timeout
+    clock.now += 5.8  # 97 % of the timeout
     with pytest.raises(t.CoordinatorTimedOut):
         w.commit()
-    w2, _, _ = writer([{"commit_transaction": [kerr(KafkaError.INVALID_PRODUCER_EPOCH, fatal=True)]}],
-                      timeout_ms=6000, clock=Clock())
-    with pytest.raises(t.Fenced):   # early: another producer bumped the epoch
+    w2, _, _ = writer(
+        [{"commit_transaction": [kerr(KafkaError.INVALID_PRODUCER_EPOCH, fatal=True)]}], timeout_ms=6000, clock=Clock()
+    )
+    with pytest.raises(t.Fenced):  # early: another producer bumped the epoch
         one_batch(w2)
 
 
@@ -234,24 +258,32 @@ def test_init_errors():
         writer([{"init_transactions": [kerr(KafkaError._FENCED, fatal=True)]}])
 
 
-@pytest.mark.parametrize("code, flags, phase, elapsed, expected", [
-    (KafkaError.INVALID_TRANSACTION_TIMEOUT, {"fatal": True}, "init", None, t.CONFIG),
-    (KafkaError.TOPIC_AUTHORIZATION_FAILED, {}, "produce", 10, t.CONFIG),
-    (KafkaError._TIMED_OUT, {"retriable": True}, "commit", 10, t.OUTCOME_UNKNOWN),
-    (KafkaError._TIMED_OUT, {"retriable": True}, "abort", None, t.OUTCOME_UNKNOWN),
-    (KafkaError._TIMED_OUT, {"retriable": True}, "send_offsets", 10, t.RETRIABLE),
-    (KafkaError._FENCED, {"fatal": True}, "commit", 10, t.FENCED),
-    (KafkaError._FENCED, {"fatal": True}, "commit", 59_000, t.COORDINATOR_TIMEOUT),
-    (KafkaError.INVALID_PRODUCER_EPOCH, {"abortable": True}, "produce", 57_001, t.COORDINATOR_TIMEOUT),
-    (KafkaError._STATE, {"abortable": True}, "commit", 58_000, t.COORDINATOR_TIMEOUT),
-    (KafkaError._STATE, {"abortable": True}, "commit", 10, t.ABORTABLE),
-    (KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, {"fatal": True}, "produce", 10, t.FATAL),
-    (KafkaError.UNKNOWN, {}, "produce", 10, t.ABORTABLE),
-    (KafkaError.INVALID_TXN_STATE, {"fatal": True}, "commit", 10, t.FATAL),   # a state error is not fencing
-    (KafkaError.INVALID_TXN_STATE, {"abortable": True}, "produce", 10, t.ABORTABLE),
-    (KafkaError.UNKNOWN, {}, "init", None, t.FATAL),
-])
+@pytest.mark.parametrize(
+    "code, flags, phase, elapsed, expected",
+    [
+        (KafkaError.INVALID_TRANSACTION_TIMEOUT, {"fatal": True}, "init", None, t.CONFIG),
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, {}, "produce", 10, t.CONFIG),
+        (KafkaError._TIMED_OUT, {"retriable": True}, "commit", 10, t.OUTCOME_UNKNOWN),
+        (KafkaError._TIMED_OUT, {"retriable": True}, "abort", None, t.OUTCOME_UNKNOWN),
+        (KafkaError._TIMED_OUT, {"retriable": True}, "send_offsets", 10, t.RETRIABLE),
+        (KafkaError._FENCED, {"fatal": True}, "commit", 10, t.FENCED),
+        (KafkaError._FENCED, {"fatal": True}, "commit", 59_000, t.COORDINATOR_TIMEOUT),
+        (KafkaError.INVALID_PRODUCER_EPOCH, {"abortable": True}, "produce", 57_001, t.COORDINATOR_TIMEOUT),
+        (KafkaError._STATE, {"abortable": True}, "commit", 58_000, t.COORDINATOR_TIMEOUT),
+        (KafkaError._STATE, {"abortable": True}, "commit", 10, t.ABORTABLE),
+        (KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, {"fatal": True}, "produce", 10, t.FATAL),
+        (KafkaError.UNKNOWN, {}, "produce", 10, t.ABORTABLE),
+        (KafkaError.INVALID_TXN_STATE, {"fatal": True}, "commit", 10, t.FATAL),  # a state error is not fencing
+        (KafkaError.INVALID_TXN_STATE, {"abortable": True}, "produce", 10, t.ABORTABLE),
+        (KafkaError.UNKNOWN, {}, "init", None, t.FATAL),
+    ],
+)
 def test_classify(code, flags, phase, elapsed, expected):
-    err = KafkaError(code, "x", fatal=flags.get("fatal", False), retriable=flags.get("retriable", False),
-                     txn_requires_abort=flags.get("abortable", False))
+    err = KafkaError(
+        code,
+        "x",
+        fatal=flags.get("fatal", False),
+        retriable=flags.get("retriable", False),
+        txn_requires_abort=flags.get("abortable", False),
+    )
     assert t.classify(err, phase=phase, elapsed_ms=elapsed, timeout_ms=60_000) == expected

@@ -3,6 +3,7 @@
 The reading is plain Kafka consumption with `isolation.level=read_committed`; the deciding is in
 `onceflow.rules.invariants`. Used by `onceflow audit` and the tests; the reconciliation recounts with Spark.
 """
+
 from __future__ import annotations
 
 import time
@@ -21,13 +22,15 @@ from onceflow.rules import invariants, records
 from onceflow.rules.ledger import Committed, LedgerEntry, QuarantineRange, QuarantineRecord, RestoreRecord, parse_record
 
 
-def ledger_records(settings: Settings, app: str | None = None
-                   ) -> list[LedgerEntry | RestoreRecord | QuarantineRecord]:
+def ledger_records(settings: Settings, app: str | None = None) -> list[LedgerEntry | RestoreRecord | QuarantineRecord]:
     """Every committed ledger record of the app, oldest first: batch entries, restore and quarantine records."""
     key = (app or settings.app_id).encode()
     # onceflow's ledger records always carry a value
-    return [parse_record(cast(bytes, m.value)) for m in kafka_reading.read_topic(settings, settings.ledger_topic)
-            if m.key == key]
+    return [
+        parse_record(cast(bytes, m.value))
+        for m in kafka_reading.read_topic(settings, settings.ledger_topic)
+        if m.key == key
+    ]
 
 
 def ledger_entries(settings: Settings, app: str | None = None, kind: str = wire.LEDGER_STREAM) -> list[LedgerEntry]:
@@ -47,8 +50,9 @@ def committed_position(settings: Settings, partitions: Iterable[int]) -> Committ
     c = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
     try:
         got = kafka_reading.committed(c, [TopicPartition(settings.source_topic, p) for p in partitions])
-        return Committed.from_partitions((tp.partition, tp.offset if tp.offset >= 0 else None, tp.metadata)
-                                         for tp in got)
+        return Committed.from_partitions(
+            (tp.partition, tp.offset if tp.offset >= 0 else None, tp.metadata) for tp in got
+        )
     finally:
         c.close()
 
@@ -64,8 +68,9 @@ class Snapshot:
     transaction's markers reach the ledger a moment after the offsets); sink and DLQ records of later batches
     are left out by their batch header. Reading the ledger first would let a batch committed in between look
     like a gap (I1) or like foreign records (I3)."""
+
     committed: Committed
-    entries: list[LedgerEntry]                # the app's stream batches up to `batch`
+    entries: list[LedgerEntry]  # the app's stream batches up to `batch`
     records: list = field(default_factory=list)  # every ledger record of the app (restore, quarantine, ...)
 
     @property
@@ -84,8 +89,9 @@ def snapshot(settings: Settings, wait_s: float = 30.0) -> Snapshot:
     deadline = time.monotonic() + wait_s
     while True:
         recs = ledger_records(settings)
-        entries = sorted((e for e in recs if isinstance(e, LedgerEntry) and e.kind == wire.LEDGER_STREAM),
-                         key=lambda e: e.batch)
+        entries = sorted(
+            (e for e in recs if isinstance(e, LedgerEntry) and e.kind == wire.LEDGER_STREAM), key=lambda e: e.batch
+        )
         if committed.batch is None or any(e.batch == committed.batch for e in entries):
             break
         if time.monotonic() >= deadline:
@@ -94,15 +100,17 @@ def snapshot(settings: Settings, wait_s: float = 30.0) -> Snapshot:
                 f"the group {settings.group_id} has committed batch {committed.batch}, but its ledger record is not "
                 f"visible in {settings.ledger_topic} after {wait_s:.0f} s (an open transaction holds the ledger "
                 f"back, or the record is missing): try again; if it persists, `onceflow show ledger` and the "
-                f"transaction watch tell which")
+                f"transaction watch tell which"
+            )
         time.sleep(0.5)
     if committed.batch is not None:
         entries = [e for e in entries if e.batch <= committed.batch]
     return Snapshot(committed, entries, recs)
 
 
-def source_records(settings: Settings, entries: Iterable[LedgerEntry] = (),
-                   quarantine: Iterable[QuarantineRange] = ()) -> list[invariants.SourceRecord]:
+def source_records(
+    settings: Settings, entries: Iterable[LedgerEntry] = (), quarantine: Iterable[QuarantineRange] = ()
+) -> list[invariants.SourceRecord]:
     """The source, classified by the reference parser (independent of Spark), each record with the rules of the
     batch that read it (`entries`; records of no batch with the current settings)."""
     index = invariants.BatchIndex(entries)
@@ -118,8 +126,7 @@ def source_records(settings: Settings, entries: Iterable[LedgerEntry] = (),
 
 
 def dlq_provenance(msgs: Iterable[kafka_reading.Msg]) -> list[tuple[int, int]]:
-    return [(int(m.headers[wire.H_SOURCE_PARTITION]), int(m.headers[wire.H_SOURCE_OFFSET]))
-            for m in msgs]
+    return [(int(m.headers[wire.H_SOURCE_PARTITION]), int(m.headers[wire.H_SOURCE_OFFSET])) for m in msgs]
 
 
 def audit(settings: Settings, source: list[invariants.SourceRecord] | None = None) -> invariants.Report:
@@ -129,8 +136,11 @@ def audit(settings: Settings, source: list[invariants.SourceRecord] | None = Non
     snap = snapshot(settings)
     src = source if source is not None else source_records(settings, snap.entries, quarantined(snap.records))
     # onceflow's sink records always carry a key and a value
-    sink = [invariants.SinkRecord(cast(bytes, m.key).decode(), cast(bytes, m.value), m.partition, m.offset)
-            for m in kafka_reading.read_topic(settings, settings.sink_topic) if snap.includes(m.headers)]
+    sink = [
+        invariants.SinkRecord(cast(bytes, m.key).decode(), cast(bytes, m.value), m.partition, m.offset)
+        for m in kafka_reading.read_topic(settings, settings.sink_topic)
+        if snap.includes(m.headers)
+    ]
     dlq = dlq_provenance(m for m in kafka_reading.read_topic(settings, settings.dlq_topic) if snap.includes(m.headers))
     rep = invariants.check(snap.entries, snap.committed.offsets, src, sink, dlq, settings.window_s)
     rep.snapshot_batch = snap.batch

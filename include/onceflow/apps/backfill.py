@@ -7,6 +7,7 @@ before anything is written; then, per chunk, one Kafka transaction of the backfi
 or a resumed run reads that metadata and starts after the last committed chunk, so no chunk is written twice;
 a run with the same id but different parameters is refused.
 """
+
 from __future__ import annotations
 
 import json
@@ -76,8 +77,16 @@ def running(settings: Settings) -> list[dict]:
 def validate(settings: Settings, spec: br.Spec) -> br.Spec:
     """Every check that can refuse the backfill; returns the spec with its time range resolved to offsets (the
     first run's resolution, when this backfill id has committed chunks already)."""
-    br.check_params(spec, {settings.sink_topic: "sink", settings.dlq_topic: "DLQ", settings.ledger_topic: "ledger",
-                           settings.source_topic: "source"}, resolved=spec.by_time and bool(spec.start))
+    br.check_params(
+        spec,
+        {
+            settings.sink_topic: "sink",
+            settings.dlq_topic: "DLQ",
+            settings.ledger_topic: "ledger",
+            settings.source_topic: "source",
+        },
+        resolved=spec.by_time and bool(spec.start),
+    )
     source, target = topic_facts(settings, spec.source_topic), topic_facts(settings, spec.target_topic)
     p = progress(settings, spec) if source.exists else Progress()
     if spec.by_time and not spec.start and source.exists:
@@ -94,17 +103,22 @@ def validate(settings: Settings, spec: br.Spec) -> br.Spec:
             raise br.BackfillError(f"backfill {spec.id} is already running (pid {other['pid']})")
         o_start, o_end = br.parse_offsets(other["start"]), br.parse_offsets(other["end"])
         if other["source"] == spec.source_topic and br.overlaps(spec.start, spec.end, o_start, o_end):
-            raise br.BackfillError(f"the range overlaps backfill {other['id']}, running now (pid {other['pid']}): "
-                                   f"wait for it, or choose a range that does not overlap")
+            raise br.BackfillError(
+                f"the range overlaps backfill {other['id']}, running now (pid {other['pid']}): "
+                f"wait for it, or choose a range that does not overlap"
+            )
     if p.spec is not None and p.spec != spec.spec_hash():
-        raise br.BackfillError(f"backfill id {spec.id} was run before with other parameters (spec {p.spec}, "
-                               f"now {spec.spec_hash()}): use a new id")
+        raise br.BackfillError(
+            f"backfill id {spec.id} was run before with other parameters (spec {p.spec}, "
+            f"now {spec.spec_hash()}): use a new id"
+        )
     return spec
 
 
 @dataclass(frozen=True)
 class Progress:
     """What a backfill's group has committed: the last chunk, the spec, and the range it resolved to."""
+
     chunk: int | None = None
     spec: str | None = None
     starts: dict[int, int] = field(default_factory=dict)
@@ -117,9 +131,12 @@ def read_progress(consumer, topic: str, partitions) -> Progress:
     if not metas:
         return Progress()
     first = metas[min(metas)][1]
-    return Progress(int(first["chunk"]), first.get("spec"),
-                    {p: int(m["start"]) for p, (_, m) in metas.items() if "start" in m},
-                    {p: off for p, (off, m) in metas.items() if "start" in m})
+    return Progress(
+        int(first["chunk"]),
+        first.get("spec"),
+        {p: int(m["start"]) for p, (_, m) in metas.items() if "start" in m},
+        {p: off for p, (off, m) in metas.items() if "start" in m},
+    )
 
 
 def progress(settings: Settings, spec: br.Spec) -> Progress:
@@ -135,8 +152,9 @@ def progress(settings: Settings, spec: br.Spec) -> Progress:
 def windows(spark: SparkSession, settings: Settings, spec: br.Spec) -> DataFrame:
     """Every window of the range (all valid records count: no watermark in a batch recount), in chunk order."""
     raw = kafka_source.read_range(spark, settings, spec.source_topic, spec.start, spec.end)
-    valid = parsing.classify(raw.select("value", "topic", "partition", "offset", "timestamp"),
-                             spec.max_event_ahead_ms).where(F.col("reason").isNull())
+    valid = parsing.classify(
+        raw.select("value", "topic", "partition", "offset", "timestamp"), spec.max_event_ahead_ms
+    ).where(F.col("reason").isNull())
     counts = valid.groupBy(F.window("ts", f"{spec.window_s} seconds").alias("w"), "ip").count()
     return counts.orderBy(F.col("w.start"), F.col("ip")).select(*result_key_value())
 
@@ -148,9 +166,11 @@ def run(spark: SparkSession, settings: Settings, spec: br.Spec, bus: ev.EventBus
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spec = validate(settings, spec)
     bus = bus or ev.EventBus(settings)
-    injector = Injector(settings.fault, settings.run_dir / "faults" / f"{settings.app_id}.backfill.{spec.id}",
-                        on_fire=lambda f: bus.emit(wire.FAULT_INJECTED, logging.WARNING, flush=True, fault=f.name,
-                                                   backfill=spec.id))
+    injector = Injector(
+        settings.fault,
+        settings.run_dir / "faults" / f"{settings.app_id}.backfill.{spec.id}",
+        on_fire=lambda f: bus.emit(wire.FAULT_INJECTED, logging.WARNING, flush=True, fault=f.name, backfill=spec.id),
+    )
     injector.hit("stall_before_fence", 0)  # validation read the progress; nothing of it is trusted past here
     writer = None if spec.dry_run else ChunkWriter(settings, spec)  # init_transactions fences older runs
     try:
@@ -163,16 +183,27 @@ def run(spark: SparkSession, settings: Settings, spec: br.Spec, bus: ev.EventBus
 def _run(spark, settings: Settings, spec: br.Spec, writer: ChunkWriter | None, injector: Injector, bus) -> dict:
     done = progress(settings, spec)
     if done.starts and (done.starts, done.ends) != (spec.start, spec.end):
-        raise br.BackfillError(f"backfill {spec.id}: another run committed chunks of the range {done.starts} -> "
-                               f"{done.ends}, not {spec.start} -> {spec.end}; run it again to resume that range")
+        raise br.BackfillError(
+            f"backfill {spec.id}: another run committed chunks of the range {done.starts} -> "
+            f"{done.ends}, not {spec.start} -> {spec.end}; run it again to resume that range"
+        )
     first = br.first_chunk_to_write(done.chunk)
     out = windows(spark, settings, spec).cache()
     total = out.count()
     n = br.chunks(total, spec.chunk_size)
-    report = {"id": spec.id, "spec": spec.spec_hash(), "source": spec.source_topic, "target": spec.target_topic,
-              "start": spec.start, "end": spec.end, "records_in_range": sum(spec.end[p] - spec.start[p]
-                                                                           for p in spec.start),
-              "windows": total, "chunks": n, "already_committed_chunks": first, "dry_run": spec.dry_run}
+    report = {
+        "id": spec.id,
+        "spec": spec.spec_hash(),
+        "source": spec.source_topic,
+        "target": spec.target_topic,
+        "start": spec.start,
+        "end": spec.end,
+        "records_in_range": sum(spec.end[p] - spec.start[p] for p in spec.start),
+        "windows": total,
+        "chunks": n,
+        "already_committed_chunks": first,
+        "dry_run": spec.dry_run,
+    }
     if spec.dry_run:
         report["would_write_chunks"] = max(0, n - first)
         report["would_write_records"] = max(0, total - first * spec.chunk_size)
@@ -187,9 +218,19 @@ def _run(spark, settings: Settings, spec: br.Spec, writer: ChunkWriter | None, i
 
     reg = registry(settings) / f"{spec.id}.json"
     reg.parent.mkdir(parents=True, exist_ok=True)
-    reg.write_text(json.dumps({"id": spec.id, "pid": os.getpid(), "host": socket.gethostname(),
-                               "source": spec.source_topic, "start": {str(p): o for p, o in spec.start.items()},
-                               "end": {str(p): o for p, o in spec.end.items()}, "started_ms": int(time.time() * 1000)}))
+    reg.write_text(
+        json.dumps(
+            {
+                "id": spec.id,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "source": spec.source_topic,
+                "start": {str(p): o for p, o in spec.start.items()},
+                "end": {str(p): o for p, o in spec.end.items()},
+                "started_ms": int(time.time() * 1000),
+            }
+        )
+    )
     bus.emit(wire.BACKFILL_STARTED, flush=True, id=spec.id, chunks=n, from_chunk=first, windows=total, pid=os.getpid())
     injector.hit("stall_before_chunks", 0)
     written = records = 0
@@ -222,16 +263,21 @@ class ChunkWriter:
         self.tid = transactional_id(settings, spec.id)
         # init_transactions fences an older run of the same backfill
         self.writer = TransactionalWriter(
-            lambda: kafka_clients.transactional_producer(settings, self.tid, **{"linger.ms": 5}), self.tid,
-            settings.transaction_timeout_ms, commit_timeout_s=settings.commit_timeout_s)
+            lambda: kafka_clients.transactional_producer(settings, self.tid, **{"linger.ms": 5}),
+            self.tid,
+            settings.transaction_timeout_ms,
+            commit_timeout_s=settings.commit_timeout_s,
+        )
         self.group = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings, spec.id))
 
     def write(self, chunk: int, rows: list[tuple[str, bytes]], injector: Injector) -> None:
-        br.check_next_chunk(chunk, read_progress(self.group, self.spec.source_topic, self.spec.end).chunk,
-                            self.spec.id)
+        br.check_next_chunk(chunk, read_progress(self.group, self.spec.source_topic, self.spec.end).chunk, self.spec.id)
         started = time.monotonic()
-        headers = [(wire.H_APP, self.s.app_id.encode()), (wire.H_BACKFILL, self.spec.id.encode()),
-                   (wire.H_CHUNK, str(chunk).encode())]
+        headers = [
+            (wire.H_APP, self.s.app_id.encode()),
+            (wire.H_BACKFILL, self.spec.id.encode()),
+            (wire.H_CHUNK, str(chunk).encode()),
+        ]
         w = self.writer
         w.begin()
         try:
@@ -240,18 +286,35 @@ class ChunkWriter:
             if injector.faults:  # tests: the crash then leaves the chunk's records in the open transaction
                 w.producer.flush(30)
             injector.hit("crash_in_chunk", chunk)
-            entry = LedgerEntry(app=self.s.app_id, batch=chunk, topic=self.spec.source_topic,
-                                ranges={p: (self.spec.start[p], self.spec.end[p]) for p in sorted(self.spec.start)},
-                                watermark_ms=0, batch_ts_ms=0, outputs=len(rows), dlq=0,
-                                txn_ms=round((time.monotonic() - started) * 1000, 3),
-                                commit_time_ms=int(time.time() * 1000), transactional_id=self.tid, kind=wire.LEDGER_BACKFILL,
-                                backfill_id=self.spec.id, spec_hash=self.spec.spec_hash(), rules=self.spec.rules,
-                                max_event_ahead_ms=self.spec.max_event_ahead_ms)
+            entry = LedgerEntry(
+                app=self.s.app_id,
+                batch=chunk,
+                topic=self.spec.source_topic,
+                ranges={p: (self.spec.start[p], self.spec.end[p]) for p in sorted(self.spec.start)},
+                watermark_ms=0,
+                batch_ts_ms=0,
+                outputs=len(rows),
+                dlq=0,
+                txn_ms=round((time.monotonic() - started) * 1000, 3),
+                commit_time_ms=int(time.time() * 1000),
+                transactional_id=self.tid,
+                kind=wire.LEDGER_BACKFILL,
+                backfill_id=self.spec.id,
+                spec_hash=self.spec.spec_hash(),
+                rules=self.spec.rules,
+                max_event_ahead_ms=self.spec.max_event_ahead_ms,
+            )
             w.produce(self.s.ledger_topic, self.s.app_id.encode(), entry.to_json(), headers)
             h = self.spec.spec_hash()
-            w.send_offsets([TopicPartition(self.spec.source_topic, p, self.spec.end[p],
-                                           br.chunk_metadata(chunk, h, self.spec.start[p]))
-                            for p in sorted(self.spec.end)], self.group.consumer_group_metadata())
+            w.send_offsets(
+                [
+                    TopicPartition(
+                        self.spec.source_topic, p, self.spec.end[p], br.chunk_metadata(chunk, h, self.spec.start[p])
+                    )
+                    for p in sorted(self.spec.end)
+                ],
+                self.group.consumer_group_metadata(),
+            )
             w.commit()
         except TxnError:
             raise  # aborted, or the producer replaced (a commit whose outcome is unknown: a re-run settles it)
@@ -267,17 +330,36 @@ class ChunkWriter:
             self.writer.close()
 
 
-def spec_from(settings: Settings, backfill_id: str, start=None, end=None, since=None, until=None,
-              target: str | None = None, chunk_size: int = 5000, dry_run: bool = False) -> br.Spec:
+def spec_from(
+    settings: Settings,
+    backfill_id: str,
+    start=None,
+    end=None,
+    since=None,
+    until=None,
+    target: str | None = None,
+    chunk_size: int = 5000,
+    dry_run: bool = False,
+) -> br.Spec:
     """A Spec from CLI or DAG parameters (offsets as JSON objects, times as ISO-8601 or epoch ms)."""
     try:
         since_ms, until_ms = to_ms(since), to_ms(until)
     except ValueError as e:
         raise br.BackfillError(str(e)) from None
-    return br.Spec(id=backfill_id, source_topic=settings.source_topic, target_topic=target or settings.backfill_topic,
-                   chunk_size=int(chunk_size), start=br.parse_offsets(start), end=br.parse_offsets(end),
-                   since_ms=since_ms, until_ms=until_ms, dry_run=bool(dry_run), window_s=settings.window_s,
-                   rules=RULES_VERSION, max_event_ahead_ms=settings.max_event_ahead_ms)
+    return br.Spec(
+        id=backfill_id,
+        source_topic=settings.source_topic,
+        target_topic=target or settings.backfill_topic,
+        chunk_size=int(chunk_size),
+        start=br.parse_offsets(start),
+        end=br.parse_offsets(end),
+        since_ms=since_ms,
+        until_ms=until_ms,
+        dry_run=bool(dry_run),
+        window_s=settings.window_s,
+        rules=RULES_VERSION,
+        max_event_ahead_ms=settings.max_event_ahead_ms,
+    )
 
 
 SCRIPT = REPO_ROOT / "jobs" / "backfill.py"
@@ -287,5 +369,6 @@ def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float =
     """Run jobs/backfill.py through `argv` (spark-submit) and read its report back."""
     from onceflow.runtime import launcher
 
-    return launcher.run_batch(settings, "backfill", argv, out, settings.log_dir / f"{settings.app_id}.backfill.log",
-                              timeout_s)
+    return launcher.run_batch(
+        settings, "backfill", argv, out, settings.log_dir / f"{settings.app_id}.backfill.log", timeout_s
+    )

@@ -1,5 +1,6 @@
 """The shell of onceflow's batch Spark applications (jobs/reconcile.py, jobs/backfill.py): logging, the result
 file, exit codes (0 done, 2 parameters refused), and an exit that does not wait for the JVM gateway."""
+
 from __future__ import annotations
 
 import json

@@ -13,6 +13,7 @@ a committed record would rewrite history). The quarantine is recorded in the che
 `onceflow/quarantine.json`, which the job reads at start (a restore rewrites that file from the ledger), and in the
 ledger, in a transaction of the app's transactional id; a failed ledger commit puts the file back.
 """
+
 from __future__ import annotations
 
 import getpass
@@ -47,8 +48,9 @@ def current(settings: Settings) -> list[QuarantineRange]:
     return [QuarantineRange(**r) for r in json.loads(store.read(QUARANTINE_FILE))]
 
 
-def add(settings: Settings, partition: int, start: int, end: int, reason: str, by: str | None = None
-        ) -> QuarantineRecord:
+def add(
+    settings: Settings, partition: int, start: int, end: int, reason: str, by: str | None = None
+) -> QuarantineRecord:
     """Quarantine source offsets [start, end) of `partition`. Under the app's start lock (no start here can slip
     in) and after fencing every driver of the app anywhere (the app's transactional id), so what is checked cannot
     change before it is written. The checkpoint's copy is written first and the ledger record committed second; if
@@ -61,8 +63,10 @@ def add(settings: Settings, partition: int, start: int, end: int, reason: str, b
         raise QuarantineError(f"the range [{start}, {end}) is empty")
     with jobctl.start_lock(settings):
         if jobctl.status(settings)["running"]:
-            raise QuarantineError(f"app {settings.app_id} is running: stop it first (`onceflow job stop`); the job "
-                                  f"reads the quarantine when it starts")
+            raise QuarantineError(
+                f"app {settings.app_id} is running: stop it first (`onceflow job stop`); the job "
+                f"reads the quarantine when it starts"
+            )
         wm = kafka_reading.watermarks(settings, settings.source_topic) or {}
         if partition not in wm:
             raise QuarantineError(f"the source topic {settings.source_topic} has no partition {partition}")
@@ -71,14 +75,24 @@ def add(settings: Settings, partition: int, start: int, end: int, reason: str, b
         writer = ledger_writes.app_writer(settings)  # fences any driver of the app, here or elsewhere
         try:
             snap = audit.snapshot(settings)  # after the fence: nothing can commit past it any more
-            done = snap.committed.offsets.get(partition) if snap.committed.offsets else \
-                (snap.entries[-1].end.get(partition) if snap.entries else None)
+            done = (
+                snap.committed.offsets.get(partition)
+                if snap.committed.offsets
+                else (snap.entries[-1].end.get(partition) if snap.entries else None)
+            )
             if done is not None and start < done:
-                raise QuarantineError(f"offsets of partition {partition} below {done} are committed already: a "
-                                      f"quarantine applies only to records the job has not processed yet")
-            record = QuarantineRecord(app=settings.app_id, topic=settings.source_topic,
-                                      ranges=(QuarantineRange(partition, start, end),), reason=reason.strip(),
-                                      by=by or getpass.getuser(), ts_ms=int(time.time() * 1000))
+                raise QuarantineError(
+                    f"offsets of partition {partition} below {done} are committed already: a "
+                    f"quarantine applies only to records the job has not processed yet"
+                )
+            record = QuarantineRecord(
+                app=settings.app_id,
+                topic=settings.source_topic,
+                ranges=(QuarantineRange(partition, start, end),),
+                reason=reason.strip(),
+                by=by or getpass.getuser(),
+                ts_ms=int(time.time() * 1000),
+            )
             store, before = Store(settings.checkpoint), current(settings)
             store.write(QUARANTINE_FILE, render_quarantine(before + list(record.ranges)).encode())
             try:
@@ -88,8 +102,16 @@ def add(settings: Settings, partition: int, start: int, end: int, reason: str, b
                 raise
         finally:
             writer.close()
-    ev.EventBus(settings).emit(wire.RECORDS_QUARANTINED, logging.WARNING, flush=True, partition=partition, start=start, end=end,
-                               reason=record.reason, by=record.by)
+    ev.EventBus(settings).emit(
+        wire.RECORDS_QUARANTINED,
+        logging.WARNING,
+        flush=True,
+        partition=partition,
+        start=start,
+        end=end,
+        reason=record.reason,
+        by=record.by,
+    )
     log.warning("quarantined %s[%d] [%d, %d): %s", settings.source_topic, partition, start, end, record.reason)
     return record
 

@@ -12,6 +12,7 @@ those batches again), and a second chain run is fenced and re-checks the positio
 batch is proven twice by the chain. Manual runs (by batch or time range) record their results beside it and do
 not move it.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,27 +69,38 @@ def commit(settings: Settings, res: Result) -> dict:
     if res.mode != CHAIN:
         raise ValueError("only chain runs move the chain")
     tid = transactional_id(settings)
-    writer = TransactionalWriter(lambda: kafka_clients.transactional_producer(settings, tid), tid,
-                                 settings.transaction_timeout_ms, commit_timeout_s=settings.commit_timeout_s)
+    writer = TransactionalWriter(
+        lambda: kafka_clients.transactional_producer(settings, tid),
+        tid,
+        settings.transaction_timeout_ms,
+        commit_timeout_s=settings.commit_timeout_s,
+    )
     consumer = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings))
     try:
         now = position(settings, consumer)
         if now.batch != res.proven_before:
-            raise ReconcileError(f"the chain moved while this run ran (it started after batch {res.proven_before}, "
-                                 f"the chain is now at {now.batch}, proven by run {now.run_id}): another chain run "
-                                 f"proved these batches; this result is not recorded as the chain's")
+            raise ReconcileError(
+                f"the chain moved while this run ran (it started after batch {res.proven_before}, "
+                f"the chain is now at {now.batch}, proven by run {now.run_id}): another chain run "
+                f"proved these batches; this result is not recorded as the chain's"
+            )
         moves = res.ok and res.last_batch is not None
         writer.begin()
         try:
-            writer.produce(settings.reconciliation_topic, settings.app_id.encode(),
-                           json.dumps(res.as_dict()).encode(), [(wire.H_APP, settings.app_id.encode()),
-                                                                 (wire.H_KIND, b"reconciliation")])
+            writer.produce(
+                settings.reconciliation_topic,
+                settings.app_id.encode(),
+                json.dumps(res.as_dict()).encode(),
+                [(wire.H_APP, settings.app_id.encode()), (wire.H_KIND, b"reconciliation")],
+            )
             if moves:
                 assert res.last_batch is not None  # `moves` says so
                 meta = chain_metadata(res.last_batch, res.run_id, int(time.time() * 1000))
                 ends = {int(p): int(o) for p, o in res.coverage["end_offsets"].items()}
-                writer.send_offsets([TopicPartition(settings.source_topic, p, ends[p], meta) for p in sorted(ends)],
-                                    consumer.consumer_group_metadata())
+                writer.send_offsets(
+                    [TopicPartition(settings.source_topic, p, ends[p], meta) for p in sorted(ends)],
+                    consumer.consumer_group_metadata(),
+                )
             writer.commit()
         except Exception:
             writer.abort()
@@ -129,8 +141,12 @@ def status(settings: Settings, newest_batch: int | None) -> dict:
     runs = recent_results(settings)
     failed: list[list[int]] = []
     for r in runs:
-        if r.get("mode") == CHAIN and not r.get("ok") and r.get("first_batch") is not None \
-                and (proven is None or r["first_batch"] > proven):
+        if (
+            r.get("mode") == CHAIN
+            and not r.get("ok")
+            and r.get("first_batch") is not None
+            and (proven is None or r["first_batch"] > proven)
+        ):
             failed.append([r["first_batch"], r["last_batch"]])
     failed = _merge(failed)
     pending = []
@@ -144,11 +160,17 @@ def status(settings: Settings, newest_batch: int | None) -> dict:
         if cur <= newest_batch:
             pending.append([cur, newest_batch])
     last = next((r for r in reversed(runs) if r.get("mode") == CHAIN), None)
-    return {"app": settings.app_id, "proven_through": proven, "proven_by_run": pos.run_id,
-            "proven_at_ms": pos.ts_ms, "newest_committed_batch": newest_batch,
-            "pending": [p for p in pending if p[0] <= p[1]], "failed": failed,
-            "last_chain_run": _brief(last) if last else None,
-            "recent_runs": [_brief(r) for r in runs[-10:]]}
+    return {
+        "app": settings.app_id,
+        "proven_through": proven,
+        "proven_by_run": pos.run_id,
+        "proven_at_ms": pos.ts_ms,
+        "newest_committed_batch": newest_batch,
+        "pending": [p for p in pending if p[0] <= p[1]],
+        "failed": failed,
+        "last_chain_run": _brief(last) if last else None,
+        "recent_runs": [_brief(r) for r in runs[-10:]],
+    }
 
 
 def _merge(ranges: list[list[int]]) -> list[list[int]]:
@@ -162,6 +184,11 @@ def _merge(ranges: list[list[int]]) -> list[list[int]]:
 
 
 def _brief(r: dict) -> dict:
-    return {"run_id": r.get("run_id"), "mode": r.get("mode", "manual"), "verdict": r.get("verdict"),
-            "batches": [r.get("first_batch"), r.get("last_batch")], "finished_ms": r.get("finished_ms"),
-            "failed_checks": [c["name"] for c in r.get("checks", []) if c.get("status") == "fail"]}
+    return {
+        "run_id": r.get("run_id"),
+        "mode": r.get("mode", "manual"),
+        "verdict": r.get("verdict"),
+        "batches": [r.get("first_batch"), r.get("last_batch")],
+        "finished_ms": r.get("finished_ms"),
+        "failed_checks": [c["name"] for c in r.get("checks", []) if c.get("status") == "fail"],
+    }

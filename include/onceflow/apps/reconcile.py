@@ -8,6 +8,7 @@ The rules (late rows, window emission, the carry-in of windows still open before
 onceflow.rules.reconciliation. Each run's result goes to the `onceflow_reconciliation` topic and a JSON file; a failed
 check fails the run and alerts with the precise difference.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,7 @@ from onceflow.spark.ip_count_plan import ISO_MS
 from onceflow.storage.checkpoint import LocalFS
 
 log = logging.getLogger(__name__)
-CAP = 100          # differences listed per kind
+CAP = 100  # differences listed per kind
 MARGIN_MS = 60_000  # clock slack when finding a batch's records in the sink and DLQ by time
 SINK_SCHEMA = "window_start STRING, window_end STRING, ip STRING, count DOUBLE"
 
@@ -65,39 +66,63 @@ def _bounded(spark, settings, topic, selected, all_entries, isolation="read_comm
     end = _offsets_at(settings, topic, selected[-1].commit_time_ms + MARGIN_MS)
     df = kafka_source.read_range(spark, settings, topic, start, end, isolation)
     batch = _header(wire.H_BATCH).cast("long")
-    return (df.withColumn("batch", batch).withColumn("app", _header(wire.H_APP))
-              .where(F.col("batch").isNull() | F.col("batch").between(a, b)))
+    return (
+        df.withColumn("batch", batch)
+        .withColumn("app", _header(wire.H_APP))
+        .where(F.col("batch").isNull() | F.col("batch").between(a, b))
+    )
 
 
 # ---------------------------------------------------------------------------- the source pass
-def classified_source(spark: SparkSession, settings: Settings, selected: list[LedgerEntry],
-                      all_entries: list[LedgerEntry], quarantine: Sequence[QuarantineRange] = ()) -> DataFrame:
+def classified_source(
+    spark: SparkSession,
+    settings: Settings,
+    selected: list[LedgerEntry],
+    all_entries: list[LedgerEntry],
+    quarantine: Sequence[QuarantineRange] = (),
+) -> DataFrame:
     """The range's source records with their batch, late-row watermark, window and classification."""
     ranges = rr.source_ranges(selected)
-    raw = kafka_source.read_range(spark, settings, settings.source_topic, {p: s for p, (s, _) in ranges.items()},
-                     {p: e for p, (_, e) in ranges.items()}).select("value", "topic", "partition", "offset",
-                                                                     "timestamp")
+    raw = kafka_source.read_range(
+        spark,
+        settings,
+        settings.source_topic,
+        {p: s for p, (s, _) in ranges.items()},
+        {p: e for p, (_, e) in ranges.items()},
+    ).select("value", "topic", "partition", "offset", "timestamp")
     rows = rr.batch_rows(selected, all_entries)
-    table = spark.createDataFrame([(r.partition, r.start, r.end, r.batch, r.late_wm_ms, r.max_ahead_ms)
-                                   for r in rows],
-                                  "p int, s long, e long, batch long, late_wm_ms long, max_ahead_ms long")
+    table = spark.createDataFrame(
+        [(r.partition, r.start, r.end, r.batch, r.late_wm_ms, r.max_ahead_ms) for r in rows],
+        "p int, s long, e long, batch long, late_wm_ms long, max_ahead_ms long",
+    )
     # each record is classified with the rules of the batch that read it (its skew limit, the quarantine)
-    with_batch = raw.join(F.broadcast(table), (raw["partition"] == table["p"]) & (raw["offset"] >= table["s"])
-                          & (raw["offset"] < table["e"]), "inner")
+    with_batch = raw.join(
+        F.broadcast(table),
+        (raw["partition"] == table["p"]) & (raw["offset"] >= table["s"]) & (raw["offset"] < table["e"]),
+        "inner",
+    )
     joined = parsing.classify(with_batch, F.col("max_ahead_ms"), quarantine)
     w_ms = settings.window_s * 1000
     ts_ms = F.unix_millis("ts")
     start = (F.floor(ts_ms / w_ms) * w_ms).cast("long")
-    return (joined.select("partition", "offset", "ip", "reason", "batch", "late_wm_ms",
-                          F.when(F.col("reason").isNull(), start).alias("window_start_ms"))
-                  .withColumn("late", F.col("reason").isNull() & (F.col("window_start_ms") + w_ms
-                                                                  <= F.col("late_wm_ms"))))
+    return joined.select(
+        "partition",
+        "offset",
+        "ip",
+        "reason",
+        "batch",
+        "late_wm_ms",
+        F.when(F.col("reason").isNull(), start).alias("window_start_ms"),
+    ).withColumn("late", F.col("reason").isNull() & (F.col("window_start_ms") + w_ms <= F.col("late_wm_ms")))
 
 
 def contributions(src: DataFrame) -> DataFrame:
     """Per (window, ip): the records of the range that count (valid, not late)."""
-    return (src.where(F.col("reason").isNull() & ~F.col("late"))
-               .groupBy("window_start_ms", "ip").agg(F.count(F.lit(1)).alias("n")))
+    return (
+        src.where(F.col("reason").isNull() & ~F.col("late"))
+        .groupBy("window_start_ms", "ip")
+        .agg(F.count(F.lit(1)).alias("n"))
+    )
 
 
 def with_emission(spark, keys: DataFrame, entries: list[LedgerEntry], window_s: int) -> DataFrame:
@@ -105,8 +130,7 @@ def with_emission(spark, keys: DataFrame, entries: list[LedgerEntry], window_s: 
     emission = rr.Emission(entries)
     w_ms = window_s * 1000
     ends = [r[0] for r in keys.select("window_start_ms").distinct().collect()]
-    emap = spark.createDataFrame([(s, emission.batch(s + w_ms)) for s in ends],
-                                 "window_start_ms long, emit_batch long")
+    emap = spark.createDataFrame([(s, emission.batch(s + w_ms)) for s in ends], "window_start_ms long, emit_batch long")
     return keys.join(F.broadcast(emap), "window_start_ms", "left")
 
 
@@ -119,8 +143,13 @@ def carry_path(settings: Settings, batch: int) -> Path:
     return recon_chain.home(settings) / "carry" / f"b{batch}.parquet"
 
 
-def carry_in(spark: SparkSession, settings: Settings, entries: list[LedgerEntry], a: int,
-             quarantine: Sequence[QuarantineRange] = ()) -> DataFrame:
+def carry_in(
+    spark: SparkSession,
+    settings: Settings,
+    entries: list[LedgerEntry],
+    a: int,
+    quarantine: Sequence[QuarantineRange] = (),
+) -> DataFrame:
     """Windows still open after batch a-1, with the counts of the records read before a: the previous run's
     carry-out, or (no previous run) one pass over the batches before a, done now and kept."""
     empty = spark.createDataFrame([], "window_start_ms long, ip string, n long")
@@ -132,8 +161,13 @@ def carry_in(spark: SparkSession, settings: Settings, entries: list[LedgerEntry]
         log.info("no carry for batch %d: reading batches %d..%d once", a - 1, before[0].batch, a - 1)
         src = classified_source(spark, settings, before, entries, quarantine)
         keys = with_emission(spark, contributions(src), entries, settings.window_s)
-        save_carry(settings, keys.where(F.col("emit_batch").isNull() | (F.col("emit_batch") > a - 1))
-                   .select("window_start_ms", "ip", "n"), a - 1)
+        save_carry(
+            settings,
+            keys.where(F.col("emit_batch").isNull() | (F.col("emit_batch") > a - 1)).select(
+                "window_start_ms", "ip", "n"
+            ),
+            a - 1,
+        )
     return spark.read.parquet(str(path))
 
 
@@ -159,11 +193,21 @@ def run_chain(spark: SparkSession, settings: Settings, with_gx: bool = True) -> 
     snap = audit.snapshot(settings)
     rng = rr.chain_range(pos.batch, snap.entries, settings.reconcile_max_batches)
     if rng is None:
-        res = rr.Result(app=settings.app_id, run_id=uuid.uuid4().hex[:12], first_batch=None, last_batch=None,
-                        ranges={}, started_ms=t0, mode=rr.CHAIN, coverage=rr.coverage([]),
-                        snapshot_batch=snap.batch, proven_before=pos.batch)
-        res.checks.append(rr.Check("range", rr.SKIP, f"nothing new: the chain has proven every committed batch "
-                                                     f"(through {pos.batch})"))
+        res = rr.Result(
+            app=settings.app_id,
+            run_id=uuid.uuid4().hex[:12],
+            first_batch=None,
+            last_batch=None,
+            ranges={},
+            started_ms=t0,
+            mode=rr.CHAIN,
+            coverage=rr.coverage([]),
+            snapshot_batch=snap.batch,
+            proven_before=pos.batch,
+        )
+        res.checks.append(
+            rr.Check("range", rr.SKIP, f"nothing new: the chain has proven every committed batch (through {pos.batch})")
+        )
         res.finished_ms = int(time.time() * 1000)
         return res
     res = run(spark, settings, first=rng[0], last=rng[1], with_gx=with_gx, snap=snap)
@@ -171,62 +215,101 @@ def run_chain(spark: SparkSession, settings: Settings, with_gx: bool = True) -> 
     return res
 
 
-def run(spark: SparkSession, settings: Settings, first: int | None = None, last: int | None = None,
-        since_ms: int | None = None, until_ms: int | None = None, with_gx: bool = True,
-        snap: audit.Snapshot | None = None) -> rr.Result:
+def run(
+    spark: SparkSession,
+    settings: Settings,
+    first: int | None = None,
+    last: int | None = None,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+    with_gx: bool = True,
+    snap: audit.Snapshot | None = None,
+) -> rr.Result:
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     t0 = int(time.time() * 1000)
     snap = snap or audit.snapshot(settings)  # a consistent cut: a running job's later batches are left out
     entries, quarantine = snap.entries, audit.quarantined(snap.records)
     selected = rr.select_batches(entries, first, last, since_ms, until_ms)
-    res = rr.Result(app=settings.app_id, run_id=uuid.uuid4().hex[:12],
-                    first_batch=selected[0].batch if selected else None,
-                    last_batch=selected[-1].batch if selected else None,
-                    ranges=rr.source_ranges(selected), started_ms=t0, snapshot_batch=snap.batch,
-                    coverage=rr.coverage(selected))
+    res = rr.Result(
+        app=settings.app_id,
+        run_id=uuid.uuid4().hex[:12],
+        first_batch=selected[0].batch if selected else None,
+        last_batch=selected[-1].batch if selected else None,
+        ranges=rr.source_ranges(selected),
+        started_ms=t0,
+        snapshot_batch=snap.batch,
+        coverage=rr.coverage(selected),
+    )
     if selected:  # where the job's group stood after the last batch: the chain's position once it is proven
         ends: dict[int, int] = {}
         for e in entries:
             if e.batch <= selected[-1].batch:
                 ends.update(e.end)
         res.coverage["end_offsets"] = {str(p): o for p, o in sorted(ends.items())}
-    res.checks.append(rr.coverage_check(check_coverage(entries, snap.committed.offsets or None,
-                                                        starting_offsets(settings))))
+    res.checks.append(
+        rr.coverage_check(check_coverage(entries, snap.committed.offsets or None, starting_offsets(settings)))
+    )
     if not selected:
         res.checks.append(rr.Check("range", rr.SKIP, "no committed batch in the requested range"))
         res.finished_ms = int(time.time() * 1000)
         return res
     a, b = selected[0].batch, selected[-1].batch
     src = classified_source(spark, settings, selected, entries, quarantine).cache()
-    totals = src.agg(F.count(F.lit(1)).alias("total"),
-                     F.sum(F.col("reason").isNotNull().cast("long")).alias("malformed"),
-                     F.sum(F.col("late").cast("long")).alias("late")).first()
+    totals = src.agg(
+        F.count(F.lit(1)).alias("total"),
+        F.sum(F.col("reason").isNotNull().cast("long")).alias("malformed"),
+        F.sum(F.col("late").cast("long")).alias("late"),
+    ).first()
     # Spark drops late rows after its partial aggregation and the shuffle's partial merge: what it counts in
     # numRowsDroppedByWatermark is one row per late (window, ip) of the batch.
-    late_groups = {r["batch"]: r["n"] for r in src.where("late").select("batch", "window_start_ms", "ip")
-                   .distinct().groupBy("batch").agg(F.count(F.lit(1)).alias("n")).collect()}
+    late_groups = {
+        r["batch"]: r["n"]
+        for r in src.where("late")
+        .select("batch", "window_start_ms", "ip")
+        .distinct()
+        .groupBy("batch")
+        .agg(F.count(F.lit(1)).alias("n"))
+        .collect()
+    }
 
     contrib = contributions(src).withColumn("from_range", F.col("n"))
     prior = carry_in(spark, settings, entries, a, quarantine).withColumn("from_range", F.lit(0).cast("long"))
-    keys = (contrib.unionByName(prior).groupBy("window_start_ms", "ip")
-            .agg(F.sum("n").alias("n"), F.sum("from_range").alias("from_range")))
+    keys = (
+        contrib.unionByName(prior)
+        .groupBy("window_start_ms", "ip")
+        .agg(F.sum("n").alias("n"), F.sum("from_range").alias("from_range"))
+    )
     keys = with_emission(spark, keys, entries, settings.window_s).cache()
-    save_carry(settings, keys.where(F.col("emit_batch").isNull() | (F.col("emit_batch") > b))
-               .select("window_start_ms", "ip", "n"), b, keep=(a - 1,))
+    save_carry(
+        settings,
+        keys.where(F.col("emit_batch").isNull() | (F.col("emit_batch") > b)).select("window_start_ms", "ip", "n"),
+        b,
+        keep=(a - 1,),
+    )
     pending_row = keys.where(F.col("emit_batch").isNull() | (F.col("emit_batch") > b)).agg(F.sum("from_range")).first()
     assert pending_row is not None  # a global aggregation has one row
     pending = pending_row[0] or 0
-    expected = (keys.where(F.col("emit_batch").between(a, b))
-                .select(sink_key(F.col("window_start_ms"), F.col("ip")).alias("key"),
-                        F.col("n").alias("expected"), "emit_batch", "from_range"))
+    expected = keys.where(F.col("emit_batch").between(a, b)).select(
+        sink_key(F.col("window_start_ms"), F.col("ip")).alias("key"),
+        F.col("n").alias("expected"),
+        "emit_batch",
+        "from_range",
+    )
 
     sink_raw = _bounded(spark, settings, settings.sink_topic, selected, entries).cache()
-    sink = (sink_raw.select(F.col("key").cast("string").alias("key"), "batch", "partition", "offset",
-                            F.from_json(F.col("value").cast("string"), SINK_SCHEMA).alias("v"))
-            .select("key", "batch", "partition", "offset", "v.*")).cache()
+    sink = (
+        sink_raw.select(
+            F.col("key").cast("string").alias("key"),
+            "batch",
+            "partition",
+            "offset",
+            F.from_json(F.col("value").cast("string"), SINK_SCHEMA).alias("v"),
+        ).select("key", "batch", "partition", "offset", "v.*")
+    ).cache()
     dlq_check = _dlq(spark, settings, src, selected, entries)
-    res.checks += _results(expected, sink, selected, totals, late_groups, pending, settings,
-                           dlq_check.figures["dlq_records"])
+    res.checks += _results(
+        expected, sink, selected, totals, late_groups, pending, settings, dlq_check.figures["dlq_records"]
+    )
     res.checks.append(dlq_check)
     res.checks.append(_visibility(spark, settings, sink_raw, selected, entries))
     if with_gx:
@@ -236,8 +319,13 @@ def run(spark: SparkSession, settings: Settings, first: int | None = None, last:
     sink.unpersist()
     sink_raw.unpersist()
     res.finished_ms = int(time.time() * 1000)
-    log.info("reconciled batches %d..%d in %.1f s: %s", a, b, (res.finished_ms - t0) / 1000,
-             {c.name: c.status for c in res.checks})
+    log.info(
+        "reconciled batches %d..%d in %.1f s: %s",
+        a,
+        b,
+        (res.finished_ms - t0) / 1000,
+        {c.name: c.status for c in res.checks},
+    )
     return res
 
 
@@ -256,40 +344,62 @@ def _rows(df: DataFrame, cols: list[str]) -> list[dict]:
 
 def _results(expected, sink, selected, totals, late_groups, pending, settings, dlq_records) -> list[rr.Check]:
     ours = sink.where(F.col("batch").isNotNull())
-    per_key = sink.groupBy("key").agg(F.count(F.lit(1)).alias("times"), F.collect_set("batch").alias("batches"),
-                                      F.first("count").alias("count"), F.min("batch").alias("batch"))
+    per_key = sink.groupBy("key").agg(
+        F.count(F.lit(1)).alias("times"),
+        F.collect_set("batch").alias("batches"),
+        F.first("count").alias("count"),
+        F.min("batch").alias("batch"),
+    )
     j = expected.join(per_key, "key", "full_outer").cache()
     duplicates = _rows(j.where(F.col("times") > 1), ["key", "times", "batches"])
     missing = _rows(j.where(F.col("times").isNull()), ["key", "expected", "emit_batch"])
-    wrong = _rows(j.where(F.col("times").isNotNull() & F.col("expected").isNotNull()
-                          & (F.col("count") != F.col("expected"))), ["key", "expected", "count", "batch"])
+    wrong = _rows(
+        j.where(F.col("times").isNotNull() & F.col("expected").isNotNull() & (F.col("count") != F.col("expected"))),
+        ["key", "expected", "count", "batch"],
+    )
     unexpected = _rows(j.where(F.col("expected").isNull()), ["key", "count", "batches"])
-    misplaced = _rows(j.where((F.col("times") == 1) & F.col("expected").isNotNull()
-                              & (F.col("batch") != F.col("emit_batch"))), ["key", "batch", "emit_batch"])
-    figs = j.agg(F.count("expected").alias("expected_keys"),
-                 F.sum(F.when(F.col("expected").isNotNull(), F.col("count"))).alias("sink_counted"),
-                 F.sum(F.col("expected") - F.col("from_range")).alias("carried_in")).first()
+    misplaced = _rows(
+        j.where((F.col("times") == 1) & F.col("expected").isNotNull() & (F.col("batch") != F.col("emit_batch"))),
+        ["key", "batch", "emit_batch"],
+    )
+    figs = j.agg(
+        F.count("expected").alias("expected_keys"),
+        F.sum(F.when(F.col("expected").isNotNull(), F.col("count"))).alias("sink_counted"),
+        F.sum(F.col("expected") - F.col("from_range")).alias("carried_in"),
+    ).first()
     j.unpersist()
     sink_records = ours.count()
     ledger_outputs = sum(e.outputs for e in selected)
-    i3 = rr.results_check(figs["expected_keys"], sink_records, duplicates, missing, wrong, unexpected, misplaced,
-                          ledger_outputs)
+    i3 = rr.results_check(
+        figs["expected_keys"], sink_records, duplicates, missing, wrong, unexpected, misplaced, ledger_outputs
+    )
     # records in the sink's time window that no onceflow transaction wrote (no batch header)
     i3.figures["foreign_records"] = sink.where(F.col("batch").isNull()).count()
     counted_in_sink = int((figs["sink_counted"] or 0) - (figs["carried_in"] or 0))
-    i2 = rr.accounting_check(totals["total"], counted_in_sink, int(totals["late"] or 0), dlq_records, int(pending),
-                             spark_dropped(settings, selected), late_groups, settings.late_fraction_threshold)
+    i2 = rr.accounting_check(
+        totals["total"],
+        counted_in_sink,
+        int(totals["late"] or 0),
+        dlq_records,
+        int(pending),
+        spark_dropped(settings, selected),
+        late_groups,
+        settings.late_fraction_threshold,
+    )
     i2.figures["malformed_by_parser"] = int(totals["malformed"] or 0)
     return [i2, i3]
 
 
 def _dlq(spark, settings, src, selected, entries) -> rr.Check:
-    dlq = (_bounded(spark, settings, settings.dlq_topic, selected, entries)
-           .select(_header(wire.H_SOURCE_PARTITION).cast("int").alias("partition"),
-                   _header(wire.H_SOURCE_OFFSET).cast("long").alias("offset"), "batch",
-                   _header(wire.H_REASON).alias("dlq_reason")))
-    got = dlq.groupBy("partition", "offset").agg(F.count(F.lit(1)).alias("times"), F.first("batch").alias("batch"),
-                                                 F.first("dlq_reason").alias("dlq_reason"))
+    dlq = _bounded(spark, settings, settings.dlq_topic, selected, entries).select(
+        _header(wire.H_SOURCE_PARTITION).cast("int").alias("partition"),
+        _header(wire.H_SOURCE_OFFSET).cast("long").alias("offset"),
+        "batch",
+        _header(wire.H_REASON).alias("dlq_reason"),
+    )
+    got = dlq.groupBy("partition", "offset").agg(
+        F.count(F.lit(1)).alias("times"), F.first("batch").alias("batch"), F.first("dlq_reason").alias("dlq_reason")
+    )
     bad = src.where(F.col("reason").isNotNull()).select("partition", "offset", "reason", F.col("batch").alias("b"))
     j = bad.join(got, ["partition", "offset"], "full_outer").cache()
     missing = _rows(j.where(F.col("times").isNull()), ["partition", "offset", "reason", "b"])
@@ -313,8 +423,12 @@ def _visibility(spark, settings, committed_view, selected, entries) -> rr.Check:
 
 def _gx(sink: DataFrame, settings: Settings, res: rr.Result) -> rr.Check:
     try:
-        out = sink_quality.validate(sink, settings.window_s, recon_chain.home(settings) / "gx", f"{res.run_id}-b{res.first_batch}"
-                                    f"-{res.last_batch}")
+        out = sink_quality.validate(
+            sink,
+            settings.window_s,
+            recon_chain.home(settings) / "gx",
+            f"{res.run_id}-b{res.first_batch}-{res.last_batch}",
+        )
     except Exception as e:  # GX itself failing is reported, not hidden
         log.exception("the GX suite did not run")
         return rr.Check("gx_suite", rr.FAIL, f"the Great Expectations suite did not run: {e}")
@@ -322,8 +436,13 @@ def _gx(sink: DataFrame, settings: Settings, res: rr.Result) -> rr.Check:
     failed = [x for x in out["expectations"] if not x["success"]]
     figures = {"expectations": len(out["expectations"]), "failed": len(failed), "data_docs": out["data_docs"]}
     if failed:
-        return rr.Check("gx_suite", rr.FAIL, "; ".join(f"{x['expectation']}({x['column']}): {x['unexpected_count']} "
-                                                        f"unexpected" for x in failed), figures, failed)
+        return rr.Check(
+            "gx_suite",
+            rr.FAIL,
+            "; ".join(f"{x['expectation']}({x['column']}): {x['unexpected_count']} unexpected" for x in failed),
+            figures,
+            failed,
+        )
     return rr.Check("gx_suite", rr.PASS, f"all {len(out['expectations'])} expectations met", figures)
 
 

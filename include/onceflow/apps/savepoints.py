@@ -9,6 +9,7 @@ hdfs://, s3://, ...) with configuration only. Layout of one savepoint:
 
 What may be copied and restored, and how a restore stays exact, is decided in onceflow.rules.savepoints.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -80,7 +81,7 @@ class Store:
             return {}
         out = {}
         for p, info in self.fs.find(base, detail=True, withdirs=False).items():
-            out[p[len(base):].lstrip("/")] = int(info.get("size") or 0)
+            out[p[len(base) :].lstrip("/")] = int(info.get("size") or 0)
         return out
 
     def read(self, rel: str) -> bytes:
@@ -100,8 +101,7 @@ class Store:
     def dirs(self) -> list[str]:
         if not self.fs.exists(self.root):
             return []
-        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)
-                      if self.fs.isdir(p))
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False) if self.fs.isdir(p))
 
     def rm(self, rel: str = "") -> None:
         if self.fs.exists(self.path(rel)):
@@ -130,9 +130,14 @@ def created_ms_of(sp_id: str) -> int:
 def runtime(settings: Settings) -> Runtime:
     import pyspark
 
-    return Runtime(app=settings.app_id, spark_version=pyspark.__version__,
-                   state_store_provider=settings.state_store_provider, job_config_hash=settings.job_config_hash(),
-                   shuffle_partitions=settings.shuffle_partitions, max_event_ahead_ms=settings.max_event_ahead_ms)
+    return Runtime(
+        app=settings.app_id,
+        spark_version=pyspark.__version__,
+        state_store_provider=settings.state_store_provider,
+        job_config_hash=settings.job_config_hash(),
+        shuffle_partitions=settings.shuffle_partitions,
+        max_event_ahead_ms=settings.max_event_ahead_ms,
+    )
 
 
 # ---------------------------------------------------------------------------- Kafka facts
@@ -187,14 +192,15 @@ def create(settings: Settings, stop: bool = False, bus: ev.EventBus | None = Non
     offsets_text = src.read(f"offsets/{batch}").decode()
     meta, end = parse_offsets_file(offsets_text, settings.source_topic)
     partitions = int(meta.get("conf", {}).get("spark.sql.shuffle.partitions", settings.shuffle_partitions))
-    provider = meta.get("conf", {}).get("spark.sql.streaming.stateStore.providerClass",
-                                        settings.state_store_provider)
+    provider = meta.get("conf", {}).get("spark.sql.streaming.stateStore.providerClass", settings.state_store_provider)
     epoch = Epoch.from_json(src.read(EPOCH_FILE).decode()) if EPOCH_FILE in listing else Epoch()
     ledger_batch = epoch.ledger_batch(batch)
     entry = _ledger_entry(settings, ledger_batch)
     if entry is None:
-        raise SavepointError(f"the ledger has no record of batch {ledger_batch} (Spark batch {batch}), which the "
-                             f"checkpoint says is committed: run `onceflow audit` before taking a savepoint")
+        raise SavepointError(
+            f"the ledger has no record of batch {ledger_batch} (Spark batch {batch}), which the "
+            f"checkpoint says is committed: run `onceflow audit` before taking a savepoint"
+        )
     group, group_meta = _group_position(settings, end)
 
     now_ms = int(time.time() * 1000)
@@ -211,25 +217,48 @@ def create(settings: Settings, stop: bool = False, bus: ev.EventBus | None = Non
             files.append(FileEntry(rel, len(data), _sha256(data)))
         problems = cut_problems([f.path for f in files], batch, partitions)
         if problems:
-            raise SavepointError(f"the copy of batch {batch} is not self-contained (the checkpoint changed while "
-                                 f"it was copied?): {'; '.join(problems)}; try again")
+            raise SavepointError(
+                f"the copy of batch {batch} is not self-contained (the checkpoint changed while "
+                f"it was copied?): {'; '.join(problems)}; try again"
+            )
         import pyspark
 
-        m = Manifest(id=sp_id, app=settings.app_id, created_ms=now_ms, mode=mode, checkpoint=settings.checkpoint,
-                     spark_batch=batch, ledger_batch=ledger_batch, epoch=epoch.epoch, end_offsets=end,
-                     watermark_ms=int(meta.get("batchWatermarkMs", 0)),
-                     batch_ts_ms=int(meta.get("batchTimestampMs", 0)), group_offsets=group.offsets,
-                     group_metadata=group_meta, ledger_entry=json.loads(entry.to_json()),
-                     spark_version=pyspark.__version__, state_store_provider=provider,
-                     shuffle_partitions=partitions, job_config_hash=settings.job_config_hash(),
-                     files=tuple(files), total_size=sum(f.size for f in files))
+        m = Manifest(
+            id=sp_id,
+            app=settings.app_id,
+            created_ms=now_ms,
+            mode=mode,
+            checkpoint=settings.checkpoint,
+            spark_batch=batch,
+            ledger_batch=ledger_batch,
+            epoch=epoch.epoch,
+            end_offsets=end,
+            watermark_ms=int(meta.get("batchWatermarkMs", 0)),
+            batch_ts_ms=int(meta.get("batchTimestampMs", 0)),
+            group_offsets=group.offsets,
+            group_metadata=group_meta,
+            ledger_entry=json.loads(entry.to_json()),
+            spark_version=pyspark.__version__,
+            state_store_provider=provider,
+            shuffle_partitions=partitions,
+            job_config_hash=settings.job_config_hash(),
+            files=tuple(files),
+            total_size=sum(f.size for f in files),
+        )
         dest.write_atomic(MANIFEST, m.to_json().encode())
     except BaseException:
         dest.rm()
         raise
     if bus is not None:
-        bus.emit(wire.SAVEPOINT_CREATED, id=sp_id, batch=ledger_batch, spark_batch=batch, mode=mode,
-                 size=m.total_size, files=len(files))
+        bus.emit(
+            wire.SAVEPOINT_CREATED,
+            id=sp_id,
+            batch=ledger_batch,
+            spark_batch=batch,
+            mode=mode,
+            size=m.total_size,
+            files=len(files),
+        )
     log.info("savepoint %s: batch %s, %d files, %d bytes", sp_id, ledger_batch, len(files), m.total_size)
     return m
 
@@ -284,8 +313,10 @@ def load(settings: Settings, sp_id: str) -> Manifest:
     try:
         return Manifest.from_json(root.read(f"{sp_id}/{MANIFEST}"))
     except FileNotFoundError:
-        raise SavepointError(f"savepoint {sp_id} has no manifest: it is incomplete (being written, or its "
-                             f"writer crashed) and cannot be used") from None
+        raise SavepointError(
+            f"savepoint {sp_id} has no manifest: it is incomplete (being written, or its "
+            f"writer crashed) and cannot be used"
+        ) from None
     except (ValueError, TypeError, KeyError) as e:
         raise SavepointError(f"the manifest of savepoint {sp_id} is unreadable: {e}") from None
 
@@ -293,14 +324,19 @@ def load(settings: Settings, sp_id: str) -> Manifest:
 @dataclass(frozen=True)
 class Verification:
     id: str
-    ok: bool                  # the files are intact and self-contained
-    compatible: bool          # ... and the job as configured now can restore it
+    ok: bool  # the files are intact and self-contained
+    compatible: bool  # ... and the job as configured now can restore it
     problems: list[str]
     incompatibilities: list[str]
 
     def as_dict(self) -> dict:
-        return {"id": self.id, "ok": self.ok, "compatible": self.compatible, "problems": self.problems,
-                "incompatibilities": self.incompatibilities}
+        return {
+            "id": self.id,
+            "ok": self.ok,
+            "compatible": self.compatible,
+            "problems": self.problems,
+            "incompatibilities": self.incompatibilities,
+        }
 
 
 def verify(settings: Settings, sp_id: str) -> Verification:
@@ -330,8 +366,13 @@ def delete(settings: Settings, sp_id: str, bus: ev.EventBus | None = None) -> No
 
 def prune(settings: Settings, now_ms: int | None = None, dry_run: bool = False) -> retention.RetentionPlan:
     now_ms = now_ms or int(time.time() * 1000)
-    plan = retention.plan([x.info() for x in list_all(settings)], now_ms, settings.savepoint_keep,
-                          settings.savepoint_max_age_s, settings.savepoint_incomplete_grace_s)
+    plan = retention.plan(
+        [x.info() for x in list_all(settings)],
+        now_ms,
+        settings.savepoint_keep,
+        settings.savepoint_max_age_s,
+        settings.savepoint_incomplete_grace_s,
+    )
     if not dry_run:
         for sp_id in plan.delete_ids:
             delete(settings, sp_id)
@@ -346,16 +387,27 @@ def restore_facts(settings: Settings, m: Manifest) -> RestoreFacts:
     after = committed.batch is not None and m.ledger_batch is not None and committed.batch > m.ledger_batch
     records = audit.ledger_records(settings)
     return RestoreFacts(
-        committed=committed, ledger_at_savepoint=_ledger_entry(settings, m.ledger_batch),
+        committed=committed,
+        ledger_at_savepoint=_ledger_entry(settings, m.ledger_batch),
         ledger_at_sink=_ledger_entry(settings, committed.batch),
-        newer=tuple(x.id for x in list_all(settings)
-                    if x.complete and x.ledger_batch is not None and x.ledger_batch > m.ledger_batch),
+        newer=tuple(
+            x.id
+            for x in list_all(settings)
+            if x.complete and x.ledger_batch is not None and x.ledger_batch > m.ledger_batch
+        ),
         source_low=_source_low(settings, committed.offsets or m.end_offsets),
         last_epoch=max((r.epoch for r in records if isinstance(r, RestoreRecord)), default=0),
         now_ms=int(time.time() * 1000),
-        catch_up_skews=frozenset(e.max_event_ahead_ms for e in records
-                                 if after and committed.batch is not None and isinstance(e, LedgerEntry)
-                                 and e.kind == wire.LEDGER_STREAM and m.ledger_batch < e.batch <= committed.batch))
+        catch_up_skews=frozenset(
+            e.max_event_ahead_ms
+            for e in records
+            if after
+            and committed.batch is not None
+            and isinstance(e, LedgerEntry)
+            and e.kind == wire.LEDGER_STREAM
+            and m.ledger_batch < e.batch <= committed.batch
+        ),
+    )
 
 
 def check_restore(settings: Settings, sp_id: str, allow_rewind: bool = False) -> RestorePlan:
@@ -368,19 +420,24 @@ def check_restore(settings: Settings, sp_id: str, allow_rewind: bool = False) ->
     return plan_restore(m, runtime(settings), restore_facts(settings, m), allow_rewind)
 
 
-def restore(settings: Settings, sp_id: str, allow_rewind: bool = False, dry_run: bool = False,
-            bus: ev.EventBus | None = None) -> RestorePlan:
+def restore(
+    settings: Settings, sp_id: str, allow_rewind: bool = False, dry_run: bool = False, bus: ev.EventBus | None = None
+) -> RestorePlan:
     """Replace the job's checkpoint with savepoint `sp_id` ("latest" for the newest), so that the next start
     continues from it exactly once. The job must be stopped. Nothing is deleted: the replaced checkpoint is
     moved next to it (`<checkpoint>.replaced-<time>`). The restore is recorded in the ledger, in a transaction
     of the app's transactional id (which also fences any driver of the app that is still alive somewhere)."""
     if jobctl.status(settings)["running"]:
-        raise SavepointError(f"app {settings.app_id} is running: stop it first (`onceflow job stop`, or the "
-                             f"deploy DAG's restore action, which stops, restores and starts)")
+        raise SavepointError(
+            f"app {settings.app_id} is running: stop it first (`onceflow job stop`, or the "
+            f"deploy DAG's restore action, which stops, restores and starts)"
+        )
     other = jobctl.live_elsewhere(settings)
     if other is not None:
-        raise SavepointError(f"a driver of app {settings.app_id} committed batch {other.get('batch')} recently "
-                             f"from {other.get('host')} pid {other.get('pid')}: stop it before restoring")
+        raise SavepointError(
+            f"a driver of app {settings.app_id} committed batch {other.get('batch')} recently "
+            f"from {other.get('host')} pid {other.get('pid')}: stop it before restoring"
+        )
     if dry_run:
         return check_restore(settings, sp_id, allow_rewind)
 
@@ -400,8 +457,7 @@ def restore(settings: Settings, sp_id: str, allow_rewind: bool = False, dry_run:
     finally:
         writer.close()
     if bus is not None:
-        bus.emit(wire.SAVEPOINT_RESTORED, logging.WARNING, flush=True, **plan.summary(),
-                 replaced_checkpoint=moved)
+        bus.emit(wire.SAVEPOINT_RESTORED, logging.WARNING, flush=True, **plan.summary(), replaced_checkpoint=moved)
     log.warning("restored savepoint %s: %s", m.id, plan.summary())
     return plan
 
@@ -424,8 +480,10 @@ def _swap_in(settings: Settings, m: Manifest, plan: RestorePlan, quarantine=()) 
         c = plan.catch_up
         if c is not None:
             template = src.read(f"offsets/{m.spark_batch}").decode()
-            ckpt.write(f"offsets/{c.spark_batch}", render_offsets_file(
-                template, settings.source_topic, c.end, c.watermark_ms, c.batch_ts_ms).encode())
+            ckpt.write(
+                f"offsets/{c.spark_batch}",
+                render_offsets_file(template, settings.source_topic, c.end, c.watermark_ms, c.batch_ts_ms).encode(),
+            )
     except BaseException:
         _swap_back(settings, moved)
         raise
@@ -443,14 +501,29 @@ def _swap_back(settings: Settings, moved: str | None) -> None:
 def checkpoint_stats(settings: Settings) -> dict:
     files = Store(settings.checkpoint).files()
     offsets, commits = log_batches(files, "offsets"), log_batches(files, "commits")
-    return {"checkpoint": settings.checkpoint, "size_bytes": sum(files.values()), "files": len(files),
-            "oldest_batch": offsets[0] if offsets else None, "latest_planned_batch": offsets[-1] if offsets else None,
-            "latest_committed_batch": commits[-1] if commits else None,
-            "min_batches_to_retain": settings.min_batches_to_retain}
+    return {
+        "checkpoint": settings.checkpoint,
+        "size_bytes": sum(files.values()),
+        "files": len(files),
+        "oldest_batch": offsets[0] if offsets else None,
+        "latest_planned_batch": offsets[-1] if offsets else None,
+        "latest_committed_batch": commits[-1] if commits else None,
+        "min_batches_to_retain": settings.min_batches_to_retain,
+    }
 
 
-__all__ = ["create", "list_all", "load", "verify", "restore", "delete", "prune", "checkpoint_stats",
-           "SavepointError", "RestoreRecord"]
+__all__ = [
+    "create",
+    "list_all",
+    "load",
+    "verify",
+    "restore",
+    "delete",
+    "prune",
+    "checkpoint_stats",
+    "SavepointError",
+    "RestoreRecord",
+]
 
 
 def replaced_checkpoints(settings: Settings) -> list[tuple[str, int]]:

@@ -8,6 +8,7 @@ Expectations: the key is unique; counts are positive integers; windows are align
 exactly that long (window_end = window_start + window); IPs are valid IPv4 or IPv6 (the parser's own rule); the
 key is `window_start|ip`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,13 +31,17 @@ def prepare(sink: DataFrame, window_s: int) -> DataFrame:
     end_ms = F.unix_millis(F.to_timestamp("window_end"))
     count = F.col("count").cast("double")
     return sink.select(
-        "key", "ip", count.alias("count"),
+        "key",
+        "ip",
+        count.alias("count"),
         (start_ms % w_ms).alias("start_offset_in_window_ms"),
         (end_ms - start_ms).alias("window_length_ms"),
-        end_ms.alias("window_end_ms"), (start_ms + w_ms).alias("window_start_plus_window_ms"),
+        end_ms.alias("window_end_ms"),
+        (start_ms + w_ms).alias("window_start_plus_window_ms"),
         F.concat_ws("|", "window_start", "ip").alias("expected_key"),
         F.col("ip").rlike(records.IP_RE.removesuffix("$") + r"\z").alias("ip_valid"),
-        (count == F.floor(count)).alias("count_is_integer"))
+        (count == F.floor(count)).alias("count_is_integer"),
+    )
 
 
 def suite(window_s: int):
@@ -44,15 +49,17 @@ def suite(window_s: int):
     import great_expectations.expectations as gxe
 
     s = gx.ExpectationSuite(name=SUITE)
-    for e in (gxe.ExpectColumnValuesToBeUnique(column="key"),
-              gxe.ExpectColumnValuesToNotBeNull(column="count"),
-              gxe.ExpectColumnValuesToBeBetween(column="count", min_value=1, strict_min=False),
-              gxe.ExpectColumnValuesToBeInSet(column="count_is_integer", value_set=[True]),
-              gxe.ExpectColumnValuesToBeInSet(column="start_offset_in_window_ms", value_set=[0]),
-              gxe.ExpectColumnValuesToBeInSet(column="window_length_ms", value_set=[window_s * 1000]),
-              gxe.ExpectColumnPairValuesToBeEqual(column_A="window_end_ms", column_B="window_start_plus_window_ms"),
-              gxe.ExpectColumnValuesToBeInSet(column="ip_valid", value_set=[True]),
-              gxe.ExpectColumnPairValuesToBeEqual(column_A="key", column_B="expected_key")):
+    for e in (
+        gxe.ExpectColumnValuesToBeUnique(column="key"),
+        gxe.ExpectColumnValuesToNotBeNull(column="count"),
+        gxe.ExpectColumnValuesToBeBetween(column="count", min_value=1, strict_min=False),
+        gxe.ExpectColumnValuesToBeInSet(column="count_is_integer", value_set=[True]),
+        gxe.ExpectColumnValuesToBeInSet(column="start_offset_in_window_ms", value_set=[0]),
+        gxe.ExpectColumnValuesToBeInSet(column="window_length_ms", value_set=[window_s * 1000]),
+        gxe.ExpectColumnPairValuesToBeEqual(column_A="window_end_ms", column_B="window_start_plus_window_ms"),
+        gxe.ExpectColumnValuesToBeInSet(column="ip_valid", value_set=[True]),
+        gxe.ExpectColumnPairValuesToBeEqual(column_A="key", column_B="expected_key"),
+    ):
         s.add_expectation(e)
     return s
 
@@ -70,24 +77,35 @@ def validate(sink: DataFrame, window_s: int, root: Path, run_name: str) -> dict:
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     ds = ctx.data_sources.add_or_update_spark(name="onceflow_spark")
     asset = next((a for a in ds.assets if a.name == "sink_range"), None) or ds.add_dataframe_asset(name="sink_range")
-    batch_def = next((b for b in asset.batch_definitions if b.name == "whole"), None) or \
-        asset.add_batch_definition_whole_dataframe("whole")
+    batch_def = next(
+        (b for b in asset.batch_definitions if b.name == "whole"), None
+    ) or asset.add_batch_definition_whole_dataframe("whole")
     ctx.suites.add_or_update(suite(window_s))
     vd = ctx.validation_definitions.add_or_update(
-        gx.ValidationDefinition(name="sink_range", data=batch_def, suite=ctx.suites.get(SUITE)))
-    cp = ctx.checkpoints.add_or_update(gx.Checkpoint(
-        name="reconciliation", validation_definitions=[vd],
-        actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")], result_format="SUMMARY"))
+        gx.ValidationDefinition(name="sink_range", data=batch_def, suite=ctx.suites.get(SUITE))
+    )
+    cp = ctx.checkpoints.add_or_update(
+        gx.Checkpoint(
+            name="reconciliation",
+            validation_definitions=[vd],
+            actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")],
+            result_format="SUMMARY",
+        )
+    )
     res = cp.run(batch_parameters={"dataframe": prepare(sink, window_s)}, run_id=gx.RunIdentifier(run_name=run_name))
     out = []
     for vr in res.run_results.values():
         for r in vr.results:
             cfg = r.expectation_config
             assert cfg is not None  # a checkpoint run's results always carry their expectation
-            out.append({"expectation": cfg.type, "column": cfg.kwargs.get("column") or
-                        f"{cfg.kwargs.get('column_A')}={cfg.kwargs.get('column_B')}", "success": r.success,
-                        "unexpected_count": (r.result or {}).get("unexpected_count"),
-                        "examples": (r.result or {}).get("partial_unexpected_list", [])[:5]})
+            out.append(
+                {
+                    "expectation": cfg.type,
+                    "column": cfg.kwargs.get("column") or f"{cfg.kwargs.get('column_A')}={cfg.kwargs.get('column_B')}",
+                    "success": r.success,
+                    "unexpected_count": (r.result or {}).get("unexpected_count"),
+                    "examples": (r.result or {}).get("partial_unexpected_list", [])[:5],
+                }
+            )
     docs = ctx.get_docs_sites_urls()
-    return {"success": bool(res.success), "expectations": out,
-            "data_docs": docs[0]["site_url"] if docs else None}
+    return {"success": bool(res.success), "expectations": out, "data_docs": docs[0]["site_url"] if docs else None}

@@ -6,6 +6,7 @@ RESOLVED for one that went away, nothing while a condition persists. One-off con
 timeout event) fire once and carry no resolution. Every transition is appended to the alerts topic, which is
 also where the last state is read back from: the topic is the alert record the console shows.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,7 @@ class Alert:
     summary: str
     action: str
     app: str
-    source: str                    # which check raised it (health, txn_watch, ...)
+    source: str  # which check raised it (health, txn_watch, ...)
     ts_ms: int
     details: dict = field(default_factory=dict)
     one_off: bool = False
@@ -58,8 +59,14 @@ class Alert:
         return head if self.status == RESOLVED else f"{head}\nWhat to do: {self.action}"
 
 
-def transitions(current: Iterable[Condition], last_state: Mapping[str, str], app: str, source: str,
-                scope_prefix: str, now_ms: int | None = None) -> list[Alert]:
+def transitions(
+    current: Iterable[Condition],
+    last_state: Mapping[str, str],
+    app: str,
+    source: str,
+    scope_prefix: str,
+    now_ms: int | None = None,
+) -> list[Alert]:
     """What to send now. `last_state`: key -> FIRING/RESOLVED/ONCE as last recorded. Only keys starting with
     `scope_prefix` can be resolved by this call: each check resolves only its own conditions."""
     now_ms = now_ms or int(time.time() * 1000)
@@ -72,8 +79,7 @@ def transitions(current: Iterable[Condition], last_state: Mapping[str, str], app
         if c.one_off and c.key in last_state:
             continue
         if last_state.get(c.key) != FIRING:
-            out.append(Alert(c.key, FIRING, c.severity, c.summary, c.action, app, source, now_ms, c.details,
-                             c.one_off))
+            out.append(Alert(c.key, FIRING, c.severity, c.summary, c.action, app, source, now_ms, c.details, c.one_off))
     for key, status in sorted(last_state.items()):
         if status == FIRING and key not in seen and key.startswith(scope_prefix):
             out.append(Alert(key, RESOLVED, INFO, f"resolved: {key}", "nothing", app, source, now_ms))
@@ -99,8 +105,11 @@ class AlertSink:
         self.notifiers = list(notifiers)
 
     def history(self) -> list[Alert]:
-        return [Alert.from_json(cast(bytes, m.value)) for m in read_topic(self.s, self.s.alerts_topic)
-                if m.key == self.s.app_id.encode()]  # onceflow's alert records always carry a value
+        return [
+            Alert.from_json(cast(bytes, m.value))
+            for m in read_topic(self.s, self.s.alerts_topic)
+            if m.key == self.s.app_id.encode()
+        ]  # onceflow's alert records always carry a value
 
     def state(self) -> dict[str, str]:
         return fold_state(self.history())

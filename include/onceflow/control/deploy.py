@@ -3,6 +3,7 @@
 The deploy DAG calls these; so can scripts. A launch never blocks a worker: the job runs under its supervisor,
 detached, and the health DAG watches it from then on.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,18 +44,21 @@ def preflight_checks(settings: Settings, allow_running: bool = False) -> dict:
     checkpoint_writable(settings)
     st = jobctl.status(settings)
     if st["running"] and not allow_running:
-        raise DeployError(f"app {settings.app_id} is already running (job pid {st['job_pid']}); a second driver "
-                          f"is never started: use action=restart or upgrade")
+        raise DeployError(
+            f"app {settings.app_id} is already running (job pid {st['job_pid']}); a second driver "
+            f"is never started: use action=restart or upgrade"
+        )
     other = jobctl.live_elsewhere(settings)
     if other is not None:
-        raise DeployError(f"another driver of app {settings.app_id} committed batch {other.get('batch')} "
-                          f"{(time.time() * 1000 - other['ts_ms']) / 1000:.0f} s ago from {other.get('host')} "
-                          f"pid {other.get('pid')}: stop it before starting one here")
+        raise DeployError(
+            f"another driver of app {settings.app_id} committed batch {other.get('batch')} "
+            f"{(time.time() * 1000 - other['ts_ms']) / 1000:.0f} s ago from {other.get('host')} "
+            f"pid {other.get('pid')}: stop it before starting one here"
+        )
     return info | {"checkpoint": settings.checkpoint}
 
 
-def preflight_for(settings: Settings, action: str, savepoint_id: str = "latest", allow_rewind: bool = False
-                  ) -> dict:
+def preflight_for(settings: Settings, action: str, savepoint_id: str = "latest", allow_rewind: bool = False) -> dict:
     """The checks of one deploy action, all before anything is stopped or written."""
     if action not in ACTIONS:
         raise DeployError(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
@@ -63,8 +67,9 @@ def preflight_for(settings: Settings, action: str, savepoint_id: str = "latest",
     info = preflight_checks(settings, allow_running=action != "start") | {"action": action}
     if action == "upgrade":
         if not jobctl.status(settings)["running"]:
-            raise DeployError(f"app {settings.app_id} is not running: upgrade stops a running job with a "
-                              f"savepoint; use action=start")
+            raise DeployError(
+                f"app {settings.app_id} is not running: upgrade stops a running job with a savepoint; use action=start"
+            )
         info |= check_upgrade(settings)
     if action == "restore":
         from onceflow.apps import savepoints
@@ -78,8 +83,11 @@ def start(settings: Settings, argv: Sequence[str] | None = None, wait_s: float =
     t0 = int(time.time() * 1000)
     info = jobctl.start(settings, argv=argv)
     st = jobctl.wait_for_commit(settings, after_ms=t0, timeout=wait_s, or_idle=True)
-    return info | {"job_pid": jobctl.status(settings)["job_pid"], "first_batch": st.get("last_batch"),
-                   "log": str(supervisor.job_log(settings))}
+    return info | {
+        "job_pid": jobctl.status(settings)["job_pid"],
+        "first_batch": st.get("last_batch"),
+        "log": str(supervisor.job_log(settings)),
+    }
 
 
 def stop(settings: Settings, timeout: float = 120.0) -> dict:
@@ -96,7 +104,8 @@ def check_upgrade(settings: Settings) -> dict:
         raise DeployError(
             f"the new configuration changes the query incompatibly (job config hash {running_hash} -> {new_hash}: "
             f"topics, window or watermark): its state cannot continue from the running job's. Deploy it under a "
-            f"new ONCEFLOW_APP_ID, or backfill")
+            f"new ONCEFLOW_APP_ID, or backfill"
+        )
     return {"job_config_hash": new_hash}
 
 
@@ -109,14 +118,17 @@ def upgrade(settings: Settings, argv: Sequence[str] | None = None, wait_s: float
     m = savepoints.create(settings, stop=True, bus=ev.EventBus(settings))
     v = savepoints.verify(settings, m.id)
     if not v.compatible:
-        raise DeployError(f"stop-with-savepoint {m.id} was taken but the new version cannot continue from it: "
-                          f"{'; '.join(v.problems + v.incompatibilities)}. The job is stopped; start the previous "
-                          f"version, or restore another savepoint")
+        raise DeployError(
+            f"stop-with-savepoint {m.id} was taken but the new version cannot continue from it: "
+            f"{'; '.join(v.problems + v.incompatibilities)}. The job is stopped; start the previous "
+            f"version, or restore another savepoint"
+        )
     return {"savepoint": m.id, "savepoint_batch": m.ledger_batch} | start(settings, argv, wait_s)
 
 
-def restore(settings: Settings, sp_id: str, allow_rewind: bool = False, argv: Sequence[str] | None = None,
-            wait_s: float = 300.0) -> dict:
+def restore(
+    settings: Settings, sp_id: str, allow_rewind: bool = False, argv: Sequence[str] | None = None, wait_s: float = 300.0
+) -> dict:
     """Stop (if running), restore savepoint `sp_id`, start, wait for a committed batch."""
     from onceflow.apps import savepoints
 

@@ -11,6 +11,7 @@ distance from wall-clock time are judged too.
 Each run's record (with the lag sample window the next run needs) goes to the health topic and to
 `var/run/<app>.health.json`.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,20 +46,20 @@ class HealthRecord:
     running: bool
     job_pid: int | None
     last_commit_age_s: float | None
-    partitions: dict = field(default_factory=dict)    # partition -> {"samples": [...], "status": ..., "lag": ...}
+    partitions: dict = field(default_factory=dict)  # partition -> {"samples": [...], "status": ..., "lag": ...}
     total_lag: int = 0
     checkpoint_age_s: float | None = None
     status: str = HEALTHY
     problems: list = field(default_factory=list)
-    restarts: list = field(default_factory=list)     # ts_ms of restarts done by the health check
+    restarts: list = field(default_factory=list)  # ts_ms of restarts done by the health check
     action: str = "none"
-    desired: str | None = None                       # what the operator asked for: running / stopped
-    progress_age_s: float | None = None              # since the later of the last commit and the job's start
-    batch_running_s: float | None = None             # how long the batch in progress has been running
-    last_exit: dict | None = None                    # why supervision ended, when the job is not running
+    desired: str | None = None  # what the operator asked for: running / stopped
+    progress_age_s: float | None = None  # since the later of the last commit and the job's start
+    batch_running_s: float | None = None  # how long the batch in progress has been running
+    last_exit: dict | None = None  # why supervision ended, when the job is not running
     watermark_ms: int | None = None
-    late_fraction: float | None = None               # late (window, ip) aggregates / all, over recent batches
-    late_batches: int = 0                            # the batches that share is taken over
+    late_fraction: float | None = None  # late (window, ip) aggregates / all, over recent batches
+    late_batches: int = 0  # the batches that share is taken over
     restart_error: str | None = None
 
     def to_json(self) -> bytes:
@@ -138,23 +139,35 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
         commit_ts = int(now * 1000) if moved else prev.get("commit_ts_ms")
         sample = lag.Sample(int(now * 1000), cur, end, commit_ts)
         samples = (samples + [sample])[-WINDOW:]
-        parts[str(p)] = {"samples": [s.to_dict() for s in samples], "lag": sample.lag,
-                         "status": lag.evaluate(samples), "trend": lag.trend(samples).value,
-                         "commit_ts_ms": commit_ts}
+        parts[str(p)] = {
+            "samples": [s.to_dict() for s in samples],
+            "lag": sample.lag,
+            "status": lag.evaluate(samples),
+            "trend": lag.trend(samples).value,
+            "commit_ts_ms": commit_ts,
+        }
     now_ms = int(now * 1000)
     marks = [t for t in (st.get("last_commit_ms"), st.get("started_ms")) if t]
     since = previous.ts_ms if previous else now_ms - int(settings.health_restart_window_s * 1000)
     share, n = late_share(recent_progress(settings, max(since, now_ms - 15 * 60_000)))
-    return HealthRecord(app=settings.app_id, ts_ms=now_ms, running=st["running"], job_pid=st["job_pid"],
-                        last_commit_age_s=st["last_commit_age_s"], partitions=parts,
-                        total_lag=sum(v["lag"] for v in parts.values()),
-                        checkpoint_age_s=checkpoint_age_s(settings, now),
-                        restarts=list(previous.restarts) if previous else [], desired=st["desired_state"],
-                        progress_age_s=round((now_ms - max(marks)) / 1000, 1) if marks else None,
-                        batch_running_s=round((now_ms - st["batch_started_ms"]) / 1000, 1)
-                        if st.get("batch_started_ms") else None,
-                        last_exit=st.get("last_exit"), watermark_ms=st["watermark_ms"] if st["running"] else None,
-                        late_fraction=share, late_batches=n)
+    return HealthRecord(
+        app=settings.app_id,
+        ts_ms=now_ms,
+        running=st["running"],
+        job_pid=st["job_pid"],
+        last_commit_age_s=st["last_commit_age_s"],
+        partitions=parts,
+        total_lag=sum(v["lag"] for v in parts.values()),
+        checkpoint_age_s=checkpoint_age_s(settings, now),
+        restarts=list(previous.restarts) if previous else [],
+        desired=st["desired_state"],
+        progress_age_s=round((now_ms - max(marks)) / 1000, 1) if marks else None,
+        batch_running_s=round((now_ms - st["batch_started_ms"]) / 1000, 1) if st.get("batch_started_ms") else None,
+        last_exit=st.get("last_exit"),
+        watermark_ms=st["watermark_ms"] if st["running"] else None,
+        late_fraction=share,
+        late_batches=n,
+    )
 
 
 # Exit codes after which the supervisor stops for good: a restart would not help either.
@@ -172,17 +185,27 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
         return out
     code = (rec.last_exit or {}).get("exit_code")
     if not rec.running and code in NOT_RESTARTABLE:
-        out.append(alerts.Condition(
-            f"health:{app}:not_restartable", alerts.CRITICAL,
-            f"the streaming job {app} stopped for good: {NOT_RESTARTABLE[code]} (exit {code}); it is not restarted",
-            "read the job log (" + str(settings.log_dir / (app + ".log")) + "): a fenced job means another driver "
-            "of the app runs elsewhere; divergent history needs `onceflow audit` and a decision (restore a "
-            "savepoint); a misconfiguration needs the setting the log names. Then deploy (action start)",
-            {"exit_code": code}))
+        out.append(
+            alerts.Condition(
+                f"health:{app}:not_restartable",
+                alerts.CRITICAL,
+                f"the streaming job {app} stopped for good: {NOT_RESTARTABLE[code]} (exit {code}); it is not restarted",
+                "read the job log (" + str(settings.log_dir / (app + ".log")) + "): a fenced job means another driver "
+                "of the app runs elsewhere; divergent history needs `onceflow audit` and a decision (restore a "
+                "savepoint); a misconfiguration needs the setting the log names. Then deploy (action start)",
+                {"exit_code": code},
+            )
+        )
     elif not rec.running:
-        out.append(alerts.Condition(f"health:{app}:down", alerts.CRITICAL, f"the streaming job {app} is not running",
-                                    "the health check restarts it; if it keeps failing read the job log "
-                                    f"({settings.log_dir / (app + '.log')}) and `onceflow job status`"))
+        out.append(
+            alerts.Condition(
+                f"health:{app}:down",
+                alerts.CRITICAL,
+                f"the streaming job {app} is not running",
+                "the health check restarts it; if it keeps failing read the job log "
+                f"({settings.log_dir / (app + '.log')}) and `onceflow job status`",
+            )
+        )
     stalled_after = settings.health_progress_threshold_s
     waiting = rec.total_lag > 0
     age = rec.progress_age_s
@@ -192,31 +215,43 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
     else:
         stalled = age is not None and age > stalled_after
     if rec.running and waiting and stalled:
-        out.append(alerts.Condition(
-            f"health:{app}:stalled", alerts.CRITICAL,
-            (f"batch running for {age} s" if rec.batch_running_s is not None else f"no batch committed for {age} s")
-            + f" while {rec.total_lag} records wait (threshold {stalled_after:.0f} s"
-            + (f" + {settings.health_batch_grace_s:.0f} s grace)" if rec.batch_running_s is not None else ")"),
-            "the health check restarts the job; look for long batches or transaction timeouts in the job log",
-            {"lag": rec.total_lag, "progress_age_s": rec.progress_age_s, "batch_running_s": rec.batch_running_s}))
+        out.append(
+            alerts.Condition(
+                f"health:{app}:stalled",
+                alerts.CRITICAL,
+                (f"batch running for {age} s" if rec.batch_running_s is not None else f"no batch committed for {age} s")
+                + f" while {rec.total_lag} records wait (threshold {stalled_after:.0f} s"
+                + (f" + {settings.health_batch_grace_s:.0f} s grace)" if rec.batch_running_s is not None else ")"),
+                "the health check restarts the job; look for long batches or transaction timeouts in the job log",
+                {"lag": rec.total_lag, "progress_age_s": rec.progress_age_s, "batch_running_s": rec.batch_running_s},
+            )
+        )
     out += _event_time(rec, settings, now_ms)
     for p, info in sorted(rec.partitions.items()):
         status = info["status"]
         if status == lag.OK:
             continue
         sev = alerts.WARNING if status == lag.WARN else alerts.CRITICAL
-        out.append(alerts.Condition(
-            f"health:{app}:lag:{p}", sev,
-            f"lag on {settings.source_topic}[{p}] is {status} ({info['lag']} records, trend {info['trend']})",
-            "WARN: the job falls behind; raise ONCEFLOW_MAX_OFFSETS_PER_TRIGGER or add cores. STALL/STOP: the job "
-            "does not commit; see the progress alert. REWIND: the group's offsets went backwards: someone reset them",
-            {"partition": int(p), "lag": info["lag"], "status": status}))
+        out.append(
+            alerts.Condition(
+                f"health:{app}:lag:{p}",
+                sev,
+                f"lag on {settings.source_topic}[{p}] is {status} ({info['lag']} records, trend {info['trend']})",
+                "WARN: the job falls behind; raise ONCEFLOW_MAX_OFFSETS_PER_TRIGGER or add cores. STALL/STOP: the job "
+                "does not commit; see the progress alert. REWIND: the group's offsets went backwards: someone reset them",
+                {"partition": int(p), "lag": info["lag"], "status": status},
+            )
+        )
     cp = rec.checkpoint_age_s
     if waiting and cp is not None and cp > settings.checkpoint_freshness_threshold_s:
-        out.append(alerts.Condition(
-            f"health:{app}:checkpoint_stale", alerts.WARNING,
-            f"the checkpoint's commit log was last written {cp:.0f} s ago while input waits",
-            f"check that {settings.checkpoint} is writable and the job commits batches"))
+        out.append(
+            alerts.Condition(
+                f"health:{app}:checkpoint_stale",
+                alerts.WARNING,
+                f"the checkpoint's commit log was last written {cp:.0f} s ago while input waits",
+                f"check that {settings.checkpoint} is writable and the job commits batches",
+            )
+        )
     rec.problems = [c.summary for c in out]
     rec.status = FAILING if any(c.severity == alerts.CRITICAL for c in out) else DEGRADED if out else HEALTHY
     return out
@@ -226,42 +261,57 @@ def _event_time(rec: HealthRecord, settings: Settings, now_ms: int) -> list[aler
     """Late records and the watermark against wall-clock time: "everything is late" is never healthy."""
     app, out = settings.app_id, []
     if rec.late_fraction is not None and rec.late_fraction > settings.late_fraction_threshold:
-        out.append(alerts.Condition(
-            f"health:{app}:late", alerts.CRITICAL,
-            f"{100 * rec.late_fraction:.0f}% of the (window, ip) aggregates of the last {rec.late_batches} batches "
-            f"were dropped as late (threshold {100 * settings.late_fraction_threshold:.0f}%): the job reads records "
-            f"but does not count them",
-            "the watermark is ahead of the input: a producer's clock behind the others, or an old topic replayed "
-            "into the source. Check the DLQ for timestamp_ahead records and `onceflow job status` (watermark); "
-            "reconciliation reports the exact late count per batch", {"late_fraction": rec.late_fraction}))
+        out.append(
+            alerts.Condition(
+                f"health:{app}:late",
+                alerts.CRITICAL,
+                f"{100 * rec.late_fraction:.0f}% of the (window, ip) aggregates of the last {rec.late_batches} batches "
+                f"were dropped as late (threshold {100 * settings.late_fraction_threshold:.0f}%): the job reads records "
+                f"but does not count them",
+                "the watermark is ahead of the input: a producer's clock behind the others, or an old topic replayed "
+                "into the source. Check the DLQ for timestamp_ahead records and `onceflow job status` (watermark); "
+                "reconciliation reports the exact late count per batch",
+                {"late_fraction": rec.late_fraction},
+            )
+        )
     wm = rec.watermark_ms
     if rec.running and wm:
         ahead_ms = wm - now_ms
         allowed_ms = settings.max_event_ahead_ms + settings.watermark_s * 1000 + 60_000
         if ahead_ms > allowed_ms:
-            out.append(alerts.Condition(
-                f"health:{app}:watermark_ahead", alerts.CRITICAL,
-                f"the watermark is {ahead_ms / 1000:.0f} s ahead of wall-clock time (allowed {allowed_ms / 1000:.0f} "
-                f"s): every record with a correct clock is dropped as late",
-                "a producer stamps records (Kafka timestamp and event time alike) with a clock ahead: fix it; "
-                "then restore a savepoint taken before the jump (docs/savepoints.md)", {"ahead_ms": ahead_ms}))
+            out.append(
+                alerts.Condition(
+                    f"health:{app}:watermark_ahead",
+                    alerts.CRITICAL,
+                    f"the watermark is {ahead_ms / 1000:.0f} s ahead of wall-clock time (allowed {allowed_ms / 1000:.0f} "
+                    f"s): every record with a correct clock is dropped as late",
+                    "a producer stamps records (Kafka timestamp and event time alike) with a clock ahead: fix it; "
+                    "then restore a savepoint taken before the jump (docs/savepoints.md)",
+                    {"ahead_ms": ahead_ms},
+                )
+            )
         behind_ms = now_ms - wm
         caught_up = rec.total_lag <= settings.max_offsets_per_trigger
         if caught_up and behind_ms > settings.health_event_time_lag_threshold_s * 1000:
-            out.append(alerts.Condition(
-                f"health:{app}:event_time_lag", alerts.WARNING,
-                f"the watermark is {behind_ms / 1000:.0f} s behind wall-clock time although the job has caught up "
-                f"(threshold {settings.health_event_time_lag_threshold_s:.0f} s)",
-                "the producers' clocks are behind, or old records are being replayed into the source",
-                {"behind_ms": behind_ms}))
+            out.append(
+                alerts.Condition(
+                    f"health:{app}:event_time_lag",
+                    alerts.WARNING,
+                    f"the watermark is {behind_ms / 1000:.0f} s behind wall-clock time although the job has caught up "
+                    f"(threshold {settings.health_event_time_lag_threshold_s:.0f} s)",
+                    "the producers' clocks are behind, or old records are being replayed into the source",
+                    {"behind_ms": behind_ms},
+                )
+            )
     return out
 
 
 RESTART_ON = ("down", "stalled")  # the conditions a restart can fix
 
 
-def remediate(rec: HealthRecord, conditions: list[alerts.Condition], settings: Settings, now_ms: int,
-              start_fn=None) -> list[alerts.Condition]:
+def remediate(
+    rec: HealthRecord, conditions: list[alerts.Condition], settings: Settings, now_ms: int, start_fn=None
+) -> list[alerts.Condition]:
     """Restart a down or stalled job, at most `health_restart_attempts` times per window; then page. The restart
     leaves the operator's intent as it is; a failed start counts as an attempt and pages (`restart_failed`)."""
     fixable = {f"health:{settings.app_id}:{c}" for c in RESTART_ON}
@@ -271,20 +321,30 @@ def remediate(rec: HealthRecord, conditions: list[alerts.Condition], settings: S
     recent = [t for t in rec.restarts if now_ms - t < window_ms]
     if len(recent) >= settings.health_restart_attempts:
         rec.action = "gave up"
-        return [alerts.Condition(f"health:{settings.app_id}:gave_up", alerts.CRITICAL,
-                                 f"{len(recent)} restarts by the health check in the last "
-                                 f"{settings.health_restart_window_s / 3600:.1f} h did not bring the job back",
-                                 "page the on-call: the job needs a human (see the job log and `onceflow job status`)")]
+        return [
+            alerts.Condition(
+                f"health:{settings.app_id}:gave_up",
+                alerts.CRITICAL,
+                f"{len(recent)} restarts by the health check in the last "
+                f"{settings.health_restart_window_s / 3600:.1f} h did not bring the job back",
+                "page the on-call: the job needs a human (see the job log and `onceflow job status`)",
+            )
+        ]
     rec.restarts = recent + [now_ms]
     try:
         jobctl.stop(settings, timeout=60, record_intent=False)
         (start_fn or jobctl.start)(settings)
     except Exception as e:  # broker down, preflight: the job stays down, the operator's intent stays "running"
         rec.action, rec.restart_error = "restart failed", str(e)[:2000]
-        return [alerts.Condition(f"health:{settings.app_id}:restart_failed", alerts.CRITICAL,
-                                 f"restarting the job failed: {str(e)[:300]}",
-                                 "the health check tries again on its next runs (within its restart budget); fix "
-                                 "what the error names", {"error": str(e)[:2000]})]
+        return [
+            alerts.Condition(
+                f"health:{settings.app_id}:restart_failed",
+                alerts.CRITICAL,
+                f"restarting the job failed: {str(e)[:300]}",
+                "the health check tries again on its next runs (within its restart budget); fix what the error names",
+                {"error": str(e)[:2000]},
+            )
+        ]
     rec.action = "restarted"
     return []
 

@@ -7,6 +7,7 @@
 `ONCEFLOW_ALERT_CHANNELS` (comma-separated) chooses which are used. Each notifier is a real Airflow
 `BaseNotifier` (usable as a DAG or task callback); `as_alert_callable` adapts it to `AlertSink`.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,12 @@ def _url(conn) -> str:
 
 
 def _post(url: str, payload: dict, token: str | None = None, timeout: float = 10.0) -> None:
-    req = urllib.request.Request(url, data=json.dumps(payload, default=str).encode(), method="POST",
-                                 headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(payload, default=str).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})},
+    )
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         if resp.status >= 300:
             raise RuntimeError(f"webhook answered {resp.status}")
@@ -70,9 +74,12 @@ class SlackWebhookNotifier(BaseNotifier):
 def _smtp(settings: Settings, alert: Alert) -> BaseNotifier:
     from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
-    return SmtpNotifier(to=settings.alert_email_to, smtp_conn_id=settings.alert_smtp_conn_id,
-                        subject=f"[onceflow {alert.severity}] {alert.summary[:120]}", html_content=
-                        "<pre>" + alert.text().replace("<", "&lt;") + "</pre>")
+    return SmtpNotifier(
+        to=settings.alert_email_to,
+        smtp_conn_id=settings.alert_smtp_conn_id,
+        subject=f"[onceflow {alert.severity}] {alert.summary[:120]}",
+        html_content="<pre>" + alert.text().replace("<", "&lt;") + "</pre>",
+    )
 
 
 def channel_notifiers(settings: Settings, alert: Alert) -> list[BaseNotifier]:
@@ -91,7 +98,9 @@ def channel_notifiers(settings: Settings, alert: Alert) -> list[BaseNotifier]:
 
 def airflow_notify(settings: Settings, context: Context | None = None):
     """An AlertSink notifier that sends each alert through every configured Airflow notifier."""
+
     def send(alert: Alert) -> None:
         for n in channel_notifiers(settings, alert):
             n.notify(context or cast(Context, {}))
+
     return send

@@ -1,5 +1,6 @@
 """What the DAGs call: settings resolved from Airflow connections, the Spark provider's submit command,
 the alert sink with the configured notifiers. DAG files stay thin; every decision lives in the library."""
+
 from __future__ import annotations
 
 import logging
@@ -52,6 +53,5 @@ def batch_submit_argv(s: config.Settings, script, args: list[str]) -> list[str]:
     """A batch job's spark-submit command (reconciliation recount, backfill), built by the Spark provider's hook."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    hook = SparkSubmitHook(conn_id=s.spark_conn_id, application_args=list(args),
-                           **launcher.batch_spec(s, script.stem))
+    hook = SparkSubmitHook(conn_id=s.spark_conn_id, application_args=list(args), **launcher.batch_spec(s, script.stem))
     return hook._build_spark_submit_command(str(script))

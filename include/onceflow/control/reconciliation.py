@@ -1,6 +1,7 @@
 """What the reconciliation DAG and `onceflow reconcile` call around the Spark recount (onceflow.apps.reconcile): which
 run it is (a manual range, or the scheduled chain's next slice), submitting it, recording its result, alerting.
 Light: no Spark here, so the DAG file that imports it parses fast."""
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,11 @@ def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float =
     its result back."""
     from onceflow.runtime import launcher
 
-    return rr.Result.from_dict(launcher.run_batch(settings, "reconciliation", argv, out,
-                                                  recon_chain.home(settings) / "reconcile.log", timeout_s))
+    return rr.Result.from_dict(
+        launcher.run_batch(
+            settings, "reconciliation", argv, out, recon_chain.home(settings) / "reconcile.log", timeout_s
+        )
+    )
 
 
 def record(settings: Settings, res: rr.Result, sink: alerts.AlertSink | None = None) -> dict:
@@ -67,45 +71,70 @@ def record(settings: Settings, res: rr.Result, sink: alerts.AlertSink | None = N
         chain = recon_chain.commit(settings, res)
     else:
         p = kafka_clients.idempotent_producer(settings)
-        p.produce(settings.reconciliation_topic, key=settings.app_id.encode(), value=json.dumps(d).encode(),
-                  headers=[(wire.H_APP, settings.app_id.encode()), (wire.H_KIND, b"reconciliation")])
+        p.produce(
+            settings.reconciliation_topic,
+            key=settings.app_id.encode(),
+            value=json.dumps(d).encode(),
+            headers=[(wire.H_APP, settings.app_id.encode()), (wire.H_KIND, b"reconciliation")],
+        )
         if p.flush(30):
             raise RuntimeError("the reconciliation result could not be recorded")
     if sink is not None:
         prefix = f"reconcile:{settings.app_id}:"
-        conds = [alerts.Condition(prefix + c.name, alerts.CRITICAL,
-                                  f"reconciliation of batches {res.first_batch}..{res.last_batch}: {c.name} failed: "
-                                  f"{c.summary}", "read the run's differences (onceflow reconcile status, the "
-                                  "reconciliation topic or the run's JSON); the job is not stopped",
-                                  {"differences": c.differences[:10], "run": res.run_id})
-                 for c in res.failures()]
+        conds = [
+            alerts.Condition(
+                prefix + c.name,
+                alerts.CRITICAL,
+                f"reconciliation of batches {res.first_batch}..{res.last_batch}: {c.name} failed: {c.summary}",
+                "read the run's differences (onceflow reconcile status, the "
+                "reconciliation topic or the run's JSON); the job is not stopped",
+                {"differences": c.differences[:10], "run": res.run_id},
+            )
+            for c in res.failures()
+        ]
         sink.raise_and_resolve(conds, source="reconciliation", scope_prefix=prefix)
     return {"file": str(path), "ok": res.ok, "verdict": res.verdict} | chain
 
 
 def summary(res: rr.Result, info: dict) -> dict:
     """What a run says in a log line, the DAG's XCom and the CLI: the verdict, the coverage, each check."""
-    return {"run_id": res.run_id, "mode": res.mode, "verdict": res.verdict, "batches": [res.first_batch, res.last_batch],
-            "coverage": res.coverage, "snapshot_batch": res.snapshot_batch,
-            "checks": {c.name: {"status": c.status, "summary": c.summary} for c in res.checks},
-            "data_docs": res.data_docs, **{k: v for k, v in info.items() if k != "ok"}}
+    return {
+        "run_id": res.run_id,
+        "mode": res.mode,
+        "verdict": res.verdict,
+        "batches": [res.first_batch, res.last_batch],
+        "coverage": res.coverage,
+        "snapshot_batch": res.snapshot_batch,
+        "checks": {c.name: {"status": c.status, "summary": c.summary} for c in res.checks},
+        "data_docs": res.data_docs,
+        **{k: v for k, v in info.items() if k != "ok"},
+    }
 
 
-def run_for_dag(settings: Settings, params: dict, run_id: str, submit_argv: Callable[[list[str]], list[str]],
-                sink: alerts.AlertSink | None) -> dict:
+def run_for_dag(
+    settings: Settings,
+    params: dict,
+    run_id: str,
+    submit_argv: Callable[[list[str]], list[str]],
+    sink: alerts.AlertSink | None,
+) -> dict:
     """The reconciliation DAG's task: a range given in the params is a manual run; none (every scheduled run,
     and a manual trigger without a range) is the chain's next slice. Submits, records, alerts; raises when a
     check failed, after the result is recorded."""
     rng = range_from(params.get("first_batch"), params.get("last_batch"), params.get("since"), params.get("until"))
     out = recon_chain.home(settings) / "runs" / f"pending-{run_id.replace(':', '_').replace('+', '_')}.json"
-    res = submitted(settings, submit_argv(args_for(rng, params.get("great_expectations", True)) + ["--out", str(out)]),
-                    out)
+    res = submitted(
+        settings, submit_argv(args_for(rng, params.get("great_expectations", True)) + ["--out", str(out)]), out
+    )
     info = record(settings, res, sink)
     out.unlink(missing_ok=True)
     brief = summary(res, info)
-    print(f"reconciliation {res.mode} run {res.run_id}: {res.verdict}, batches {res.first_batch}..{res.last_batch}"
-          + (f" (the chain had proven through {res.proven_before})" if res.mode == rr.CHAIN else ""))
+    print(
+        f"reconciliation {res.mode} run {res.run_id}: {res.verdict}, batches {res.first_batch}..{res.last_batch}"
+        + (f" (the chain had proven through {res.proven_before})" if res.mode == rr.CHAIN else "")
+    )
     if not res.ok:
-        raise RuntimeError("reconciliation failed: " + "; ".join(
-            f"{c.name}: {c.summary} {c.differences[:5]}" for c in res.failures()))
+        raise RuntimeError(
+            "reconciliation failed: " + "; ".join(f"{c.name}: {c.summary} {c.differences[:5]}" for c in res.failures())
+        )
     return brief

@@ -6,6 +6,7 @@ checkpoint's size, file count, oldest retained batch and growth since the previo
 that fails or does not verify (critical), a checkpoint above `ONCEFLOW_CHECKPOINT_SIZE_ALERT_BYTES` (warning);
 each resolves by itself when a later run is fine.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,7 @@ STATS_FILE = "_rotation.json"
 def _raise(sink: alerts.AlertSink | None, conditions: list, prefix: str) -> list[str]:
     if sink is None:
         return []
-    return [f"{a.key}:{a.status}" for a in sink.raise_and_resolve(conditions, source="rotation",
-                                                                  scope_prefix=prefix)]
+    return [f"{a.key}:{a.status}" for a in sink.raise_and_resolve(conditions, source="rotation", scope_prefix=prefix)]
 
 
 def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> dict:
@@ -43,15 +43,28 @@ def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> 
             if not v.ok:
                 savepoints.delete(settings, m.id)
                 raise SavepointError(f"savepoint {m.id} did not verify: {'; '.join(v.problems)}")
-            out = {"status": "ok", "id": m.id, "batch": m.ledger_batch, "mode": m.mode, "size_bytes": m.total_size,
-                   "files": len(m.files), "compatible": v.compatible, "incompatibilities": v.incompatibilities}
+            out = {
+                "status": "ok",
+                "id": m.id,
+                "batch": m.ledger_batch,
+                "mode": m.mode,
+                "size_bytes": m.total_size,
+                "files": len(m.files),
+                "compatible": v.compatible,
+                "incompatibilities": v.incompatibilities,
+            }
         except Exception as e:  # reported and alerted; the DAG task fails on it
             log.error("savepoint failed: %s", e)
             out = {"status": "failed", "error": str(e)}
-            conditions.append(alerts.Condition(
-                key, alerts.CRITICAL, f"taking a savepoint failed: {e}",
-                "read the rotation task's log; until a savepoint succeeds, the newest restore point ages",
-                {"error": str(e)[:2000]}))
+            conditions.append(
+                alerts.Condition(
+                    key,
+                    alerts.CRITICAL,
+                    f"taking a savepoint failed: {e}",
+                    "read the rotation task's log; until a savepoint succeeds, the newest restore point ages",
+                    {"error": str(e)[:2000]},
+                )
+            )
     out["alerts"] = _raise(sink, conditions, key)
     return out
 
@@ -59,9 +72,13 @@ def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> 
 def apply_retention(settings: Settings, now_ms: int | None = None) -> dict:
     now_ms = now_ms or int(time.time() * 1000)
     plan = savepoints.prune(settings, now_ms)
-    return {"kept": plan.keep, "deleted": [{"id": i, "why": w} for i, w in plan.delete],
-            "replaced_checkpoints_deleted": savepoints.prune_replaced(settings, now_ms),
-            "keep": settings.savepoint_keep, "max_age_s": settings.savepoint_max_age_s}
+    return {
+        "kept": plan.keep,
+        "deleted": [{"id": i, "why": w} for i, w in plan.delete],
+        "replaced_checkpoints_deleted": savepoints.prune_replaced(settings, now_ms),
+        "keep": settings.savepoint_keep,
+        "max_age_s": settings.savepoint_max_age_s,
+    }
 
 
 def report_checkpoint(settings: Settings, sink: alerts.AlertSink | None = None, now_ms: int | None = None) -> dict:
@@ -82,19 +99,27 @@ def report_checkpoint(settings: Settings, sink: alerts.AlertSink | None = None, 
         log.warning("cannot record the checkpoint report under %s: %s", settings.savepoints, e)
     conditions = []
     if stats["size_bytes"] > settings.checkpoint_size_alert_bytes:
-        conditions.append(alerts.Condition(
-            key, alerts.WARNING,
-            f"the checkpoint holds {stats['size_bytes']} bytes in {stats['files']} files, above "
-            f"{settings.checkpoint_size_alert_bytes} (growth since the last report: {stats['growth_bytes']})",
-            "check ONCEFLOW_MIN_BATCHES_TO_RETAIN and the state size (open windows x IPs); raise "
-            "ONCEFLOW_CHECKPOINT_SIZE_ALERT_BYTES if the growth is expected",
-            {k: stats[k] for k in ("size_bytes", "files", "growth_bytes", "oldest_batch")}))
+        conditions.append(
+            alerts.Condition(
+                key,
+                alerts.WARNING,
+                f"the checkpoint holds {stats['size_bytes']} bytes in {stats['files']} files, above "
+                f"{settings.checkpoint_size_alert_bytes} (growth since the last report: {stats['growth_bytes']})",
+                "check ONCEFLOW_MIN_BATCHES_TO_RETAIN and the state size (open windows x IPs); raise "
+                "ONCEFLOW_CHECKPOINT_SIZE_ALERT_BYTES if the growth is expected",
+                {k: stats[k] for k in ("size_bytes", "files", "growth_bytes", "oldest_batch")},
+            )
+        )
     stats["alerts"] = _raise(sink, conditions, key)
     return stats
 
 
 def rotate(settings: Settings, sink: alerts.AlertSink | None = None) -> dict:
-    report: dict[str, Any] = {"app": settings.app_id, "savepoint": take_savepoint(settings, sink),
-                               "retention": apply_retention(settings), "checkpoint": report_checkpoint(settings, sink)}
+    report: dict[str, Any] = {
+        "app": settings.app_id,
+        "savepoint": take_savepoint(settings, sink),
+        "retention": apply_retention(settings),
+        "checkpoint": report_checkpoint(settings, sink),
+    }
     report["ok"] = report["savepoint"]["status"] != "failed"
     return report

@@ -5,6 +5,7 @@ below its high watermark: every read_committed consumer of that partition is stu
 transaction's age is read from its first record (the record at the LSO). `hanging()` and `event_conditions()`
 are pure; `open_transactions()` and `new_events()` do the reading.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ class OpenTxn:
     lso: int
     high_watermark: int
     first_ts_ms: int | None
-    app: str | None          # from the record's onceflow.app header, when a onceflow producer wrote it
+    app: str | None  # from the record's onceflow.app header, when a onceflow producer wrote it
     batch: str | None
     backfill: str | None = None  # from the onceflow.backfill header: a backfill's chunk
 
@@ -48,11 +49,18 @@ def open_transactions(settings: Settings, topics: list[str]) -> list[OpenTxn]:
                 continue
             first = _record_at(reader, key[0], key[1], stable)
             headers = dict(first.headers() or []) if first is not None else {}
-            out.append(OpenTxn(key[0], key[1], stable, hw[key],
-                               first.timestamp()[1] if first is not None else None,
-                               headers.get(wire.H_APP, b"").decode() or None,
-                               headers.get(wire.H_BATCH, b"").decode() or None,
-                               headers.get(wire.H_BACKFILL, b"").decode() or None))
+            out.append(
+                OpenTxn(
+                    key[0],
+                    key[1],
+                    stable,
+                    hw[key],
+                    first.timestamp()[1] if first is not None else None,
+                    headers.get(wire.H_APP, b"").decode() or None,
+                    headers.get(wire.H_BATCH, b"").decode() or None,
+                    headers.get(wire.H_BACKFILL, b"").decode() or None,
+                )
+            )
     finally:
         reader.close()
     return out
@@ -89,17 +97,28 @@ def hanging(txns: list[OpenTxn], now_ms: int, timeout_ms: int) -> list[alerts.Co
             who = f"app {t.app} (transactional.id onceflow.{t.app}, batch {t.batch})"
         else:
             who = "a producer that is not onceflow (no onceflow.app header)"
-        out.append(alerts.Condition(
-            key=f"txn_watch:hanging:{t.topic}:{t.partition}", severity=alerts.CRITICAL,
-            summary=f"hanging transaction on {t.topic}[{t.partition}]: open for {age / 1000:.0f} s "
-                    f"(timeout {timeout_ms / 1000:.0f} s) by {who}; read_committed consumers are stuck at "
-                    f"offset {t.lso} (high watermark {t.high_watermark})",
-            action=f"if that producer is gone for good, abort the transaction: kafka-transactions.sh "
-                   f"--bootstrap-server <brokers> abort --topic {t.topic} --partition {t.partition} "
-                   f"--start-offset {t.lso}; if it is onceflow, restart the job or re-run the backfill (its "
-                   f"init_transactions aborts it)",
-            details={"topic": t.topic, "partition": t.partition, "age_ms": age, "lso": t.lso,
-                     "high_watermark": t.high_watermark, "app": t.app, "batch": t.batch}))
+        out.append(
+            alerts.Condition(
+                key=f"txn_watch:hanging:{t.topic}:{t.partition}",
+                severity=alerts.CRITICAL,
+                summary=f"hanging transaction on {t.topic}[{t.partition}]: open for {age / 1000:.0f} s "
+                f"(timeout {timeout_ms / 1000:.0f} s) by {who}; read_committed consumers are stuck at "
+                f"offset {t.lso} (high watermark {t.high_watermark})",
+                action=f"if that producer is gone for good, abort the transaction: kafka-transactions.sh "
+                f"--bootstrap-server <brokers> abort --topic {t.topic} --partition {t.partition} "
+                f"--start-offset {t.lso}; if it is onceflow, restart the job or re-run the backfill (its "
+                f"init_transactions aborts it)",
+                details={
+                    "topic": t.topic,
+                    "partition": t.partition,
+                    "age_ms": age,
+                    "lso": t.lso,
+                    "high_watermark": t.high_watermark,
+                    "app": t.app,
+                    "batch": t.batch,
+                },
+            )
+        )
     return out
 
 
@@ -108,14 +127,19 @@ TIMEOUT_PREFIX = "txn_watch:event:timeout:"
 
 def replayed(timeout: dict, events: list[dict]) -> bool:
     """Has the job committed the timed-out batch (or a later one) since the timeout? Then the alert resolves."""
-    return any(e["type"] == wire.BATCH_COMMITTED and e.get("app") == timeout.get("app")
-               and int(e.get("batch", -1)) >= int(timeout.get("batch", 0))
-               and int(e.get("ts_ms", 0)) > int(timeout.get("ts_ms", 0)) for e in events)
+    return any(
+        e["type"] == wire.BATCH_COMMITTED
+        and e.get("app") == timeout.get("app")
+        and int(e.get("batch", -1)) >= int(timeout.get("batch", 0))
+        and int(e.get("ts_ms", 0)) > int(timeout.get("ts_ms", 0))
+        for e in events
+    )
 
 
 def event_conditions(events: list[dict]) -> list[alerts.Condition]:
     """One alert per timed-out transaction (open until the job commits that batch again: see `replayed`); a
     near-timeout warning of the same transaction folds into it (warnings are one-off: fire once, never resolve)."""
+
     def txn_key(e):
         return (e.get("app"), e.get("host"), e.get("pid"), e.get("batch"))
 
@@ -125,35 +149,47 @@ def event_conditions(events: list[dict]) -> list[alerts.Condition]:
         k = txn_key(e)
         ident = f"{e.get('app')}:{e.get('host')}:{e.get('pid')}:{e.get('batch')}"
         if e["type"] == wire.TRANSACTION_TIMEOUT:
-            out.append(alerts.Condition(
-                key=f"{TIMEOUT_PREFIX}{ident}", severity=alerts.CRITICAL,
-                summary=f"transaction of {e.get('transactional_id')} (batch {e.get('batch')}) was aborted by the "
-                        f"coordinator after {e.get('elapsed_ms')} ms (timeout {e.get('timeout_ms')} ms); the job "
-                        f"restarts and replays the batch",
-                action=e.get("action", "raise ONCEFLOW_TRANSACTION_TIMEOUT_MS or make batches smaller"),
-                details=e))
+            out.append(
+                alerts.Condition(
+                    key=f"{TIMEOUT_PREFIX}{ident}",
+                    severity=alerts.CRITICAL,
+                    summary=f"transaction of {e.get('transactional_id')} (batch {e.get('batch')}) was aborted by the "
+                    f"coordinator after {e.get('elapsed_ms')} ms (timeout {e.get('timeout_ms')} ms); the job "
+                    f"restarts and replays the batch",
+                    action=e.get("action", "raise ONCEFLOW_TRANSACTION_TIMEOUT_MS or make batches smaller"),
+                    details=e,
+                )
+            )
         elif e["type"] == wire.TRANSACTION_NEAR_TIMEOUT and k not in timed_out:
-            out.append(alerts.Condition(
-                key=f"txn_watch:event:near_timeout:{ident}", severity=alerts.WARNING, one_off=True,
-                summary=f"transaction of {e.get('transactional_id')} (batch {e.get('batch')}) was open "
-                        f"{e.get('txn_ms')} ms, past {100 * e.get('fraction', 0.8):.0f}% of its {e.get('timeout_ms')} ms "
-                        f"timeout",
-                action="watch batch durations (onceflow job status); lower ONCEFLOW_MAX_OFFSETS_PER_TRIGGER or "
-                       "raise ONCEFLOW_TRANSACTION_TIMEOUT_MS if this repeats",
-                details=e))
+            out.append(
+                alerts.Condition(
+                    key=f"txn_watch:event:near_timeout:{ident}",
+                    severity=alerts.WARNING,
+                    one_off=True,
+                    summary=f"transaction of {e.get('transactional_id')} (batch {e.get('batch')}) was open "
+                    f"{e.get('txn_ms')} ms, past {100 * e.get('fraction', 0.8):.0f}% of its {e.get('timeout_ms')} ms "
+                    f"timeout",
+                    action="watch batch durations (onceflow job status); lower ONCEFLOW_MAX_OFFSETS_PER_TRIGGER or "
+                    "raise ONCEFLOW_TRANSACTION_TIMEOUT_MS if this repeats",
+                    details=e,
+                )
+            )
     return out
 
 
 def new_events(settings: Settings, types: set[str], timeout_s: float = 60.0) -> list[dict]:
     """Events of this app not seen by the watch before (a consumer group remembers the position)."""
-    c = kafka_clients.read_committed_consumer(settings, group_id=f"onceflow.txn_watch.{settings.app_id}",
-                                              **{"enable.partition.eof": True})
+    c = kafka_clients.read_committed_consumer(
+        settings, group_id=f"onceflow.txn_watch.{settings.app_id}", **{"enable.partition.eof": True}
+    )
     try:
         md = c.list_topics(settings.events_topic, timeout=10).topics[settings.events_topic]
         parts = sorted(md.partitions)
         committed = kafka_reading.committed(c, [TopicPartition(settings.events_topic, p) for p in parts])
-        start = [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
-                 for tp in committed]
+        start = [
+            TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+            for tp in committed
+        ]
         out, last = [], {}
         for msg in kafka_reading.consume_to_end(c, start, timeout_s):
             last[msg.partition()] = msg.offset() + 1
@@ -164,8 +200,7 @@ def new_events(settings: Settings, types: set[str], timeout_s: float = 60.0) -> 
             if e.get("app") == settings.app_id and e.get("type") in types:
                 out.append(e)
         if last:
-            c.commit(offsets=[TopicPartition(settings.events_topic, p, o) for p, o in last.items()],
-                     asynchronous=False)
+            c.commit(offsets=[TopicPartition(settings.events_topic, p, o) for p, o in last.items()], asynchronous=False)
         return out
     finally:
         c.close()
@@ -177,8 +212,9 @@ def watch(settings: Settings, sink: alerts.AlertSink, now_ms: int | None = None)
     evs = new_events(settings, {wire.TRANSACTION_TIMEOUT, wire.TRANSACTION_NEAR_TIMEOUT, wire.BATCH_COMMITTED})
     # every topic the platform writes in transactions: the job's sink, DLQ and ledger (shared with restores and
     # backfills, whose open chunk would hide the job's own records), and the backfills' target
-    txns = open_transactions(settings, [settings.sink_topic, settings.dlq_topic, settings.ledger_topic,
-                                        settings.backfill_topic])
+    txns = open_transactions(
+        settings, [settings.sink_topic, settings.dlq_topic, settings.ledger_topic, settings.backfill_topic]
+    )
     hang = hanging(txns, now_ms, settings.transaction_timeout_ms)
     # Timeouts stay open until the job commits their batch again. First every new and still open one (new ones
     # fire), then only those not replayed yet (the others resolve): a timeout followed by its replay between two
@@ -186,13 +222,20 @@ def watch(settings: Settings, sink: alerts.AlertSink, now_ms: int | None = None)
     latest: dict[str, alerts.Alert] = {}
     for a in sink.history():
         latest[a.key] = a
-    still = [alerts.Condition(k, a.severity, a.summary, a.action, a.details) for k, a in latest.items()
-             if k.startswith(TIMEOUT_PREFIX) and a.status == alerts.FIRING]
+    still = [
+        alerts.Condition(k, a.severity, a.summary, a.action, a.details)
+        for k, a in latest.items()
+        if k.startswith(TIMEOUT_PREFIX) and a.status == alerts.FIRING
+    ]
     found = event_conditions(evs) + still
     sent = sink.raise_and_resolve(found, "txn_watch", scope_prefix="txn_watch:event:")
     unresolved = [c for c in found if c.one_off or not replayed(c.details, evs)]
     if len(unresolved) < len(found):
         sent += sink.raise_and_resolve(unresolved, "txn_watch", scope_prefix="txn_watch:event:")
     sent += sink.raise_and_resolve(hang, "txn_watch", scope_prefix="txn_watch:hanging:")
-    return {"events": len(evs), "open_transactions": [t.__dict__ for t in txns],
-            "hanging": [c.details for c in hang], "alerts": [a.key + " " + a.status for a in sent]}
+    return {
+        "events": len(evs),
+        "open_transactions": [t.__dict__ for t in txns],
+        "hanging": [c.details for c in hang],
+        "alerts": [a.key + " " + a.status for a in sent],
+    }

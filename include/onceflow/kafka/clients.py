@@ -1,4 +1,5 @@
 """Client configurations in one place, so every producer and consumer of the platform agrees on them."""
+
 from __future__ import annotations
 
 import logging
@@ -22,9 +23,15 @@ def admin(settings: Settings) -> AdminClient:
 
 def read_committed_consumer(settings: Settings, group_id: str | None = None, **extra) -> Consumer:
     """A consumer that sees committed data only; never commits on its own."""
-    conf = {**base(settings), "group.id": group_id or f"onceflow.reader.{settings.app_id}",
-            "isolation.level": "read_committed", "enable.auto.commit": False,
-            "enable.auto.offset.store": False, "auto.offset.reset": "earliest", **extra}
+    conf = {
+        **base(settings),
+        "group.id": group_id or f"onceflow.reader.{settings.app_id}",
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        **extra,
+    }
     return Consumer(conf)
 
 
@@ -33,7 +40,15 @@ def idempotent_producer(settings: Settings, **extra) -> Producer:
 
 
 def transactional_producer(settings: Settings, transactional_id: str, **extra) -> Producer:
-    return Producer({**base(settings), "transactional.id": transactional_id,
-                     "transaction.timeout.ms": settings.transaction_timeout_ms,
-                     "enable.idempotence": True, "acks": "all", "linger.ms": 5,
-                     "message.max.bytes": 1_000_000, **extra})
+    return Producer(
+        {
+            **base(settings),
+            "transactional.id": transactional_id,
+            "transaction.timeout.ms": settings.transaction_timeout_ms,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "message.max.bytes": 1_000_000,
+            **extra,
+        }
+    )

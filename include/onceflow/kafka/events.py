@@ -3,6 +3,7 @@
 Events are JSON: {"type", "app", "ts_ms", "host", "pid", ...}. They go out on an idempotent, non-transactional
 producer so that they are visible even when the batch transaction they describe is aborted.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,13 +31,22 @@ class EventBus:
         self._lock = threading.Lock()
 
     def emit(self, type_: str, level: int = logging.INFO, flush: bool = False, **fields: Any) -> dict:
-        event = {"type": type_, "app": self.settings.app_id, "ts_ms": int(time.time() * 1000),
-                 "host": self._host, "pid": os.getpid(), **fields}
+        event = {
+            "type": type_,
+            "app": self.settings.app_id,
+            "ts_ms": int(time.time() * 1000),
+            "host": self._host,
+            "pid": os.getpid(),
+            **fields,
+        }
         log.log(level, "%s %s", type_, json.dumps(fields, default=str, sort_keys=True))
         with self._lock:
             try:
-                self._producer.produce(self.settings.events_topic, key=self.settings.app_id.encode(),
-                                       value=json.dumps(event, default=str).encode())
+                self._producer.produce(
+                    self.settings.events_topic,
+                    key=self.settings.app_id.encode(),
+                    value=json.dumps(event, default=str).encode(),
+                )
                 self._producer.poll(0)
                 if flush:
                     self._producer.flush(10)

@@ -1,5 +1,6 @@
 """Reading Kafka, bounded: committed offsets, a partition's range, a topic to its end, watermarks and offsets by
 time, as a read_committed consumer sees them. Generic: nothing here knows what the records mean."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,9 +20,15 @@ def committed(consumer: Consumer, tps: list, timeout_s: float = 60.0) -> list:
 
     from confluent_kafka import KafkaError, KafkaException
 
-    retriable = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                 KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.UNSTABLE_OFFSET_COMMIT, KafkaError._TIMED_OUT,
-                 KafkaError._TRANSPORT, KafkaError.REQUEST_TIMED_OUT}
+    retriable = {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.UNSTABLE_OFFSET_COMMIT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError.REQUEST_TIMED_OUT,
+    }
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -44,8 +51,10 @@ def consume_to_end(consumer: Consumer, partitions: list, timeout_s: float = 120.
     deadline = time.monotonic() + timeout_s
     while pending:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"reading {partitions[0].topic} did not reach the end of partitions "
-                               f"{sorted(pending)} in {timeout_s:.0f}s")
+            raise TimeoutError(
+                f"reading {partitions[0].topic} did not reach the end of partitions "
+                f"{sorted(pending)} in {timeout_s:.0f}s"
+            )
         msg = consumer.poll(1.0)
         if msg is None:
             continue
@@ -108,8 +117,10 @@ def watermarks(settings: Settings, topic: str) -> dict[int, tuple[int, int]] | N
         md = c.list_topics(topic, timeout=10).topics.get(topic)
         if md is None or md.error is not None:
             return None
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
-                for p in sorted(md.partitions)}
+        return {
+            p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+            for p in sorted(md.partitions)
+        }
     finally:
         c.close()
 
@@ -133,8 +144,7 @@ def latest_offsets(admin: AdminClient, tps: list, read_committed: bool = True) -
     from confluent_kafka.admin import OffsetSpec
 
     isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
-    futs = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, isolation_level=isolation,
-                              request_timeout=15)
+    futs = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, isolation_level=isolation, request_timeout=15)
     return {(tp.topic, tp.partition): fut.result(15).offset for tp, fut in futs.items()}
 
 
@@ -148,8 +158,13 @@ class Msg:
     timestamp_ms: int = 0
 
 
-def read_topic(settings: Settings, topic: str, isolation: str = "read_committed",
-               timeout_s: float = 120.0, since_ms: int | None = None) -> list[Msg]:
+def read_topic(
+    settings: Settings,
+    topic: str,
+    isolation: str = "read_committed",
+    timeout_s: float = 120.0,
+    since_ms: int | None = None,
+) -> list[Msg]:
     """Every visible record of a topic, from the beginning (or from the first record at or after `since_ms`)
     to the end (the LSO under read_committed)."""
     extra: dict[str, Any] = {"isolation.level": isolation, "enable.partition.eof": True, "fetch.max.bytes": 52428800}
@@ -160,11 +175,15 @@ def read_topic(settings: Settings, topic: str, isolation: str = "read_committed"
             raise KafkaException(md.error)
         start = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(md.partitions)]
         if since_ms is not None:
-            start = [TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END)
-                     for tp in c.offsets_for_times([TopicPartition(topic, tp.partition, since_ms)
-                                                    for tp in start], timeout=10)]
-        return [Msg(m.partition(), m.offset(), m.key(), m.value(), {k: v for k, v in (m.headers() or [])},
-                    m.timestamp()[1])
-                for m in consume_to_end(c, start, timeout_s)]
+            start = [
+                TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END)
+                for tp in c.offsets_for_times(
+                    [TopicPartition(topic, tp.partition, since_ms) for tp in start], timeout=10
+                )
+            ]
+        return [
+            Msg(m.partition(), m.offset(), m.key(), m.value(), {k: v for k, v in (m.headers() or [])}, m.timestamp()[1])
+            for m in consume_to_end(c, start, timeout_s)
+        ]
     finally:
         c.close()

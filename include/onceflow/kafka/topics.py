@@ -1,4 +1,5 @@
 """The platform's topics, with explicit settings, created and checked through the admin API."""
+
 from __future__ import annotations
 
 import time
@@ -21,8 +22,11 @@ class TopicSpec:
 
 
 def specs(settings: Settings) -> list[TopicSpec]:
-    common = {"min.insync.replicas": str(settings.min_insync_replicas), "cleanup.policy": "delete",
-              "unclean.leader.election.enable": "false"}
+    common = {
+        "min.insync.replicas": str(settings.min_insync_replicas),
+        "cleanup.policy": "delete",
+        "unclean.leader.election.enable": "false",
+    }
     return [
         TopicSpec(settings.source_topic, settings.source_partitions, {**common, "retention.ms": WEEK_MS}),
         TopicSpec(settings.sink_topic, settings.sink_partitions, {**common, "retention.ms": WEEK_MS}),
@@ -45,8 +49,11 @@ def ensure(settings: Settings, timeout: float = 30.0) -> list[str]:
     """Create missing topics; return the names created. Existing topics are checked, not altered."""
     admin = kafka_clients.admin(settings)
     existing = admin.list_topics(timeout=timeout).topics
-    todo = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=settings.replication_factor,
-                     config=s.config) for s in specs(settings) if s.name not in existing]
+    todo = [
+        NewTopic(s.name, num_partitions=s.partitions, replication_factor=settings.replication_factor, config=s.config)
+        for s in specs(settings)
+        if s.name not in existing
+    ]
     created = []
     for name, fut in (admin.create_topics(todo, operation_timeout=timeout) if todo else {}).items():
         fut.result(timeout)
@@ -71,8 +78,9 @@ def check(settings: Settings, timeout: float = 10.0) -> list[str]:
     for s in specs(settings):
         t = md.get(s.name)
         if t is None or t.error is not None:
-            problems.append(f"topic {s.name} is missing: run `onceflow stack up` (or create it with "
-                            f"{s.partitions} partitions)")
+            problems.append(
+                f"topic {s.name} is missing: run `onceflow stack up` (or create it with {s.partitions} partitions)"
+            )
         elif len(t.partitions) != s.partitions and s.name != settings.source_topic:
             problems.append(f"topic {s.name} has {len(t.partitions)} partitions, expected {s.partitions}")
     return problems

@@ -21,6 +21,7 @@ then closes the old. Never after `Fenced`: re-initialising would steal the id ba
 Modelled on flink-connector-kafka's sink/internal (one class owns the producer's transaction internals) and
 quix-streams' internal producer (typed exceptions, named retry bounds).
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,16 +41,21 @@ ABORTABLE, FATAL, RETRIABLE, CONFIG = "abortable", "fatal", "retriable", "config
 # Not INVALID_TXN_STATE: a call that does not fit the transaction's state says nothing of another instance (as
 # fencing it would stop the job for good); librdkafka's fatal/abortable flags decide it.
 FENCING_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
-CONFIG_CODES = {KafkaError.INVALID_TRANSACTION_TIMEOUT, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
-                KafkaError.CLUSTER_AUTHORIZATION_FAILED}
-TIMEOUT_SHARE = 0.95   # a transaction this close to transaction.timeout.ms was aborted by the coordinator
-RETRY_PAUSE_S = 0.2    # between tries of a retriable init or commit
+CONFIG_CODES = {
+    KafkaError.INVALID_TRANSACTION_TIMEOUT,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+}
+TIMEOUT_SHARE = 0.95  # a transaction this close to transaction.timeout.ms was aborted by the coordinator
+RETRY_PAUSE_S = 0.2  # between tries of a retriable init or commit
 
 
 class TxnError(RuntimeError):
-    def __init__(self, message: str, error: KafkaError | None = None, phase: str | None = None,
-                 elapsed_ms: float | None = None):
+    def __init__(
+        self, message: str, error: KafkaError | None = None, phase: str | None = None, elapsed_ms: float | None = None
+    ):
         super().__init__(message)
         self.error, self.phase, self.elapsed_ms = error, phase, elapsed_ms
 
@@ -79,8 +85,15 @@ class TxnConfigError(TxnError):
     """The broker refuses our configuration or permissions: fix them."""
 
 
-_CLASSES = {FENCED: Fenced, COORDINATOR_TIMEOUT: CoordinatorTimedOut, OUTCOME_UNKNOWN: OutcomeUnknown,
-            ABORTABLE: Aborted, FATAL: FatalProducerError, CONFIG: TxnConfigError, RETRIABLE: Aborted}
+_CLASSES = {
+    FENCED: Fenced,
+    COORDINATOR_TIMEOUT: CoordinatorTimedOut,
+    OUTCOME_UNKNOWN: OutcomeUnknown,
+    ABORTABLE: Aborted,
+    FATAL: FatalProducerError,
+    CONFIG: TxnConfigError,
+    RETRIABLE: Aborted,
+}
 
 
 def classify(err: KafkaError, *, phase: str, elapsed_ms: float | None, timeout_ms: int) -> str:
@@ -111,8 +124,10 @@ def classify(err: KafkaError, *, phase: str, elapsed_ms: float | None, timeout_m
 def _advice(err: KafkaError) -> str:
     code = err.code()
     if code == KafkaError.INVALID_TRANSACTION_TIMEOUT:
-        return ("the broker refuses transaction.timeout.ms: it is above the broker's transaction.max.timeout.ms; "
-                "lower ONCEFLOW_TRANSACTION_TIMEOUT_MS")
+        return (
+            "the broker refuses transaction.timeout.ms: it is above the broker's transaction.max.timeout.ms; "
+            "lower ONCEFLOW_TRANSACTION_TIMEOUT_MS"
+        )
     if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
         return "the principal may not use this transactional.id: grant it WRITE and DESCRIBE on it"
     if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
@@ -123,16 +138,28 @@ def _advice(err: KafkaError) -> str:
 
 
 class TransactionalWriter:
-    def __init__(self, make_producer: Callable[[], Any], transactional_id: str, timeout_ms: int, *,
-                 init_timeout_s: float = 60.0, commit_timeout_s: float = 120.0, abort_timeout_s: float = 30.0,
-                 on_event: Callable[[str, dict[str, Any]], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        make_producer: Callable[[], Any],
+        transactional_id: str,
+        timeout_ms: int,
+        *,
+        init_timeout_s: float = 60.0,
+        commit_timeout_s: float = 120.0,
+        abort_timeout_s: float = 30.0,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self._make, self.transactional_id, self.timeout_ms = make_producer, transactional_id, timeout_ms
-        self.init_timeout_s, self.commit_timeout_s, self.abort_timeout_s = init_timeout_s, commit_timeout_s, \
-            abort_timeout_s
+        self.init_timeout_s, self.commit_timeout_s, self.abort_timeout_s = (
+            init_timeout_s,
+            commit_timeout_s,
+            abort_timeout_s,
+        )
         self._on_event, self._clock, self._sleep = on_event, clock, sleep
         self._dead: TxnError | None = None
-        self._started: float | None = None       # when the open transaction began (clock)
+        self._started: float | None = None  # when the open transaction began (clock)
         self._failed_delivery: str | None = None
         self._producer = self._initialised(self._make())
 
@@ -160,8 +187,14 @@ class TransactionalWriter:
             raise self._failure(e, "begin") from e
         self._started = self._clock()
 
-    def produce(self, topic: str, key: bytes | None, value: bytes | None, headers: list[Any] | None = None,
-                partition: int | None = None) -> None:
+    def produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[Any] | None = None,
+        partition: int | None = None,
+    ) -> None:
         self._check()
         kw: dict[str, Any] = {"key": key, "value": value, "headers": headers, "on_delivery": self._on_delivery}
         if partition is not None:
@@ -229,8 +262,10 @@ class TransactionalWriter:
     # ------------------------------------------------------------------ errors
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None and self._failed_delivery is None:
-            self._failed_delivery = (f"record key {msg.key()!r} to topic {msg.topic()} partition {msg.partition()} "
-                                     f"failed: {err.str() if hasattr(err, 'str') else err}")
+            self._failed_delivery = (
+                f"record key {msg.key()!r} to topic {msg.topic()} partition {msg.partition()} "
+                f"failed: {err.str() if hasattr(err, 'str') else err}"
+            )
 
     def _failure(self, e: KafkaException, phase: str, kind: str | None = None) -> TxnError:
         """Classify, do what the class requires (abort, replace the producer, give up on it), return the error."""
@@ -243,7 +278,7 @@ class TransactionalWriter:
             message += f" ({_advice(err)})"
         exc = _CLASSES[kind](message, err, phase, elapsed)
         if kind in (FENCED, FATAL):
-            self._dead, self._started = exc, None     # never abort or re-initialise a fenced producer
+            self._dead, self._started = exc, None  # never abort or re-initialise a fenced producer
         elif kind == OUTCOME_UNKNOWN:
             self._started = None
             self._replace(message)
@@ -264,8 +299,7 @@ class TransactionalWriter:
             _close(old, purge=True)
         log.warning("replaced the producer of %s: %s", self.transactional_id, why)
         if self._on_event is not None:
-            self._on_event(wire.PRODUCER_REPLACED, {"transactional_id": self.transactional_id,
-                                                           "why": why[:500]})
+            self._on_event(wire.PRODUCER_REPLACED, {"transactional_id": self.transactional_id, "why": why[:500]})
 
     def _initialised(self, producer: Any) -> Any:
         """init_transactions: fences the previous incarnation and aborts its open transaction; retriable errors are

@@ -26,6 +26,7 @@ emitted while it is still open; if the coordinator aborted it (timeout), the com
 `transaction_timeout` event is emitted and the query fails, so Spark replays the batch after the restart:
 no loss, unlike a Flink pre-committed transaction that times out.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,15 +64,16 @@ class TransactionTimedOut(RuntimeError):
 @dataclass(frozen=True)
 class OutRecord:
     """One row of a batch's output, as foreachBatch collects it from the query."""
-    kind: str                       # wire.KIND_RESULT or wire.KIND_DLQ
+
+    kind: str  # wire.KIND_RESULT or wire.KIND_DLQ
     key: str
     value: bytes | None
     src_partition: int | None = None
     src_offset: int | None = None
     src_timestamp_ms: int | None = None
     reason: str | None = None
-    src_size: int | None = None          # the original value's size (DLQ)
-    src_sha256: str | None = None        # set when the DLQ copy holds less than the original value
+    src_size: int | None = None  # the original value's size (DLQ)
+    src_sha256: str | None = None  # set when the DLQ copy holds less than the original value
 
 
 @dataclass(frozen=True)
@@ -89,27 +91,37 @@ class UndeliverableRecord(RuntimeError):
 
 
 class ExactlyOnceSink:
-    def __init__(self, settings: Settings, bus: ev.EventBus, faults: Injector | None = None,
-                 init_timeout_s: float = 60.0):
+    def __init__(
+        self, settings: Settings, bus: ev.EventBus, faults: Injector | None = None, init_timeout_s: float = 60.0
+    ):
         self.s = settings
         self.bus = bus
         self.faults = faults
         self.timeout_ms = settings.transaction_timeout_ms
         self._batch: int | None = None  # the batch whose transaction is open, for events
-        self._warned = False            # the near-timeout warning of the open transaction went out
+        self._warned = False  # the near-timeout warning of the open transaction went out
 
         def make_producer() -> Any:
             return kafka_clients.transactional_producer(
-                settings, settings.transactional_id, **{"partitioner": "murmur2_random",
-                                                         "linger.ms": settings.producer_linger_ms,
-                                                         "batch.num.messages": settings.producer_batch_messages})
+                settings,
+                settings.transactional_id,
+                **{
+                    "partitioner": "murmur2_random",
+                    "linger.ms": settings.producer_linger_ms,
+                    "batch.num.messages": settings.producer_batch_messages,
+                },
+            )
 
         # init_transactions fences the previous incarnation and aborts its open transaction, if any.
         try:
-            self.writer = tw.TransactionalWriter(make_producer, settings.transactional_id, self.timeout_ms,
-                                                 init_timeout_s=init_timeout_s,
-                                                 commit_timeout_s=settings.commit_timeout_s,
-                                                 on_event=self._writer_event)
+            self.writer = tw.TransactionalWriter(
+                make_producer,
+                settings.transactional_id,
+                self.timeout_ms,
+                init_timeout_s=init_timeout_s,
+                commit_timeout_s=settings.commit_timeout_s,
+                on_event=self._writer_event,
+            )
         except tw.TxnConfigError as e:
             raise config_error(e, self.timeout_ms) from e
         except tw.Fenced as e:
@@ -123,8 +135,9 @@ class ExactlyOnceSink:
     def committed(self, partitions: Iterable[int]) -> Committed:
         tps = [TopicPartition(self.s.source_topic, p) for p in sorted(partitions)]
         got = kafka_reading.committed(self.group, tps) if tps else []
-        return Committed.from_partitions((tp.partition, tp.offset if tp.offset >= 0 else None,
-                                          tp.metadata) for tp in got)
+        return Committed.from_partitions(
+            (tp.partition, tp.offset if tp.offset >= 0 else None, tp.metadata) for tp in got
+        )
 
     def ledger_entry(self, batch: int) -> LedgerEntry | None:
         return ledger_reader.find_entry(self.ledger_reader, self.s, batch)
@@ -141,18 +154,29 @@ class ExactlyOnceSink:
             # ledger is the truth; the group is a cache of it.
             newest = ledger_reader.newest_entry(self.ledger_reader, self.s)
             if newest is not None:
-                self.bus.emit(wire.GROUP_OFFSETS_LOST, logging.WARNING, flush=True, batch=plan.batch,
-                              group=self.s.group_id, ledger_batch=newest.batch,
-                              action="decided from the ledger; the next commit restores the group's offsets")
+                self.bus.emit(
+                    wire.GROUP_OFFSETS_LOST,
+                    logging.WARNING,
+                    flush=True,
+                    batch=plan.batch,
+                    group=self.s.group_id,
+                    ledger_batch=newest.batch,
+                    action="decided from the ledger; the next commit restores the group's offsets",
+                )
         try:
             return decide(plan, committed, entry, newest)
         except Exception as e:
-            self.bus.emit(wire.DIVERGENT_HISTORY, logging.ERROR, flush=True, batch=plan.batch,
-                          spark_batch=plan.spark_batch, error=str(e))
+            self.bus.emit(
+                wire.DIVERGENT_HISTORY,
+                logging.ERROR,
+                flush=True,
+                batch=plan.batch,
+                spark_batch=plan.spark_batch,
+                error=str(e),
+            )
             raise
 
-    def write_batch(self, plan: BatchPlan, rows: Sequence[OutRecord], decision: Decision | None = None
-                    ) -> BatchOutcome:
+    def write_batch(self, plan: BatchPlan, rows: Sequence[OutRecord], decision: Decision | None = None) -> BatchOutcome:
         """Write batch `plan` with `rows` in one transaction, unless `decision` (decided now when not given)
         says it is committed already. A commit whose outcome is unknown (it timed out) is settled by the writer
         (a new producer, initialised before anything else is written); the batch is then decided again from what
@@ -160,17 +184,29 @@ class ExactlyOnceSink:
         decision = decision or self.decide(plan)
         for attempt in (1, 2):
             if decision is not Decision.WRITE:
-                self.bus.emit(wire.BATCH_REPLAY_SKIPPED, batch=plan.batch, spark_batch=plan.spark_batch,
-                              ranges=plan.ranges, catch_up_from=plan.catch_up_from, decision=decision.value)
+                self.bus.emit(
+                    wire.BATCH_REPLAY_SKIPPED,
+                    batch=plan.batch,
+                    spark_batch=plan.spark_batch,
+                    ranges=plan.ranges,
+                    catch_up_from=plan.catch_up_from,
+                    decision=decision.value,
+                )
                 return BatchOutcome(plan.batch, decision)
             try:
                 return self._write(plan, rows)
             except tw.OutcomeUnknown as e:
                 if attempt == 2:
                     raise
-                self.bus.emit(wire.TRANSACTION_OUTCOME_UNKNOWN, logging.WARNING, flush=True, batch=plan.batch,
-                              error=str(e), transactional_id=self.s.transactional_id,
-                              action="the producer was replaced; the batch is decided again from what is committed")
+                self.bus.emit(
+                    wire.TRANSACTION_OUTCOME_UNKNOWN,
+                    logging.WARNING,
+                    flush=True,
+                    batch=plan.batch,
+                    error=str(e),
+                    transactional_id=self.s.transactional_id,
+                    action="the producer was replaced; the batch is decided again from what is committed",
+                )
                 decision = self.decide(plan)
         raise AssertionError("unreachable")
 
@@ -178,8 +214,9 @@ class ExactlyOnceSink:
         self._fault("crash_before_produce", plan.batch)
         self._batch, self._warned = plan.batch, False
         started = time.monotonic()
-        warn = threading.Timer(self.timeout_ms * self.s.near_timeout_fraction / 1000.0, self._near_timeout,
-                               args=(plan.batch, started))
+        warn = threading.Timer(
+            self.timeout_ms * self.s.near_timeout_fraction / 1000.0, self._near_timeout, args=(plan.batch, started)
+        )
         warn.daemon = True
         try:
             self.writer.begin()
@@ -191,37 +228,67 @@ class ExactlyOnceSink:
                     self.writer.produce(self.s.sink_topic, r.key.encode(), r.value, headers)
                     outputs += 1
                 else:
-                    if self.faults is not None and r.value is not None and \
-                            self.faults.undeliverable(r.src_partition, r.src_offset):
-                        raise UndeliverableRecord(f"the broker refuses the DLQ copy of {plan.topic}[{r.src_partition}] "
-                                                  f"offset {r.src_offset} (injected fault): the batch cannot commit; "
-                                                  f"quarantine the record (onceflow quarantine add)")
+                    if (
+                        self.faults is not None
+                        and r.value is not None
+                        and self.faults.undeliverable(r.src_partition, r.src_offset)
+                    ):
+                        raise UndeliverableRecord(
+                            f"the broker refuses the DLQ copy of {plan.topic}[{r.src_partition}] "
+                            f"offset {r.src_offset} (injected fault): the batch cannot commit; "
+                            f"quarantine the record (onceflow quarantine add)"
+                        )
                     self.writer.produce(self.s.dlq_topic, r.key.encode(), r.value, headers + dlq_headers(plan.topic, r))
                     dlq += 1
             self._fault("crash_after_produce", plan.batch)
             txn_ms = (time.monotonic() - started) * 1000
-            entry = LedgerEntry.for_plan(self.s.app_id, plan, outputs, dlq, txn_ms, int(time.time() * 1000),
-                                         self.s.transactional_id, records.RULES_VERSION, self.s.max_event_ahead_ms)
+            entry = LedgerEntry.for_plan(
+                self.s.app_id,
+                plan,
+                outputs,
+                dlq,
+                txn_ms,
+                int(time.time() * 1000),
+                self.s.transactional_id,
+                records.RULES_VERSION,
+                self.s.max_event_ahead_ms,
+            )
             self.writer.produce(self.s.ledger_topic, self.s.app_id.encode(), entry.to_json(), headers)
-            offsets = [TopicPartition(plan.topic, p, off, offset_metadata(plan.batch, plan.epoch))
-                       for p, off in sorted(plan.end.items())]
+            offsets = [
+                TopicPartition(plan.topic, p, off, offset_metadata(plan.batch, plan.epoch))
+                for p, off in sorted(plan.end.items())
+            ]
             self.writer.send_offsets(offsets, self.group.consumer_group_metadata())
             self._fault("stall_in_txn", plan.batch)
             self.writer.commit()
         except tw.Fenced as e:
-            self.bus.emit(wire.FENCED, logging.ERROR, flush=True, transactional_id=self.s.transactional_id,
-                          error=str(e), action="another instance of this app took over; this one stops")
+            self.bus.emit(
+                wire.FENCED,
+                logging.ERROR,
+                flush=True,
+                transactional_id=self.s.transactional_id,
+                error=str(e),
+                action="another instance of this app took over; this one stops",
+            )
             raise ZombieFenced(f"fenced by a newer instance of {self.s.transactional_id}: {e}") from e
         except tw.CoordinatorTimedOut as e:
             elapsed_ms = (time.monotonic() - started) * 1000
-            self.bus.emit(wire.TRANSACTION_TIMEOUT, logging.ERROR, flush=True, batch=plan.batch,
-                          elapsed_ms=round(elapsed_ms), timeout_ms=self.timeout_ms,
-                          transactional_id=self.s.transactional_id, error=str(e),
-                          action="the batch is replayed after the restart; if this repeats, raise "
-                                 "ONCEFLOW_TRANSACTION_TIMEOUT_MS or make batches smaller "
-                                 "(ONCEFLOW_MAX_OFFSETS_PER_TRIGGER)")
-            raise TransactionTimedOut(f"transaction aborted by the coordinator after {elapsed_ms:.0f} ms "
-                                      f"(timeout {self.timeout_ms} ms): {e}") from e
+            self.bus.emit(
+                wire.TRANSACTION_TIMEOUT,
+                logging.ERROR,
+                flush=True,
+                batch=plan.batch,
+                elapsed_ms=round(elapsed_ms),
+                timeout_ms=self.timeout_ms,
+                transactional_id=self.s.transactional_id,
+                error=str(e),
+                action="the batch is replayed after the restart; if this repeats, raise "
+                "ONCEFLOW_TRANSACTION_TIMEOUT_MS or make batches smaller "
+                "(ONCEFLOW_MAX_OFFSETS_PER_TRIGGER)",
+            )
+            raise TransactionTimedOut(
+                f"transaction aborted by the coordinator after {elapsed_ms:.0f} ms (timeout {self.timeout_ms} ms): {e}"
+            ) from e
         except tw.TxnConfigError as e:
             raise config_error(e, self.timeout_ms) from e
         except tw.TxnError:
@@ -232,13 +299,28 @@ class ExactlyOnceSink:
         finally:
             warn.cancel()
         txn_ms = (time.monotonic() - started) * 1000
-        self.bus.emit(wire.BATCH_COMMITTED, batch=plan.batch, spark_batch=plan.spark_batch, outputs=outputs, dlq=dlq,
-                      txn_ms=round(txn_ms, 1), records=plan.records, watermark_ms=plan.watermark_ms,
-                      end_offsets=plan.end)
+        self.bus.emit(
+            wire.BATCH_COMMITTED,
+            batch=plan.batch,
+            spark_batch=plan.spark_batch,
+            outputs=outputs,
+            dlq=dlq,
+            txn_ms=round(txn_ms, 1),
+            records=plan.records,
+            watermark_ms=plan.watermark_ms,
+            end_offsets=plan.end,
+        )
         if txn_ms >= self.timeout_ms * self.s.near_timeout_fraction and not self._warned:
-            self.bus.emit(wire.TRANSACTION_NEAR_TIMEOUT, logging.WARNING, batch=plan.batch, txn_ms=round(txn_ms),
-                          timeout_ms=self.timeout_ms, committed=True, transactional_id=self.s.transactional_id,
-                          fraction=self.s.near_timeout_fraction)
+            self.bus.emit(
+                wire.TRANSACTION_NEAR_TIMEOUT,
+                logging.WARNING,
+                batch=plan.batch,
+                txn_ms=round(txn_ms),
+                timeout_ms=self.timeout_ms,
+                committed=True,
+                transactional_id=self.s.transactional_id,
+                fraction=self.s.near_timeout_fraction,
+            )
         self._fault("crash_after_commit", plan.batch)
         self._fault("raise_after_commit", plan.batch)
         return BatchOutcome(plan.batch, Decision.WRITE, outputs, dlq, txn_ms)
@@ -250,9 +332,17 @@ class ExactlyOnceSink:
     def _near_timeout(self, batch: int, started: float) -> None:
         self._warned = True
         age = (time.monotonic() - started) * 1000
-        self.bus.emit(wire.TRANSACTION_NEAR_TIMEOUT, logging.WARNING, batch=batch, txn_ms=round(age),
-                      timeout_ms=self.timeout_ms, committed=False, transactional_id=self.s.transactional_id,
-                      fraction=self.s.near_timeout_fraction, action="the transaction is still open; it will be aborted at the timeout and replayed")
+        self.bus.emit(
+            wire.TRANSACTION_NEAR_TIMEOUT,
+            logging.WARNING,
+            batch=batch,
+            txn_ms=round(age),
+            timeout_ms=self.timeout_ms,
+            committed=False,
+            transactional_id=self.s.transactional_id,
+            fraction=self.s.near_timeout_fraction,
+            action="the transaction is still open; it will be aborted at the timeout and replayed",
+        )
 
     def _fault(self, point: str, batch: int) -> None:
         if self.faults is not None:
@@ -275,19 +365,22 @@ def config_error(e: tw.TxnConfigError, timeout_ms: int) -> TransactionConfigErro
     if e.error is not None and e.error.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
         return TransactionConfigError(
             f"the broker refused transaction.timeout.ms={timeout_ms}: it is above the broker's "
-            f"transaction.max.timeout.ms; lower ONCEFLOW_TRANSACTION_TIMEOUT_MS")
+            f"transaction.max.timeout.ms; lower ONCEFLOW_TRANSACTION_TIMEOUT_MS"
+        )
     return TransactionConfigError(str(e))
 
 
 def dlq_headers(source_topic: str, r: OutRecord) -> list[tuple[str, bytes]]:
     """Provenance of a DLQ record (Kafka Connect style); a copy that holds less than the original value (capped,
     or quarantined) says so, with the original's size and sha256."""
-    out = [(wire.H_SOURCE_TOPIC, source_topic.encode()),
-           (wire.H_SOURCE_PARTITION, str(r.src_partition).encode()),
-           (wire.H_SOURCE_OFFSET, str(r.src_offset).encode()),
-           (wire.H_SOURCE_TIMESTAMP, str(r.src_timestamp_ms).encode()),
-           (wire.H_REASON, (r.reason or "").encode()),
-           (wire.H_ORIGINAL_SIZE, str(r.src_size if r.src_size is not None else -1).encode())]
+    out = [
+        (wire.H_SOURCE_TOPIC, source_topic.encode()),
+        (wire.H_SOURCE_PARTITION, str(r.src_partition).encode()),
+        (wire.H_SOURCE_OFFSET, str(r.src_offset).encode()),
+        (wire.H_SOURCE_TIMESTAMP, str(r.src_timestamp_ms).encode()),
+        (wire.H_REASON, (r.reason or "").encode()),
+        (wire.H_ORIGINAL_SIZE, str(r.src_size if r.src_size is not None else -1).encode()),
+    ]
     if r.src_sha256 is not None:
         out += [(wire.H_ORIGINAL_SHA256, r.src_sha256.encode()), (wire.H_TRUNCATED, b"true")]
     return out

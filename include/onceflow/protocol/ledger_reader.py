@@ -11,6 +11,7 @@ never as "absent".
 Scans go newest first and stop as soon as the answer is certain: the app's stream records are appended in batch
 order, so once a record of an earlier batch is seen, the one looked for is not further back.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,8 +25,8 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.rules.ledger import DivergentHistory, LedgerEntry, parse_record
 
-CHUNK = 1000              # records read per step backwards
-MAX_SCAN = 1_000_000      # records read per lookup at most
+CHUNK = 1000  # records read per step backwards
+MAX_SCAN = 1_000_000  # records read per lookup at most
 
 
 class LedgerNotVisible(RuntimeError):
@@ -53,7 +54,8 @@ def stable_end(settings: Settings, wait_s: float | None = None) -> tuple[int, in
                 f"the ledger {settings.ledger_topic} has an open transaction at offset {lso} (high watermark "
                 f"{target}) for more than {wait_s:.0f} s: its committed records after it are not visible yet. "
                 f"The transaction watch names the producer; a backfill's transaction ends by itself "
-                f"(ONCEFLOW_LEDGER_WAIT_S bounds this wait)")
+                f"(ONCEFLOW_LEDGER_WAIT_S bounds this wait)"
+            )
         time.sleep(0.2)
     low = kafka_reading.low_offset(admin, tp)
     return low, target
@@ -70,8 +72,9 @@ def _app_entries(consumer: Consumer, settings: Settings, start: int, end: int) -
     return out
 
 
-def _scan_back(consumer: Consumer, settings: Settings,
-               stop: Callable[[list[LedgerEntry]], tuple[LedgerEntry | None, bool]]) -> LedgerEntry | None:
+def _scan_back(
+    consumer: Consumer, settings: Settings, stop: Callable[[list[LedgerEntry]], tuple[LedgerEntry | None, bool]]
+) -> LedgerEntry | None:
     """Newest chunk first; `stop(entries_of_chunk)` returns (found, done)."""
     low, end = stable_end(settings)
     scanned = 0
@@ -87,12 +90,14 @@ def _scan_back(consumer: Consumer, settings: Settings,
             f"no record of app {settings.app_id} within the newest {MAX_SCAN} records of the ledger "
             f"{settings.ledger_topic}: the app's history cannot be proven within the scan's bound, so the job stops "
             f"instead of guessing (a restart would not find more). Check the ledger's retention and whether other "
-            f"writers flood it (`onceflow show ledger`)")
+            f"writers flood it (`onceflow show ledger`)"
+        )
     return None
 
 
 def find_entry(consumer: Consumer, settings: Settings, batch: int) -> LedgerEntry | None:
     """The committed stream record of ledger batch `batch` of this app, or None when it is not in the ledger."""
+
     def stop(entries: list[LedgerEntry]) -> tuple[LedgerEntry | None, bool]:
         for e in reversed(entries):
             if e.batch == batch:

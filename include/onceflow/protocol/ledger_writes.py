@@ -1,6 +1,7 @@
 """The ledger records of operator actions (a restore, a quarantine), written in a transaction of the app's own
 transactional id: opening it fences every driver of the app that may still be alive somewhere, so nothing the
 action checked can change under it, and the record is committed exactly once or not at all."""
+
 from __future__ import annotations
 
 from onceflow import wire
@@ -11,17 +12,24 @@ from onceflow.kafka.transactional import TransactionalWriter, TxnError
 
 def app_writer(settings: Settings) -> TransactionalWriter:
     """A writer under the app's transactional id; creating it fences the app's drivers (init_transactions)."""
-    return TransactionalWriter(lambda: kafka_clients.transactional_producer(settings, settings.transactional_id),
-                               settings.transactional_id, settings.transaction_timeout_ms,
-                               commit_timeout_s=settings.commit_timeout_s)
+    return TransactionalWriter(
+        lambda: kafka_clients.transactional_producer(settings, settings.transactional_id),
+        settings.transactional_id,
+        settings.transaction_timeout_ms,
+        commit_timeout_s=settings.commit_timeout_s,
+    )
 
 
 def commit_record(writer: TransactionalWriter, settings: Settings, value: bytes, kind: str) -> None:
     """One ledger record (key: the app id) in its own transaction."""
     writer.begin()
     try:
-        writer.produce(settings.ledger_topic, settings.app_id.encode(), value,
-                       [(wire.H_APP, settings.app_id.encode()), (wire.H_KIND, kind.encode())])
+        writer.produce(
+            settings.ledger_topic,
+            settings.app_id.encode(),
+            value,
+            [(wire.H_APP, settings.app_id.encode()), (wire.H_KIND, kind.encode())],
+        )
         writer.commit()
     except TxnError:
         raise  # the writer aborted already

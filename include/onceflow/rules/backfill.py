@@ -7,6 +7,7 @@ Each chunk is one Kafka transaction of the backfill's own transactional id, carr
 record (kind "backfill") and the backfill group's offsets with metadata {"chunk": i}; so a re-run or a resumed
 run asks the group how far it got and never writes a chunk twice.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,13 +29,13 @@ class Spec:
     source_topic: str
     target_topic: str
     chunk_size: int
-    start: dict[int, int] = field(default_factory=dict)   # per partition, inclusive
-    end: dict[int, int] = field(default_factory=dict)     # per partition, exclusive
-    since_ms: int | None = None                           # or a time range (Kafka record timestamps): start and
-    until_ms: int | None = None                           # end then hold its resolution to offsets
+    start: dict[int, int] = field(default_factory=dict)  # per partition, inclusive
+    end: dict[int, int] = field(default_factory=dict)  # per partition, exclusive
+    since_ms: int | None = None  # or a time range (Kafka record timestamps): start and
+    until_ms: int | None = None  # end then hold its resolution to offsets
     dry_run: bool = False
     window_s: int = 5
-    rules: int = 1                                        # the parsing rules' version (onceflow.rules.records)
+    rules: int = 1  # the parsing rules' version (onceflow.rules.records)
     max_event_ahead_ms: int | None = None
 
     @property
@@ -45,12 +46,26 @@ class Spec:
         """The backfill's identity: what its output depends on. A time range is identified by its times, not by
         the offsets they resolve to (those are fixed by the first run and reused when it resumes, however much
         the source has grown since)."""
-        rng = ({"since": self.since_ms, "until": self.until_ms} if self.by_time else
-               {"start": {str(p): o for p, o in sorted(self.start.items())},
-                "end": {str(p): o for p, o in sorted(self.end.items())}})
-        blob = json.dumps({"source": self.source_topic, "target": self.target_topic, "chunk": self.chunk_size,
-                           "window_s": self.window_s, "rules": self.rules, "ahead": self.max_event_ahead_ms,
-                           **rng}, sort_keys=True)
+        rng = (
+            {"since": self.since_ms, "until": self.until_ms}
+            if self.by_time
+            else {
+                "start": {str(p): o for p, o in sorted(self.start.items())},
+                "end": {str(p): o for p, o in sorted(self.end.items())},
+            }
+        )
+        blob = json.dumps(
+            {
+                "source": self.source_topic,
+                "target": self.target_topic,
+                "chunk": self.chunk_size,
+                "window_s": self.window_s,
+                "rules": self.rules,
+                "ahead": self.max_event_ahead_ms,
+                **rng,
+            },
+            sort_keys=True,
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def as_dict(self) -> dict[str, Any]:
@@ -60,7 +75,7 @@ class Spec:
 @dataclass(frozen=True)
 class TopicFacts:
     exists: bool
-    low: dict[int, int] = field(default_factory=dict)   # earliest offset still kept, per partition
+    low: dict[int, int] = field(default_factory=dict)  # earliest offset still kept, per partition
     high: dict[int, int] = field(default_factory=dict)  # end of the log, per partition
 
 
@@ -72,7 +87,7 @@ def parse_offsets(text: str | dict[Any, Any] | None) -> dict[int, int]:
     try:
         return {int(p): int(o) for p, o in d.items()}
     except (AttributeError, TypeError, ValueError):
-        raise BackfillError(f"offsets must map partitions to offsets, e.g. {{\"0\": 100}}; got {text!r}") from None
+        raise BackfillError(f'offsets must map partitions to offsets, e.g. {{"0": 100}}; got {text!r}') from None
 
 
 def check_params(spec: Spec, protected_topics: dict[str, str], resolved: bool = False) -> None:
@@ -95,8 +110,10 @@ def check_params(spec: Spec, protected_topics: dict[str, str], resolved: bool = 
         if spec.end[p] < spec.start[p]:
             raise BackfillError(f"partition {p}: end {spec.end[p]} is before start {spec.start[p]}")
     if spec.target_topic in protected_topics:
-        raise BackfillError(f"the target {spec.target_topic} is the live job's {protected_topics[spec.target_topic]} "
-                            f"topic: a backfill writes to its own topic (docs/backfill.md says how consumers merge)")
+        raise BackfillError(
+            f"the target {spec.target_topic} is the live job's {protected_topics[spec.target_topic]} "
+            f"topic: a backfill writes to its own topic (docs/backfill.md says how consumers merge)"
+        )
 
 
 def check_against(spec: Spec, source: TopicFacts, target: TopicFacts) -> None:
@@ -104,21 +121,30 @@ def check_against(spec: Spec, source: TopicFacts, target: TopicFacts) -> None:
     if not source.exists:
         raise BackfillError(f"unknown source topic {spec.source_topic}")
     if not target.exists:
-        raise BackfillError(f"unknown target topic {spec.target_topic}: create it (`onceflow stack topics` creates "
-                            f"the default one)")
+        raise BackfillError(
+            f"unknown target topic {spec.target_topic}: create it (`onceflow stack topics` creates the default one)"
+        )
     for p in sorted(spec.start):
         if p not in source.high:
             raise BackfillError(f"the source topic has no partition {p}")
         if spec.start[p] < source.low[p]:
-            raise BackfillError(f"partition {p}: offset {spec.start[p]} is no longer in the source (retention kept "
-                                f"{source.low[p]} onwards)")
+            raise BackfillError(
+                f"partition {p}: offset {spec.start[p]} is no longer in the source (retention kept "
+                f"{source.low[p]} onwards)"
+            )
         if spec.end[p] > source.high[p]:
             raise BackfillError(f"partition {p}: end {spec.end[p]} is beyond the end of the source ({source.high[p]})")
 
 
 def overlaps(a_start: dict[int, int], a_end: dict[int, int], b_start: dict[int, int], b_end: dict[int, int]) -> bool:
-    return any(p in b_start and a_start[p] < b_end[p] and b_start[p] < a_end[p] and a_end[p] > a_start[p]
-               and b_end[p] > b_start[p] for p in a_start)
+    return any(
+        p in b_start
+        and a_start[p] < b_end[p]
+        and b_start[p] < a_end[p]
+        and a_end[p] > a_start[p]
+        and b_end[p] > b_start[p]
+        for p in a_start
+    )
 
 
 def chunks(total: int, size: int) -> int:
@@ -140,6 +166,8 @@ def check_next_chunk(chunk: int, committed_chunk: int | None, backfill_id: str) 
     """Before each chunk: the group's last committed chunk must be the one before it, else another run of the
     same backfill wrote in between (it fenced this run's producer, or this run fenced it)."""
     if (committed_chunk if committed_chunk is not None else -1) != chunk - 1:
-        raise BackfillError(f"backfill {backfill_id}: another run committed chunk {committed_chunk} while this run was "
-                            f"about to write chunk {chunk}; this run stops without writing (the other run, or a "
-                            f"re-run, finishes the backfill)")
+        raise BackfillError(
+            f"backfill {backfill_id}: another run committed chunk {committed_chunk} while this run was "
+            f"about to write chunk {chunk}; this run stops without writing (the other run, or a "
+            f"re-run, finishes the backfill)"
+        )

@@ -8,6 +8,7 @@ foreachBatch returns.
 onceflow keeps one file of its own in the checkpoint, `onceflow/epoch.json` (Spark ignores it): after a savepoint
 is restored behind the sink, it maps Spark's batch ids to the ledger's (see `Epoch`).
 """
+
 from __future__ import annotations
 
 import json
@@ -63,6 +64,7 @@ class Epoch:
     rebuilt, nothing is written) and stand for ledger batch M; Spark batch n is ledger batch n + ledger_shift
     from then on.
     """
+
     epoch: int = 0
     ledger_shift: int = 0
     spark_batch_from: int = 0
@@ -106,8 +108,7 @@ def render_quarantine(ranges: Iterable[QuarantineRange]) -> str:
     return json.dumps([{"partition": r.partition, "start": r.start, "end": r.end} for r in ranges])
 
 
-def render_offsets_file(template: str, topic: str, end: Mapping[int, int], watermark_ms: int,
-                        batch_ts_ms: int) -> str:
+def render_offsets_file(template: str, topic: str, end: Mapping[int, int], watermark_ms: int, batch_ts_ms: int) -> str:
     """An `offsets/N` file like `template` (the previous batch's, so Spark's conf entries carry over) with the
     given end offsets for every source line of `topic` and the given batch watermark and timestamp."""
     lines = [ln for ln in template.splitlines() if ln.strip()]
@@ -140,7 +141,14 @@ def batch_plan(fs: CheckpointFS, batch: int, topic: str, epoch: Epoch = Epoch())
     # A partition new in this batch starts at the offset Spark began reading it from (0 for a new partition).
     start = {p: start.get(p, 0) for p in end}
     catch_up = epoch.catch_up_from if batch == epoch.catch_up_spark_batch else None
-    return BatchPlan(batch=epoch.ledger_batch(batch), topic=topic, start=start, end=end,
-                     watermark_ms=int(meta.get("batchWatermarkMs", 0)),
-                     batch_ts_ms=int(meta.get("batchTimestampMs", 0)),
-                     spark_batch=batch, epoch=epoch.epoch, catch_up_from=catch_up)
+    return BatchPlan(
+        batch=epoch.ledger_batch(batch),
+        topic=topic,
+        start=start,
+        end=end,
+        watermark_ms=int(meta.get("batchWatermarkMs", 0)),
+        batch_ts_ms=int(meta.get("batchTimestampMs", 0)),
+        spark_batch=batch,
+        epoch=epoch.epoch,
+        catch_up_from=catch_up,
+    )

@@ -4,6 +4,7 @@ Inputs are what an auditor reads back: the ledger entries, the group's committed
 of the committed ranges (already classified: ts and ip, or a malformed reason), the committed sink records and
 the DLQ records. `audit.py` does the reading; this module only decides.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,11 +62,11 @@ class BatchIndex:
 
 @dataclass
 class Expected:
-    counts: dict[str, int] = field(default_factory=dict)   # sink key -> count, for windows already final
-    pending: int = 0          # valid records in windows the watermark has not closed yet
-    late: int = 0             # dropped by the watermark (Spark's rule: window end <= batch watermark)
+    counts: dict[str, int] = field(default_factory=dict)  # sink key -> count, for windows already final
+    pending: int = 0  # valid records in windows the watermark has not closed yet
+    late: int = 0  # dropped by the watermark (Spark's rule: window end <= batch watermark)
     malformed: set[tuple[int, int]] = field(default_factory=set)  # (partition, offset)
-    uncommitted: int = 0      # records outside every committed range (not processed yet)
+    uncommitted: int = 0  # records outside every committed range (not processed yet)
 
 
 def expected(source: Iterable[SourceRecord], entries: Sequence[LedgerEntry], window_s: int) -> Expected:
@@ -106,12 +107,12 @@ class Report:
     coverage: CoverageReport
     expected_keys: int = 0
     sink_records: int = 0
-    duplicates: dict[str, int] = field(default_factory=dict)      # key -> times seen
-    missing: dict[str, int] = field(default_factory=dict)         # key -> expected count
-    unexpected: dict[str, int] = field(default_factory=dict)      # key -> count found
+    duplicates: dict[str, int] = field(default_factory=dict)  # key -> times seen
+    missing: dict[str, int] = field(default_factory=dict)  # key -> expected count
+    unexpected: dict[str, int] = field(default_factory=dict)  # key -> count found
     wrong: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (expected, found)
     malformed_values: list[str] = field(default_factory=list)
-    dlq_missing: list[tuple[int, int]] = field(default_factory=list)     # (partition, offset)
+    dlq_missing: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset)
     dlq_unexpected: list[tuple[int, int]] = field(default_factory=list)
     dlq_duplicates: list[tuple[int, int]] = field(default_factory=list)
     ledger_outputs: int = 0
@@ -120,28 +121,48 @@ class Report:
     pending: int = 0
     malformed: int = 0
     counted: int = 0
-    snapshot_batch: int | None = None   # the last committed batch the check covers
+    snapshot_batch: int | None = None  # the last committed batch the check covers
 
     @property
     def ok(self) -> bool:
-        return (self.coverage.ok and not (self.duplicates or self.missing or self.unexpected or self.wrong
-                                          or self.malformed_values or self.dlq_missing or self.dlq_unexpected
-                                          or self.dlq_duplicates)
-                and self.ledger_outputs == self.sink_records)
+        return (
+            self.coverage.ok
+            and not (
+                self.duplicates
+                or self.missing
+                or self.unexpected
+                or self.wrong
+                or self.malformed_values
+                or self.dlq_missing
+                or self.dlq_unexpected
+                or self.dlq_duplicates
+            )
+            and self.ledger_outputs == self.sink_records
+        )
 
     def summary(self) -> dict[str, Any]:
-        return {"ok": self.ok, "snapshot_batch": self.snapshot_batch, "batches": self.coverage.batches,
-                "coverage_issues": [i.detail for i in
-                                                                                   self.coverage.issues][:20],
-                "sink_records": self.sink_records, "ledger_outputs": self.ledger_outputs,
-                "expected_keys": self.expected_keys, "counted": self.counted, "late": self.late,
-                "pending": self.pending, "malformed": self.malformed, "ledger_dlq": self.ledger_dlq,
-                "duplicates": dict(list(self.duplicates.items())[:20]),
-                "missing": dict(list(self.missing.items())[:20]),
-                "unexpected": dict(list(self.unexpected.items())[:20]),
-                "wrong": dict(list(self.wrong.items())[:20]), "malformed_values": self.malformed_values[:5],
-                "dlq_missing": self.dlq_missing[:20], "dlq_unexpected": self.dlq_unexpected[:20],
-                "dlq_duplicates": self.dlq_duplicates[:20]}
+        return {
+            "ok": self.ok,
+            "snapshot_batch": self.snapshot_batch,
+            "batches": self.coverage.batches,
+            "coverage_issues": [i.detail for i in self.coverage.issues][:20],
+            "sink_records": self.sink_records,
+            "ledger_outputs": self.ledger_outputs,
+            "expected_keys": self.expected_keys,
+            "counted": self.counted,
+            "late": self.late,
+            "pending": self.pending,
+            "malformed": self.malformed,
+            "ledger_dlq": self.ledger_dlq,
+            "duplicates": dict(list(self.duplicates.items())[:20]),
+            "missing": dict(list(self.missing.items())[:20]),
+            "unexpected": dict(list(self.unexpected.items())[:20]),
+            "wrong": dict(list(self.wrong.items())[:20]),
+            "malformed_values": self.malformed_values[:5],
+            "dlq_missing": self.dlq_missing[:20],
+            "dlq_unexpected": self.dlq_unexpected[:20],
+            "dlq_duplicates": self.dlq_duplicates[:20],
+        }
 
 
 def sink_value_errors(rec: SinkRecord, window_s: int) -> str | None:
@@ -158,9 +179,15 @@ def sink_value_errors(rec: SinkRecord, window_s: int) -> str | None:
     return None
 
 
-def check(entries: Sequence[LedgerEntry], committed: Mapping[int, int] | None, source: Iterable[SourceRecord],
-          sink: Iterable[SinkRecord], dlq: Iterable[tuple[int, int]], window_s: int,
-          starting: Mapping[int, int] | None = None) -> Report:
+def check(
+    entries: Sequence[LedgerEntry],
+    committed: Mapping[int, int] | None,
+    source: Iterable[SourceRecord],
+    sink: Iterable[SinkRecord],
+    dlq: Iterable[tuple[int, int]],
+    window_s: int,
+    starting: Mapping[int, int] | None = None,
+) -> Report:
     """I1 (coverage), I2 (every record counted, late or in the DLQ once), I3 (exact counts, one record per
     key) and the ledger's own accounting (sink records == sum of committed outputs, I4's visible face)."""
     rep = Report(coverage=check_coverage(entries, committed, starting))

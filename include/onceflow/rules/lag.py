@@ -8,6 +8,7 @@ last samples a partition is:
 - STOP    lag > 0 and the newest commit is older than the window's span (the consumer stopped committing);
 - REWIND  the committed offset went backwards.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -4,6 +4,7 @@ A ledger record (topic `ip_count_ledger`, key = app id) is written inside the ba
 is visible exactly when the batch's outputs are. Nothing in this module does I/O: the replay decision and the
 coverage checks are plain functions over plain data, tested without a broker.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,13 +30,14 @@ class BatchPlan:
     (the epoch of the restore, see onceflow.rules.checkpoint.Epoch). `catch_up_from` is set on the one batch after
     such a restore that re-reads the already-committed ledger batches catch_up_from..batch in one go.
     """
+
     batch: int
     topic: str
     start: dict[int, int]
     end: dict[int, int]
     watermark_ms: int = 0
     batch_ts_ms: int = 0
-    spark_batch: int | None = None   # Spark's id, when it differs from `batch`
+    spark_batch: int | None = None  # Spark's id, when it differs from `batch`
     epoch: int = 0
     catch_up_from: int | None = None
 
@@ -44,8 +46,9 @@ class BatchPlan:
             raise ValueError(f"batch {self.batch}: start partitions {sorted(self.start)} != end {sorted(self.end)}")
         for p in self.start:
             if self.end[p] < self.start[p]:
-                raise ValueError(f"batch {self.batch}: partition {p} ends at {self.end[p]} before its start "
-                                 f"{self.start[p]}")
+                raise ValueError(
+                    f"batch {self.batch}: partition {p} ends at {self.end[p]} before its start {self.start[p]}"
+                )
 
     @property
     def ranges(self) -> dict[int, tuple[int, int]]:
@@ -72,8 +75,8 @@ class LedgerEntry:
     kind: str = wire.LEDGER_STREAM  # the live job's batches; backfills write wire.LEDGER_BACKFILL
     spark_batch: int | None = None
     epoch: int = 0
-    backfill_id: str | None = None    # kind "backfill": which backfill; `batch` is then the chunk number
-    spec_hash: str | None = None      # kind "backfill": the parameters the chunk was computed from
+    backfill_id: str | None = None  # kind "backfill": which backfill; `batch` is then the chunk number
+    spec_hash: str | None = None  # kind "backfill": the parameters the chunk was computed from
     # The parsing rules the batch was classified with (onceflow.rules.records): their version and the event-time
     # skew allowed over the record timestamp (None: no such rule, as in batches written before it existed).
     rules: int | None = None
@@ -99,14 +102,35 @@ class LedgerEntry:
         return {p: s for p, (s, _) in self.ranges.items()}
 
     @classmethod
-    def for_plan(cls, app: str, plan: BatchPlan, outputs: int, dlq: int, txn_ms: float, commit_time_ms: int,
-                 transactional_id: str, rules: int | None = None, max_event_ahead_ms: int | None = None
-                 ) -> LedgerEntry:
-        return cls(app=app, batch=plan.batch, topic=plan.topic, ranges=plan.ranges,
-                   watermark_ms=plan.watermark_ms, batch_ts_ms=plan.batch_ts_ms, outputs=outputs, dlq=dlq,
-                   txn_ms=round(txn_ms, 3), commit_time_ms=commit_time_ms, transactional_id=transactional_id,
-                   spark_batch=plan.spark_batch, epoch=plan.epoch, rules=rules,
-                   max_event_ahead_ms=max_event_ahead_ms)
+    def for_plan(
+        cls,
+        app: str,
+        plan: BatchPlan,
+        outputs: int,
+        dlq: int,
+        txn_ms: float,
+        commit_time_ms: int,
+        transactional_id: str,
+        rules: int | None = None,
+        max_event_ahead_ms: int | None = None,
+    ) -> LedgerEntry:
+        return cls(
+            app=app,
+            batch=plan.batch,
+            topic=plan.topic,
+            ranges=plan.ranges,
+            watermark_ms=plan.watermark_ms,
+            batch_ts_ms=plan.batch_ts_ms,
+            outputs=outputs,
+            dlq=dlq,
+            txn_ms=round(txn_ms, 3),
+            commit_time_ms=commit_time_ms,
+            transactional_id=transactional_id,
+            spark_batch=plan.spark_batch,
+            epoch=plan.epoch,
+            rules=rules,
+            max_event_ahead_ms=max_event_ahead_ms,
+        )
 
 
 @dataclass(frozen=True)
@@ -116,16 +140,17 @@ class RestoreRecord:
     `skipped` is the source range of the ledger batches `skipped_batches` (already committed after the
     savepoint): the restored job re-reads it to rebuild its state and writes none of its results again.
     """
+
     app: str
     epoch: int
     savepoint_id: str
-    savepoint_batch: int            # the ledger batch the savepoint was taken at
-    sink_batch: int | None          # the last ledger batch committed when it was restored
-    rewind: bool                    # an older savepoint than the newest, restored on explicit request
+    savepoint_batch: int  # the ledger batch the savepoint was taken at
+    sink_batch: int | None  # the last ledger batch committed when it was restored
+    rewind: bool  # an older savepoint than the newest, restored on explicit request
     skipped_batches: tuple[int, int] | None
     skipped: dict[int, tuple[int, int]]
-    spark_batch_from: int           # Spark's first batch of the new epoch
-    ledger_shift: int               # ledger batch = Spark batch + ledger_shift from then on
+    spark_batch_from: int  # Spark's first batch of the new epoch
+    ledger_shift: int  # ledger batch = Spark batch + ledger_shift from then on
     restored_ms: int
     kind: str = wire.LEDGER_RESTORE
 
@@ -147,6 +172,7 @@ class RestoreRecord:
 class QuarantineRange:
     """Source offsets [start, end) of one partition whose records an operator quarantined: they go to the DLQ
     with reason `quarantined` and their provenance only (the way out of a batch that can never commit)."""
+
     partition: int
     start: int
     end: int
@@ -155,6 +181,7 @@ class QuarantineRange:
 @dataclass(frozen=True)
 class QuarantineRecord:
     """Written to the ledger when an operator quarantines source offsets (`onceflow quarantine add`)."""
+
     app: str
     topic: str
     ranges: tuple[QuarantineRange, ...]
@@ -191,6 +218,7 @@ def parse_record(raw: bytes | str) -> LedgerEntry | RestoreRecord | QuarantineRe
 @dataclass(frozen=True)
 class Committed:
     """The consumer group's committed position, with the batch id carried in the offset metadata."""
+
     offsets: dict[int, int]
     batch: int | None
     foreign: bool = False  # offsets exist that onceflow did not write (no batch metadata)
@@ -231,8 +259,8 @@ def batch_from_metadata(meta: str | None) -> int | None:
 
 
 class Decision(Enum):
-    WRITE = "write"   # batch N is not committed yet: write it
-    SKIP = "skip"     # batch N was committed before a crash, with exactly this range: a replay, write nothing
+    WRITE = "write"  # batch N is not committed yet: write it
+    SKIP = "skip"  # batch N was committed before a crash, with exactly this range: a replay, write nothing
     CATCH_UP = "catch_up"  # the first batch after a restore re-reads committed batches: rebuild state, write nothing
 
 
@@ -242,8 +270,9 @@ def committed_from_ledger(newest: LedgerEntry) -> Committed:
     return Committed(offsets=newest.end, batch=newest.batch)
 
 
-def decide(plan: BatchPlan, committed: Committed, entry: LedgerEntry | None,
-           newest: LedgerEntry | None = None) -> Decision:
+def decide(
+    plan: BatchPlan, committed: Committed, entry: LedgerEntry | None, newest: LedgerEntry | None = None
+) -> Decision:
     """The replay decision of the protocol (onceflow.protocol.exactly_once), by batch id AND offset range.
 
     `entry` is the committed ledger record of batch `plan.batch`, if any. `newest` is the app's newest stream
@@ -254,7 +283,8 @@ def decide(plan: BatchPlan, committed: Committed, entry: LedgerEntry | None,
     if committed.foreign:
         raise DivergentHistory(
             f"batch {n}: the group has committed offsets without onceflow batch metadata; another consumer "
-            f"committed into this group: use a different app id or reset the group")
+            f"committed into this group: use a different app id or reset the group"
+        )
     if committed.batch is None and not committed.offsets and newest is not None:
         committed = committed_from_ledger(newest)
         entry = newest if newest.batch == n else None
@@ -266,38 +296,51 @@ def decide(plan: BatchPlan, committed: Committed, entry: LedgerEntry | None,
         if entry is not None:
             raise DivergentHistory(f"batch {n}: the ledger has batch {n} but the group has no committed offsets")
         if n != 0 and plan.epoch == 0:
-            raise DivergentHistory(f"batch {n}: neither the group nor the ledger has any committed batch, but "
-                                   f"Spark's checkpoint is at batch {n}: the ledger or the checkpoint belongs to "
-                                   f"another history")
+            raise DivergentHistory(
+                f"batch {n}: neither the group nor the ledger has any committed batch, but "
+                f"Spark's checkpoint is at batch {n}: the ledger or the checkpoint belongs to "
+                f"another history"
+            )
         return Decision.WRITE
     if committed.batch == n:
         if entry is None:
-            raise DivergentHistory(f"batch {n}: the group says batch {n} is committed but the ledger has no "
-                                   f"record of it")
+            raise DivergentHistory(
+                f"batch {n}: the group says batch {n} is committed but the ledger has no record of it"
+            )
         if entry.ranges != plan.ranges or entry.topic != plan.topic:
             raise DivergentHistory(
                 f"batch {n} was committed with ranges {_fmt(entry.ranges)} but Spark now plans "
                 f"{_fmt(plan.ranges)}: the checkpoint and the sink disagree (was a checkpoint restored or "
-                f"the source changed?)")
+                f"the source changed?)"
+            )
         mismatch = {p: (committed.offsets.get(p), e) for p, e in plan.end.items() if committed.offsets.get(p) != e}
         if mismatch:
-            raise DivergentHistory(f"batch {n} is committed but the group's offsets differ from its end: "
-                                   f"{mismatch} (partition: (committed, planned end))")
+            raise DivergentHistory(
+                f"batch {n} is committed but the group's offsets differ from its end: "
+                f"{mismatch} (partition: (committed, planned end))"
+            )
         return Decision.SKIP
     if committed.batch > n:
         raise DivergentHistory(
             f"batch {n}: the sink already committed batch {committed.batch}; Spark's checkpoint is behind the "
-            f"sink (an older checkpoint or savepoint?). Refusing to write batch {n} again.")
+            f"sink (an older checkpoint or savepoint?). Refusing to write batch {n} again."
+        )
     if committed.batch < n - 1:
         raise DivergentHistory(
             f"batch {n}: the last committed batch is {committed.batch}; batches {committed.batch + 1}..{n - 1} "
-            f"were never written to the sink (the checkpoint ran ahead of it)")
+            f"were never written to the sink (the checkpoint ran ahead of it)"
+        )
     # committed.batch == n - 1: the normal case. Its end must be exactly where batch n starts.
-    mismatch = {p: (committed.offsets.get(p), s) for p, s in plan.start.items()
-                if p in committed.offsets and committed.offsets[p] != s}
+    mismatch = {
+        p: (committed.offsets.get(p), s)
+        for p, s in plan.start.items()
+        if p in committed.offsets and committed.offsets[p] != s
+    }
     if mismatch:
-        raise DivergentHistory(f"batch {n} starts at {plan.start} but batch {n - 1} committed "
-                               f"{committed.offsets}: gap or overlap at {mismatch} (partition: (committed, start))")
+        raise DivergentHistory(
+            f"batch {n} starts at {plan.start} but batch {n - 1} committed "
+            f"{committed.offsets}: gap or overlap at {mismatch} (partition: (committed, start))"
+        )
     return Decision.WRITE
 
 
@@ -309,14 +352,19 @@ def _decide_catch_up(plan: BatchPlan, committed: Committed, entry: LedgerEntry |
     if committed.batch != n:
         raise DivergentHistory(
             f"the restore expected the sink at batch {n} (catching up batches {first}..{n}) but it has "
-            f"committed batch {committed.batch}: another driver wrote to the sink after the restore")
+            f"committed batch {committed.batch}: another driver wrote to the sink after the restore"
+        )
     if entry is None or entry.end != plan.end or entry.topic != plan.topic:
-        raise DivergentHistory(f"catching up batches {first}..{n}: the ledger record of batch {n} does not end at "
-                               f"{plan.end} ({_fmt(entry.ranges) if entry else 'missing'})")
+        raise DivergentHistory(
+            f"catching up batches {first}..{n}: the ledger record of batch {n} does not end at "
+            f"{plan.end} ({_fmt(entry.ranges) if entry else 'missing'})"
+        )
     mismatch = {p: (committed.offsets.get(p), e) for p, e in plan.end.items() if committed.offsets.get(p) != e}
     if mismatch:
-        raise DivergentHistory(f"catching up batches {first}..{n}: the group's offsets differ from their end: "
-                               f"{mismatch} (partition: (committed, planned end))")
+        raise DivergentHistory(
+            f"catching up batches {first}..{n}: the group's offsets differ from their end: "
+            f"{mismatch} (partition: (committed, planned end))"
+        )
     return Decision.CATCH_UP
 
 
@@ -327,7 +375,7 @@ def _fmt(ranges: Mapping[int, tuple[int, int]]) -> str:
 # ---------------------------------------------------------------------------- coverage (invariant I1)
 @dataclass(frozen=True)
 class CoverageIssue:
-    kind: str          # gap | overlap | batch_sequence | divergent_batch | not_at_committed
+    kind: str  # gap | overlap | batch_sequence | divergent_batch | not_at_committed
     partition: int | None
     detail: str
     start: int | None = None
@@ -345,8 +393,9 @@ class CoverageReport:
         return not self.issues
 
 
-def check_coverage(entries: Iterable[LedgerEntry], committed: Offsets | None = None,
-                   starting: Offsets | None = None) -> CoverageReport:
+def check_coverage(
+    entries: Iterable[LedgerEntry], committed: Offsets | None = None, starting: Offsets | None = None
+) -> CoverageReport:
     """I1: per partition, the committed ranges are contiguous and non-overlapping, from `starting` (when
     known) up to the group's `committed` offsets (when given). Entries may arrive in any order; a batch id
     recorded twice must carry identical ranges (a replay never writes twice, but a divergence might)."""
@@ -356,16 +405,18 @@ def check_coverage(entries: Iterable[LedgerEntry], committed: Offsets | None = N
         prev = by_batch.get(e.batch)
         if prev is not None:
             kind = "divergent_batch" if prev.ranges != e.ranges else "batch_sequence"
-            report.issues.append(CoverageIssue(kind, None, f"batch {e.batch} is in the ledger twice "
-                                               f"({_fmt(prev.ranges)} and {_fmt(e.ranges)})"))
+            report.issues.append(
+                CoverageIssue(
+                    kind, None, f"batch {e.batch} is in the ledger twice ({_fmt(prev.ranges)} and {_fmt(e.ranges)})"
+                )
+            )
             continue
         by_batch[e.batch] = e
     ordered = [by_batch[b] for b in sorted(by_batch)]
     report.batches = len(ordered)
     for a, b in zip(ordered, ordered[1:]):
         if b.batch != a.batch + 1:
-            report.issues.append(CoverageIssue("batch_sequence", None,
-                                               f"batch ids jump from {a.batch} to {b.batch}"))
+            report.issues.append(CoverageIssue("batch_sequence", None, f"batch ids jump from {a.batch} to {b.batch}"))
     cursor: dict[int, int] = dict(starting or {})
     first: dict[int, int] = {}
     for e in ordered:
@@ -373,18 +424,39 @@ def check_coverage(entries: Iterable[LedgerEntry], committed: Offsets | None = N
             if p not in cursor:
                 cursor[p] = s
             if s > cursor[p]:
-                report.issues.append(CoverageIssue("gap", p, f"offsets [{cursor[p]}, {s}) of partition {p} are in "
-                                                   f"no committed batch (before batch {e.batch})", cursor[p], s))
+                report.issues.append(
+                    CoverageIssue(
+                        "gap",
+                        p,
+                        f"offsets [{cursor[p]}, {s}) of partition {p} are in "
+                        f"no committed batch (before batch {e.batch})",
+                        cursor[p],
+                        s,
+                    )
+                )
             elif s < cursor[p]:
-                report.issues.append(CoverageIssue("overlap", p, f"offsets [{s}, {cursor[p]}) of partition {p} "
-                                                   f"are committed twice (batch {e.batch} again)", s, cursor[p]))
+                report.issues.append(
+                    CoverageIssue(
+                        "overlap",
+                        p,
+                        f"offsets [{s}, {cursor[p]}) of partition {p} are committed twice (batch {e.batch} again)",
+                        s,
+                        cursor[p],
+                    )
+                )
             first.setdefault(p, s)
             cursor[p] = max(cursor[p], end)
     if committed is not None:
         for p, off in sorted(committed.items()):
             if cursor.get(p) != off:
-                report.issues.append(CoverageIssue("not_at_committed", p,
-                                                   f"ledger ends at {cursor.get(p)} on partition {p} but the group "
-                                                   f"committed {off}", cursor.get(p), off))
+                report.issues.append(
+                    CoverageIssue(
+                        "not_at_committed",
+                        p,
+                        f"ledger ends at {cursor.get(p)} on partition {p} but the group committed {off}",
+                        cursor.get(p),
+                        off,
+                    )
+                )
     report.covered = {p: (first.get(p, c), c) for p, c in cursor.items()}
     return report

@@ -13,6 +13,7 @@ With close-out on, the job runs Spark's trigger at 0 and paces batches itself, a
 This changes when batches run, never what they contain: each batch's range, the results and the protocol are
 the same as under any other schedule.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,9 +21,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class BatchTiming:
-    batch_ts_ms: int            # when Spark planned the batch (offsets/N batchTimestampMs)
-    watermark_ms: int           # the watermark the batch evicted with (offsets/N batchWatermarkMs)
-    max_event_ms: int | None    # the newest event time the batch read; None when unknown or no valid event
+    batch_ts_ms: int  # when Spark planned the batch (offsets/N batchTimestampMs)
+    watermark_ms: int  # the watermark the batch evicted with (offsets/N batchWatermarkMs)
+    max_event_ms: int | None  # the newest event time the batch read; None when unknown or no valid event
 
 
 def next_watermark_ms(t: BatchTiming, delay_ms: int) -> int:
@@ -39,8 +40,9 @@ def closes_windows(t: BatchTiming, delay_ms: int, window_ms: int) -> bool:
     return new > t.watermark_ms and (new // window_ms) * window_ms > t.watermark_ms
 
 
-def delay_before_next_s(t: BatchTiming, now_ms: int, trigger_ms: int, delay_ms: int, window_ms: int,
-                        wrote: bool = True) -> float:
+def delay_before_next_s(
+    t: BatchTiming, now_ms: int, trigger_ms: int, delay_ms: int, window_ms: int, wrote: bool = True
+) -> float:
     """Seconds to wait before letting Spark plan the next batch: never more than one trigger interval, whatever
     the wall clock does (a clock stepped back between the batch's start and now must not stall the job)."""
     if not wrote or trigger_ms <= 0 or closes_windows(t, delay_ms, window_ms):

@@ -9,6 +9,7 @@ So a sink key emitted in [a, b] counts the non-late records of its window read b
 [a, b] (this run's pass over the source) plus those read before a, still open after a-1 (the carry-in, the
 previous run's carry-out). Consecutive runs chain, so each run reads only its own range once.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -35,8 +36,11 @@ def to_ms(v: Any) -> int | None:
     from datetime import datetime
 
     try:
-        return int(v) if str(v).isdigit() else int(datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp()
-                                                    * 1000)
+        return (
+            int(v)
+            if str(v).isdigit()
+            else int(datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp() * 1000)
+        )
     except ValueError:
         raise ReconcileError(f"{v!r} is not a time: use ISO-8601 (2026-11-22T10:00:00Z) or epoch ms") from None
 
@@ -44,16 +48,22 @@ def to_ms(v: Any) -> int | None:
 @dataclass(frozen=True)
 class BatchRow:
     """One ledger batch on one source partition: which offsets it read, and its late-row watermark."""
+
     partition: int
     start: int
     end: int
     batch: int
     late_wm_ms: int
-    max_ahead_ms: int | None = None   # the batch's event-time skew rule (None: none, as in older batches)
+    max_ahead_ms: int | None = None  # the batch's event-time skew rule (None: none, as in older batches)
 
 
-def select_batches(entries: Sequence[LedgerEntry], first: int | None = None, last: int | None = None,
-                   since_ms: int | None = None, until_ms: int | None = None) -> list[LedgerEntry]:
+def select_batches(
+    entries: Sequence[LedgerEntry],
+    first: int | None = None,
+    last: int | None = None,
+    since_ms: int | None = None,
+    until_ms: int | None = None,
+) -> list[LedgerEntry]:
     """The stream batches of the run: by batch id ([first, last]) or by commit time ([since_ms, until_ms))."""
     if first is not None and last is not None and last < first:
         raise ReconcileError(f"the last batch {last} is before the first {first}")
@@ -63,7 +73,12 @@ def select_batches(entries: Sequence[LedgerEntry], first: int | None = None, las
     for e in sorted(entries, key=lambda e: e.batch):
         if first is not None and e.batch < first or last is not None and e.batch > last:
             continue
-        if since_ms is not None and e.commit_time_ms < since_ms or until_ms is not None and e.commit_time_ms >= until_ms:
+        if (
+            since_ms is not None
+            and e.commit_time_ms < since_ms
+            or until_ms is not None
+            and e.commit_time_ms >= until_ms
+        ):
             continue
         out.append(e)
     return out
@@ -71,8 +86,12 @@ def select_batches(entries: Sequence[LedgerEntry], first: int | None = None, las
 
 def batch_rows(selected: Sequence[LedgerEntry], all_entries: Sequence[LedgerEntry]) -> list[BatchRow]:
     wm = {e.batch: e.watermark_ms for e in all_entries}
-    return [BatchRow(p, s, end, e.batch, wm.get(e.batch - 1, 0), e.max_event_ahead_ms)
-            for e in selected for p, (s, end) in sorted(e.ranges.items()) if end > s]
+    return [
+        BatchRow(p, s, end, e.batch, wm.get(e.batch - 1, 0), e.max_event_ahead_ms)
+        for e in selected
+        for p, (s, end) in sorted(e.ranges.items())
+        if end > s
+    ]
 
 
 def source_ranges(selected: Sequence[LedgerEntry]) -> dict[int, tuple[int, int]]:
@@ -89,9 +108,12 @@ def coverage(selected: Sequence[LedgerEntry]) -> dict[str, Any]:
     """What a run proves, for its record: the batches, their commit times, the source offsets they read."""
     if not selected:
         return {"batches": None, "count": 0, "commit_time_ms": None, "source_offsets": {}}
-    return {"batches": [selected[0].batch, selected[-1].batch], "count": len(selected),
-            "commit_time_ms": [selected[0].commit_time_ms, selected[-1].commit_time_ms],
-            "source_offsets": {str(p): list(r) for p, r in source_ranges(selected).items()}}
+    return {
+        "batches": [selected[0].batch, selected[-1].batch],
+        "count": len(selected),
+        "commit_time_ms": [selected[0].commit_time_ms, selected[-1].commit_time_ms],
+        "source_offsets": {str(p): list(r) for p, r in source_ranges(selected).items()},
+    }
 
 
 # ---------------------------------------------------------------------------- the scheduled chain
@@ -101,6 +123,7 @@ class ChainPosition:
     nothing yet), with the run that proved it. Kept as the chain group's committed offsets on the source (the end
     of that batch's ranges) and their metadata, committed in one transaction with the run's result record, so the
     position moves if and only if the proof is recorded."""
+
     batch: int | None = None
     run_id: str | None = None
     ts_ms: int | None = None
@@ -124,13 +147,16 @@ def chain_position(metadatas: Iterable[str | None]) -> ChainPosition:
             d = json.loads(m)
             seen.add((int(d["batch"]), d.get("run"), d.get("ts_ms")))
         except (ValueError, KeyError, TypeError):
-            raise ReconcileError(f"the reconciliation chain's group has offset metadata onceflow did not write: "
-                                 f"{m!r}") from None
+            raise ReconcileError(
+                f"the reconciliation chain's group has offset metadata onceflow did not write: {m!r}"
+            ) from None
     if not seen:
         return ChainPosition()
     if len({b for b, _, _ in seen}) > 1:
-        raise ReconcileError(f"the reconciliation chain's group names several batches {sorted(seen)}: it was "
-                             f"written outside the chain; reset it (kafka-consumer-groups --delete)")
+        raise ReconcileError(
+            f"the reconciliation chain's group names several batches {sorted(seen)}: it was "
+            f"written outside the chain; reset it (kafka-consumer-groups --delete)"
+        )
     b, run, ts = seen.pop()
     return ChainPosition(b, run, ts)
 
@@ -143,8 +169,10 @@ def chain_range(proven: int | None, entries: Sequence[LedgerEntry], max_batches:
         return None
     first = todo[0]
     if proven is not None and first != proven + 1:
-        raise ReconcileError(f"the chain proved batch {proven}, but the ledger's next batch is {first}: batches "
-                             f"{proven + 1}..{first - 1} are missing from the ledger (run `onceflow audit`)")
+        raise ReconcileError(
+            f"the chain proved batch {proven}, but the ledger's next batch is {first}: batches "
+            f"{proven + 1}..{first - 1} are missing from the ledger (run `onceflow audit`)"
+        )
     return first, todo[min(len(todo), max_batches) - 1]
 
 
@@ -171,7 +199,7 @@ class Check:
     status: str
     summary: str
     figures: dict[str, Any] = field(default_factory=dict)
-    differences: list[dict[str, Any]] = field(default_factory=list)   # precise, capped by the caller
+    differences: list[dict[str, Any]] = field(default_factory=list)  # precise, capped by the caller
 
 
 @dataclass
@@ -185,10 +213,10 @@ class Result:
     finished_ms: int = 0
     checks: list[Check] = field(default_factory=list)
     data_docs: str | None = None
-    mode: str = MANUAL                  # MANUAL (a range asked for) or CHAIN (the scheduled, gap-free chain)
-    coverage: dict[str, Any] = field(default_factory=dict)   # batches, commit times and source offsets the run proved
-    snapshot_batch: int | None = None   # the newest committed batch when the run began (its consistent cut)
-    proven_before: int | None = None    # CHAIN: the chain's last proven batch when the run began
+    mode: str = MANUAL  # MANUAL (a range asked for) or CHAIN (the scheduled, gap-free chain)
+    coverage: dict[str, Any] = field(default_factory=dict)  # batches, commit times and source offsets the run proved
+    snapshot_batch: int | None = None  # the newest committed batch when the run began (its consistent cut)
+    proven_before: int | None = None  # CHAIN: the chain's last proven batch when the run began
 
     @property
     def ok(self) -> bool:
@@ -247,90 +275,197 @@ def _jsonable(v: Any) -> Any:
 def coverage_check(rep: CoverageReport, cap: int = 50) -> Check:
     figures = {"batches": rep.batches, "covered": {str(p): list(r) for p, r in rep.covered.items()}}
     if rep.ok:
-        return Check("I1_coverage", PASS, f"{rep.batches} batches cover every partition contiguously, no gap, no "
-                                          f"overlap, up to the group's committed offsets", figures)
-    diffs = [{"kind": i.kind, "partition": i.partition, "start": i.start, "end": i.end, "detail": i.detail}
-             for i in rep.issues[:cap]]
-    return Check("I1_coverage", FAIL, f"{len(rep.issues)} coverage issue(s): " + "; ".join(
-        i.detail for i in rep.issues[:3]), figures, diffs)
+        return Check(
+            "I1_coverage",
+            PASS,
+            f"{rep.batches} batches cover every partition contiguously, no gap, no "
+            f"overlap, up to the group's committed offsets",
+            figures,
+        )
+    diffs = [
+        {"kind": i.kind, "partition": i.partition, "start": i.start, "end": i.end, "detail": i.detail}
+        for i in rep.issues[:cap]
+    ]
+    return Check(
+        "I1_coverage",
+        FAIL,
+        f"{len(rep.issues)} coverage issue(s): " + "; ".join(i.detail for i in rep.issues[:3]),
+        figures,
+        diffs,
+    )
 
 
-def accounting_check(total: int, counted_in_sink: int, late: int, malformed_in_dlq: int, pending: int,
-                     spark_dropped: dict[int, int] | None, late_groups: dict[int, int],
-                     late_threshold: float = 1.0) -> Check:
+def accounting_check(
+    total: int,
+    counted_in_sink: int,
+    late: int,
+    malformed_in_dlq: int,
+    pending: int,
+    spark_dropped: dict[int, int] | None,
+    late_groups: dict[int, int],
+    late_threshold: float = 1.0,
+) -> Check:
     """I2: every source record of the range is counted in a sink window, late, malformed (in the DLQ), or still
     pending in a window that is not final yet; each term measured on its own. A range where more than
     `late_threshold` of the valid records were late fails too: the books balance, but "everything is late" (a
     watermark run ahead of the input) is never a healthy history."""
     valid = total - malformed_in_dlq
     late_fraction = round(late / valid, 4) if valid > 0 else 0.0
-    figures: dict[str, Any] = {"source_records": total, "counted_in_sink": counted_in_sink, "late": late,
-                               "malformed_in_dlq": malformed_in_dlq, "pending": pending, "late_fraction": late_fraction}
+    figures: dict[str, Any] = {
+        "source_records": total,
+        "counted_in_sink": counted_in_sink,
+        "late": late,
+        "malformed_in_dlq": malformed_in_dlq,
+        "pending": pending,
+        "late_fraction": late_fraction,
+    }
     diffs: list[dict[str, Any]] = []
     if valid > 0 and late_fraction > late_threshold:
-        diffs.append({"kind": "late_fraction", "late": late, "valid": valid,
-                      "detail": f"{late} of the {valid} valid records ({100 * late_fraction:.0f}%) were late, above "
-                                f"{100 * late_threshold:.0f}%: the watermark ran ahead of the input"})
+        diffs.append(
+            {
+                "kind": "late_fraction",
+                "late": late,
+                "valid": valid,
+                "detail": f"{late} of the {valid} valid records ({100 * late_fraction:.0f}%) were late, above "
+                f"{100 * late_threshold:.0f}%: the watermark ran ahead of the input",
+            }
+        )
     balance = counted_in_sink + late + malformed_in_dlq + pending - total
     if balance:
-        diffs.append({"kind": "unbalanced", "detail": f"counted {counted_in_sink} + late {late} + malformed "
-                      f"{malformed_in_dlq} + pending {pending} - source {total} = {balance}"})
+        diffs.append(
+            {
+                "kind": "unbalanced",
+                "detail": f"counted {counted_in_sink} + late {late} + malformed "
+                f"{malformed_in_dlq} + pending {pending} - source {total} = {balance}",
+            }
+        )
     if spark_dropped is not None:
         figures["late_groups_by_batch"] = {str(b): n for b, n in sorted(late_groups.items())}
         figures["spark_rows_dropped_by_watermark"] = {str(b): n for b, n in sorted(spark_dropped.items())}
         for b in sorted(set(late_groups) | set(spark_dropped)):
             if b in spark_dropped and late_groups.get(b, 0) != spark_dropped[b]:
-                diffs.append({"kind": "late_vs_spark", "batch": b, "expected": late_groups.get(b, 0),
-                              "spark": spark_dropped[b],
-                              "detail": f"batch {b}: the late rule gives {late_groups.get(b, 0)} dropped "
-                                        f"(window, ip) groups, Spark reported {spark_dropped[b]}"})
+                diffs.append(
+                    {
+                        "kind": "late_vs_spark",
+                        "batch": b,
+                        "expected": late_groups.get(b, 0),
+                        "spark": spark_dropped[b],
+                        "detail": f"batch {b}: the late rule gives {late_groups.get(b, 0)} dropped "
+                        f"(window, ip) groups, Spark reported {spark_dropped[b]}",
+                    }
+                )
     if diffs:
         return Check("I2_accounting", FAIL, diffs[0]["detail"], figures, diffs)
-    return Check("I2_accounting", PASS, f"{total} source records = {counted_in_sink} counted + {late} late + "
-                                        f"{malformed_in_dlq} malformed + {pending} pending", figures)
+    return Check(
+        "I2_accounting",
+        PASS,
+        f"{total} source records = {counted_in_sink} counted + {late} late + "
+        f"{malformed_in_dlq} malformed + {pending} pending",
+        figures,
+    )
 
 
-def results_check(expected_keys: int, sink_records: int, duplicates: list[dict[str, Any]],
-                  missing: list[dict[str, Any]], wrong: list[dict[str, Any]], unexpected: list[dict[str, Any]],
-                  misplaced: list[dict[str, Any]], ledger_outputs: int) -> Check:
-    figures = {"expected_keys": expected_keys, "sink_records": sink_records, "ledger_outputs": ledger_outputs,
-               "duplicates": len(duplicates), "missing": len(missing), "wrong": len(wrong),
-               "unexpected": len(unexpected), "misplaced": len(misplaced)}
-    diffs = ([{"kind": "duplicate", **d} for d in duplicates] + [{"kind": "missing", **d} for d in missing]
-             + [{"kind": "wrong_count", **d} for d in wrong] + [{"kind": "unexpected", **d} for d in unexpected]
-             + [{"kind": "wrong_batch", **d} for d in misplaced])
+def results_check(
+    expected_keys: int,
+    sink_records: int,
+    duplicates: list[dict[str, Any]],
+    missing: list[dict[str, Any]],
+    wrong: list[dict[str, Any]],
+    unexpected: list[dict[str, Any]],
+    misplaced: list[dict[str, Any]],
+    ledger_outputs: int,
+) -> Check:
+    figures = {
+        "expected_keys": expected_keys,
+        "sink_records": sink_records,
+        "ledger_outputs": ledger_outputs,
+        "duplicates": len(duplicates),
+        "missing": len(missing),
+        "wrong": len(wrong),
+        "unexpected": len(unexpected),
+        "misplaced": len(misplaced),
+    }
+    diffs = (
+        [{"kind": "duplicate", **d} for d in duplicates]
+        + [{"kind": "missing", **d} for d in missing]
+        + [{"kind": "wrong_count", **d} for d in wrong]
+        + [{"kind": "unexpected", **d} for d in unexpected]
+        + [{"kind": "wrong_batch", **d} for d in misplaced]
+    )
     if sink_records != ledger_outputs:
-        diffs.append({"kind": "ledger_outputs", "detail": f"the ledger says {ledger_outputs} results were committed "
-                      f"in these batches; the sink holds {sink_records}"})
+        diffs.append(
+            {
+                "kind": "ledger_outputs",
+                "detail": f"the ledger says {ledger_outputs} results were committed "
+                f"in these batches; the sink holds {sink_records}",
+            }
+        )
     if diffs:
-        parts = [f"{n} {k}" for k, n in (("duplicate key(s)", len(duplicates)), ("missing key(s)", len(missing)),
-                                         ("wrong count(s)", len(wrong)), ("unexpected key(s)", len(unexpected)),
-                                         ("key(s) in the wrong batch", len(misplaced))) if n]
+        parts = [
+            f"{n} {k}"
+            for k, n in (
+                ("duplicate key(s)", len(duplicates)),
+                ("missing key(s)", len(missing)),
+                ("wrong count(s)", len(wrong)),
+                ("unexpected key(s)", len(unexpected)),
+                ("key(s) in the wrong batch", len(misplaced)),
+            )
+            if n
+        ]
         if sink_records != ledger_outputs:
             parts.append(f"{sink_records} sink records vs {ledger_outputs} in the ledger")
         return Check("I3_results", FAIL, ", ".join(parts), figures, diffs)
     return Check("I3_results", PASS, f"{expected_keys} keys, each once, each with the recounted value", figures)
 
 
-def dlq_check(malformed: int, dlq_records: int, missing: list[dict[str, Any]], unexpected: list[dict[str, Any]],
-              duplicates: list[dict[str, Any]], ledger_dlq: int) -> Check:
+def dlq_check(
+    malformed: int,
+    dlq_records: int,
+    missing: list[dict[str, Any]],
+    unexpected: list[dict[str, Any]],
+    duplicates: list[dict[str, Any]],
+    ledger_dlq: int,
+) -> Check:
     figures = {"malformed": malformed, "dlq_records": dlq_records, "ledger_dlq": ledger_dlq}
-    diffs = ([{"kind": "dlq_missing", **d} for d in missing] + [{"kind": "dlq_unexpected", **d} for d in unexpected]
-             + [{"kind": "dlq_duplicate", **d} for d in duplicates])
+    diffs = (
+        [{"kind": "dlq_missing", **d} for d in missing]
+        + [{"kind": "dlq_unexpected", **d} for d in unexpected]
+        + [{"kind": "dlq_duplicate", **d} for d in duplicates]
+    )
     if dlq_records != ledger_dlq:
-        diffs.append({"kind": "ledger_dlq", "detail": f"the ledger says {ledger_dlq} DLQ records; the DLQ holds "
-                                                      f"{dlq_records}"})
+        diffs.append(
+            {"kind": "ledger_dlq", "detail": f"the ledger says {ledger_dlq} DLQ records; the DLQ holds {dlq_records}"}
+        )
     if diffs:
-        return Check("I2_dlq", FAIL, f"{len(missing)} malformed record(s) missing from the DLQ, {len(unexpected)} "
-                                     f"unexpected, {len(duplicates)} duplicated", figures, diffs)
+        return Check(
+            "I2_dlq",
+            FAIL,
+            f"{len(missing)} malformed record(s) missing from the DLQ, {len(unexpected)} "
+            f"unexpected, {len(duplicates)} duplicated",
+            figures,
+            diffs,
+        )
     return Check("I2_dlq", PASS, f"each of the {malformed} malformed records is in the DLQ once", figures)
 
 
 def visibility_check(committed: int, uncommitted: int, committed_not_in_uncommitted: int, foreign: int) -> Check:
-    figures = {"read_committed": committed, "read_uncommitted": uncommitted,
-               "aborted_or_open": uncommitted - committed, "foreign_aborted_or_open": foreign}
+    figures = {
+        "read_committed": committed,
+        "read_uncommitted": uncommitted,
+        "aborted_or_open": uncommitted - committed,
+        "foreign_aborted_or_open": foreign,
+    }
     if committed_not_in_uncommitted:
-        return Check("I4_visibility", FAIL, f"{committed_not_in_uncommitted} record(s) visible to read_committed "
-                                            f"are not in the log at all", figures)
-    return Check("I4_visibility", PASS, f"read_committed sees {committed} records; the {uncommitted - committed} "
-                                        f"more in read_uncommitted are aborted or open transactions", figures)
+        return Check(
+            "I4_visibility",
+            FAIL,
+            f"{committed_not_in_uncommitted} record(s) visible to read_committed are not in the log at all",
+            figures,
+        )
+    return Check(
+        "I4_visibility",
+        PASS,
+        f"read_committed sees {committed} records; the {uncommitted - committed} "
+        f"more in read_uncommitted are aborted or open transactions",
+        figures,
+    )

@@ -18,6 +18,7 @@ reader (the job, a replay, this reference parser, reconciliation, backfills) rea
 - an operator can quarantine source offsets whose output can never be delivered (`quarantined`, see
   docs/operations.md): they go to the DLQ with their provenance only.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,33 +30,46 @@ from datetime import UTC, datetime, timedelta, timezone
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
 _H = r"[0-9a-f]{1,4}"
-IPV6 = ("(" + "|".join([
-    rf"({_H}:){{7}}{_H}",
-    rf"({_H}:){{1,7}}:",
-    rf"({_H}:){{1,6}}:{_H}",
-    rf"({_H}:){{1,5}}(:{_H}){{1,2}}",
-    rf"({_H}:){{1,4}}(:{_H}){{1,3}}",
-    rf"({_H}:){{1,3}}(:{_H}){{1,4}}",
-    rf"({_H}:){{1,2}}(:{_H}){{1,5}}",
-    rf"{_H}:(:{_H}){{1,6}}",
-    rf":((:{_H}){{1,7}}|:)",
-    rf"({_H}:){{6}}{IPV4}",
-    rf"({_H}:){{1,5}}:{IPV4}",
-    rf"::(ffff(:0{{1,4}})?:)?{IPV4}",
-]) + ")")
+IPV6 = (
+    "("
+    + "|".join(
+        [
+            rf"({_H}:){{7}}{_H}",
+            rf"({_H}:){{1,7}}:",
+            rf"({_H}:){{1,6}}:{_H}",
+            rf"({_H}:){{1,5}}(:{_H}){{1,2}}",
+            rf"({_H}:){{1,4}}(:{_H}){{1,3}}",
+            rf"({_H}:){{1,3}}(:{_H}){{1,4}}",
+            rf"({_H}:){{1,2}}(:{_H}){{1,5}}",
+            rf"{_H}:(:{_H}){{1,6}}",
+            rf":((:{_H}){{1,7}}|:)",
+            rf"({_H}:){{6}}{IPV4}",
+            rf"({_H}:){{1,5}}:{IPV4}",
+            rf"::(ffff(:0{{1,4}})?:)?{IPV4}",
+        ]
+    )
+    + ")"
+)
 IP_RE = rf"^({IPV4}|{IPV6})$"  # applied to the lower-cased candidate
 
 # `203.0.113.9 - - [21/Nov/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8.5"`
 _QUOTED = r'"((?:[^"\\]|\\.)*)"'
-COMBINED_RE = (r"^(\S+) \S+ \S+ \[([0-9]{2}/[A-Za-z]{3}/[0-9]{4}:[0-9]{2}:[0-9]{2}:[0-9]{2} [+-][0-9]{4})\] "
-               + _QUOTED + r" [0-9]{3} ([0-9]+|-) " + _QUOTED + " " + _QUOTED + "$")
+COMBINED_RE = (
+    r"^(\S+) \S+ \S+ \[([0-9]{2}/[A-Za-z]{3}/[0-9]{4}:[0-9]{2}:[0-9]{2}:[0-9]{2} [+-][0-9]{4})\] "
+    + _QUOTED
+    + r" [0-9]{3} ([0-9]+|-) "
+    + _QUOTED
+    + " "
+    + _QUOTED
+    + "$"
+)
 COMBINED_TS_FORMAT = "dd/MMM/yyyy:HH:mm:ss Z"  # Spark datetime pattern (English month names)
 EPOCH_MS_RE = r"^[0-9]{1,15}$"
 ISO_TS_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})$"
 # Event times outside this range are malformed: one absurd timestamp would otherwise move the watermark
 # years ahead and turn every following record late.
-MIN_TS_MS = 0                      # 1970-01-01T00:00:00Z
-MAX_TS_MS = 4_102_444_800_000      # 2100-01-01T00:00:00Z (exclusive)
+MIN_TS_MS = 0  # 1970-01-01T00:00:00Z
+MAX_TS_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z (exclusive)
 MAX_RECORD_BYTES = 64 * 1024
 # The version of these rules; recorded with every batch (ledger) and part of a backfill's identity.
 RULES_VERSION = 2
@@ -70,16 +84,28 @@ REASON_BAD_IP = "bad_ip"
 REASON_UNRECOGNIZED = "unrecognized_format"
 REASON_TS_AHEAD = "timestamp_ahead"
 REASON_QUARANTINED = "quarantined"
-REASONS = (REASON_EMPTY, REASON_TOO_LARGE, REASON_NOT_UTF8, REASON_BAD_JSON, REASON_BAD_TS, REASON_TS_RANGE,
-           REASON_BAD_IP, REASON_UNRECOGNIZED, REASON_TS_AHEAD, REASON_QUARANTINED)
+REASONS = (
+    REASON_EMPTY,
+    REASON_TOO_LARGE,
+    REASON_NOT_UTF8,
+    REASON_BAD_JSON,
+    REASON_BAD_TS,
+    REASON_TS_RANGE,
+    REASON_BAD_IP,
+    REASON_UNRECOGNIZED,
+    REASON_TS_AHEAD,
+    REASON_QUARANTINED,
+)
 
-_MONTHS = {m: i + 1 for i, m in enumerate(
-    ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"])}
+_MONTHS = {
+    m: i + 1 for i, m in enumerate(["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"])
+}
 
 
 @dataclass(frozen=True)
 class Parsed:
     """A record's outcome: ts_us and ip when valid, else reason."""
+
     ts_us: int | None = None
     ip: str | None = None
     reason: str | None = None
@@ -157,7 +183,7 @@ def _render_ipv6(v: list[int]) -> str:
     h = [f"{x:x}" for x in v]
     if best_len < 2:
         return ":".join(h)
-    return ":".join(h[:best]) + "::" + ":".join(h[best + best_len:])
+    return ":".join(h[:best]) + "::" + ":".join(h[best + best_len :])
 
 
 def _java_full(pattern: str, s: str) -> bool:
@@ -201,8 +227,9 @@ def ahead(ts_us: int, record_ts_ms: int | None, max_ahead_ms: int | None) -> boo
     return ts_us // 1000 > record_ts_ms + max_ahead_ms
 
 
-def parse(value: bytes | None, record_ts_ms: int | None = None, max_ahead_ms: int | None = None,
-          quarantined: bool = False) -> Parsed:
+def parse(
+    value: bytes | None, record_ts_ms: int | None = None, max_ahead_ms: int | None = None, quarantined: bool = False
+) -> Parsed:
     """Classify one source record exactly as the streaming job does (`record_ts_ms`: the Kafka record's
     timestamp; `quarantined`: the operator quarantined its offset)."""
     if quarantined:

@@ -4,6 +4,7 @@ Keep the newest `keep` complete savepoints, and none older than `max_age_s`, exc
 whatever its age (a job must always have a point to go back to). A savepoint without a manifest is one being
 written, or one abandoned by a crash: it is left alone for `incomplete_grace_s`, then deleted.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -28,14 +29,16 @@ class RetentionPlan:
         return [i for i, _ in self.delete]
 
 
-def plan(savepoints: Iterable[SavepointInfo], now_ms: int, keep: int, max_age_s: float,
-         incomplete_grace_s: float = 3600.0) -> RetentionPlan:
+def plan(
+    savepoints: Iterable[SavepointInfo], now_ms: int, keep: int, max_age_s: float, incomplete_grace_s: float = 3600.0
+) -> RetentionPlan:
     if keep < 1:
         raise ValueError("keep must be >= 1: the newest savepoint is always kept")
     out = RetentionPlan()
     items = list(savepoints)
-    complete = sorted((s for s in items if s.complete), key=lambda s: (s.created_ms, s.ledger_batch or -1, s.id),
-                      reverse=True)
+    complete = sorted(
+        (s for s in items if s.complete), key=lambda s: (s.created_ms, s.ledger_batch or -1, s.id), reverse=True
+    )
     for i, s in enumerate(complete):
         age_s = (now_ms - s.created_ms) / 1000
         if i == 0:

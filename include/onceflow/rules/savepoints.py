@@ -7,6 +7,7 @@ files up to version N+1 (batch N commits state version N+1). Restoring it behind
 ledger batches after it) is exact because the restored job re-reads the committed range in ONE catch-up batch
 that writes nothing (onceflow.rules.ledger.Decision.CATCH_UP); see `plan_restore` and docs/savepoints.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -82,9 +83,11 @@ def state_problems(files: Iterable[str], version: int, partitions: int) -> list[
             full = max((v for v, kinds in have.items() if v <= version and kinds & _FULL), default=0)
             missing = [v for v in range(full + 1, version + 1) if not have.get(v, set()) & _INCREMENT]
             if missing:
-                problems.append(f"state/{op}/{part}: no increment for state version(s) {_ranges(missing)} "
-                                f"(needed to load version {version} from "
-                                f"{'the snapshot of version ' + str(full) if full else 'the beginning'})")
+                problems.append(
+                    f"state/{op}/{part}: no increment for state version(s) {_ranges(missing)} "
+                    f"(needed to load version {version} from "
+                    f"{'the snapshot of version ' + str(full) if full else 'the beginning'})"
+                )
     return problems
 
 
@@ -108,8 +111,7 @@ def _ranges(vs: Sequence[int]) -> str:
 def cut_problems(files: Iterable[str], batch: int, partitions: int) -> list[str]:
     """Is this file set a self-contained checkpoint at Spark batch `batch`?"""
     files = set(files)
-    problems = [f"{rel} is missing" for rel in ("metadata", f"offsets/{batch}", f"commits/{batch}")
-                if rel not in files]
+    problems = [f"{rel} is missing" for rel in ("metadata", f"offsets/{batch}", f"commits/{batch}") if rel not in files]
     later = [b for b in log_batches(files, "offsets") + log_batches(files, "commits") if b > batch]
     if later:
         problems.append(f"batches after {batch} are present ({sorted(set(later))})")
@@ -129,17 +131,17 @@ class Manifest:
     id: str
     app: str
     created_ms: int
-    mode: str                          # "running" (taken while the job ran) or "stop" (stop-with-savepoint)
-    checkpoint: str                    # where it was copied from
+    mode: str  # "running" (taken while the job ran) or "stop" (stop-with-savepoint)
+    checkpoint: str  # where it was copied from
     spark_batch: int
     ledger_batch: int
     epoch: int
-    end_offsets: dict[int, int]        # the source end offsets of the batch (from offsets/N)
+    end_offsets: dict[int, int]  # the source end offsets of the batch (from offsets/N)
     watermark_ms: int
     batch_ts_ms: int
-    group_offsets: dict[int, int]      # the group's committed offsets when it was taken
+    group_offsets: dict[int, int]  # the group's committed offsets when it was taken
     group_metadata: dict[int, str]
-    ledger_entry: dict[str, Any]       # the ledger record of ledger_batch, as committed
+    ledger_entry: dict[str, Any]  # the ledger record of ledger_batch, as committed
     spark_version: str
     state_store_provider: str
     shuffle_partitions: int
@@ -158,8 +160,9 @@ class Manifest:
     def from_json(cls, text: str | bytes) -> Manifest:
         d = json.loads(text)
         if d.get("format") != FORMAT:
-            raise SavepointError(f"unknown savepoint manifest format {d.get('format')!r} (this onceflow reads "
-                                 f"format {FORMAT})")
+            raise SavepointError(
+                f"unknown savepoint manifest format {d.get('format')!r} (this onceflow reads format {FORMAT})"
+            )
         for k in ("end_offsets", "group_offsets"):
             d[k] = {int(p): int(v) for p, v in d[k].items()}
         d["group_metadata"] = {int(p): v for p, v in d["group_metadata"].items()}
@@ -177,8 +180,7 @@ def file_problems(manifest: Manifest, found: Mapping[str, tuple[int, str | None]
         elif got[0] != f.size:
             problems.append(f"{f.path} has {got[0]} bytes, the manifest says {f.size}")
         elif got[1] != f.sha256:
-            problems.append(f"{f.path} is corrupt (sha256 {str(got[1])[:12]}..., the manifest says "
-                            f"{f.sha256[:12]}...)")
+            problems.append(f"{f.path} is corrupt (sha256 {str(got[1])[:12]}..., the manifest says {f.sha256[:12]}...)")
     extra = sorted(set(found) - {f.path for f in manifest.files})
     if extra:
         problems.append(f"files not in the manifest: {extra[:5]}{' ...' if len(extra) > 5 else ''}")
@@ -189,12 +191,13 @@ def file_problems(manifest: Manifest, found: Mapping[str, tuple[int, str | None]
 @dataclass(frozen=True)
 class Runtime:
     """What the job would run with now."""
+
     app: str
     spark_version: str
     state_store_provider: str
     job_config_hash: str
     shuffle_partitions: int
-    max_event_ahead_ms: int | None = None     # the skew rule the job would classify records with
+    max_event_ahead_ms: int | None = None  # the skew rule the job would classify records with
 
 
 def incompatibilities(m: Manifest, rt: Runtime) -> list[str]:
@@ -202,16 +205,22 @@ def incompatibilities(m: Manifest, rt: Runtime) -> list[str]:
     if m.app != rt.app:
         out.append(f"it belongs to app {m.app!r}, not {rt.app!r}")
     if m.spark_version != rt.spark_version:
-        out.append(f"it was taken with Spark {m.spark_version} and this is Spark {rt.spark_version}: Spark "
-                   f"does not promise that state written by one version loads in another")
+        out.append(
+            f"it was taken with Spark {m.spark_version} and this is Spark {rt.spark_version}: Spark "
+            f"does not promise that state written by one version loads in another"
+        )
     if m.state_store_provider != rt.state_store_provider:
-        out.append(f"its state store provider is {m.state_store_provider.rsplit('.', 1)[-1]}, the job is "
-                   f"configured with {rt.state_store_provider.rsplit('.', 1)[-1]} "
-                   f"(ONCEFLOW_STATE_STORE_PROVIDER): state files of one cannot be read by the other")
+        out.append(
+            f"its state store provider is {m.state_store_provider.rsplit('.', 1)[-1]}, the job is "
+            f"configured with {rt.state_store_provider.rsplit('.', 1)[-1]} "
+            f"(ONCEFLOW_STATE_STORE_PROVIDER): state files of one cannot be read by the other"
+        )
     if m.job_config_hash != rt.job_config_hash:
-        out.append(f"the query changed incompatibly since it was taken (job config hash {m.job_config_hash} "
-                   f"!= {rt.job_config_hash}: topics, window or watermark differ); its state means something "
-                   f"else now")
+        out.append(
+            f"the query changed incompatibly since it was taken (job config hash {m.job_config_hash} "
+            f"!= {rt.job_config_hash}: topics, window or watermark differ); its state means something "
+            f"else now"
+        )
     return out
 
 
@@ -219,11 +228,12 @@ def incompatibilities(m: Manifest, rt: Runtime) -> list[str]:
 @dataclass(frozen=True)
 class RestoreFacts:
     """What the world looks like when a restore is asked for (read by onceflow.apps.savepoints)."""
+
     committed: Committed
-    ledger_at_savepoint: LedgerEntry | None    # the ledger's record of the savepoint's batch, now
-    ledger_at_sink: LedgerEntry | None         # the ledger's record of the group's committed batch
-    newer: tuple[str, ...]                     # ids of valid savepoints taken after this one
-    source_low: dict[int, int]                 # the earliest offset still in the source, per partition
+    ledger_at_savepoint: LedgerEntry | None  # the ledger's record of the savepoint's batch, now
+    ledger_at_sink: LedgerEntry | None  # the ledger's record of the group's committed batch
+    newer: tuple[str, ...]  # ids of valid savepoints taken after this one
+    source_low: dict[int, int]  # the earliest offset still in the source, per partition
     last_epoch: int
     now_ms: int
     # the skew rules batches after the savepoint were classified with
@@ -256,13 +266,25 @@ class RestorePlan:
 
     def summary(self) -> dict[str, Any]:
         c = self.catch_up
-        return {"savepoint": self.manifest.id, "savepoint_batch": self.manifest.ledger_batch,
-                "spark_batch": self.manifest.spark_batch, "sink_batch": self.record.sink_batch,
-                "rewind": self.rewind, "epoch": self.epoch.epoch, "ledger_shift": self.epoch.ledger_shift,
-                "catch_up": None if c is None else {
-                    "spark_batch": c.spark_batch, "ledger_batches": [c.ledger_from, c.ledger_to],
-                    "records": c.records, "start": c.start, "end": c.end},
-                "notes": self.notes}
+        return {
+            "savepoint": self.manifest.id,
+            "savepoint_batch": self.manifest.ledger_batch,
+            "spark_batch": self.manifest.spark_batch,
+            "sink_batch": self.record.sink_batch,
+            "rewind": self.rewind,
+            "epoch": self.epoch.epoch,
+            "ledger_shift": self.epoch.ledger_shift,
+            "catch_up": None
+            if c is None
+            else {
+                "spark_batch": c.spark_batch,
+                "ledger_batches": [c.ledger_from, c.ledger_to],
+                "records": c.records,
+                "start": c.start,
+                "end": c.end,
+            },
+            "notes": self.notes,
+        }
 
 
 def plan_restore(m: Manifest, rt: Runtime, facts: RestoreFacts, allow_rewind: bool = False) -> RestorePlan:
@@ -286,17 +308,20 @@ def plan_restore(m: Manifest, rt: Runtime, facts: RestoreFacts, allow_rewind: bo
     if c.batch is None:
         raise SavepointError(
             f"savepoint {m.id} is at ledger batch {m.ledger_batch} but the sink has no committed batch of app "
-            f"{m.app}: the savepoint belongs to another history (other topics or a reset group)")
+            f"{m.app}: the savepoint belongs to another history (other topics or a reset group)"
+        )
     if c.batch < m.ledger_batch:
         raise SavepointError(
             f"savepoint {m.id} is at ledger batch {m.ledger_batch} but the sink has only committed batch "
-            f"{c.batch}: the sink is behind the savepoint (was the group or ledger reset?)")
+            f"{c.batch}: the sink is behind the savepoint (was the group or ledger reset?)"
+        )
     got = facts.ledger_at_savepoint
     want = LedgerEntry.from_json(json.dumps(m.ledger_entry))
     if got is None or got.ranges != want.ranges:
         raise SavepointError(
             f"the ledger's batch {m.ledger_batch} is {got.ranges if got else 'missing'} but savepoint {m.id} "
-            f"recorded {want.ranges}: the savepoint belongs to another history")
+            f"recorded {want.ranges}: the savepoint belongs to another history"
+        )
     rewind = bool(facts.newer)
     if rewind and not allow_rewind:
         raise SavepointError(
@@ -304,37 +329,52 @@ def plan_restore(m: Manifest, rt: Runtime, facts: RestoreFacts, allow_rewind: bo
             f"{facts.newer[-1]}: restoring it is a rewind. The job would rebuild its state from batch "
             f"{m.ledger_batch} and skip the committed batches {m.ledger_batch + 1}..{c.batch} (their results stay "
             f"as committed; nothing is recomputed into the sink). Ask for it explicitly with --allow-rewind "
-            f"(DAG param allow_rewind).")
+            f"(DAG param allow_rewind)."
+        )
     shift_old = m.ledger_batch - m.spark_batch
     nxt = m.spark_batch + 1
     epoch_no = max(facts.last_epoch, m.epoch) + 1
     notes: list[str] = []
     if c.batch == m.ledger_batch:
         if c.offsets != m.end_offsets:
-            raise SavepointError(f"the sink is at batch {c.batch} like savepoint {m.id} but its committed offsets "
-                                 f"{c.offsets} differ from the savepoint's {m.end_offsets}")
+            raise SavepointError(
+                f"the sink is at batch {c.batch} like savepoint {m.id} but its committed offsets "
+                f"{c.offsets} differ from the savepoint's {m.end_offsets}"
+            )
         catch_up = None
-        epoch = Epoch(epoch=epoch_no, ledger_shift=shift_old, spark_batch_from=nxt, savepoint_id=m.id,
-                      restored_ms=facts.now_ms, prior_shift=shift_old)
+        epoch = Epoch(
+            epoch=epoch_no,
+            ledger_shift=shift_old,
+            spark_batch_from=nxt,
+            savepoint_id=m.id,
+            restored_ms=facts.now_ms,
+            prior_shift=shift_old,
+        )
         skipped: dict[int, tuple[int, int]] = {}
         notes.append("the sink stands at the savepoint: the job continues with the next batch")
     else:
         sink = facts.ledger_at_sink
         if sink is None or sink.end != c.offsets:
-            raise SavepointError(f"the group committed batch {c.batch} at {c.offsets} but the ledger's record of "
-                                 f"it is {sink.ranges if sink else 'missing'}: the sink is inconsistent; run "
-                                 f"`onceflow audit`")
+            raise SavepointError(
+                f"the group committed batch {c.batch} at {c.offsets} but the ledger's record of "
+                f"it is {sink.ranges if sink else 'missing'}: the sink is inconsistent; run "
+                f"`onceflow audit`"
+            )
         start = {p: m.end_offsets.get(p, 0) for p in c.offsets}
         back = {p: (start[p], c.offsets[p]) for p in c.offsets if c.offsets[p] < start[p]}
         if back:
             raise SavepointError(f"the sink's offsets are behind the savepoint's on some partitions {back}")
-        gone = {p: (start[p], facts.source_low[p]) for p in start
-                if start[p] < c.offsets[p] and facts.source_low.get(p, 0) > start[p]}
+        gone = {
+            p: (start[p], facts.source_low[p])
+            for p in start
+            if start[p] < c.offsets[p] and facts.source_low.get(p, 0) > start[p]
+        }
         if gone:
             raise SavepointError(
                 f"restoring {m.id} needs to re-read the source from its end offsets, but retention has already "
                 f"deleted part of that range (partition: (needed from, earliest left) {gone}); restore a newer "
-                f"savepoint")
+                f"savepoint"
+            )
         skews = {s for s in facts.catch_up_skews if s is not None}
         if rt.max_event_ahead_ms is not None and skews and skews != {rt.max_event_ahead_ms}:
             raise SavepointError(
@@ -342,19 +382,44 @@ def plan_restore(m: Manifest, rt: Runtime, facts: RestoreFacts, allow_rewind: bo
                 f"limit of {sorted(x // 1000 for x in skews)} s, and the job would rebuild their state with "
                 f"{rt.max_event_ahead_ms // 1000} s (ONCEFLOW_MAX_EVENT_AHEAD_S): the rebuilt state would not be "
                 f"the one their results came from. Restore with the setting those batches used; change it "
-                f"afterwards (an upgrade applies it to new batches only)")
-        catch_up = CatchUp(spark_batch=nxt, ledger_from=m.ledger_batch + 1, ledger_to=c.batch, start=start,
-                           end=dict(c.offsets), watermark_ms=sink.watermark_ms, batch_ts_ms=sink.batch_ts_ms)
-        epoch = Epoch(epoch=epoch_no, ledger_shift=c.batch - nxt, spark_batch_from=nxt, catch_up_spark_batch=nxt,
-                      catch_up_from=m.ledger_batch + 1, savepoint_id=m.id, restored_ms=facts.now_ms,
-                      prior_shift=shift_old)
+                f"afterwards (an upgrade applies it to new batches only)"
+            )
+        catch_up = CatchUp(
+            spark_batch=nxt,
+            ledger_from=m.ledger_batch + 1,
+            ledger_to=c.batch,
+            start=start,
+            end=dict(c.offsets),
+            watermark_ms=sink.watermark_ms,
+            batch_ts_ms=sink.batch_ts_ms,
+        )
+        epoch = Epoch(
+            epoch=epoch_no,
+            ledger_shift=c.batch - nxt,
+            spark_batch_from=nxt,
+            catch_up_spark_batch=nxt,
+            catch_up_from=m.ledger_batch + 1,
+            savepoint_id=m.id,
+            restored_ms=facts.now_ms,
+            prior_shift=shift_old,
+        )
         skipped = {p: (start[p], c.offsets[p]) for p in sorted(start)}
-        notes.append(f"the sink is {c.batch - m.ledger_batch} batch(es) ahead: Spark batch {nxt} re-reads "
-                     f"{catch_up.records} records of ledger batches {m.ledger_batch + 1}..{c.batch} to rebuild "
-                     f"its state and writes nothing; Spark batch {nxt + 1} is ledger batch {c.batch + 1}")
-    record = RestoreRecord(app=m.app, epoch=epoch_no, savepoint_id=m.id, savepoint_batch=m.ledger_batch,
-                           sink_batch=c.batch, rewind=rewind,
-                           skipped_batches=(m.ledger_batch + 1, c.batch) if catch_up else None,
-                           skipped=skipped, spark_batch_from=nxt, ledger_shift=epoch.ledger_shift,
-                           restored_ms=facts.now_ms)
+        notes.append(
+            f"the sink is {c.batch - m.ledger_batch} batch(es) ahead: Spark batch {nxt} re-reads "
+            f"{catch_up.records} records of ledger batches {m.ledger_batch + 1}..{c.batch} to rebuild "
+            f"its state and writes nothing; Spark batch {nxt + 1} is ledger batch {c.batch + 1}"
+        )
+    record = RestoreRecord(
+        app=m.app,
+        epoch=epoch_no,
+        savepoint_id=m.id,
+        savepoint_batch=m.ledger_batch,
+        sink_batch=c.batch,
+        rewind=rewind,
+        skipped_batches=(m.ledger_batch + 1, c.batch) if catch_up else None,
+        skipped=skipped,
+        spark_batch_from=nxt,
+        ledger_shift=epoch.ledger_shift,
+        restored_ms=facts.now_ms,
+    )
     return RestorePlan(m, epoch, catch_up, rewind, record, notes)

@@ -9,6 +9,7 @@ transaction, record the batch in the status file, then wait for the next batch's
 `commits/N`. The decisions (status, pacing, exit codes) are pure, in onceflow.runtime.driver_state; the exit code
 tells the supervisor what to do (onceflow.wire.NO_RESTART).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -69,7 +70,8 @@ class InstanceLock:
             holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip()
             raise InstanceLocked(
                 f"another instance of app {settings.app_id} is running (pid {holder or '?'}, lock "
-                f"{self.path}); stop it first with `onceflow job stop`") from None
+                f"{self.path}); stop it first with `onceflow job stop`"
+            ) from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, str(os.getpid()).encode(), 0)
 
@@ -121,15 +123,16 @@ class BatchWriter:
     the last batch; a batch arriving then neither waits on it (Spark's stop cannot interrupt a Python callback)
     nor starts a transaction."""
 
-    def __init__(self, settings: config.Settings, sink: ExactlyOnceSink, fs: HadoopFS, epoch: checkpoint.Epoch,
-                 status: Status):
+    def __init__(
+        self, settings: config.Settings, sink: ExactlyOnceSink, fs: HadoopFS, epoch: checkpoint.Epoch, status: Status
+    ):
         self.s, self.sink, self.fs, self.epoch, self.status = settings, sink, fs, epoch, status
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.batches: dict = {}              # Spark batch id -> its ledger batch and decision (progress listener)
+        self.batches: dict = {}  # Spark batch id -> its ledger batch and decision (progress listener)
         self.failure: list[BaseException] = []
         self.last_written: int | None = None  # the last Spark batch whose transaction this driver finished
-        self.query: Any = None               # the running query, for its batch statistics
+        self.query: Any = None  # the running query, for its batch statistics
 
     def __call__(self, df, batch_id: int) -> None:
         while not self.lock.acquire(timeout=0.1):
@@ -161,18 +164,35 @@ class BatchWriter:
             t2 = time.monotonic()
             outcome = self.sink.write_batch(plan, rows, decision)
             self.last_written = batch_id
-            timings = {"decide_ms": round((t1 - t0) * 1000), "compute_ms": round((t2 - t1) * 1000),
-                       "txn_ms": round((time.monotonic() - t2) * 1000)}
+            timings = {
+                "decide_ms": round((t1 - t0) * 1000),
+                "compute_ms": round((t2 - t1) * 1000),
+                "txn_ms": round((time.monotonic() - t2) * 1000),
+            }
             log.debug("batch %s timings %s", plan.batch, timings)
         except BaseException as e:
             self.failure.append(e)
             raise
         now = int(time.time() * 1000)
-        self.status.update(**status_after_batch(self.status.data, plan, batch_id, outcome.decision, outcome.outputs,
-                                                outcome.dlq, outcome.txn_ms, timings, now))
+        self.status.update(
+            **status_after_batch(
+                self.status.data,
+                plan,
+                batch_id,
+                outcome.decision,
+                outcome.outputs,
+                outcome.dlq,
+                outcome.txn_ms,
+                timings,
+                now,
+            )
+        )
         # replays and catch-up are followed at once, so only a written batch needs its event-time statistics
-        max_event = batch_stats.max_event_ms(self.query) if self.query is not None and \
-            self.s.close_out_batches and outcome.decision is Decision.WRITE else None
+        max_event = (
+            batch_stats.max_event_ms(self.query)
+            if self.query is not None and self.s.close_out_batches and outcome.decision is Decision.WRITE
+            else None
+        )
         pace = pace_after(self.s, plan, outcome.decision, max_event, now)
         if pace.closes_windows:
             self.status.update(close_out_batches=self.status.data.get("close_out_batches", 0) + 1)
@@ -193,8 +213,11 @@ class BatchWriter:
 
 
 def build_session(settings: config.Settings) -> SparkSession:
-    return (SparkSession.builder.appName(f"onceflow-{settings.app_id}")
-            .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    return (
+        SparkSession.builder.appName(f"onceflow-{settings.app_id}")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
 
 
 def _refused(bus: ev.EventBus, stage: str, e: BaseException) -> int:
@@ -214,8 +237,11 @@ def run(settings: config.Settings) -> int:
     except (InstanceLocked, preflight.PreflightError, config.ConfigError) as e:
         return _refused(bus, "lock" if isinstance(e, InstanceLocked) else "preflight", e)
     status = Status(settings)
-    injector = Injector(settings.fault, settings.run_dir / "faults" / settings.app_id,
-                        on_fire=lambda f: bus.emit(wire.FAULT_INJECTED, logging.WARNING, flush=True, fault=f.name))
+    injector = Injector(
+        settings.fault,
+        settings.run_dir / "faults" / settings.app_id,
+        on_fire=lambda f: bus.emit(wire.FAULT_INJECTED, logging.WARNING, flush=True, fault=f.name),
+    )
     try:
         sink = ExactlyOnceSink(settings, bus, injector)  # fences the previous instance of the app
     except Exception as e:
@@ -229,22 +255,38 @@ def run(settings: config.Settings) -> int:
     writer = BatchWriter(settings, sink, fs, epoch, status)
     spark.streams.addListener(ProgressListener(bus, status, writer.batches))
     frame = plan_of.results_and_dlq(plan_of.source(spark, settings), settings, quarantine)
-    query = (frame.writeStream.foreachBatch(writer)
-             .outputMode("append")
-             .option("checkpointLocation", settings.checkpoint)
-             .option("asyncProgressTrackingEnabled", "false")
-             # close-out batches: the job paces batches itself (onceflow.rules.pacing), Spark runs them back to back
-             .trigger(processingTime="0 seconds" if settings.close_out_batches
-                      else f"{settings.trigger_interval_s} seconds")
-             .queryName(f"onceflow_{settings.app_id}")
-             .start())
+    query = (
+        frame.writeStream.foreachBatch(writer)
+        .outputMode("append")
+        .option("checkpointLocation", settings.checkpoint)
+        .option("asyncProgressTrackingEnabled", "false")
+        # close-out batches: the job paces batches itself (onceflow.rules.pacing), Spark runs them back to back
+        .trigger(processingTime="0 seconds" if settings.close_out_batches else f"{settings.trigger_interval_s} seconds")
+        .queryName(f"onceflow_{settings.app_id}")
+        .start()
+    )
     writer.query = query
-    bus.emit(wire.JOB_STARTED, checkpoint=settings.checkpoint, transactional_id=settings.transactional_id,
-             spark_version=spark.version, query_id=query.id, run_id=query.runId, epoch=epoch.epoch,
-             quarantined=[vars(r) for r in quarantine],
-             ledger_shift=epoch.ledger_shift, job_config_hash=settings.job_config_hash(), **info)
-    status.update(state="running", query_id=query.id, run_id=query.runId, spark_version=spark.version,
-                  epoch=epoch.epoch, job_config_hash=settings.job_config_hash())
+    bus.emit(
+        wire.JOB_STARTED,
+        checkpoint=settings.checkpoint,
+        transactional_id=settings.transactional_id,
+        spark_version=spark.version,
+        query_id=query.id,
+        run_id=query.runId,
+        epoch=epoch.epoch,
+        quarantined=[vars(r) for r in quarantine],
+        ledger_shift=epoch.ledger_shift,
+        job_config_hash=settings.job_config_hash(),
+        **info,
+    )
+    status.update(
+        state="running",
+        query_id=query.id,
+        run_id=query.runId,
+        spark_version=spark.version,
+        epoch=epoch.epoch,
+        job_config_hash=settings.job_config_hash(),
+    )
 
     signal.signal(signal.SIGTERM, lambda *_: writer.stop.set())
     signal.signal(signal.SIGINT, lambda *_: writer.stop.set())
@@ -269,8 +311,11 @@ def run(settings: config.Settings) -> int:
 
 
 def main() -> None:
-    logging.basicConfig(level=os.environ.get("ONCEFLOW_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=os.environ.get("ONCEFLOW_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
         settings = config.load()

@@ -2,6 +2,7 @@
 starts, what Spark's progress report says, and which exit code an error ends the job with (what the supervisor
 then does: onceflow.wire.NO_RESTART). onceflow.runtime.driver does the I/O around them; tests drive these without
 Spark or a broker."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,42 +26,73 @@ class InstanceLocked(wire.OnceflowError):
 
 
 def initial_status(settings: Settings, pid: int, now_ms: int) -> dict[str, Any]:
-    return {"app": settings.app_id, "pid": pid, "state": "starting", "started_ms": now_ms,
-            "checkpoint": settings.checkpoint, "bootstrap_servers": settings.bootstrap_servers,
-            "transactional_id": settings.transactional_id, "group_id": settings.group_id, "committed_batches": 0,
-            "replays_skipped": 0}
+    return {
+        "app": settings.app_id,
+        "pid": pid,
+        "state": "starting",
+        "started_ms": now_ms,
+        "checkpoint": settings.checkpoint,
+        "bootstrap_servers": settings.bootstrap_servers,
+        "transactional_id": settings.transactional_id,
+        "group_id": settings.group_id,
+        "committed_batches": 0,
+        "replays_skipped": 0,
+    }
 
 
-def status_after_batch(status: dict[str, Any], plan: BatchPlan, spark_batch: int, decision: Decision, outputs: int,
-                       dlq: int, txn_ms: float, timings: dict[str, Any], now_ms: int) -> dict[str, Any]:
+def status_after_batch(
+    status: dict[str, Any],
+    plan: BatchPlan,
+    spark_batch: int,
+    decision: Decision,
+    outputs: int,
+    dlq: int,
+    txn_ms: float,
+    timings: dict[str, Any],
+    now_ms: int,
+) -> dict[str, Any]:
     """The status fields a finished batch changes: a written batch counts as committed (with its figures and
     watermark); a replay or catch-up counts as skipped."""
-    out: dict[str, Any] = {"state": "running", "last_batch": plan.batch, "spark_batch": spark_batch,
-                           "last_commit_ms": now_ms, "running_batch": None}
+    out: dict[str, Any] = {
+        "state": "running",
+        "last_batch": plan.batch,
+        "spark_batch": spark_batch,
+        "last_commit_ms": now_ms,
+        "running_batch": None,
+    }
     if decision is Decision.WRITE:
-        return out | {"last_txn_ms": round(txn_ms, 1), "last_outputs": outputs, "last_dlq": dlq,
-                      "watermark_ms": plan.watermark_ms, "end_offsets": plan.end, "last_timings": timings,
-                      "committed_batches": status.get("committed_batches", 0) + 1}
+        return out | {
+            "last_txn_ms": round(txn_ms, 1),
+            "last_outputs": outputs,
+            "last_dlq": dlq,
+            "watermark_ms": plan.watermark_ms,
+            "end_offsets": plan.end,
+            "last_timings": timings,
+            "committed_batches": status.get("committed_batches", 0) + 1,
+        }
     return out | {"replays_skipped": status.get("replays_skipped", 0) + 1}
 
 
 @dataclass(frozen=True)
 class Pace:
-    delay_s: float       # how long to wait before Spark plans the next batch
+    delay_s: float  # how long to wait before Spark plans the next batch
     closes_windows: bool  # the batch moved the watermark past a window end: the next one emits it
 
 
-def pace_after(settings: Settings, plan: BatchPlan, decision: Decision, max_event_ms: int | None, now_ms: int
-               ) -> Pace:
+def pace_after(settings: Settings, plan: BatchPlan, decision: Decision, max_event_ms: int | None, now_ms: int) -> Pace:
     """When the next batch starts (onceflow.rules.pacing): replays and catch-up at once; a written batch that
     closes windows at once (the close-out batch emits them); otherwise at the next multiple of the trigger."""
     if not settings.close_out_batches or decision is not Decision.WRITE:
         return Pace(0.0, False)
     timing = pacing.BatchTiming(plan.batch_ts_ms, plan.watermark_ms, max_event_ms)
-    trigger_ms, wm_ms, w_ms = int(settings.trigger_interval_s * 1000), settings.watermark_s * 1000, \
-        settings.window_s * 1000
-    return Pace(pacing.delay_before_next_s(timing, now_ms, trigger_ms, wm_ms, w_ms),
-                pacing.closes_windows(timing, wm_ms, w_ms))
+    trigger_ms, wm_ms, w_ms = (
+        int(settings.trigger_interval_s * 1000),
+        settings.watermark_s * 1000,
+        settings.window_s * 1000,
+    )
+    return Pace(
+        pacing.delay_before_next_s(timing, now_ms, trigger_ms, wm_ms, w_ms), pacing.closes_windows(timing, wm_ms, w_ms)
+    )
 
 
 def progress_fields(p: Any, batch_info: dict[str, Any]) -> dict[str, Any]:
@@ -68,16 +100,20 @@ def progress_fields(p: Any, batch_info: dict[str, Any]) -> dict[str, Any]:
     decision the batch had: Spark's ids repeat after a restore, reconciliation charges late rows by ledger batch,
     and a catch-up batch's rows belong to no ledger batch."""
     ops = list(p.stateOperators)
-    return {"batch": p.batchId, "input_rows": p.numInputRows,
-            "input_rows_per_s": round(p.inputRowsPerSecond or 0, 1),
-            "processed_rows_per_s": round(p.processedRowsPerSecond or 0, 1),
-            "duration_ms": dict(p.durationMs), "watermark": p.eventTime.get("watermark"),
-            "rows_dropped_by_watermark": sum(op.numRowsDroppedByWatermark for op in ops),
-            "state_rows": sum(op.numRowsTotal for op in ops),
-            "state_rows_updated": sum(op.numRowsUpdated for op in ops),
-            **batch_info,
-            "source_end_offsets": p.sources[0].endOffset if p.sources else None,
-            "source_latest_offsets": p.sources[0].latestOffset if p.sources else None}
+    return {
+        "batch": p.batchId,
+        "input_rows": p.numInputRows,
+        "input_rows_per_s": round(p.inputRowsPerSecond or 0, 1),
+        "processed_rows_per_s": round(p.processedRowsPerSecond or 0, 1),
+        "duration_ms": dict(p.durationMs),
+        "watermark": p.eventTime.get("watermark"),
+        "rows_dropped_by_watermark": sum(op.numRowsDroppedByWatermark for op in ops),
+        "state_rows": sum(op.numRowsTotal for op in ops),
+        "state_rows_updated": sum(op.numRowsUpdated for op in ops),
+        **batch_info,
+        "source_end_offsets": p.sources[0].endOffset if p.sources else None,
+        "source_latest_offsets": p.sources[0].latestOffset if p.sources else None,
+    }
 
 
 def failure_exit_code(err: BaseException | None) -> int:

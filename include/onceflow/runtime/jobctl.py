@@ -1,4 +1,5 @@
 """Start, stop, inspect and kill the streaming job (through its supervisor)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -48,25 +49,50 @@ def status(settings: Settings) -> dict:
     fresh = bool(job) and int(st.get("started_ms") or 0) >= launched_ms
     started = (st.get("started_ms") if fresh else launched_ms) if job else None
     batch_since = st.get("batch_started_ms") if fresh and st.get("running_batch") is not None else None
-    exited = None if job else (ev.read_status(supervisor.exit_file(settings))
-                               or ({"exit_code": st["exit_code"], "reason": st.get("error", "")[:200]}
-                                   if st.get("exit_code") is not None else None))
-    return {"app": settings.app_id, "supervisor_pid": sup["pid"] if sup else None,
-            "job_pid": job["pid"] if job else None, "running": job is not None,
-            "restarts": job.get("restarts", 0) if job else None,
-            "state": (st.get("state") if fresh else "starting") if job
-            else ("stopped" if not st else f"{st.get('state')} (not running)"),
-            "last_batch": st.get("last_batch"), "last_commit_age_s": round((now - last) / 1000, 1) if last else None,
-            "committed_batches": st.get("committed_batches"), "replays_skipped": st.get("replays_skipped"),
-            "watermark_ms": st.get("watermark_ms"), "end_offsets": st.get("end_offsets"),
-            "last_txn_ms": st.get("last_txn_ms"), "last_timings": st.get("last_timings"),
-            "close_out_batches": st.get("close_out_batches", 0), "progress": st.get("progress"),
-            "checkpoint": settings.checkpoint, "bootstrap_servers": settings.bootstrap_servers,
-            "transactional_id": settings.transactional_id, "status_file": str(settings.status_file),
-            "log": str(supervisor.job_log(settings)), "error": st.get("error"),
-            "desired_state": desired_state(settings), "started_ms": started, "last_commit_ms": last,
-            "running_batch": st.get("running_batch") if fresh else None, "batch_started_ms": batch_since,
-            "last_exit": exited}
+    exited = (
+        None
+        if job
+        else (
+            ev.read_status(supervisor.exit_file(settings))
+            or (
+                {"exit_code": st["exit_code"], "reason": st.get("error", "")[:200]}
+                if st.get("exit_code") is not None
+                else None
+            )
+        )
+    )
+    return {
+        "app": settings.app_id,
+        "supervisor_pid": sup["pid"] if sup else None,
+        "job_pid": job["pid"] if job else None,
+        "running": job is not None,
+        "restarts": job.get("restarts", 0) if job else None,
+        "state": (st.get("state") if fresh else "starting")
+        if job
+        else ("stopped" if not st else f"{st.get('state')} (not running)"),
+        "last_batch": st.get("last_batch"),
+        "last_commit_age_s": round((now - last) / 1000, 1) if last else None,
+        "committed_batches": st.get("committed_batches"),
+        "replays_skipped": st.get("replays_skipped"),
+        "watermark_ms": st.get("watermark_ms"),
+        "end_offsets": st.get("end_offsets"),
+        "last_txn_ms": st.get("last_txn_ms"),
+        "last_timings": st.get("last_timings"),
+        "close_out_batches": st.get("close_out_batches", 0),
+        "progress": st.get("progress"),
+        "checkpoint": settings.checkpoint,
+        "bootstrap_servers": settings.bootstrap_servers,
+        "transactional_id": settings.transactional_id,
+        "status_file": str(settings.status_file),
+        "log": str(supervisor.job_log(settings)),
+        "error": st.get("error"),
+        "desired_state": desired_state(settings),
+        "started_ms": started,
+        "last_commit_ms": last,
+        "running_batch": st.get("running_batch") if fresh else None,
+        "batch_started_ms": batch_since,
+        "last_exit": exited,
+    }
 
 
 def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | None:
@@ -75,7 +101,9 @@ def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | 
         return None  # the recent commits are this machine's own driver
     within_s = within_s or max(60.0, 6 * settings.trigger_interval_s)
     now_ms = int(time.time() * 1000)
-    for e in reversed(kafka_reading.read_topic(settings, settings.events_topic, since_ms=now_ms - int(within_s * 1000))):
+    for e in reversed(
+        kafka_reading.read_topic(settings, settings.events_topic, since_ms=now_ms - int(within_s * 1000))
+    ):
         if e.value is None:
             continue  # not an event (a null record), like any record that is not JSON
         try:
@@ -116,12 +144,14 @@ def start(settings: Settings, argv=None) -> dict:
     if argv:
         env[supervisor.ARGV_ENV] = json.dumps(list(argv))
     with start_lock(settings):
-        if procs.read_pidfile(supervisor.supervisor_pidfile(settings)) or \
-                procs.read_pidfile(supervisor.job_pidfile(settings)):
+        if procs.read_pidfile(supervisor.supervisor_pidfile(settings)) or procs.read_pidfile(
+            supervisor.job_pidfile(settings)
+        ):
             raise JobControlError(f"app {settings.app_id} is already running: `onceflow job status`")
         supervisor.exit_file(settings).unlink(missing_ok=True)
-        proc = procs.spawn_detached([sys.executable, "-m", "onceflow.cli", "job", "run"],
-                                    supervisor.job_log(settings), env=env)
+        proc = procs.spawn_detached(
+            [sys.executable, "-m", "onceflow.cli", "job", "run"], supervisor.job_log(settings), env=env
+        )
         procs.write_pidfile(supervisor.supervisor_pidfile(settings), proc.pid, "onceflow.cli")
         _set_desired(settings, "running")
     return {"supervisor_pid": proc.pid, "log": str(supervisor.job_log(settings))}
@@ -131,6 +161,7 @@ def wait_for_commit(settings: Settings, after_ms: int = 0, timeout: float = 180.
     """Until the job commits a batch after `after_ms` (with `or_idle`: or reports that its query runs with no
     input waiting, as a job that restarts on a drained source does); fails at once if its supervisor has given
     up."""
+
     def committed():
         st = ev.read_status(settings.status_file) or {}
         if int(st.get("last_commit_ms") or 0) > after_ms:
@@ -140,8 +171,7 @@ def wait_for_commit(settings: Settings, after_ms: int = 0, timeout: float = 180.
         if not procs.read_pidfile(supervisor.supervisor_pidfile(settings)):
             log = supervisor.job_log(settings)
             tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
-            raise JobControlError(f"the job of app {settings.app_id} is not running (see {log}):\n" +
-                                  "\n".join(tail))
+            raise JobControlError(f"the job of app {settings.app_id} is not running (see {log}):\n" + "\n".join(tail))
         return None
 
     return procs.wait_until(committed, timeout, interval=0.5, what=f"a committed batch of {settings.app_id}")
@@ -149,6 +179,7 @@ def wait_for_commit(settings: Settings, after_ms: int = 0, timeout: float = 180.
 
 def wait_running(settings: Settings, after_ms: int = 0, timeout: float = 180.0) -> dict:
     """Until a job process started after `after_ms` has its streaming query running."""
+
     def running():
         st = ev.read_status(settings.status_file) or {}
         ok = int(st.get("started_ms") or 0) > after_ms and st.get("state") == "running"

@@ -4,6 +4,7 @@ Each set is described by a checked-in pom under `jvm/`. Maven resolves it with s
 in ~/.m2; the resolved jars are copied to `var/jvm/<name>/` with a stamp of the pom's hash, so a second call
 downloads and copies nothing.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,13 +39,25 @@ def resolve(name: str, settings: Settings) -> Path:
         raise JvmResolveError("Maven (mvn) is needed to fetch the JVM artifacts: apt-get install maven")
     tmp = out.with_name(name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    cmd = ["mvn", "-B", "-q", "-C", "-s", str(POM_DIR / "settings.xml"), "-f", str(pom),
-           "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"]
+    cmd = [
+        "mvn",
+        "-B",
+        "-q",
+        "-C",
+        "-s",
+        str(POM_DIR / "settings.xml"),
+        "-f",
+        str(pom),
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={tmp}",
+    ]
     log.info("resolving %s with Maven", name)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
-        raise JvmResolveError(f"Maven could not resolve jvm/{name}/pom.xml:\n{proc.stdout[-3000:]}"
-                              f"{proc.stderr[-2000:]}")
+        raise JvmResolveError(
+            f"Maven could not resolve jvm/{name}/pom.xml:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
+        )
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     stamp.write_text(_stamp(pom))

@@ -3,6 +3,7 @@
 `submit_spec` is the one description of a launch; `submit_argv` turns it into a command line for the CLI, and
 the deploy DAG hands the same spec to the Spark provider's SparkSubmitHook.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -46,8 +47,12 @@ def poll_delay_ms(settings: Settings) -> int:
 
 def submit_spec(settings: Settings) -> dict:
     """Name, jars, driver memory and Spark conf of the job, for spark-submit or SparkSubmitHook alike."""
-    return {"name": f"onceflow-{settings.app_id}", "jars": ",".join(str(j) for j in jvm.spark_kafka_jars(settings)),
-            "driver_memory": settings.driver_memory, "conf": spark_conf(settings)}
+    return {
+        "name": f"onceflow-{settings.app_id}",
+        "jars": ",".join(str(j) for j in jvm.spark_kafka_jars(settings)),
+        "driver_memory": settings.driver_memory,
+        "conf": spark_conf(settings),
+    }
 
 
 def spark_submit() -> str:
@@ -62,15 +67,29 @@ def submit_env(settings: Settings) -> dict[str, str]:
     import pyspark
 
     bin_dir = str(Path(sys.executable).parent)
-    return {**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent), "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-            **settings.as_env()}
+    return {
+        **os.environ,
+        "SPARK_HOME": str(Path(pyspark.__file__).parent),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+        **settings.as_env(),
+    }
 
 
 def submit_argv(settings: Settings) -> list[str]:
     spec = submit_spec(settings)
-    argv = [spark_submit(), "--master", settings.master, "--name", spec["name"], "--jars", spec["jars"],
-            "--driver-memory", spec["driver_memory"]]
+    argv = [
+        spark_submit(),
+        "--master",
+        settings.master,
+        "--name",
+        spec["name"],
+        "--jars",
+        spec["jars"],
+        "--driver-memory",
+        spec["driver_memory"],
+    ]
     for k, v in spec["conf"].items():
         argv += ["--conf", f"{k}={v}"]
     return argv + [str(JOB_SCRIPT)]
@@ -78,15 +97,22 @@ def submit_argv(settings: Settings) -> list[str]:
 
 def batch_conf(settings: Settings) -> dict[str, str]:
     """Spark settings of the batch jobs (reconciliation recount, backfill)."""
-    return {"spark.sql.session.timeZone": "UTC", "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
-            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J}"}
+    return {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J}",
+    }
 
 
 def batch_spec(settings: Settings, name: str) -> dict:
-    return {"name": f"onceflow-{settings.app_id}-{name}",
-            "jars": ",".join(str(j) for j in jvm.spark_kafka_jars(settings)),
-            "driver_memory": settings.driver_memory, "conf": batch_conf(settings)}
+    return {
+        "name": f"onceflow-{settings.app_id}-{name}",
+        "jars": ",".join(str(j) for j in jvm.spark_kafka_jars(settings)),
+        "driver_memory": settings.driver_memory,
+        "conf": batch_conf(settings),
+    }
 
 
 def local_session(settings: Settings, name: str, log_file: Path | None = None):
@@ -126,8 +152,7 @@ def local_session(settings: Settings, name: str, log_file: Path | None = None):
     return spark
 
 
-def run_batch(settings: Settings, what: str, argv: list[str], out: Path, log_file: Path,
-              timeout_s: float) -> dict:
+def run_batch(settings: Settings, what: str, argv: list[str], out: Path, log_file: Path, timeout_s: float) -> dict:
     """Run a batch Spark job (jobs/reconcile.py, jobs/backfill.py) to its end, bounded, its output appended to
     `log_file`, and return the JSON result it wrote to `out`; a failure raises with the log's last lines."""
     import json
@@ -137,8 +162,15 @@ def run_batch(settings: Settings, what: str, argv: list[str], out: Path, log_fil
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as log:
         try:
-            rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=submit_env(settings), timeout=timeout_s, start_new_session=True).returncode
+            rc = subprocess.run(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=submit_env(settings),
+                timeout=timeout_s,
+                start_new_session=True,
+            ).returncode
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"the {what} job did not finish in {timeout_s:.0f} s (log: {log_file})") from None
     if rc != 0 or not out.exists():

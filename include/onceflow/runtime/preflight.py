@@ -1,4 +1,5 @@
 """Checks that run before the job starts, so a misconfiguration fails at once with what to change."""
+
 from __future__ import annotations
 
 import socket
@@ -26,12 +27,14 @@ def broker_reachable(settings: Settings, timeout: float = 10.0) -> None:
     except OSError as e:
         raise BrokerUnreachable(
             f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({e}): start it with "
-            f"`onceflow stack up`, or point ONCEFLOW_BOOTSTRAP_SERVERS at a running cluster") from None
+            f"`onceflow stack up`, or point ONCEFLOW_BOOTSTRAP_SERVERS at a running cluster"
+        ) from None
     try:
         kafka_clients.admin(settings).list_topics(timeout=timeout)
     except Exception as e:
-        raise BrokerUnreachable(f"the broker at {settings.bootstrap_servers} does not answer metadata requests "
-                             f"within {timeout:.0f} s: {e}") from None
+        raise BrokerUnreachable(
+            f"the broker at {settings.bootstrap_servers} does not answer metadata requests within {timeout:.0f} s: {e}"
+        ) from None
 
 
 def broker_transaction_max_timeout_ms(settings: Settings, timeout: float = 10.0) -> int:
@@ -56,9 +59,11 @@ def dlq_fits(settings: Settings, timeout: float = 10.0) -> None:
     limit = int(admin.describe_configs([res])[res].result(timeout)["max.message.bytes"].value)
     need = settings.dlq_max_value_bytes + DLQ_OVERHEAD_BYTES
     if limit < need:
-        raise PreflightError(f"the DLQ topic {settings.dlq_topic} accepts records up to {limit} bytes "
-                             f"(max.message.bytes), but a DLQ copy may need {need}: raise max.message.bytes on the "
-                             f"topic, or lower ONCEFLOW_DLQ_MAX_VALUE_BYTES to at most {limit - DLQ_OVERHEAD_BYTES}")
+        raise PreflightError(
+            f"the DLQ topic {settings.dlq_topic} accepts records up to {limit} bytes "
+            f"(max.message.bytes), but a DLQ copy may need {need}: raise max.message.bytes on the "
+            f"topic, or lower ONCEFLOW_DLQ_MAX_VALUE_BYTES to at most {limit - DLQ_OVERHEAD_BYTES}"
+        )
 
 
 def check_job(settings: Settings) -> dict:

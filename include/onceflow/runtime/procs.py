@@ -1,4 +1,5 @@
 """Small, careful process helpers: pid files that survive pid reuse, detached starts, bounded waits."""
+
 from __future__ import annotations
 
 import json
@@ -64,13 +65,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_detached(argv: Sequence[str], log_file: Path, env: dict | None = None,
-                   cwd: Path | None = None) -> subprocess.Popen:
+def spawn_detached(
+    argv: Sequence[str], log_file: Path, env: dict | None = None, cwd: Path | None = None
+) -> subprocess.Popen:
     """Start a process in its own session (so a signal to its group reaches all its children)."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as out:
-        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env, cwd=cwd, close_fds=True)
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            cwd=cwd,
+            close_fds=True,
+        )
     # Until the child has exec'd, /proc shows our own command line; a pid file written now would not be
     # recognised by its marker (read_pidfile) and the child would look dead. Wait for the exec (bounded).
     own = _raw_cmdline(os.getpid())
@@ -88,8 +98,7 @@ def _raw_cmdline(pid: int) -> bytes:
         return b""
 
 
-def wait_until(cond: Callable[[], T | None], timeout: float, interval: float = 0.2,
-               what: str = "condition") -> T:
+def wait_until(cond: Callable[[], T | None], timeout: float, interval: float = 0.2, what: str = "condition") -> T:
     """Poll `cond` until it returns a truthy value or the deadline passes (TimeoutError)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -122,7 +131,7 @@ def group_members(pgid: int) -> list[int]:
                 stat = f.read().decode(errors="replace")
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) "
+        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
         if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
             out.append(int(d))
     return out

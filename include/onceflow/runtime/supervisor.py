@@ -4,6 +4,7 @@ Attempts count consecutive failures: a run that committed at least one batch res
 long-lived job is not retired by crashes spread over weeks. Exit codes the job uses for conditions a restart
 cannot fix (misconfiguration, fenced by a newer instance, divergent history) end supervision at once.
 """
+
 from __future__ import annotations
 
 import json
@@ -73,7 +74,7 @@ def supervise(settings: Settings, bus: ev.EventBus | None = None) -> int:
             drv = driver_pid(settings, child["proc"].pid)
             if drv:  # only the Python driver: it stops the query at a batch boundary, and the JVM exits after it
                 os.kill(drv, signal.SIGTERM)
-            else:    # no driver yet (still starting): the whole launch goes
+            else:  # no driver yet (still starting): the whole launch goes
                 procs.signal_group(child["proc"].pid, signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_term)
@@ -86,23 +87,42 @@ def supervise(settings: Settings, bus: ev.EventBus | None = None) -> int:
         started_ms = int(time.time() * 1000)
         proc = procs.spawn_detached(argv, job_log(settings), env=env)
         child["proc"] = proc
-        procs.write_pidfile(job_pidfile(settings), proc.pid, JOB_MARKER, supervisor=os.getpid(),
-                            restarts=restarts)
+        procs.write_pidfile(job_pidfile(settings), proc.pid, JOB_MARKER, supervisor=os.getpid(), restarts=restarts)
         rc = proc.wait()
         if stopping.is_set():
             return _ended(settings, 0, "stopped")
         if rc in wire.NO_RESTART:
             if rc != 0:
-                bus.emit(wire.SUPERVISOR_GAVE_UP, logging.ERROR, flush=True, exit_code=rc, reason=wire.NO_RESTART[rc],
-                         log=str(job_log(settings)))
+                bus.emit(
+                    wire.SUPERVISOR_GAVE_UP,
+                    logging.ERROR,
+                    flush=True,
+                    exit_code=rc,
+                    reason=wire.NO_RESTART[rc],
+                    log=str(job_log(settings)),
+                )
             return _ended(settings, rc, wire.NO_RESTART[rc])
         failures = 1 if _committed_since(settings, started_ms) else failures + 1
         if failures > settings.restart_attempts:
-            bus.emit(wire.SUPERVISOR_GAVE_UP, logging.ERROR, flush=True, exit_code=rc, attempts=failures - 1,
-                     reason="restart attempts exhausted", log=str(job_log(settings)))
+            bus.emit(
+                wire.SUPERVISOR_GAVE_UP,
+                logging.ERROR,
+                flush=True,
+                exit_code=rc,
+                attempts=failures - 1,
+                reason="restart attempts exhausted",
+                log=str(job_log(settings)),
+            )
             return _ended(settings, rc, "restart attempts exhausted")
         restarts += 1
-        bus.emit(wire.SUPERVISOR_RESTART, logging.WARNING, exit_code=rc, attempt=failures,
-                 max_attempts=settings.restart_attempts, delay_s=settings.restart_delay_s, restarts=restarts)
+        bus.emit(
+            wire.SUPERVISOR_RESTART,
+            logging.WARNING,
+            exit_code=rc,
+            attempt=failures,
+            max_attempts=settings.restart_attempts,
+            delay_s=settings.restart_delay_s,
+            restarts=restarts,
+        )
         if stopping.wait(settings.restart_delay_s):
             return _ended(settings, 0, "stopped")

@@ -6,6 +6,7 @@ number inside foreachBatch to decide whether to run a close-out batch at once (o
 through the query's current IncrementalExecution over py4j: internal API, so any surprise yields None and the
 job falls back to the plain trigger cadence. Only scheduling depends on it, never what is written.
 """
+
 from __future__ import annotations
 
 import logging

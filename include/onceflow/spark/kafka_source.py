@@ -1,4 +1,5 @@
 """Kafka as a Spark batch source: exactly the offsets [start, end) of a topic, as a DataFrame (with headers)."""
+
 from __future__ import annotations
 
 import json
@@ -8,20 +9,31 @@ from pyspark.sql import DataFrame, SparkSession
 from onceflow.config import Settings
 
 
-def read_range(spark: SparkSession, settings: Settings, topic: str, start: dict[int, int], end: dict[int, int],
-               isolation: str = "read_committed") -> DataFrame:
+def read_range(
+    spark: SparkSession,
+    settings: Settings,
+    topic: str,
+    start: dict[int, int],
+    end: dict[int, int],
+    isolation: str = "read_committed",
+) -> DataFrame:
     """Exactly the offsets [start, end) of `topic` as a batch DataFrame (with headers)."""
     parts = sorted(p for p in start if end.get(p, 0) > start[p])
     if not parts:
-        return spark.createDataFrame([], "key binary, value binary, topic string, partition int, offset long, "
-                                         "timestamp timestamp, timestampType int, "
-                                         "headers array<struct<key:string,value:binary>>")
-    return (spark.read.format("kafka")
-            .option("kafka.bootstrap.servers", settings.bootstrap_servers)
-            .option("assign", json.dumps({topic: parts}))
-            .option("startingOffsets", json.dumps({topic: {str(p): start[p] for p in parts}}))
-            .option("endingOffsets", json.dumps({topic: {str(p): end[p] for p in parts}}))
-            .option("kafka.isolation.level", isolation)
-            .option("includeHeaders", "true")
-            .option("failOnDataLoss", "true")
-            .load())
+        return spark.createDataFrame(
+            [],
+            "key binary, value binary, topic string, partition int, offset long, "
+            "timestamp timestamp, timestampType int, "
+            "headers array<struct<key:string,value:binary>>",
+        )
+    return (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .option("assign", json.dumps({topic: parts}))
+        .option("startingOffsets", json.dumps({topic: {str(p): start[p] for p in parts}}))
+        .option("endingOffsets", json.dumps({topic: {str(p): end[p] for p in parts}}))
+        .option("kafka.isolation.level", isolation)
+        .option("includeHeaders", "true")
+        .option("failOnDataLoss", "true")
+        .load()
+    )

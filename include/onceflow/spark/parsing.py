@@ -3,6 +3,7 @@
 `classify(df)` takes the Kafka source columns (value, topic, partition, offset, timestamp) and adds
 `ts` (event time, timestamp) and `ip` (validated, canonical) for good records, or `reason` for malformed ones.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ _V4_AT_END = r"^(.*):(" + R.IPV4 + r")\z"
 def _embedded_v4_as_hex(low: Column) -> Column:
     """An IPv6 spelling ending in a dotted IPv4 (`::ffff:1.2.3.4`), with those 32 bits as two hex groups; the
     text as it is without a dot; null when the dotted part is not an IPv4 address."""
+
     def joined(v4: Column) -> Column:
         o = F.split(v4, r"\.")
 
@@ -56,15 +58,18 @@ def _ipv6_groups(s6: Column) -> Column:
     def expanded(halves: Column) -> Column:
         left = F.when(halves[0] == "", empty).otherwise(F.split(halves[0], ":"))
         right = F.when(halves[1] == "", empty).otherwise(F.split(halves[1], ":"))
-        return _let(F.size(left) + F.size(right), lambda n: F.when(
-            n <= 7, F.concat(left, F.array_repeat(F.lit("0"), 8 - n), right)))
+        return _let(
+            F.size(left) + F.size(right),
+            lambda n: F.when(n <= 7, F.concat(left, F.array_repeat(F.lit("0"), 8 - n), right)),
+        )
 
     def checked(groups: Column) -> Column:
         valid = (F.size(groups) == 8) & F.forall(groups, lambda g: g.rlike(r"^[0-9a-f]{1,4}\z"))
         return F.when(valid, F.transform(groups, lambda g: F.conv(g, 16, 10).cast("int")))
 
-    groups = _let(F.split(s6, "::"), lambda h: F.when(F.size(h) == 1, F.split(s6, ":"))
-                  .when(F.size(h) == 2, expanded(h)))
+    groups = _let(
+        F.split(s6, "::"), lambda h: F.when(F.size(h) == 1, F.split(s6, ":")).when(F.size(h) == 2, expanded(h))
+    )
     return F.when(s6.rlike(r"^[0-9a-f:]+\z"), _let(groups, checked))
 
 
@@ -77,18 +82,27 @@ def _render(v: Column) -> Column:
     def step(acc: Column, i: Column) -> Column:  # the longest run of zero groups, the first of equal ones
         run = F.when(F.element_at(v, i + 1) == 0, acc["run"] + 1).otherwise(F.lit(0))
         better = run > acc["len"]
-        return F.struct(F.when(better, i - run + 1).otherwise(acc["best"]).alias("best"),
-                        F.when(better, run).otherwise(acc["len"]).alias("len"), run.alias("run"))
+        return F.struct(
+            F.when(better, i - run + 1).otherwise(acc["best"]).alias("best"),
+            F.when(better, run).otherwise(acc["len"]).alias("len"),
+            run.alias("run"),
+        )
 
     def text(zeros: Column) -> Column:
         best, length = zeros["best"], zeros["len"]
         hexes = F.transform(v, lambda x: F.lower(F.hex(x)))
-        compressed = F.concat(F.array_join(F.slice(hexes, F.lit(1), best), ":"), F.lit("::"),
-                              F.array_join(F.slice(hexes, best + length + 1, 8 - best - length), ":"))
+        compressed = F.concat(
+            F.array_join(F.slice(hexes, F.lit(1), best), ":"),
+            F.lit("::"),
+            F.array_join(F.slice(hexes, best + length + 1, 8 - best - length), ":"),
+        )
         mapped = (F.slice(v, 1, 5) == F.array(*[F.lit(0)] * 5)) & (v[5] == 0xFFFF)
         dotted = F.concat_ws(".", F.shiftright(v[6], 8), v[6] % 256, F.shiftright(v[7], 8), v[7] % 256)
-        return (F.when(mapped, F.concat(F.lit("::ffff:"), dotted)).when(length < 2, F.array_join(hexes, ":"))
-                .otherwise(compressed))
+        return (
+            F.when(mapped, F.concat(F.lit("::ffff:"), dotted))
+            .when(length < 2, F.array_join(hexes, ":"))
+            .otherwise(compressed)
+        )
 
     start = F.struct(F.lit(0).alias("best"), F.lit(0).alias("len"), F.lit(0).alias("run"))
     return _let(F.aggregate(F.sequence(F.lit(0), F.lit(7)), start, step), text)
@@ -118,21 +132,36 @@ def classify(df: DataFrame, max_ahead_ms: int | Column | None = None, quarantine
     into every place that uses it (inside CASE branches it would be evaluated once per occurrence; inlined, the
     parse ran about ten times per record)."""
     text, is_json, js = F.col("_text"), F.col("_is_json"), F.col("_js")
-    staged = (df.withColumn("_text", F.trim(F.col("value").cast("string")))
-                .withColumn("_is_json", F.coalesce(F.col("_text").startswith("{"), F.lit(False)))
-                .withColumn("_js", F.when(is_json, F.from_json(text, JSON_SCHEMA, JSON_OPTIONS)))
-                .withColumn("_line_ip", F.when(~is_json, F.regexp_extract(text, LINE_RE, 1)))
-                .withColumn("_line_ts", F.when(~is_json, F.regexp_extract(text, LINE_RE, 2))))
+    staged = (
+        df.withColumn("_text", F.trim(F.col("value").cast("string")))
+        .withColumn("_is_json", F.coalesce(F.col("_text").startswith("{"), F.lit(False)))
+        .withColumn("_js", F.when(is_json, F.from_json(text, JSON_SCHEMA, JSON_OPTIONS)))
+        .withColumn("_line_ip", F.when(~is_json, F.regexp_extract(text, LINE_RE, 1)))
+        .withColumn("_line_ts", F.when(~is_json, F.regexp_extract(text, LINE_RE, 2)))
+    )
     raw_ts = F.when(is_json, js["ts"]).otherwise(F.col("_line_ts"))
     # The IP's canonical text (records.canonical_ip): IPv4 as it is, IPv6 through its eight groups, each step a
     # column of its own so that Spark evaluates it once.
     low = F.col("_ipl")
-    staged = (staged.withColumn("_ts", F.when(is_json, _ts_from_epoch_or_iso(raw_ts))
-                                       .otherwise(F.try_to_timestamp(raw_ts, F.lit(R.COMBINED_TS_FORMAT))))
-                    .withColumn("_ipl", F.lower(F.when(is_json, js["ip"]).otherwise(F.col("_line_ip"))))
-                    .withColumn("_ip", F.when(low.rlike("^" + _V4), low).when(
-                        low.contains(":"), _let(_embedded_v4_as_hex(low), lambda s6: _let(
-                            _ipv6_groups(s6), lambda g6: F.when(g6.isNotNull(), _render_ipv6(g6)))))))
+    staged = (
+        staged.withColumn(
+            "_ts",
+            F.when(is_json, _ts_from_epoch_or_iso(raw_ts)).otherwise(
+                F.try_to_timestamp(raw_ts, F.lit(R.COMBINED_TS_FORMAT))
+            ),
+        )
+        .withColumn("_ipl", F.lower(F.when(is_json, js["ip"]).otherwise(F.col("_line_ip"))))
+        .withColumn(
+            "_ip",
+            F.when(low.rlike("^" + _V4), low).when(
+                low.contains(":"),
+                _let(
+                    _embedded_v4_as_hex(low),
+                    lambda s6: _let(_ipv6_groups(s6), lambda g6: F.when(g6.isNotNull(), _render_ipv6(g6))),
+                ),
+            ),
+        )
+    )
     json_ok = is_json & text.endswith("}") & js.isNotNull() & js["_corrupt"].isNull()
     line_ok = ~is_json & (F.col("_line_ts") != "")
     ts_ms = F.unix_millis(F.col("_ts"))
@@ -155,7 +184,9 @@ def classify(df: DataFrame, max_ahead_ms: int | Column | None = None, quarantine
         .when(is_ahead, R.REASON_TS_AHEAD)
     )
     good = F.col("reason").isNull()
-    return (staged.withColumn("reason", reason)
-                  .withColumn("ts", F.when(good, F.col("_ts")))
-                  .withColumn("ip", F.when(good, F.col("_ip")))
-                  .drop("_text", "_is_json", "_js", "_line_ip", "_line_ts", "_ts", "_ipl", "_ip"))
+    return (
+        staged.withColumn("reason", reason)
+        .withColumn("ts", F.when(good, F.col("_ts")))
+        .withColumn("ip", F.when(good, F.col("_ip")))
+        .drop("_text", "_is_json", "_js", "_line_ip", "_line_ts", "_ts", "_ipl", "_ip")
+    )

@@ -1,6 +1,7 @@
 """Reading the checkpoint's files: the Hadoop FileSystem of a live SparkSession (any Hadoop-compatible URI: HDFS,
 S3A, GCS, ... by configuration only), or plain files for `file:` URIs when no Spark is at hand. What the files
 mean is in onceflow.rules.checkpoint."""
+
 from __future__ import annotations
 
 from pathlib import Path
