@@ -47,7 +47,10 @@ DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minu
             None, type=["null", "string"], description="or by time (Kafka record timestamps): from this ISO-8601 time"
         ),
         "until": Param(None, type=["null", "string"], description="... to this one (exclusive)"),
-        "target_topic": Param("", type="string", description="empty: ONCEFLOW_BACKFILL_TOPIC"),
+        # null, not "": a required string left empty would keep the UI's trigger button disabled
+        "target_topic": Param(
+            None, type=["null", "string"], description="the topic to write; empty: ONCEFLOW_BACKFILL_TOPIC"
+        ),
         "chunk_size": Param(5000, type="integer", minimum=1, maximum=1_000_000, description="windows per transaction"),
         "dry_run": Param(False, type="boolean", description="report what would be written; write nothing"),
     },

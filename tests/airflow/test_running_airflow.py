@@ -198,7 +198,7 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
         "end_offsets": ends,
         "since": None,
         "until": None,
-        "target_topic": "",
+        "target_topic": None,
         "chunk_size": 2000,
         "dry_run": False,
     }
@@ -308,7 +308,7 @@ def test_the_dag_list_and_the_backfill_form_in_a_real_browser(platform):
             ],
         )
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
             page.goto(f"{base}/auth/login/", wait_until="networkidle")
             page.fill("input[name=username]", info["user"])
             page.fill("input[name=password]", info["password"])
@@ -321,8 +321,13 @@ def test_the_dag_list_and_the_backfill_form_in_a_real_browser(platform):
             page.goto(f"{base}/dags/ip_count_backfill", wait_until="networkidle")
             page.get_by_role("button", name="Trigger").first.click()
             page.get_by_text("backfill_id").first.wait_for(timeout=60_000)
-            for param in ("start_offsets", "chunk_size", "dry_run"):
+            for param in ("start_offsets", "target_topic", "chunk_size", "dry_run"):
                 page.get_by_text(param).first.wait_for(timeout=30_000)
+            # the form as it opens is valid: the operator can trigger (the backfill's own validation then asks for
+            # a range, before any write)
+            trigger = page.get_by_role("dialog").get_by_role("button", name="Trigger")
+            trigger.wait_for(timeout=30_000)
+            assert trigger.is_enabled(), "the trigger form opens invalid: its Trigger button is disabled"
             page.screenshot(path=str(SCREENSHOTS / "airflow-backfill-form.png"), full_page=True)
         finally:
             browser.close()
