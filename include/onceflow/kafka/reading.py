@@ -3,6 +3,7 @@ time, as a read_committed consumer sees them. Generic: nothing here knows what t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,9 +182,46 @@ def read_topic(
                     [TopicPartition(topic, tp.partition, since_ms) for tp in start], timeout=10
                 )
             ]
-        return [
-            Msg(m.partition(), m.offset(), m.key(), m.value(), {k: v for k, v in (m.headers() or [])}, m.timestamp()[1])
-            for m in consume_to_end(c, start, timeout_s)
-        ]
+        return [_to_msg(m) for m in consume_to_end(c, start, timeout_s)]
     finally:
         c.close()
+
+
+def _to_msg(m: Any) -> Msg:
+    return Msg(m.partition(), m.offset(), m.key(), m.value(), {k: v for k, v in (m.headers() or [])}, m.timestamp()[1])
+
+
+def read_tail(
+    settings: Settings,
+    topic: str,
+    keep: Callable[[Msg], bool] = lambda m: True,
+    want: int = 100,
+    max_scan: int = 20_000,
+    step: int = 2_000,
+    before: int | None = None,
+) -> tuple[list[Msg], int | None]:
+    """The newest `want` records of a one-partition topic that `keep` accepts, oldest first, read backwards in steps
+    and never more than `max_scan` records (a page of the console: bounded whatever the topic's size). `before`: an
+    offset to page back from (exclusive; default the end). Returns the records and the offset to page back from
+    next (None: the start of the topic was reached)."""
+    wm = watermarks(settings, topic)
+    if not wm:
+        return [], None
+    low, high = wm[0]
+    end = high if before is None else min(before, high)
+    found: list[Msg] = []
+    c = read_committed_consumer(settings)
+    try:
+        scanned = 0
+        while end > low and len(found) < want and scanned < max_scan:
+            start = max(low, end - step)
+            chunk = [m for m in (_to_msg(x) for x in read_range(c, topic, 0, start, end)) if keep(m)]
+            found = chunk + found
+            scanned += end - start
+            end = start
+    finally:
+        c.close()
+    if len(found) > want:
+        cut = len(found) - want
+        end, found = found[cut - 1].offset + 1, found[cut:]
+    return found, (end if end > low else None)
