@@ -8,13 +8,16 @@ checkpoint's size, file count, oldest retained batch and growth since the last r
 and when the checkpoint grows past `ONCEFLOW_CHECKPOINT_SIZE_ALERT_BYTES`. Spark's own retention of offsets,
 commits and state versions is `ONCEFLOW_MIN_BATCHES_TO_RETAIN` (spark.sql.streaming.minBatchesToRetain).
 Restore a savepoint with `ip_count_deploy` (action restore).
+
+By hand (the operator console's buttons trigger these): `action=rotate` (the default: all of the above now) or
+`action=verify` with `savepoint_id` (verify that savepoint only; its verdict is kept beside it).
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import dag, task
+from airflow.sdk import Param, dag, get_current_context, task
 
 from onceflow import config
 from onceflow.control import orchestration, rotation
@@ -30,17 +33,32 @@ DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minu
     doc_md=__doc__,
     default_args=DEFAULT_ARGS,
     tags=["onceflow", "ip_count", "savepoints"],
+    params={
+        "action": Param(
+            "rotate",
+            type="string",
+            enum=["rotate", "verify"],
+            description="rotate: savepoint + verify + retention + report; verify: one savepoint",
+        ),
+        "savepoint_id": Param(None, type=["null", "string"], description="verify: the savepoint to verify"),
+    },
 )
 def ip_count_checkpoint_rotation():
     @task
     def savepoint() -> dict:
+        p = get_current_context()["params"]
         s = orchestration.settings()
-        out = rotation.take_savepoint(s, orchestration.alert_sink(s))
+        if p["action"] == "verify":
+            out = rotation.verify_savepoint(s, p["savepoint_id"])
+        else:
+            out = rotation.take_savepoint(s, orchestration.alert_sink(s))
         print(f"savepoint: {out}")
         return out
 
     @task
     def retention(taken: dict) -> dict:
+        if taken.get("action") == "verify":
+            return {"skipped": "a verification run keeps every savepoint"}
         out = rotation.apply_retention(orchestration.settings())
         print(f"retention: {out}")
         return out

@@ -130,12 +130,16 @@ def client(s: Settings) -> AirflowClient:
 
 
 def down(s: Settings) -> bool:
+    """Stop Airflow (its whole process group), then the batch jobs its tasks had started, which run in process
+    groups of their own."""
+    from onceflow.runtime import launcher
+
     info = procs.read_pidfile(pidfile(s))
-    if not info:
-        return False
-    procs.stop_process(info["pid"], 60)
-    pidfile(s).unlink(missing_ok=True)
-    return True
+    if info:
+        procs.stop_process(info["pid"], 60)
+        pidfile(s).unlink(missing_ok=True)
+    launcher.stop_batch_jobs(s)
+    return bool(info)
 
 
 def wait_job_started(s: Settings, timeout: float = 420) -> dict:

@@ -9,12 +9,15 @@ with a deadline."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -33,7 +36,7 @@ pytestmark = pytest.mark.integration
 APP = "airflow_e2e"
 # Shortened through the same settings an operator would set (ONCEFLOW_*_INTERVAL_*), not through test code paths.
 SCHEDULES = dict(
-    health_interval_s=30.0, txn_watch_interval_s=30.0, rotation_interval_minutes=1.5, reconcile_interval_minutes=1.0
+    health_interval_s=20.0, txn_watch_interval_s=20.0, rotation_interval_minutes=1.0, reconcile_interval_minutes=0.75
 )
 STALLED_BATCH = 6  # this batch's transaction is held past its timeout (fault injection, once)
 SCREENSHOTS = config.REPO_ROOT / "var" / "screenshots"
@@ -207,42 +210,39 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
         with pytest.raises(AirflowApiError) as e:
             api.trigger("ip_count_backfill", form | bad)
         assert e.value.status == 400
-    # refused by the backfill's own validation (an empty range), in its first task: nothing is written
-    run = _wait(
-        api,
-        "ip_count_backfill",
-        api.trigger(
-            "ip_count_backfill",
-            form | {"backfill_id": "e2e-bad", "end_offsets": {p: 0 for p in ends}, "start_offsets": ends},
-        ),
-    )
-    assert run["state"] == "failed"
-    assert api.task_instances("ip_count_backfill", run["dag_run_id"])["validate"] == "failed"
-    assert not kafka_reading.read_topic(s, s.backfill_topic)
-    # a good one writes every window of the range once
-    run = _wait(api, "ip_count_backfill", api.trigger("ip_count_backfill", form, note="e2e backfill"))
-    assert run["state"] == "success", api.task_instances("ip_count_backfill", run["dag_run_id"])
-    report = api.xcom("ip_count_backfill", run["dag_run_id"], "run")
-    out = kafka_reading.read_topic(s, s.backfill_topic)
-    assert report["written_records"] == report["windows"] == len(out) == len({m.key for m in out}) > 0
-
-    # reconciliation by range, beside the chain
-    entries = audit.ledger_entries(s)
-    a, b = entries[1].batch, entries[4].batch
-    run = _wait(
-        api,
-        "ip_count_reconciliation",
-        api.trigger(
-            "ip_count_reconciliation",
-            {"first_batch": a, "last_batch": b, "since": None, "until": None, "great_expectations": False},
-        ),
-    )
-    assert run["state"] == "success"
-    manual = [r for r in recon_chain.recent_results(s) if r.get("mode") == "manual"]
-    assert manual and (manual[-1]["first_batch"], manual[-1]["last_batch"]) == (a, b) and manual[-1]["ok"]
     with pytest.raises(AirflowApiError) as e:
         api.trigger("ip_count_reconciliation", {"first_batch": -1, "last_batch": 2})
     assert e.value.status == 400
+    # Three runs at once, as operators would: a backfill refused by its own validation (an empty range), a good
+    # backfill, and a reconciliation by range beside the chain.
+    entries = audit.ledger_entries(s)
+    a, b = entries[1].batch, entries[4].batch
+    empty = form | {"backfill_id": "e2e-bad", "end_offsets": {p: 0 for p in ends}, "start_offsets": ends}
+    runs = {
+        "bad": ("ip_count_backfill", api.trigger("ip_count_backfill", empty)),
+        "good": ("ip_count_backfill", api.trigger("ip_count_backfill", form, note="e2e backfill")),
+        "recon": (
+            "ip_count_reconciliation",
+            api.trigger(
+                "ip_count_reconciliation",
+                {"first_batch": a, "last_batch": b, "since": None, "until": None, "great_expectations": False},
+            ),
+        ),
+    }
+    done = {k: _wait(api, dag, run) for k, (dag, run) in runs.items()}
+    # the refused one failed in its first task, and wrote nothing
+    assert done["bad"]["state"] == "failed"
+    assert api.task_instances("ip_count_backfill", done["bad"]["dag_run_id"])["validate"] == "failed"
+    assert not [e for e in audit.ledger_records(s) if getattr(e, "backfill_id", None) == "e2e-bad"]
+    # the good one wrote every window of the range once
+    assert done["good"]["state"] == "success", api.task_instances("ip_count_backfill", done["good"]["dag_run_id"])
+    report = api.xcom("ip_count_backfill", done["good"]["dag_run_id"], "run")
+    out = kafka_reading.read_topic(s, s.backfill_topic)
+    assert report["written_records"] == report["windows"] == len(out) == len({m.key for m in out}) > 0
+    # the reconciliation by range, recorded beside the chain
+    assert done["recon"]["state"] == "success"
+    manual = [r for r in recon_chain.recent_results(s) if r.get("mode") == "manual"]
+    assert manual and (manual[-1]["first_batch"], manual[-1]["last_batch"]) == (a, b) and manual[-1]["ok"]
 
     # deploy: restart, then upgrade (stop-with-savepoint, start again)
     for action in ("restart", "upgrade"):
@@ -287,11 +287,11 @@ def test_the_live_audit_agrees_with_a_running_job(platform):
     assert jobctl.status(s)["last_batch"] > before, "the job committed while the audits ran"
 
 
-def test_the_dag_list_and_the_backfill_form_in_a_real_browser(platform):
+@contextlib.contextmanager
+def logged_in_browser(s, info, height: int = 1800):
+    """Debian's Chromium, headless, driven by Playwright (no browser download), logged in to Airflow."""
     from playwright.sync_api import sync_playwright
 
-    s, api, _, info = platform
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     base = f"http://127.0.0.1:{s.airflow_port}"
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
@@ -308,28 +308,136 @@ def test_the_dag_list_and_the_backfill_form_in_a_real_browser(platform):
             ],
         )
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page = browser.new_page(viewport={"width": 1400, "height": height})
             page.goto(f"{base}/auth/login/", wait_until="networkidle")
             page.fill("input[name=username]", info["user"])
             page.fill("input[name=password]", info["password"])
             page.keyboard.press("Enter")
             page.wait_for_url(lambda url: "/auth/login" not in url, timeout=60_000)
-            page.goto(f"{base}/dags", wait_until="networkidle")
-            for dag_id in airflow_local.ALL_DAGS:
-                page.get_by_text(dag_id, exact=True).first.wait_for(timeout=60_000)
-            page.screenshot(path=str(SCREENSHOTS / "airflow-dag-list.png"), full_page=True)
-            page.goto(f"{base}/dags/ip_count_backfill", wait_until="networkidle")
-            page.get_by_role("button", name="Trigger").first.click()
-            page.get_by_text("backfill_id").first.wait_for(timeout=60_000)
-            for param in ("start_offsets", "target_topic", "chunk_size", "dry_run"):
-                page.get_by_text(param).first.wait_for(timeout=30_000)
-            # the form as it opens is valid: the operator can trigger (the backfill's own validation then asks for
-            # a range, before any write)
-            trigger = page.get_by_role("dialog").get_by_role("button", name="Trigger")
-            trigger.wait_for(timeout=30_000)
-            assert trigger.is_enabled(), "the trigger form opens invalid: its Trigger button is disabled"
-            page.screenshot(path=str(SCREENSHOTS / "airflow-backfill-form.png"), full_page=True)
+            yield page, base
         finally:
             browser.close()
+
+
+def test_the_dag_list_and_the_backfill_form_in_a_real_browser(platform):
+    s, api, _, info = platform
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with logged_in_browser(s, info) as (page, base):
+        page.goto(f"{base}/dags", wait_until="networkidle")
+        for dag_id in airflow_local.ALL_DAGS:
+            page.get_by_text(dag_id, exact=True).first.wait_for(timeout=60_000)
+        page.screenshot(path=str(SCREENSHOTS / "airflow-dag-list.png"), full_page=True)
+        page.goto(f"{base}/dags/ip_count_backfill", wait_until="networkidle")
+        page.get_by_role("button", name="Trigger").first.click()
+        page.get_by_text("backfill_id").first.wait_for(timeout=60_000)
+        for param in ("start_offsets", "target_topic", "chunk_size", "dry_run"):
+            page.get_by_text(param).first.wait_for(timeout=30_000)
+        # the form as it opens is valid: the operator can trigger (the backfill's own validation then asks for a
+        # range, before any write)
+        trigger = page.get_by_role("dialog").get_by_role("button", name="Trigger")
+        trigger.wait_for(timeout=30_000)
+        assert trigger.is_enabled(), "the trigger form opens invalid: its Trigger button is disabled"
+        page.screenshot(path=str(SCREENSHOTS / "airflow-backfill-form.png"), full_page=True)
     assert (SCREENSHOTS / "airflow-dag-list.png").stat().st_size > 10_000
     assert (SCREENSHOTS / "airflow-backfill-form.png").stat().st_size > 10_000
+
+
+def _http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _new_run(api, dag_id: str, seen: set, timeout: float = 120) -> dict:
+    """The run of `dag_id` the console just triggered (one not in `seen`), once it exists."""
+    return procs.wait_until(
+        lambda: next((r for r in api.runs(dag_id) if r["dag_run_id"] not in seen), None),
+        timeout,
+        interval=2,
+        what=f"a run of {dag_id} triggered from the console",
+    )
+
+
+def test_the_operator_console_in_a_real_browser(platform):
+    """The console, loaded as an Airflow plugin, with the job running: every page with live data, its actions
+    triggering the DAGs through Airflow's API as the logged-in operator (Airflow records who), a rewind asking for
+    confirmation, anonymous callers refused."""
+    s, api, _, info = platform
+    base = f"http://127.0.0.1:{s.airflow_port}"
+    for path in ("/onceflow/now", "/onceflow/api/now", "/onceflow/api/batches", "/onceflow/data-docs/index.html"):
+        assert _http_status(base + path) in (401, 403), path
+    shots = {}
+    with logged_in_browser(s, info, height=1400) as (page, base):
+        # reached from Airflow's navigation, in Airflow's frame
+        page.goto(f"{base}/dags", wait_until="networkidle")
+        page.get_by_role("link", name="onceflow").first.wait_for(timeout=60_000)
+
+        page.goto(f"{base}/onceflow/now", wait_until="networkidle")
+        page.get_by_text("last committed batch").wait_for(timeout=60_000)
+        page.wait_for_function("document.querySelector('#content').innerText.includes('Lag per partition')")
+        last = jobctl.status(s)["last_batch"]
+        assert str(last) in page.inner_text("#content") or str(last - 1) in page.inner_text("#content")
+        shots["now"] = page.screenshot(path=str(SCREENSHOTS / "console-now.png"), full_page=True)
+
+        page.goto(f"{base}/onceflow/batches", wait_until="networkidle")
+        page.wait_for_function("document.querySelectorAll('#table tr').length > 5", timeout=60_000)
+        assert "txn ms" in page.inner_text("#table") and page.locator("#charts svg").count() == 3
+        shots["batches"] = page.screenshot(path=str(SCREENSHOTS / "console-batches.png"), full_page=True)
+
+        page.goto(f"{base}/onceflow/transactions", wait_until="networkidle")
+        page.get_by_text("Alert history").wait_for(timeout=60_000)
+        text = page.inner_text("#content")
+        assert "transaction_timeout" in text and f"health:{s.app_id}:down" in text, text[:2000]
+        shots["transactions"] = page.screenshot(path=str(SCREENSHOTS / "console-transactions.png"), full_page=True)
+
+        page.goto(f"{base}/onceflow/proofs", wait_until="networkidle")
+        page.get_by_text("Reconciliation runs").wait_for(timeout=60_000)
+        proven = recon_chain.position(s).batch
+        assert proven is not None and "proven" in page.inner_text("#content")
+        assert "e2e-1" in page.inner_text("#content")  # the backfill run through the REST API earlier
+        with page.expect_popup() as docs:
+            page.get_by_role("link", name="Great Expectations Data Docs").click()
+        docs.value.wait_for_load_state()
+        assert "Data Docs" in docs.value.title() or "Expectation" in docs.value.content()
+        shots["proofs"] = page.screenshot(path=str(SCREENSHOTS / "console-proofs.png"), full_page=True)
+        # start a backfill from the console's form: a run of ip_count_backfill, by the logged-in operator
+        seen = {r["dag_run_id"] for r in api.runs("ip_count_backfill")}
+        ends = {str(p): hi for p, (_, hi) in kafka_watermarks(s).items()}
+        page.fill("input[name=backfill_id]", "console-1")
+        page.fill("input[name=start_offsets]", json.dumps({p: 0 for p in ends}))
+        page.fill("input[name=end_offsets]", json.dumps(ends))
+        page.get_by_role("button", name="Start").click()
+        page.get_by_text("of ip_count_backfill triggered").wait_for(timeout=60_000)
+        backfill_run = _new_run(api, "ip_count_backfill", seen)
+        assert backfill_run["triggering_user_name"] == info["user"]
+        assert "onceflow console" in (backfill_run.get("note") or "")
+
+        page.goto(f"{base}/onceflow/savepoints", wait_until="networkidle")
+        page.wait_for_function("document.querySelectorAll('[data-verify]').length >= 2", timeout=60_000)
+        shots["savepoints"] = page.screenshot(path=str(SCREENSHOTS / "console-savepoints.png"), full_page=True)
+        ids = page.eval_on_selector_all("[data-verify]", "els => els.map(e => e.dataset.verify)")
+        # verify the oldest: a rotation run with action=verify, and its verdict shows
+        seen = {r["dag_run_id"] for r in api.runs("ip_count_checkpoint_rotation")}
+        page.click(f"[data-verify='{ids[-1]}']")
+        run = _new_run(api, "ip_count_checkpoint_rotation", seen)
+        assert api.wait_run("ip_count_checkpoint_rotation", run["dag_run_id"], timeout=300)["state"] == "success"
+        assert savepoints.last_verification(s, ids[-1])["ok"]
+        assert api.wait_run("ip_count_backfill", backfill_run["dag_run_id"], timeout=600)["state"] == "success"
+        # a rewind asks first; dismissed, nothing is triggered
+        seen = {r["dag_run_id"] for r in api.runs("ip_count_deploy")}
+        page.once("dialog", lambda d: d.dismiss() if "REWIND" in d.message else d.accept())
+        page.click(f"[data-restore='{ids[-1]}']")
+        page.get_by_text("restore cancelled").wait_for(timeout=30_000)
+        assert {r["dag_run_id"] for r in api.runs("ip_count_deploy")} == seen
+        # restoring the newest is confirmed: the deploy DAG stops, restores and starts the job
+        page.once("dialog", lambda d: d.accept())
+        page.click(f"[data-restore='{ids[0]}']")
+        run = _new_run(api, "ip_count_deploy", seen)
+        assert run["conf"]["action"] == "restore" and run["conf"]["savepoint_id"] == ids[0]
+        assert not run["conf"]["allow_rewind"] and run["triggering_user_name"] == info["user"]
+        assert api.wait_run("ip_count_deploy", run["dag_run_id"], timeout=600)["state"] == "success"
+        assert jobctl.status(s)["running"]
+    for name in shots:
+        assert (SCREENSHOTS / f"console-{name}.png").stat().st_size > 10_000

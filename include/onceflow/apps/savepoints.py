@@ -18,6 +18,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any, cast
 
 import fsspec
 from confluent_kafka import TopicPartition
@@ -57,6 +58,7 @@ from onceflow.rules.savepoints import (
 from onceflow.runtime import jobctl
 
 log = logging.getLogger(__name__)
+VERIFICATION = "_verification.json"  # beside the manifest: the last verification's verdict
 
 
 # ---------------------------------------------------------------------------- files
@@ -274,6 +276,7 @@ class Listed:
     mode: str | None = None
     total_size: int | None = None
     error: str | None = None
+    verified: dict[str, Any] | None = None  # the last verification's verdict and time (None: never verified)
 
     def info(self) -> retention.SavepointInfo:
         return retention.SavepointInfo(self.id, self.created_ms, self.complete, self.ledger_batch)
@@ -288,7 +291,18 @@ def list_all(settings: Settings) -> list[Listed]:
             continue
         try:
             m = Manifest.from_json(root.read(f"{name}/{MANIFEST}"))
-            out.append(Listed(name, m.created_ms, True, m.ledger_batch, m.spark_batch, m.mode, m.total_size))
+            out.append(
+                Listed(
+                    name,
+                    m.created_ms,
+                    True,
+                    m.ledger_batch,
+                    m.spark_batch,
+                    m.mode,
+                    m.total_size,
+                    verified=last_verification(settings, name),
+                )
+            )
         except FileNotFoundError:
             out.append(Listed(name, created_ms_of(name), False, error="no manifest"))
         except (ValueError, TypeError, KeyError, SavepointError) as e:
@@ -352,7 +366,19 @@ def verify(settings: Settings, sp_id: str) -> Verification:
             found[rel] = (size, None)
     problems = file_problems(m, found) + cut_problems(found, m.spark_batch, m.shuffle_partitions)
     inc = incompatibilities(m, runtime(settings))
-    return Verification(m.id, not problems, not problems and not inc, problems, inc)
+    v = Verification(m.id, not problems, not problems and not inc, problems, inc)
+    # the verdict, beside the savepoint (not in its data): what `list` and the console show
+    record = v.as_dict() | {"ts_ms": int(time.time() * 1000)}
+    Store(settings.savepoints).write(f"{m.id}/{VERIFICATION}", json.dumps(record).encode())
+    return v
+
+
+def last_verification(settings: Settings, sp_id: str) -> dict[str, Any] | None:
+    """The verdict of the savepoint's last verification (None: never verified)."""
+    try:
+        return cast(dict[str, Any], json.loads(Store(settings.savepoints).read(f"{sp_id}/{VERIFICATION}")))
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def delete(settings: Settings, sp_id: str, bus: ev.EventBus | None = None) -> None:

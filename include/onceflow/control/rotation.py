@@ -30,6 +30,18 @@ def _raise(sink: alerts.AlertSink | None, conditions: list, prefix: str) -> list
     return [f"{a.key}:{a.status}" for a in sink.raise_and_resolve(conditions, source="rotation", scope_prefix=prefix)]
 
 
+def verify_savepoint(settings: Settings, sp_id: str | None) -> dict:
+    """Verify one savepoint (its verdict is kept beside it); a damaged one is reported "failed" like a failed
+    savepoint, so the run fails after its report."""
+    if not sp_id:
+        raise SavepointError("action=verify needs savepoint_id (`onceflow savepoint list` shows the ids)")
+    v = savepoints.verify(settings, savepoints.load(settings, sp_id).id)
+    out = {"action": "verify"} | v.as_dict()
+    if not v.ok:
+        return out | {"status": "failed", "error": f"savepoint {v.id} did not verify: {'; '.join(v.problems)}"}
+    return out | {"status": "ok"}
+
+
 def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> dict:
     """Create and verify a savepoint; a failure is alerted and reported (status "failed"), not raised."""
     key = f"rotation:{settings.app_id}:savepoint_failed"

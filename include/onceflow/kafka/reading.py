@@ -3,23 +3,37 @@ time, as a read_committed consumer sees them. Generic: nothing here knows what t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from onceflow.config import Settings
 from onceflow.kafka.clients import read_committed_consumer
+
+LEADER_WAIT_S = 15.0  # how long a lookup waits for a partition that is between leaders
+LEADER_MOVING = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._TRANSPORT,
+}
 
 
 def committed(consumer: Consumer, tps: list, timeout_s: float = 60.0) -> list:
     """consumer.committed(), retried while the group coordinator is moving, loading or has an open
     transactional commit pending (read_committed asks for stable offsets)."""
-    import time
-
-    from confluent_kafka import KafkaError, KafkaException
 
     retriable = {
         KafkaError.NOT_COORDINATOR,
@@ -43,9 +57,6 @@ def committed(consumer: Consumer, tps: list, timeout_s: float = 60.0) -> list:
 def consume_to_end(consumer: Consumer, partitions: list, timeout_s: float = 120.0):
     """Yield the records of the assigned `partitions` (TopicPartitions with start offsets) until each reaches
     its end (the LSO under read_committed). Needs `enable.partition.eof`."""
-    import time
-
-    from confluent_kafka import KafkaError, KafkaException
 
     consumer.assign(partitions)
     pending = {tp.partition for tp in partitions}
@@ -70,9 +81,6 @@ def consume_to_end(consumer: Consumer, partitions: list, timeout_s: float = 120.
 
 def read_range(consumer, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0):
     """Yield the committed records of [start, end) of one partition (fewer when aborted data sits inside)."""
-    import time
-
-    from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     if end <= start:
         return
@@ -111,7 +119,6 @@ def low_offset(admin: AdminClient, tp) -> int:
 def watermarks(settings: Settings, topic: str) -> dict[int, tuple[int, int]] | None:
     """Per partition, (low, high) of `topic` as a read_committed consumer sees them; None if there is no such
     topic."""
-    from confluent_kafka import TopicPartition
 
     c = read_committed_consumer(settings)
     try:
@@ -129,7 +136,6 @@ def watermarks(settings: Settings, topic: str) -> dict[int, tuple[int, int]] | N
 def offsets_at(settings: Settings, topic: str, ts_ms: int, ends: dict[int, int]) -> dict[int, int]:
     """Per partition of `ends`, the first offset whose timestamp is at or after `ts_ms`; `ends[p]` where no
     record is that recent."""
-    from confluent_kafka import TopicPartition
 
     c = read_committed_consumer(settings)
     try:
@@ -141,12 +147,20 @@ def offsets_at(settings: Settings, topic: str, ts_ms: int, ends: dict[int, int])
 
 def latest_offsets(admin: AdminClient, tps: list, read_committed: bool = True) -> dict[tuple[str, int], int]:
     """The end of each partition: the last stable offset under read_committed, else the high watermark."""
-    from confluent_kafka import IsolationLevel
-    from confluent_kafka.admin import OffsetSpec
 
     isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
-    futs = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, isolation_level=isolation, request_timeout=15)
-    return {(tp.topic, tp.partition): fut.result(15).offset for tp, fut in futs.items()}
+    deadline = time.monotonic() + LEADER_WAIT_S
+    while True:
+        futs = admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in tps}, isolation_level=isolation, request_timeout=15
+        )
+        try:
+            return {(tp.topic, tp.partition): fut.result(15).offset for tp, fut in futs.items()}
+        except KafkaException as e:
+            # a partition between leaders (a new topic, a broker restart): ask again, bounded
+            if e.args[0].code() not in LEADER_MOVING or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -82,7 +83,7 @@ class Status:
     def __init__(self, settings: config.Settings):
         self.s = settings
         self.lock = threading.Lock()
-        self.data = initial_status(settings, os.getpid(), int(time.time() * 1000))
+        self.data = initial_status(settings, os.getpid(), int(time.time() * 1000), socket.gethostname())
         self.flush()
 
     def update(self, **fields: Any) -> None:

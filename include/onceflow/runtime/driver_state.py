@@ -25,9 +25,10 @@ class InstanceLocked(wire.OnceflowError):
     """Another driver of the app runs on this machine: not a misconfiguration, and nothing a restart fixes."""
 
 
-def initial_status(settings: Settings, pid: int, now_ms: int) -> dict[str, Any]:
+def initial_status(settings: Settings, pid: int, now_ms: int, host: str = "") -> dict[str, Any]:
     return {
         "app": settings.app_id,
+        "host": host,
         "pid": pid,
         "state": "starting",
         "started_ms": now_ms,

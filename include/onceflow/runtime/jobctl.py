@@ -65,6 +65,7 @@ def status(settings: Settings) -> dict:
         "app": settings.app_id,
         "supervisor_pid": sup["pid"] if sup else None,
         "job_pid": job["pid"] if job else None,
+        "host": st.get("host") if fresh else None,  # where the driver runs
         "running": job is not None,
         "restarts": job.get("restarts", 0) if job else None,
         "state": (st.get("state") if fresh else "starting")

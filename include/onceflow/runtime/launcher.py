@@ -152,28 +152,60 @@ def local_session(settings: Settings, name: str, log_file: Path | None = None):
     return spark
 
 
+def batch_registry(settings: Settings) -> Path:
+    """The batch jobs (reconciliation recounts, backfills) running now, one pid file each."""
+    return settings.run_dir / "batch-jobs"
+
+
 def run_batch(settings: Settings, what: str, argv: list[str], out: Path, log_file: Path, timeout_s: float) -> dict:
     """Run a batch Spark job (jobs/reconcile.py, jobs/backfill.py) to its end, bounded, its output appended to
-    `log_file`, and return the JSON result it wrote to `out`; a failure raises with the log's last lines."""
+    `log_file`, and return the JSON result it wrote to `out`; a failure raises with the log's last lines. The job
+    runs in a process group of its own: a timeout, or the task being killed (Airflow raises in the task on
+    SIGTERM), stops all of it (spark-submit, the driver JVM, its Python workers), and while it runs it is registered
+    in `batch_registry`, so whoever stops the platform can stop it too (`stop_batch_jobs`)."""
     import json
     import subprocess
+
+    from onceflow.runtime import procs
 
     out.parent.mkdir(parents=True, exist_ok=True)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=submit_env(settings),
+            start_new_session=True,
+        )
+        pidfile = batch_registry(settings) / f"{proc.pid}.json"
+        procs.write_pidfile(pidfile, proc.pid, str(argv[-1]) if argv else what, what=what)
         try:
-            rc = subprocess.run(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=submit_env(settings),
-                timeout=timeout_s,
-                start_new_session=True,
-            ).returncode
+            rc = proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
+            procs.stop_process(proc.pid, 10)
             raise TimeoutError(f"the {what} job did not finish in {timeout_s:.0f} s (log: {log_file})") from None
+        except BaseException:
+            procs.stop_process(proc.pid, 10)
+            raise
+        finally:
+            pidfile.unlink(missing_ok=True)
     if rc != 0 or not out.exists():
         tail = log_file.read_text(errors="replace").splitlines()[-15:] if log_file.exists() else []
         raise RuntimeError(f"the {what} job exited with {rc} (log {log_file}):\n" + "\n".join(tail))
-    return json.loads(out.read_text())
+    return dict(json.loads(out.read_text()))
+
+
+def stop_batch_jobs(settings: Settings, timeout_s: float = 30.0) -> list[int]:
+    """Stop every batch job still registered (their callers are gone: Airflow was stopped under them)."""
+    from onceflow.runtime import procs
+
+    stopped = []
+    for f in sorted(batch_registry(settings).glob("*.json")):
+        info = procs.read_pidfile(f)
+        if info:
+            procs.stop_process(int(info["pid"]), timeout_s)
+            stopped.append(int(info["pid"]))
+        f.unlink(missing_ok=True)
+    return stopped

@@ -1,0 +1,146 @@
+"""The operator console: a FastAPI app that Airflow mounts (plugins/onceflow_console.py), behind Airflow's own
+authentication and authorization.
+
+A FastAPI app mounted by an Airflow 3 plugin inherits none of the API server's dependencies: every route would be
+open to anonymous callers. So the whole app depends on Airflow's `requires_access_dag` for the onceflow DAGs:
+whoever may read `ip_count_deploy` may read the console; anonymous callers get 401, users without that right 403.
+Actions (take, verify or restore a savepoint, start a backfill) are not routes of this app: the page triggers the
+deploy, rotation and backfill DAGs through Airflow's REST API as the logged-in operator, so Airflow records who did
+what and checks the DAG's own permissions.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from airflow.api_fastapi.core_api.security import requires_access_dag
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+
+from onceflow import config
+from onceflow.control.console import page, readers
+
+SECTIONS = ("now", "batches", "transactions", "savepoints", "proofs")
+# which console page a DAG's "onceflow" tab opens
+DAG_SECTIONS = {
+    "ip_count_deploy": "now",
+    "ip_count_health": "now",
+    "ip_count_txn_watch": "transactions",
+    "ip_count_checkpoint_rotation": "savepoints",
+    "ip_count_reconciliation": "proofs",
+    "ip_count_backfill": "proofs",
+}
+# Reading the console needs read access to the onceflow DAGs (the deploy DAG stands for all of them).
+authorized = requires_access_dag(method="GET", param_dag_id="ip_count_deploy")
+
+
+def settings() -> config.Settings:
+    """The console's app: the settings Airflow's processes run with (ONCEFLOW_*), Kafka from the connection."""
+    from onceflow.control import orchestration
+
+    return orchestration.settings()
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(
+        title="onceflow console", dependencies=[Depends(authorized)], docs_url=None, redoc_url=None, openapi_url=None
+    )
+    state: dict[str, Any] = {}
+
+    def ctx() -> tuple[config.Settings, readers.Cache]:
+        s = settings()
+        if state.get("app") != s.app_id:
+            state.update(app=s.app_id, cache=readers.Cache(s))
+        return s, state["cache"]
+
+    @app.get("/", response_class=HTMLResponse)
+    def index(request: Request) -> HTMLResponse:
+        return HTMLResponse(page.render("now", request.scope.get("root_path", ""), ctx()[0].app_id))
+
+    @app.get("/dag/{dag_id}")
+    def dag_tab(dag_id: str, request: Request) -> RedirectResponse:
+        root = request.scope.get("root_path", "")
+        return RedirectResponse(f"{root}/{DAG_SECTIONS.get(dag_id, 'now')}", status_code=307)
+
+    @app.get("/api/now")
+    def now() -> dict[str, Any]:
+        s, cache = ctx()
+        return readers.section(cache, "now", s, lambda: readers.read_now(s))
+
+    @app.get("/api/batches")
+    def batches(
+        size: int = Query(50, ge=1, le=500),
+        before: int | None = Query(None, ge=0),
+        batch_from: int | None = None,
+        batch_to: int | None = None,
+        min_txn_ms: float | None = None,
+        with_dlq: bool = False,
+        with_late: bool = False,
+    ) -> dict[str, Any]:
+        s, cache = ctx()
+        filters = {
+            "batch_from": batch_from,
+            "batch_to": batch_to,
+            "min_txn_ms": min_txn_ms,
+            "with_dlq": with_dlq,
+            "with_late": with_late,
+        }
+        key = f"batches:{size}:{before}:{sorted(filters.items())}"
+        return readers.section(cache, key, s, lambda: readers.read_batches(s, size, before, filters))
+
+    @app.get("/api/charts")
+    def charts() -> dict[str, Any]:
+        s, cache = ctx()
+        return readers.section(cache, "charts", s, lambda: readers.read_charts(s))
+
+    @app.get("/api/transactions")
+    def transactions() -> dict[str, Any]:
+        s, cache = ctx()
+        return readers.section(cache, "transactions", s, lambda: readers.read_transactions(s))
+
+    @app.get("/api/alerts")
+    def alerts() -> dict[str, Any]:
+        s, cache = ctx()
+        return readers.section(cache, "alerts", s, lambda: readers.read_alerts(s))
+
+    @app.get("/api/savepoints")
+    def savepoint_list() -> dict[str, Any]:
+        s, cache = ctx()
+        return readers.section(cache, "savepoints", s, lambda: readers.read_savepoints(s), needs_kafka=False)
+
+    @app.get("/api/proofs")
+    def proofs() -> dict[str, Any]:
+        s, cache = ctx()
+        return readers.section(cache, "proofs", s, lambda: readers.read_proofs(s))
+
+    @app.get("/api/backfills")
+    def backfill_list() -> dict[str, Any]:
+        s, cache = ctx()
+        return readers.section(cache, "backfills", s, lambda: readers.read_backfills(s))
+
+    @app.get("/data-docs/{rel:path}")
+    def data_docs(rel: str) -> FileResponse:
+        """The reconciliation's GX Data Docs site, served here (a file:// link does not open on another machine)."""
+        root = readers.data_docs_root(ctx()[0]).resolve()
+        target = (root / (rel or "index.html")).resolve()
+        if not target.is_relative_to(root) or not target.is_file():
+            raise HTTPException(404, "no such Data Docs page (has a reconciliation with the GX suite run yet?)")
+        return FileResponse(target)
+
+    @app.get("/icon.svg")
+    def icon() -> FileResponse:
+        return FileResponse(ICON, media_type="image/svg+xml")
+
+    @app.get("/{section}", response_class=HTMLResponse)
+    def section_page(section: str, request: Request) -> HTMLResponse:
+        if section not in SECTIONS:
+            raise HTTPException(404, f"no console page {section!r}; pages: {', '.join(SECTIONS)}")
+        return HTMLResponse(page.render(section, request.scope.get("root_path", ""), ctx()[0].app_id))
+
+    app.state.started_ms = int(time.time() * 1000)
+    return app
+
+
+ICON = Path(__file__).with_name("icon.svg")

@@ -1,0 +1,214 @@
+"""What the operator console reads, bounded, and what it shows when Kafka is down.
+
+Every read is bounded: the one-partition topics (ledger, events, alerts, health, reconciliation) are read from
+their end backwards a page at a time (onceflow.kafka.reading.read_tail), never whole. Each section's last good
+answer is kept (in memory and in `var/run/<app>.console.json`, so a restarted API server has it too): when the
+broker does not answer, the section comes back with that last known state, its age, and the error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from onceflow import wire
+from onceflow.apps import backfill as backfills
+from onceflow.apps import recon_chain, savepoints
+from onceflow.config import Settings
+from onceflow.control import txnwatch
+from onceflow.control.console import views
+from onceflow.kafka import reading
+from onceflow.rules.ledger import LedgerEntry, parse_record
+from onceflow.runtime import jobctl
+
+log = logging.getLogger(__name__)
+PAGE_SCAN = 20_000  # records scanned at most for one page of one topic
+CHART_POINTS = 300  # batches and health runs a chart shows
+
+
+class KafkaDown(RuntimeError):
+    """The broker does not answer: the console shows the last known state."""
+
+
+def _cache_file(settings: Settings) -> Path:
+    return settings.run_dir / f"{settings.app_id}.console.json"
+
+
+class Cache:
+    """The last good answer of each section, with when it was read."""
+
+    def __init__(self, settings: Settings):
+        self.path = _cache_file(settings)
+        self.lock = threading.Lock()
+        try:
+            self.data: dict[str, Any] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.data = {}
+
+    def put(self, key: str, value: Any) -> None:
+        with self.lock:
+            self.data[key] = {"ts_ms": int(time.time() * 1000), "value": value}
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(self.data, default=str))
+                tmp.replace(self.path)
+            except OSError as e:  # a read-only var dir: the memory copy still serves
+                log.info("console cache not written: %s", e)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self.lock:
+            return self.data.get(key)
+
+
+def broker_answers(settings: Settings, timeout_s: float = 1.5) -> bool:
+    """A quick TCP check first, so a page never waits on a client's retries when the broker is down."""
+    host, port = settings.bootstrap_host_port
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def section(
+    cache: Cache, key: str, settings: Settings, read: Callable[[], Any], needs_kafka: bool = True
+) -> dict[str, Any]:
+    """`read()` now, or the last known state with why it is not current."""
+    try:
+        if needs_kafka and not broker_answers(settings):
+            raise KafkaDown(f"the Kafka broker at {settings.bootstrap_servers} does not answer")
+        value = read()
+    except Exception as e:  # whatever failed, the operator sees the last known state and why
+        last = cache.get(key)
+        log.warning("console section %s: %s", key, e)
+        return {
+            "ok": False,
+            "error": str(e)[:500],
+            "stale": last is not None,
+            "as_of_ms": last["ts_ms"] if last else None,
+            "data": last["value"] if last else None,
+        }
+    cache.put(key, value)
+    return {"ok": True, "error": None, "stale": False, "as_of_ms": int(time.time() * 1000), "data": value}
+
+
+# ---------------------------------------------------------------------------- the readers
+
+
+def _json(m: reading.Msg) -> dict[str, Any] | None:
+    try:
+        return json.loads(m.value) if m.value is not None else None
+    except ValueError:
+        return None
+
+
+def _app_key(settings: Settings) -> Callable[[reading.Msg], bool]:
+    key = settings.app_id.encode()
+    return lambda m: m.key == key
+
+
+def events(settings: Settings, types: tuple[str, ...], want: int = 200) -> list[dict[str, Any]]:
+    msgs, _ = reading.read_tail(settings, settings.events_topic, _app_key(settings), want=want * 5, max_scan=PAGE_SCAN)
+    out = [e for e in (_json(m) for m in msgs) if e and e.get("type") in types]
+    return out[-want:]
+
+
+def ledger_page(settings: Settings, size: int, before: int | None) -> tuple[list[LedgerEntry], int | None]:
+    """One page of the app's stream batches, newest first: `size` records back from offset `before`."""
+
+    def ours(m: reading.Msg) -> bool:
+        if m.key != settings.app_id.encode() or m.value is None:
+            return False
+        rec = parse_record(m.value)
+        return isinstance(rec, LedgerEntry) and rec.kind == wire.LEDGER_STREAM
+
+    msgs, next_before = reading.read_tail(
+        settings, settings.ledger_topic, ours, want=size, max_scan=PAGE_SCAN, before=before
+    )
+    entries = [parse_record(m.value) for m in msgs if m.value is not None]
+    return [e for e in entries if isinstance(e, LedgerEntry)], next_before
+
+
+def read_now(settings: Settings) -> dict[str, Any]:
+    st = jobctl.status(settings)
+    st["host"] = st.get("host") or socket.gethostname()  # the job's pid files are this machine's
+    health = _health(settings)
+    open_txns = [
+        t.__dict__
+        for t in txnwatch.open_transactions(settings, [settings.sink_topic, settings.dlq_topic, settings.ledger_topic])
+    ]
+    return views.now_view(settings, st, health, open_txns, int(time.time() * 1000))
+
+
+def _health(settings: Settings) -> dict[str, Any] | None:
+    msgs, _ = reading.read_tail(settings, settings.health_topic, _app_key(settings), want=1, max_scan=PAGE_SCAN)
+    return _json(msgs[-1]) if msgs else None
+
+
+def read_batches(settings: Settings, size: int, before: int | None, filters: dict[str, Any]) -> dict[str, Any]:
+    entries, next_before = ledger_page(settings, size, before)
+    late = views.late_by_batch(events(settings, (wire.PROGRESS,), want=size * 3))
+    rows = views.filter_rows(views.batch_rows(entries, late), **filters)
+    return {"rows": rows, "next_before": next_before, "page_size": size}
+
+
+def read_charts(settings: Settings) -> dict[str, Any]:
+    entries, _ = ledger_page(settings, CHART_POINTS, None)
+    hmsgs, _ = reading.read_tail(
+        settings, settings.health_topic, _app_key(settings), want=CHART_POINTS, max_scan=PAGE_SCAN
+    )
+    health = [h for h in (_json(m) for m in hmsgs) if h]
+    return views.series(entries, health)
+
+
+def read_transactions(settings: Settings) -> dict[str, Any]:
+    topics = [
+        settings.sink_topic,
+        settings.dlq_topic,
+        settings.ledger_topic,
+        settings.backfill_topic,
+        settings.reconciliation_topic,
+    ]
+    open_txns = [t.__dict__ for t in txnwatch.open_transactions(settings, topics)]
+    evs = events(settings, views.TXN_EVENTS, want=200)
+    return {
+        "incidents": views.transaction_incidents(settings, evs, open_txns, int(time.time() * 1000)),
+        "watched_topics": topics,
+    }
+
+
+def read_alerts(settings: Settings, want: int = 300) -> dict[str, Any]:
+    msgs, _ = reading.read_tail(settings, settings.alerts_topic, _app_key(settings), want=want, max_scan=PAGE_SCAN)
+    return views.alert_view([a for a in (_json(m) for m in msgs) if a])
+
+
+def read_savepoints(settings: Settings) -> dict[str, Any]:
+    return {"savepoints": views.savepoint_rows(savepoints.list_all(settings)), "uri": settings.savepoints}
+
+
+def read_proofs(settings: Settings) -> dict[str, Any]:
+    newest = jobctl.status(settings).get("last_batch")
+    chain = recon_chain.status(settings, newest)
+    results = recon_chain.recent_results(settings, limit=500)
+    return {"chain": chain, "runs": views.reconciliation_runs(results)[:50]}
+
+
+def read_backfills(settings: Settings) -> dict[str, Any]:
+    def theirs(m: reading.Msg) -> bool:
+        return m.key == settings.app_id.encode() and b'"backfill"' in (m.value or b"")
+
+    msgs, _ = reading.read_tail(settings, settings.ledger_topic, theirs, want=2000, max_scan=PAGE_SCAN * 5)
+    entries = [e for e in (parse_record(m.value) for m in msgs if m.value is not None) if isinstance(e, LedgerEntry)]
+    return {"backfills": views.backfill_view(entries, backfills.running(settings)), "topic": settings.backfill_topic}
+
+
+def data_docs_root(settings: Settings) -> Path:
+    """Where the reconciliation's GX Data Docs site is (served by the console)."""
+    return recon_chain.home(settings) / "gx" / "gx" / "uncommitted" / "data_docs" / "local_site"
