@@ -140,8 +140,15 @@ def test_backfills_by_id_with_the_running_one_first():
         entry(1, 20, kind=wire.LEDGER_BACKFILL, backfill_id="x"),
         entry(5, 30),
     ]
-    v = views.backfill_view(entries, [{"id": "y", "pid": 4, "host": "h", "started_ms": 40}])
+    evs = [
+        {"type": wire.BACKFILL_STARTED, "id": "x", "chunks": 3},
+        {"type": wire.BACKFILL_STARTED, "id": "y", "chunks": 8},
+    ]
+    v = views.backfill_view(entries, [{"id": "y", "pid": 4, "host": "h", "started_ms": 40}], evs)
     assert [b["id"] for b in v] == ["y", "x"] and v[1]["chunks"] == 2 and v[1]["records"] == 10
+    assert (v[1]["total_chunks"], v[1]["complete"]) == (3, False) and (v[0]["total_chunks"], v[0]["chunks"]) == (8, 0)
+    done = views.backfill_view(entries, [], evs + [{"type": wire.BACKFILL_DONE, "id": "x"}])
+    assert done[0]["complete"]
 
 
 @pytest.fixture

@@ -179,7 +179,7 @@ async function renderProofs(){
       ${r.checks.map(k => `<tr><td>${esc(k.name)}</td><td>${pill(k.status,['pass','skip'],['fail'])}</td><td>${esc(k.summary)}</td><td><pre>${esc(k.differences.map(x=>JSON.stringify(x)).join('\n'))}</pre></td></tr>`).join('')}</table></details>`).join('') || '<p class="muted">no run yet</p>'}
     <h2>Backfills <span class="muted">(into ${esc((bf.data||{}).topic)})</span></h2>
     <table><tr><th>id</th><th>chunks</th><th>records</th><th>range</th><th>last chunk</th><th>now</th></tr>
-    ${((bf.data||{}).backfills||[]).map(x => `<tr><td><code>${esc(x.id)}</code></td><td>${x.chunks}</td><td>${x.records}</td>
+    ${((bf.data||{}).backfills||[]).map(x => `<tr><td><code>${esc(x.id)}</code></td><td>${x.chunks}${x.total_chunks ? ` of ${x.total_chunks}` : ''} ${x.complete ? '<span class="pill ok">complete</span>' : ''}</td><td>${x.records}</td>
       <td><code>${esc(x.ranges ? Object.entries(x.ranges).map(([p,r])=>`${p}:[${r[0]},${r[1]})`).join(' ') : '-')}</code></td>
       <td>${fmtMs(x.last_ms)}</td><td>${x.running ? `running (pid ${x.running.pid})` : ''}</td></tr>`).join('') || '<tr><td colspan=6 class="muted">none</td></tr>'}</table>
     <h2>Start a backfill</h2>

@@ -206,7 +206,11 @@ def read_backfills(settings: Settings) -> dict[str, Any]:
 
     msgs, _ = reading.read_tail(settings, settings.ledger_topic, theirs, want=2000, max_scan=PAGE_SCAN * 5)
     entries = [e for e in (parse_record(m.value) for m in msgs if m.value is not None) if isinstance(e, LedgerEntry)]
-    return {"backfills": views.backfill_view(entries, backfills.running(settings)), "topic": settings.backfill_topic}
+    evs = events(settings, (wire.BACKFILL_STARTED, wire.BACKFILL_DONE), want=500)
+    return {
+        "backfills": views.backfill_view(entries, backfills.running(settings), evs),
+        "topic": settings.backfill_topic,
+    }
 
 
 def data_docs_root(settings: Settings) -> Path:

@@ -311,8 +311,11 @@ def reconciliation_runs(results: Iterable[dict[str, Any]]) -> list[dict[str, Any
     return sorted(out, key=lambda r: -(r.get("finished_ms") or 0))
 
 
-def backfill_view(entries: Iterable[LedgerEntry], running: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each backfill of the app: its chunks, records, range, last commit, and whether a run is going on now."""
+def backfill_view(
+    entries: Iterable[LedgerEntry], running: Iterable[dict[str, Any]], events: Iterable[dict[str, Any]] = ()
+) -> list[dict[str, Any]]:
+    """Each backfill of the app: its chunks (of how many, from its runs' events), records, range, last commit, and
+    whether a run is going on now."""
     by_id: dict[str, dict[str, Any]] = {}
     for e in entries:
         if e.kind != wire.LEDGER_BACKFILL or not e.backfill_id:
@@ -335,6 +338,16 @@ def backfill_view(entries: Iterable[LedgerEntry], running: Iterable[dict[str, An
         b["first_ms"] = min(x for x in (b["first_ms"], e.commit_time_ms) if x is not None)
         b["last_ms"] = max(x for x in (b["last_ms"], e.commit_time_ms) if x is not None)
         b["ranges"] = {str(p): [s, end] for p, (s, end) in sorted(e.ranges.items())}
+    total: dict[str, int] = {}
+    finished: dict[str, bool] = {}
+    for ev in events:  # oldest first: the newest run of an id decides
+        if ev.get("type") == wire.BACKFILL_STARTED and ev.get("id"):
+            total[ev["id"]], finished[ev["id"]] = int(ev.get("chunks") or 0), False
+        elif ev.get("type") == wire.BACKFILL_DONE and ev.get("id"):
+            finished[ev["id"]] = True
+    for b in by_id.values():
+        b["total_chunks"] = total.get(b["id"])
+        b["complete"] = finished.get(b["id"]) or (b["total_chunks"] is not None and b["chunks"] >= b["total_chunks"])
     for r in running:
         b = by_id.setdefault(
             r["id"],
@@ -347,6 +360,8 @@ def backfill_view(entries: Iterable[LedgerEntry], running: Iterable[dict[str, An
                 "ranges": None,
                 "spec": None,
                 "running": None,
+                "total_chunks": total.get(r["id"]),
+                "complete": False,
             },
         )
         b["running"] = {"pid": r.get("pid"), "host": r.get("host"), "started_ms": r.get("started_ms")}
