@@ -286,3 +286,16 @@ def test_a_relaunched_job_is_not_judged_by_its_predecessors_status(tmp_path):
     assert not st["running"] and st["last_exit"]["exit_code"] == 3
     rec = record(running=False, job_pid=None, last_exit=st["last_exit"])
     assert [c.key for c in health.assess(rec, s)] == ["health:a:not_restartable"]
+
+
+def test_a_job_its_supervisor_is_restarting_is_not_down():
+    """Between two runs of the job (a crash, the supervisor's fixed delay), health must not restart it too: its
+    restart would stop the supervisor's. A supervisor that has not brought the job back within the threshold is."""
+    s = config.load(env={}, app_id="a", health_progress_threshold_s=120)
+    restarting = record(running=False, job_pid=None, supervised=True, progress_age_s=15.0, total_lag=500)
+    assert health.assess(restarting, s) == [] and restarting.status == health.RESTARTING
+    assert restarting.problems == ["the supervisor is restarting the job"]
+    started = []
+    assert health.remediate(restarting, [], s, 1_000_000, started.append) == [] and started == []
+    too_long = record(running=False, job_pid=None, supervised=True, progress_age_s=500.0, total_lag=500)
+    assert [c.key for c in health.assess(too_long, s)] == ["health:a:down"]

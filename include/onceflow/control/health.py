@@ -36,6 +36,7 @@ from onceflow.runtime import jobctl
 
 log = logging.getLogger(__name__)
 HEALTHY, DEGRADED, FAILING, STOPPED = "HEALTHY", "DEGRADED", "FAILING", "STOPPED"
+RESTARTING = "RESTARTING"  # the job is down between two runs and its supervisor is bringing it back
 WINDOW = 10  # lag samples kept per partition
 
 
@@ -61,6 +62,7 @@ class HealthRecord:
     late_fraction: float | None = None  # late (window, ip) aggregates / all, over recent batches
     late_batches: int = 0  # the batches that share is taken over
     restart_error: str | None = None
+    supervised: bool = False  # the job's supervisor is alive (while the job is not: it is restarting it)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True, default=str).encode()
@@ -167,6 +169,7 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
         watermark_ms=st["watermark_ms"] if st["running"] else None,
         late_fraction=share,
         late_batches=n,
+        supervised=st["supervisor_pid"] is not None,
     )
 
 
@@ -179,6 +182,7 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
     out: list[alerts.Condition]
     app, out = settings.app_id, []
     now_ms = now_ms or rec.ts_ms
+    restarting = False
     if not rec.running and rec.desired != "running":
         # Never deployed, or stopped on purpose: nothing to supervise, nothing to restart.
         rec.problems, rec.status = [], STOPPED
@@ -196,6 +200,10 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
                 {"exit_code": code},
             )
         )
+    elif not rec.running and rec.supervised and (rec.progress_age_s or 0) <= settings.health_progress_threshold_s:
+        # between two runs of the job: its supervisor restarts it (fixed delay, bounded attempts), and gives up by
+        # exiting; restarting it here too would only kill that restart. Longer than the threshold is down.
+        restarting = True
     elif not rec.running:
         out.append(
             alerts.Condition(
@@ -252,8 +260,16 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
                 f"check that {settings.checkpoint} is writable and the job commits batches",
             )
         )
-    rec.problems = [c.summary for c in out]
-    rec.status = FAILING if any(c.severity == alerts.CRITICAL for c in out) else DEGRADED if out else HEALTHY
+    rec.problems = [c.summary for c in out] + (["the supervisor is restarting the job"] if restarting else [])
+    rec.status = (
+        FAILING
+        if any(c.severity == alerts.CRITICAL for c in out)
+        else DEGRADED
+        if out
+        else RESTARTING
+        if restarting
+        else HEALTHY
+    )
     return out
 
 
