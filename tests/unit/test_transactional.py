@@ -287,3 +287,36 @@ def test_classify(code, flags, phase, elapsed, expected):
         txn_requires_abort=flags.get("abortable", False),
     )
     assert t.classify(err, phase=phase, elapsed_ms=elapsed, timeout_ms=60_000) == expected
+
+
+def test_a_streamed_batch_is_not_read_twice_after_an_unknown_outcome():
+    """The sink streams a batch's output from Spark once; if its commit's outcome was unknown and it did not land,
+    the batch is replayed by Spark after a restart rather than asked for again (a list is written again in place)."""
+    from onceflow.protocol import exactly_once as eo
+    from onceflow.rules.ledger import BatchPlan, Decision
+
+    class Bus:
+        def emit(self, *a, **k):
+            return {}
+
+    sink = eo.ExactlyOnceSink.__new__(eo.ExactlyOnceSink)
+    sink.bus, sink.s = Bus(), type("S", (), {"transactional_id": "onceflow.app"})()
+    written = []
+
+    def write(plan, rows):
+        rows = list(rows)
+        if not written:
+            written.append(rows)
+            raise t.OutcomeUnknown("commit timed out")
+        written.append(rows)
+        return eo.BatchOutcome(plan.batch, Decision.WRITE, len(rows))
+
+    sink._write = write
+    sink.decide = lambda plan: Decision.WRITE  # the commit did not land
+    plan = BatchPlan(batch=3, topic="src", start={0: 0}, end={0: 5})
+    rows = [eo.OutRecord(wire.KIND_RESULT, "k", b"v")]
+    assert sink.write_batch(plan, rows, Decision.WRITE).outputs == 1 and written == [rows, rows]
+    written.clear()
+    with pytest.raises(eo.BatchNotCommitted, match="replays the batch"):
+        sink.write_batch(plan, iter(rows), Decision.WRITE)
+    assert written == [rows]  # asked for once

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +83,11 @@ class BatchOutcome:
     outputs: int = 0
     dlq: int = 0
     txn_ms: float = 0.0
+
+
+class BatchNotCommitted(RuntimeError):
+    """The batch's commit had an unknown outcome and turned out not to have landed, and its streamed output cannot
+    be read again: fail the query, and the replay after the restart writes it."""
 
 
 class UndeliverableRecord(RuntimeError):
@@ -176,9 +181,10 @@ class ExactlyOnceSink:
             )
             raise
 
-    def write_batch(self, plan: BatchPlan, rows: Sequence[OutRecord], decision: Decision | None = None) -> BatchOutcome:
+    def write_batch(self, plan: BatchPlan, rows: Iterable[OutRecord], decision: Decision | None = None) -> BatchOutcome:
         """Write batch `plan` with `rows` in one transaction, unless `decision` (decided now when not given)
-        says it is committed already. A commit whose outcome is unknown (it timed out) is settled by the writer
+        says it is committed already. `rows` is streamed into the transaction as it is iterated (the driver never
+        holds the batch's output); it must be iterable again (a second attempt after an unknown outcome). A commit whose outcome is unknown (it timed out) is settled by the writer
         (a new producer, initialised before anything else is written); the batch is then decided again from what
         is committed: written at most once more, or found committed."""
         decision = decision or self.decide(plan)
@@ -208,9 +214,17 @@ class ExactlyOnceSink:
                     action="the producer was replaced; the batch is decided again from what is committed",
                 )
                 decision = self.decide(plan)
+                if decision is Decision.WRITE and isinstance(rows, Iterator):
+                    # The batch is not committed, and its output was streamed from Spark once: it is not asked
+                    # for twice (that would run the stateful operator again). The query fails; Spark replays the
+                    # batch after the restart, and it is written then.
+                    raise BatchNotCommitted(
+                        f"the commit of batch {plan.batch} timed out and did not land: the job restarts and Spark "
+                        f"replays the batch"
+                    ) from e
         raise AssertionError("unreachable")
 
-    def _write(self, plan: BatchPlan, rows: Sequence[OutRecord]) -> BatchOutcome:
+    def _write(self, plan: BatchPlan, rows: Iterable[OutRecord]) -> BatchOutcome:
         self._fault("crash_before_produce", plan.batch)
         self._batch, self._warned = plan.batch, False
         started = time.monotonic()
