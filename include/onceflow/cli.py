@@ -47,8 +47,13 @@ def _ts_ms(text: str) -> int:
 def cmd_stack(args, s: config.Settings) -> int:
     stack = _dev("stack")
 
+    if args.brokers and args.brokers != s.brokers:
+        s = config.load(brokers=args.brokers)  # the topology's defaults apply (bootstrap list, replication)
     if args.action == "up":
-        _print(stack.up(s), args.json)
+        info = stack.up(s)
+        if s.brokers > 1:
+            info["export"] = stack.exports(s)  # what the job, Airflow and the CLI must be started with
+        _print(info, args.json)
     elif args.action == "topics":  # an existing cluster: create and check the topics only
         from onceflow.kafka import topics
 
@@ -401,6 +406,7 @@ def parser() -> argparse.ArgumentParser:
         choices=["up", "down", "status", "topics"],
         help="topics: create the topics on the cluster ONCEFLOW_BOOTSTRAP_SERVERS names, start nothing",
     )
+    st.add_argument("--brokers", type=int, help="Kafka nodes (default ONCEFLOW_BROKERS, 1; 3: a quorum of three)")
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_stack)
 

@@ -19,6 +19,7 @@ from typing import Any
 from onceflow.rules.records import RULES_VERSION
 
 ENV_PREFIX = "ONCEFLOW_"
+NODE_PORT_STEP = 10  # the embedded stack's node i listens on the first node's ports + 10 * (i - 1)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,6 +37,10 @@ class Settings:
     # --- Kafka ---
     bootstrap_servers: str = "127.0.0.1:9092"
     controller_port: int = 9093
+    # Kafka nodes of the embedded stack (each a broker and a controller; 3 = a controller quorum of three). With
+    # more than one, an unset bootstrap list names every node (ports spaced by NODE_PORT_STEP from the first), and
+    # unset replication settings become 3 and 2 (see `load`).
+    brokers: int = 1
     source_topic: str = "ip_count_source"
     sink_topic: str = "ip_count_sink"
     dlq_topic: str = "ip_count_dlq"
@@ -77,6 +82,17 @@ class Settings:
     producer_linger_ms: int = 5
     producer_batch_messages: int = 10_000
     driver_memory: str = "1g"
+    # Spark on a cluster (ONCEFLOW_MASTER spark://..., k8s://..., yarn): the executors, and where the driver runs
+    # ("client": where it is launched; "cluster": in the cluster, Kubernetes and YARN only for Python).
+    deploy_mode: str = "client"
+    executor_memory: str = "1g"
+    executor_cores: int = 1
+    # Kubernetes cluster mode: the image (onceflow installed at app_root_in_image, as docker/ builds it), its
+    # namespace and the driver's service account.
+    k8s_image: str = ""
+    k8s_namespace: str = "default"
+    k8s_service_account: str = "spark"
+    app_root_in_image: str = "/opt/onceflow"
     # An event time more than this after its Kafka record's timestamp is quarantined (DLQ `timestamp_ahead`):
     # a broken client clock must not move the watermark. Recorded per batch in the ledger.
     max_event_ahead_s: float = 60.0
@@ -170,9 +186,26 @@ class Settings:
 
     @property
     def bootstrap_host_port(self) -> tuple[str, int]:
-        first = self.bootstrap_servers.split(",")[0].strip()
-        host, _, port = first.rpartition(":")
-        return host.strip("[]"), int(port)
+        return self.bootstrap_addresses[0]
+
+    @property
+    def bootstrap_addresses(self) -> list[tuple[str, int]]:
+        out = []
+        for item in self.bootstrap_servers.split(","):
+            host, _, port = item.strip().rpartition(":")
+            out.append((host.strip("[]"), int(port)))
+        return out
+
+    def kafka_nodes(self) -> list[tuple[int, str, int, int]]:
+        """The embedded stack's nodes: (node id, host, client port, controller port), node i's ports spaced by
+        NODE_PORT_STEP from the first's unless the bootstrap list names every node."""
+        addrs = self.bootstrap_addresses
+        host, port = addrs[0]
+        out = []
+        for i in range(self.brokers):
+            h, p = addrs[i] if len(addrs) == self.brokers else (host, port + NODE_PORT_STEP * i)
+            out.append((i + 1, h, p, self.controller_port + NODE_PORT_STEP * i))
+        return out
 
     def job_config_hash(self) -> str:
         """A hash of the settings that shape the job's results (for savepoints and upgrade checks)."""
@@ -268,8 +301,26 @@ class Settings:
             bool(self.app_id) and all(c.isalnum() or c in "._-" for c in self.app_id),
             f"{ENV_PREFIX}APP_ID must be non-empty and use only letters, digits, '.', '_', '-'",
         )
+        need(self.brokers >= 1, f"{ENV_PREFIX}BROKERS must be >= 1, got {self.brokers}")
+        need(self.deploy_mode in ("client", "cluster"), f"{ENV_PREFIX}DEPLOY_MODE is client or cluster")
+        need(
+            self.deploy_mode == "client" or self.master.startswith(("k8s://", "yarn")),
+            f"{ENV_PREFIX}DEPLOY_MODE=cluster needs Kubernetes or YARN ({ENV_PREFIX}MASTER k8s://... or yarn): "
+            f"Spark standalone cannot run Python drivers in cluster mode",
+        )
+        need(
+            not self.master.startswith("k8s://") or self.deploy_mode == "client" or bool(self.k8s_image),
+            f"{ENV_PREFIX}K8S_IMAGE must name the image (onceflow installed at {ENV_PREFIX}APP_ROOT_IN_IMAGE) for "
+            f"Kubernetes cluster mode",
+        )
+        # (brokers = 1 is also the setting for an existing cluster, whose size onceflow does not know)
+        need(
+            self.brokers == 1 or self.replication_factor <= self.brokers,
+            f"{ENV_PREFIX}REPLICATION_FACTOR ({self.replication_factor}) must be <= {ENV_PREFIX}BROKERS "
+            f"({self.brokers})",
+        )
         try:
-            _ = self.bootstrap_host_port  # parses, or raises
+            _ = self.bootstrap_addresses  # parses, or raises
         except ValueError:
             raise ConfigError(
                 f"{ENV_PREFIX}BOOTSTRAP_SERVERS must be host:port[,host:port], got {self.bootstrap_servers!r}"
@@ -319,6 +370,26 @@ def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     unknown = set(values) - {f.name for f in fields(Settings)}
     if unknown:
         raise ConfigError(f"unknown settings: {sorted(unknown)}")
+    values |= topology_defaults(values)
     s = Settings(**values)
     s.validate()
     return s
+
+
+def topology_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
+    """What a multi-node embedded stack implies for the settings not given: a bootstrap list of every node (so a
+    client still finds the cluster when one node is down), replication 3 with min.insync.replicas 2 (one node may
+    fail without losing a committed write)."""
+    n = int(given.get("brokers", 1))
+    if n <= 1:
+        return {}
+    out: dict[str, Any] = {}
+    boot = str(given.get("bootstrap_servers", Settings.bootstrap_servers))
+    if len(boot.split(",")) == 1:
+        host, _, port = boot.strip().rpartition(":")
+        out["bootstrap_servers"] = ",".join(f"{host}:{int(port) + NODE_PORT_STEP * i}" for i in range(n))
+    if "replication_factor" not in given:
+        out["replication_factor"] = min(3, n)
+    if "min_insync_replicas" not in given:
+        out["min_insync_replicas"] = min(2, n)
+    return out

@@ -1,10 +1,17 @@
-"""A single-node Apache Kafka broker in KRaft mode (broker + controller in one JVM), run from Maven jars."""
+"""The embedded Kafka: Apache Kafka in KRaft mode run from Maven jars, one node or a cluster.
+
+Each node is a broker and a controller in one JVM (`ONCEFLOW_BROKERS`, default 1; 3 gives a controller quorum of
+three). Node i listens on the ports `Settings.kafka_nodes()` gives it; every node is formatted with the same cluster
+id and transactions v2. With more than one node the internal topics (offsets, transaction state) are replicated
+three ways with `min.insync.replicas=2`, like the platform's own topics (onceflow.kafka.topics).
+"""
 
 from __future__ import annotations
 
 import base64
 import logging
 import shutil
+import signal
 import socket
 import subprocess
 import uuid
@@ -36,8 +43,18 @@ class BrokerError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class BrokerPaths:
+class Node:
+    """One KRaft node (broker + controller) of the embedded stack, and where its files are."""
+
+    id: int
+    host: str
+    port: int
+    controller_port: int
     home: Path
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
 
     @property
     def data(self) -> Path:
@@ -64,35 +81,50 @@ class BrokerPaths:
         return self.home / "server.log"
 
 
-def paths(settings: Settings) -> BrokerPaths:
-    return BrokerPaths(settings.var_dir / "kafka")
+def nodes(settings: Settings) -> list[Node]:
+    """The nodes: one keeps its files in var/kafka (as it always did), several in var/kafka/node-<id>."""
+    root = settings.var_dir / "kafka"
+    out = settings.kafka_nodes()
+    return [Node(i, h, p, c, root if len(out) == 1 else root / f"node-{i}") for i, h, p, c in out]
 
 
-def server_properties(settings: Settings, data_dir: Path) -> dict[str, str]:
-    host, port = settings.bootstrap_host_port
-    ctl = f"{host}:{settings.controller_port}"
+def node(settings: Settings, node_id: int = 1) -> Node:
+    return next(n for n in nodes(settings) if n.id == node_id)
+
+
+def paths(settings: Settings) -> Node:
+    """The first node's files (the only node's, on a one-node stack)."""
+    return nodes(settings)[0]
+
+
+def server_properties(settings: Settings, n: Node, quorum: list[Node]) -> dict[str, str]:
+    rf = str(min(3, len(quorum)))
+    isr = str(min(2, len(quorum)))
     return {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{ctl}",
-        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{ctl}",
-        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+        "node.id": str(n.id),
+        "controller.quorum.voters": ",".join(f"{q.id}@{q.host}:{q.controller_port}" for q in quorum),
+        "listeners": f"PLAINTEXT://{n.host}:{n.port},CONTROLLER://{n.host}:{n.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{n.host}:{n.port}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "log.dirs": str(data_dir),
+        "log.dirs": str(n.data),
         "auto.create.topics.enable": "false",
         "num.partitions": "1",
-        "offsets.topic.replication.factor": "1",
+        "default.replication.factor": rf,
+        "offsets.topic.replication.factor": rf,
         "offsets.topic.num.partitions": "4",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": rf,
+        "transaction.state.log.min.isr": isr,
         "transaction.state.log.num.partitions": "4",
         "group.initial.rebalance.delay.ms": "0",
         "transaction.max.timeout.ms": str(settings.broker_transaction_max_timeout_ms),
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": str(settings.broker_txn_abort_check_interval_ms),
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": rf,
+        "share.coordinator.state.topic.min.isr": isr,
+        # a node that comes back catches up from the others; an out-of-sync replica is never made leader
+        "unclean.leader.election.enable": "false",
     }
 
 
@@ -109,48 +141,80 @@ def _java() -> str:
     return java
 
 
-def status(settings: Settings) -> dict:
-    p = paths(settings)
-    info = procs.read_pidfile(p.pidfile)
-    host, port = settings.bootstrap_host_port
+def node_status(n: Node) -> dict:
+    info = procs.read_pidfile(n.pidfile)
     return {
+        "node_id": n.id,
+        "address": n.address,
+        "controller": f"{n.host}:{n.controller_port}",
         "running": info is not None,
         "pid": info["pid"] if info else None,
-        "bootstrap_servers": settings.bootstrap_servers,
-        "listening": _port_open(host, port),
-        "home": str(p.home),
-        "log": str(p.server_log),
+        "listening": _port_open(n.host, n.port),
+        "home": str(n.home),
+        "log": str(n.server_log),
     }
 
 
-def start(settings: Settings, timeout: float = 90.0) -> dict:
-    """Start the broker unless it already runs; return once it answers metadata requests."""
-    p = paths(settings)
-    if procs.read_pidfile(p.pidfile):
-        _wait_ready(settings, timeout)
-        return status(settings)
-    host, port = settings.bootstrap_host_port
-    for prt in (port, settings.controller_port):
-        if _port_open(host, prt):
+def status(settings: Settings) -> dict:
+    """The stack's nodes; `running` when every node runs (one node's fields at the top level, as before)."""
+    each = [node_status(n) for n in nodes(settings)]
+    first = each[0]
+    return {
+        "running": all(x["running"] for x in each),
+        "pid": first["pid"],
+        "bootstrap_servers": settings.bootstrap_servers,
+        "listening": first["listening"],
+        "home": first["home"],
+        "log": first["log"],
+        "nodes": each,
+    }
+
+
+def _cluster_id(settings: Settings) -> str:
+    """One id for every node of the cluster, made once and kept."""
+    f = settings.var_dir / "kafka" / "cluster.id"
+    if not f.exists():
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
+    return f.read_text().strip()
+
+
+def start(settings: Settings, timeout: float = 120.0) -> dict:
+    """Start every node that does not run yet; return once the cluster answers with all its brokers."""
+    quorum = nodes(settings)
+    for n in quorum:
+        if not procs.read_pidfile(n.pidfile):
+            start_node(settings, n.id, wait=False)
+    _wait_ready(settings, timeout)
+    log.info("kafka up at %s (%d node(s))", settings.bootstrap_servers, len(quorum))
+    return status(settings)
+
+
+def start_node(settings: Settings, node_id: int, wait: bool = True, timeout: float = 120.0) -> dict:
+    """Start one node (after a kill: it recovers its logs and catches up from the others)."""
+    quorum = nodes(settings)
+    n = next(x for x in quorum if x.id == node_id)
+    if procs.read_pidfile(n.pidfile):
+        return node_status(n)
+    for prt in (n.port, n.controller_port):
+        if _port_open(n.host, prt):
             raise BrokerError(
-                f"port {host}:{prt} is taken by another process: stop it, or set "
+                f"port {n.host}:{prt} is taken by another process: stop it, or set "
                 f"ONCEFLOW_BOOTSTRAP_SERVERS / ONCEFLOW_CONTROLLER_PORT to free ports"
             )
     classpath = jvm.kafka_classpath(settings)
-    p.home.mkdir(parents=True, exist_ok=True)
-    props = server_properties(settings, p.data)
-    p.properties.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-    p.log4j.write_text(LOG4J2.format(log=p.server_log, level="INFO"))
+    n.home.mkdir(parents=True, exist_ok=True)
+    n.properties.write_text("".join(f"{k}={v}\n" for k, v in server_properties(settings, n, quorum).items()))
+    n.log4j.write_text(LOG4J2.format(log=n.server_log, level="INFO"))
     java = _java()
     jvm_opts = [
         f"-Xmx{settings.broker_heap}",
         f"-Xms{settings.broker_heap}",
         "-XX:+UseG1GC",
-        f"-Dlog4j2.configurationFile={p.log4j}",
+        f"-Dlog4j2.configurationFile={n.log4j}",
         "-Djava.awt.headless=true",
     ]
-    if not (p.data / "meta.properties").exists():
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not (n.data / "meta.properties").exists():
         fmt = subprocess.run(
             [
                 java,
@@ -159,9 +223,9 @@ def start(settings: Settings, timeout: float = 90.0) -> dict:
                 classpath,
                 "kafka.tools.StorageTool",
                 "format",
-                f"--cluster-id={cluster_id}",
+                f"--cluster-id={_cluster_id(settings)}",
                 "-c",
-                str(p.properties),
+                str(n.properties),
                 "--feature",
                 "transaction.version=2",
             ],
@@ -170,62 +234,77 @@ def start(settings: Settings, timeout: float = 90.0) -> dict:
             timeout=120,
         )
         if fmt.returncode != 0:
-            raise BrokerError(f"formatting the KRaft storage failed:\n{fmt.stdout}\n{fmt.stderr}")
-    proc = procs.spawn_detached([java, *jvm_opts, "-cp", classpath, MAIN_CLASS, str(p.properties)], p.stdout)
-    procs.write_pidfile(p.pidfile, proc.pid, MAIN_CLASS, bootstrap=settings.bootstrap_servers)
-    try:
-        _wait_ready(settings, timeout, proc)
-    except Exception:
-        stop(settings)
-        raise
-    log.info("kafka broker up at %s (pid %s)", settings.bootstrap_servers, proc.pid)
-    return status(settings)
+            raise BrokerError(f"formatting the KRaft storage of node {n.id} failed:\n{fmt.stdout}\n{fmt.stderr}")
+    proc = procs.spawn_detached([java, *jvm_opts, "-cp", classpath, MAIN_CLASS, str(n.properties)], n.stdout)
+    procs.write_pidfile(n.pidfile, proc.pid, MAIN_CLASS, bootstrap=n.address, node_id=n.id)
+    if wait:
+        try:
+            _wait_ready(settings, timeout, {n.id: proc})
+        except Exception:
+            stop_node(settings, n.id)
+            raise
+    return node_status(n)
 
 
-def _wait_ready(settings: Settings, timeout: float, proc: subprocess.Popen | None = None) -> None:
+def _wait_ready(settings: Settings, timeout: float, launched: dict[int, subprocess.Popen] | None = None) -> None:
+    """Until the cluster's metadata lists every running node (a one-node stack: its broker)."""
     from onceflow.kafka import clients as kafka_clients
 
     admin = None
+    quorum = nodes(settings)
 
     def ready() -> bool:
         nonlocal admin
-        if proc is not None and proc.poll() is not None:
-            raise BrokerError(
-                f"the broker exited with code {proc.returncode}; see {paths(settings).stdout} "
-                f"and {paths(settings).server_log}"
-            )
-        host, port = settings.bootstrap_host_port
-        if not _port_open(host, port):  # quiet: librdkafka logs every refused connection
+        for node_id, proc in (launched or {}).items():
+            if proc.poll() is not None:
+                n = node(settings, node_id)
+                raise BrokerError(
+                    f"node {node_id} exited with code {proc.returncode}; see {n.stdout} and {n.server_log}"
+                )
+        up = [n for n in quorum if procs.read_pidfile(n.pidfile)]
+        if not up or not all(_port_open(n.host, n.port) for n in up):  # quiet: librdkafka logs refused connects
             return False
         try:
             admin = admin or kafka_clients.admin(settings)
             md = admin.list_topics(timeout=2)
-            return len(md.brokers) > 0
+            return {n.id for n in up} <= set(md.brokers)
         except Exception:
             return False
 
-    procs.wait_until(ready, timeout, interval=0.5, what=f"the Kafka broker at {settings.bootstrap_servers}")
+    procs.wait_until(ready, timeout, interval=0.5, what=f"Kafka at {settings.bootstrap_servers}")
 
 
 def stop(settings: Settings, timeout: float = 60.0) -> bool:
-    """Stop gracefully (controlled shutdown); True if a broker was running."""
-    p = paths(settings)
-    info = procs.read_pidfile(p.pidfile)
+    """Stop every node gracefully (controlled shutdown); True if any was running."""
+    return any([stop_node(settings, n.id, timeout) for n in reversed(nodes(settings))])
+
+
+def stop_node(settings: Settings, node_id: int, timeout: float = 60.0) -> bool:
+    n = node(settings, node_id)
+    info = procs.read_pidfile(n.pidfile)
     if not info:
-        p.pidfile.unlink(missing_ok=True)
+        n.pidfile.unlink(missing_ok=True)
         return False
     procs.stop_process(info["pid"], timeout)
-    p.pidfile.unlink(missing_ok=True)
+    n.pidfile.unlink(missing_ok=True)
     return True
 
 
-def kill(settings: Settings) -> bool:
-    """kill -9 the broker (chaos and tests); a later start() recovers its logs."""
-    import signal
+def kill(settings: Settings, node_id: int | None = None) -> bool:
+    """kill -9 a node (default: every node); a later start recovers its logs."""
+    done = False
+    for n in nodes(settings):
+        if node_id is not None and n.id != node_id:
+            continue
+        info = procs.read_pidfile(n.pidfile)
+        if not info:
+            continue
+        pid = int(info["pid"])
+        procs.signal_group(pid, signal.SIGKILL)
 
-    info = procs.read_pidfile(paths(settings).pidfile)
-    if not info:
-        return False
-    procs.signal_group(info["pid"], signal.SIGKILL)
-    procs.wait_until(lambda: not procs.pid_alive(info["pid"]), 20, what="the broker to die")
-    return True
+        def dead(pid: int = pid) -> bool:
+            return not procs.pid_alive(pid)
+
+        procs.wait_until(dead, 20, what=f"node {n.id} to die")
+        done = True
+    return done

@@ -1,4 +1,4 @@
-"""The embedded stack: one command brings up the broker and the topics; another takes it down."""
+"""The embedded stack: one command brings up Kafka (one node or a cluster) and the topics; another takes it down."""
 
 from __future__ import annotations
 
@@ -40,9 +40,22 @@ def status(settings: Settings) -> dict:
         "checkpoint": settings.checkpoint,
         "var_dir": str(settings.var_dir),
     }
-    if b["running"]:
+    if any(n["running"] for n in b["nodes"]):
+        from onceflow.kafka import cluster
+
         try:
             out["topic_problems"] = topics.check(settings)
+            out["cluster"] = cluster.describe(settings)
         except Exception as e:  # a broker still starting answers late; report, don't fail
             out["topic_problems"] = [f"could not list topics: {e}"]
     return out
+
+
+def exports(settings: Settings) -> dict[str, str]:
+    """The settings other commands (the job, Airflow, the CLI) must share with this stack."""
+    return {
+        "ONCEFLOW_BROKERS": str(settings.brokers),
+        "ONCEFLOW_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "ONCEFLOW_REPLICATION_FACTOR": str(settings.replication_factor),
+        "ONCEFLOW_MIN_INSYNC_REPLICAS": str(settings.min_insync_replicas),
+    }

@@ -60,7 +60,7 @@ def platform(kafka, tmp_path_factory):
         trigger_interval_s=2.0,
         fault=f"stall_in_txn@{STALLED_BATCH}:16",
         max_offsets_per_trigger=3000,
-        savepoint_keep=3,
+        savepoint_keep=20,
         health_progress_threshold_s=90.0,
         restart_delay_s=2.0,
         **SCHEDULES,
@@ -432,13 +432,17 @@ def test_the_operator_console_in_a_real_browser(platform):
         assert api.wait_run("ip_count_checkpoint_rotation", run["dag_run_id"], timeout=300)["state"] == "success"
         assert savepoints.last_verification(s, ids[-1])["ok"]
         assert api.wait_run("ip_count_backfill", backfill_run["dag_run_id"], timeout=600)["state"] == "success"
-        # a rewind asks first; dismissed, nothing is triggered
+        # a rewind asks first; dismissed, nothing is triggered (the list as it is now: rotation keeps running)
+        ids = page.eval_on_selector_all("[data-restore]", "els => els.map(e => e.dataset.restore)")
         seen = {r["dag_run_id"] for r in api.runs("ip_count_deploy")}
         page.once("dialog", lambda d: d.dismiss() if "REWIND" in d.message else d.accept())
         page.click(f"[data-restore='{ids[-1]}']")
         page.get_by_text("restore cancelled").wait_for(timeout=30_000)
         assert {r["dag_run_id"] for r in api.runs("ip_count_deploy")} == seen
         # restoring the newest is confirmed: the deploy DAG stops, restores and starts the job
+        page.reload(wait_until="networkidle")
+        page.wait_for_function("document.querySelectorAll('[data-restore]').length >= 2", timeout=60_000)
+        ids = page.eval_on_selector_all("[data-restore]", "els => els.map(e => e.dataset.restore)")
         page.once("dialog", lambda d: d.accept())
         page.click(f"[data-restore='{ids[0]}']")
         run = _new_run(api, "ip_count_deploy", seen)

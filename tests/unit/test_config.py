@@ -78,3 +78,35 @@ def test_fault_fires_once(tmp_path):
     # a new injector (the restarted job) sees the marker and does not fire again
     faults.Injector("stall_in_txn@2:0.01", tmp_path, on_fire=fired.append).hit("stall_in_txn", 2)
     assert len(fired) == 1
+
+
+def test_a_multi_node_stack_names_every_node_and_replicates_three_ways():
+    s = config.load(env={"ONCEFLOW_BROKERS": "3"})
+    assert s.bootstrap_servers == "127.0.0.1:9092,127.0.0.1:9102,127.0.0.1:9112"
+    assert (s.replication_factor, s.min_insync_replicas) == (3, 2)
+    assert s.kafka_nodes() == [(1, "127.0.0.1", 9092, 9093), (2, "127.0.0.1", 9102, 9103), (3, "127.0.0.1", 9112, 9113)]
+    # what is set stays set
+    t = config.load(
+        env={
+            "ONCEFLOW_BROKERS": "3",
+            "ONCEFLOW_MIN_INSYNC_REPLICAS": "1",
+            "ONCEFLOW_BOOTSTRAP_SERVERS": "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+        }
+    )
+    assert t.min_insync_replicas == 1 and [n[2] for n in t.kafka_nodes()] == [1, 2, 3]
+    with pytest.raises(ConfigError, match="REPLICATION_FACTOR \\(3\\) must be <= ONCEFLOW_BROKERS \\(2\\)"):
+        config.load(env={"ONCEFLOW_BROKERS": "2", "ONCEFLOW_REPLICATION_FACTOR": "3"})
+
+
+def test_the_coordinator_partition_is_kafkas():
+    from onceflow.kafka import cluster
+
+    # Java: "onceflow.ip_count".hashCode() and "".hashCode()
+    assert cluster.java_string_hash("") == 0
+    assert cluster.java_string_hash("a") == 97 and cluster.java_string_hash("ab") == 97 * 31 + 98
+    assert cluster.java_string_hash("polygenelubricants") == -(1 << 31)  # Java's Integer.MIN_VALUE case
+    assert cluster.coordinator_partition("polygenelubricants", 50) == 0
+    assert (
+        cluster.coordinator_partition("onceflow.ip_count", 50)
+        == abs(cluster.java_string_hash("onceflow.ip_count")) % 50
+    )

@@ -32,8 +32,10 @@ def spark_submit_argv(s: config.Settings) -> list[str]:
     (master, deploy mode, spark binary) plus onceflow's own Spark settings."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    hook = SparkSubmitHook(conn_id=s.spark_conn_id, **launcher.submit_spec(s))
-    return hook._build_spark_submit_command(str(launcher.JOB_SCRIPT))
+    spec = launcher.submit_spec(s)
+    application = spec.pop("application")
+    hook = SparkSubmitHook(conn_id=s.spark_conn_id, **spec)
+    return hook._build_spark_submit_command(application)
 
 
 def start_job(s: config.Settings) -> dict:
@@ -53,5 +55,7 @@ def batch_submit_argv(s: config.Settings, script, args: list[str]) -> list[str]:
     """A batch job's spark-submit command (reconciliation recount, backfill), built by the Spark provider's hook."""
     from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-    hook = SparkSubmitHook(conn_id=s.spark_conn_id, application_args=list(args), **launcher.batch_spec(s, script.stem))
-    return hook._build_spark_submit_command(str(script))
+    spec = launcher.batch_spec(s, script.stem, script)
+    application = spec.pop("application")
+    hook = SparkSubmitHook(conn_id=s.spark_conn_id, application_args=list(args), **spec)
+    return hook._build_spark_submit_command(application)

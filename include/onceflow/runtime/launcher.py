@@ -34,7 +34,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         "spark.ui.enabled": "false",
         "spark.sql.streaming.stopTimeout": "60s",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J}",
+        "spark.driver.extraJavaOptions": conf_java_log(settings),
         # With close-out batches the job paces batches itself under a 0 trigger; when a paced batch finds no
         # new input Spark polls the source at this interval (its default, 10 ms, would poll Kafka 100 times/s).
         "spark.sql.streaming.pollingDelay": f"{poll_delay_ms(settings)}ms",
@@ -46,13 +46,59 @@ def poll_delay_ms(settings: Settings) -> int:
 
 
 def submit_spec(settings: Settings) -> dict:
-    """Name, jars, driver memory and Spark conf of the job, for spark-submit or SparkSubmitHook alike."""
-    return {
-        "name": f"onceflow-{settings.app_id}",
-        "jars": ",".join(str(j) for j in jvm.spark_kafka_jars(settings)),
+    """The one description of the job's launch, for spark-submit (`submit_argv`) and the Spark provider's
+    SparkSubmitHook alike: name, jars, memory, Spark conf, and `application` (the job's script, as the place where
+    the driver runs sees it). Local mode, a standalone cluster (client mode) and Kubernetes (client or cluster
+    mode) differ only here."""
+    return _spec(settings, f"onceflow-{settings.app_id}", spark_conf(settings), JOB_SCRIPT)
+
+
+def _spec(settings: Settings, name: str, conf: dict[str, str], script: Path) -> dict:
+    in_cluster = settings.deploy_mode == "cluster"
+    jars = [str(j) for j in jvm.spark_kafka_jars(settings)]
+    spec: dict = {
+        "name": name,
+        "jars": ",".join(_in_image(settings, j) if in_cluster else j for j in jars),
         "driver_memory": settings.driver_memory,
-        "conf": spark_conf(settings),
+        "conf": dict(conf),
+        "application": _in_image(settings, str(script)) if in_cluster else str(script),
     }
+    if not settings.master.startswith("local"):
+        spec["executor_memory"] = settings.executor_memory
+        spec["executor_cores"] = settings.executor_cores
+    if settings.master.startswith("k8s://"):
+        spec["conf"] |= kubernetes_conf(settings)
+    return spec
+
+
+def _in_image(settings: Settings, path: str) -> str:
+    """A file of this checkout as a driver pod sees it: the same layout under app_root_in_image, local://."""
+    rel = Path(path).resolve().relative_to(REPO_ROOT)
+    return f"local://{settings.app_root_in_image.rstrip('/')}/{rel.as_posix()}"
+
+
+def kubernetes_conf(settings: Settings) -> dict[str, str]:
+    """Spark on Kubernetes: the image, the namespace, the driver's service account; the onceflow settings reach a
+    driver pod as its environment (secrets never: they come from Kubernetes secrets, see docs/cluster.md)."""
+    conf = {
+        "spark.kubernetes.container.image": settings.k8s_image,
+        "spark.kubernetes.namespace": settings.k8s_namespace,
+        "spark.kubernetes.authenticate.driver.serviceAccountName": settings.k8s_service_account,
+        # the job is long-lived: the submitting task must not wait for it (the deploy DAG tracks it by events)
+        "spark.kubernetes.submission.waitAppCompletion": "false",
+    }
+    if settings.deploy_mode == "cluster":
+        image_env = settings.replace(
+            var_dir=Path(settings.app_root_in_image) / "var", jvm_dir=Path(settings.app_root_in_image) / "var" / "jvm"
+        ).as_env()
+        conf |= {f"spark.kubernetes.driverEnv.{k}": v for k, v in sorted(image_env.items())}
+        conf["spark.driver.extraJavaOptions"] = conf_java_log(settings, in_image=True)
+    return conf
+
+
+def conf_java_log(settings: Settings, in_image: bool = False) -> str:
+    path = f"{settings.app_root_in_image.rstrip('/')}/conf/{LOG4J.name}" if in_image else str(LOG4J)
+    return f"-Dlog4j2.configurationFile=file:{path}"
 
 
 def spark_submit() -> str:
@@ -78,11 +124,17 @@ def submit_env(settings: Settings) -> dict[str, str]:
 
 
 def submit_argv(settings: Settings) -> list[str]:
-    spec = submit_spec(settings)
+    return spec_argv(settings, submit_spec(settings))
+
+
+def spec_argv(settings: Settings, spec: dict, args: list[str] | None = None) -> list[str]:
+    """A launch spec as a spark-submit command line."""
     argv = [
         spark_submit(),
         "--master",
         settings.master,
+        "--deploy-mode",
+        settings.deploy_mode,
         "--name",
         spec["name"],
         "--jars",
@@ -90,9 +142,11 @@ def submit_argv(settings: Settings) -> list[str]:
         "--driver-memory",
         spec["driver_memory"],
     ]
+    if "executor_memory" in spec:
+        argv += ["--executor-memory", spec["executor_memory"], "--executor-cores", str(spec["executor_cores"])]
     for k, v in spec["conf"].items():
         argv += ["--conf", f"{k}={v}"]
-    return argv + [str(JOB_SCRIPT)]
+    return argv + [spec["application"], *(args or [])]
 
 
 def batch_conf(settings: Settings) -> dict[str, str]:
@@ -102,17 +156,18 @@ def batch_conf(settings: Settings) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J}",
+        "spark.driver.extraJavaOptions": conf_java_log(settings),
     }
 
 
-def batch_spec(settings: Settings, name: str) -> dict:
-    return {
-        "name": f"onceflow-{settings.app_id}-{name}",
-        "jars": ",".join(str(j) for j in jvm.spark_kafka_jars(settings)),
-        "driver_memory": settings.driver_memory,
-        "conf": batch_conf(settings),
-    }
+def batch_spec(settings: Settings, name: str, script: Path | None = None) -> dict:
+    """The launch spec of a batch job (the reconciliation recount, a backfill): `script` under jobs/."""
+    return _spec(
+        settings,
+        f"onceflow-{settings.app_id}-{name}",
+        batch_conf(settings),
+        script or REPO_ROOT / "jobs" / f"{name}.py",
+    )
 
 
 def local_session(settings: Settings, name: str, log_file: Path | None = None):

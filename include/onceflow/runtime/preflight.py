@@ -19,16 +19,26 @@ class BrokerUnreachable(PreflightError):
     """Transient: a restarted job retries (a broker restart must not retire it); an operator's start refuses."""
 
 
+def any_broker_listens(settings: Settings, timeout: float = 10.0) -> OSError | None:
+    """None if one of the bootstrap brokers accepts a connection (one node of a cluster may be down), else the
+    last error."""
+    err: OSError | None = OSError("no bootstrap address")
+    for host, port in settings.bootstrap_addresses:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return None
+        except OSError as e:
+            err = e
+    return err
+
+
 def broker_reachable(settings: Settings, timeout: float = 10.0) -> None:
-    host, port = settings.bootstrap_host_port
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            pass
-    except OSError as e:
+    err = any_broker_listens(settings, timeout)
+    if err is not None:
         raise BrokerUnreachable(
-            f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({e}): start it with "
+            f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({err}): start it with "
             f"`onceflow stack up`, or point ONCEFLOW_BOOTSTRAP_SERVERS at a running cluster"
-        ) from None
+        )
     try:
         kafka_clients.admin(settings).list_topics(timeout=timeout)
     except Exception as e:

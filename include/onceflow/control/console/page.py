@@ -89,7 +89,7 @@ async function renderNow(){
     ${card('batch running', d.running_batch !== null ? `${d.running_batch} for ${d.running_batch_s} s` : 'none')}
     ${card('open transaction', d.open_transaction_age_s !== null ? `${d.open_transaction_age_s} s of ${d.transaction_timeout_s} s` : 'none', txnCls)}
     ${card('restarts', `supervisor ${d.restarts ?? '-'} · health ${d.health_restarts}`)}
-    ${card('health', `${pill(d.health_status, ['healthy'], ['down','stalled','critical'])} <span class="muted">${fmtMs(d.health_ts_ms)}</span>`)}
+    ${card('health', `${pill(d.health_status, ['HEALTHY'], ['FAILING','STOPPED'])} <span class="muted">${fmtMs(d.health_ts_ms)}</span>`)}
     ${card('total lag', d.total_lag ?? '-')}
   </div>
   ${d.error ? `<div class="card bad">last error: <pre>${esc(d.error)}</pre></div>` : ''}
@@ -174,7 +174,7 @@ async function renderProofs(){
     <p class="muted">The scheduled chain proves every committed batch once; its position moves only with a recorded proof.
     <a href="${BASE}/data-docs/index.html" target="_blank">Great Expectations Data Docs</a></p>
     <h2>Reconciliation runs</h2>
-    ${d.runs.map(r => `<details ${r.ok?'':'open'}><summary>${fmtMs(r.finished_ms)} · ${esc(r.mode)} · batches ${esc(r.batches[0])}..${esc(r.batches[1])} · ${pill(r.verdict,['ok','nothing new'],['failed'])} <span class="muted">${esc(r.run_id)}</span></summary>
+    ${d.runs.map(r => `<details ${r.ok?'':'open'}><summary>${fmtMs(r.finished_ms)} · ${esc(r.mode)} · ${r.batches[0] === null ? 'no new batch' : `batches ${r.batches[0]}..${r.batches[1]}`} · ${pill(r.verdict,['ok','nothing new'],['failed'])} <span class="muted">${esc(r.run_id)}</span></summary>
       <table><tr><th>check</th><th>status</th><th>summary</th><th>differences</th></tr>
       ${r.checks.map(k => `<tr><td>${esc(k.name)}</td><td>${pill(k.status,['pass','skip'],['fail'])}</td><td>${esc(k.summary)}</td><td><pre>${esc(k.differences.map(x=>JSON.stringify(x)).join('\n'))}</pre></td></tr>`).join('')}</table></details>`).join('') || '<p class="muted">no run yet</p>'}
     <h2>Backfills <span class="muted">(into ${esc((bf.data||{}).topic)})</span></h2>

@@ -25,7 +25,7 @@ from onceflow.control import txnwatch
 from onceflow.control.console import views
 from onceflow.kafka import reading
 from onceflow.rules.ledger import LedgerEntry, parse_record
-from onceflow.runtime import jobctl
+from onceflow.runtime import jobctl, preflight
 
 log = logging.getLogger(__name__)
 PAGE_SCAN = 20_000  # records scanned at most for one page of one topic
@@ -69,12 +69,7 @@ class Cache:
 
 def broker_answers(settings: Settings, timeout_s: float = 1.5) -> bool:
     """A quick TCP check first, so a page never waits on a client's retries when the broker is down."""
-    host, port = settings.bootstrap_host_port
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
+    return preflight.any_broker_listens(settings, timeout_s) is None
 
 
 def section(

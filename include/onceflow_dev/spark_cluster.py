@@ -1,0 +1,136 @@
+"""A Spark standalone cluster for the embedded stack: a master and N workers from the pyspark distribution, each
+worker running its own executor JVM, on loopback. The streaming job, the reconciliation recount and backfills are
+submitted to it in client mode (their driver runs where they are launched) by the same launch spec as in local
+mode, with `ONCEFLOW_MASTER=spark://host:port`. The checkpoint is a local path every worker reaches (they share
+this machine); on a real cluster it is HDFS or S3A (docs/cluster.md)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from urllib.parse import urlparse
+
+from onceflow.config import Settings
+from onceflow.runtime import launcher, procs
+
+log = logging.getLogger(__name__)
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+
+class SparkClusterError(RuntimeError):
+    pass
+
+
+def home(settings: Settings) -> Path:
+    return settings.var_dir / "spark"
+
+
+def master_address(settings: Settings) -> tuple[str, int]:
+    u = urlparse(settings.master)
+    if u.scheme != "spark" or not u.hostname or not u.port:
+        raise SparkClusterError(
+            f"ONCEFLOW_MASTER={settings.master!r} is not a standalone master (spark://host:port): set it, e.g. "
+            f"spark://127.0.0.1:7077, to run the embedded Spark cluster"
+        )
+    return u.hostname, u.port
+
+
+def _spark_class() -> str:
+    import pyspark
+
+    return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+
+
+def _pidfile(settings: Settings, name: str) -> Path:
+    return home(settings) / f"{name}.pid"
+
+
+def _spawn(settings: Settings, name: str, args: list[str]) -> int:
+    env = launcher.submit_env(settings) | {"SPARK_LOG_DIR": str(home(settings) / "logs"), "SPARK_NO_DAEMONIZE": "1"}
+    proc = procs.spawn_detached([_spark_class(), *args], home(settings) / f"{name}.log", env=env)
+    procs.write_pidfile(_pidfile(settings, name), proc.pid, args[0])
+    return proc.pid
+
+
+def start(settings: Settings, workers: int, worker_memory: str = "2g", timeout: float = 120.0) -> dict:
+    """The master, then `workers` workers with one core each; returns once every worker has registered."""
+    host, port = master_address(settings)
+    home(settings).mkdir(parents=True, exist_ok=True)
+    if not procs.read_pidfile(_pidfile(settings, "master")):
+        ui = procs.free_port()
+        (home(settings) / "master.ui").write_text(str(ui))
+        _spawn(settings, "master", [MASTER_CLASS, "--host", host, "--port", str(port), "--webui-port", str(ui)])
+    for i in range(1, workers + 1):
+        name = f"worker-{i}"
+        if procs.read_pidfile(_pidfile(settings, name)):
+            continue
+        _spawn(
+            settings,
+            name,
+            [
+                WORKER_CLASS,
+                settings.master,
+                "--host",
+                host,
+                "--cores",
+                "1",
+                "--memory",
+                worker_memory,
+                "--work-dir",
+                str(home(settings) / name),
+                "--webui-port",
+                str(procs.free_port()),
+            ],
+        )
+    procs.wait_until(
+        lambda: len(registered(settings)) >= workers,
+        timeout,
+        interval=1,
+        what=f"{workers} Spark workers to register with {settings.master}",
+    )
+    return status(settings)
+
+
+def registered(settings: Settings) -> list[str]:
+    """The workers the master reports ALIVE (its web UI's JSON)."""
+    import json
+    import urllib.request
+
+    try:
+        ui = int((home(settings) / "master.ui").read_text())
+        with urllib.request.urlopen(f"http://{master_address(settings)[0]}:{ui}/json/", timeout=5) as r:
+            return [w["id"] for w in json.loads(r.read()).get("workers", []) if w.get("state") == "ALIVE"]
+    except (OSError, ValueError):
+        return []
+
+
+def status(settings: Settings) -> dict:
+    running: dict[str, int | None] = {}
+    for f in sorted(home(settings).glob("*.pid")) if home(settings).exists() else []:
+        info = procs.read_pidfile(f)
+        running[f.stem] = info["pid"] if info else None
+    return {"master": settings.master, "processes": running, "alive_workers": len(registered(settings))}
+
+
+def kill_worker(settings: Settings, i: int) -> int | None:
+    """kill -9 worker i and its executor (chaos: executor loss in the middle of a batch)."""
+    import signal
+
+    info = procs.read_pidfile(_pidfile(settings, f"worker-{i}"))
+    if not info:
+        return None
+    procs.signal_group(int(info["pid"]), signal.SIGKILL)
+    return int(info["pid"])
+
+
+def stop(settings: Settings, timeout: float = 30.0) -> bool:
+    """Workers first, then the master."""
+    stopped = False
+    for f in sorted(home(settings).glob("worker-*.pid"), reverse=True) + [_pidfile(settings, "master")]:
+        info = procs.read_pidfile(f)
+        if info:
+            procs.stop_process(int(info["pid"]), timeout)
+            stopped = True
+        f.unlink(missing_ok=True)
+    return stopped

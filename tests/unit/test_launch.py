@@ -1,0 +1,75 @@
+"""The launch spec: one description of how the job (and the batch jobs) are submitted, in local mode, on a Spark
+standalone cluster and on Kubernetes in cluster mode, as spark-submit and as the Spark provider's hook builds it."""
+
+import json
+import os
+
+import pytest
+
+from onceflow import config
+from onceflow.config import ConfigError
+from onceflow.runtime import launcher
+
+
+def test_local_mode_runs_the_script_of_this_checkout():
+    s = config.load(env={})
+    spec = launcher.submit_spec(s)
+    assert spec["application"] == str(launcher.JOB_SCRIPT) and "executor_memory" not in spec
+    argv = launcher.submit_argv(s)
+    assert argv[argv.index("--master") + 1] == "local[2]" and argv[argv.index("--deploy-mode") + 1] == "client"
+    assert argv[-1] == str(launcher.JOB_SCRIPT) and all(j.endswith(".jar") for j in spec["jars"].split(","))
+
+
+def test_a_standalone_cluster_gets_its_executors_in_client_mode():
+    s = config.load(env={}, master="spark://127.0.0.1:7077", executor_memory="2g", executor_cores=1)
+    argv = launcher.submit_argv(s)
+    assert argv[argv.index("--executor-memory") + 1] == "2g" and argv[argv.index("--executor-cores") + 1] == "1"
+    assert argv[argv.index("--deploy-mode") + 1] == "client"
+    with pytest.raises(ConfigError, match="standalone cannot run Python drivers in cluster mode"):
+        config.load(env={}, master="spark://127.0.0.1:7077", deploy_mode="cluster")
+
+
+def test_kubernetes_cluster_mode_runs_the_image_and_carries_the_settings():
+    s = config.load(
+        env={},
+        master="k8s://https://kube.example:6443",
+        deploy_mode="cluster",
+        k8s_image="registry.example/onceflow:1.0",
+        k8s_namespace="streaming",
+        bootstrap_servers="kafka-0.kafka:9092,kafka-1.kafka:9092",
+    )
+    spec = launcher.submit_spec(s)
+    assert spec["application"] == "local:///opt/onceflow/jobs/ip_count.py"
+    assert all(j.startswith("local:///opt/onceflow/var/jvm/") for j in spec["jars"].split(","))
+    c = spec["conf"]
+    assert c["spark.kubernetes.container.image"] == "registry.example/onceflow:1.0"
+    assert c["spark.kubernetes.namespace"] == "streaming"
+    assert c["spark.kubernetes.submission.waitAppCompletion"] == "false"
+    assert c["spark.kubernetes.driverEnv.ONCEFLOW_BOOTSTRAP_SERVERS"] == "kafka-0.kafka:9092,kafka-1.kafka:9092"
+    assert c["spark.kubernetes.driverEnv.ONCEFLOW_VAR_DIR"] == "/opt/onceflow/var"
+    assert (
+        c["spark.driver.extraJavaOptions"] == "-Dlog4j2.configurationFile=file:/opt/onceflow/conf/log4j2-job.properties"
+    )
+    batch = launcher.batch_spec(s, "reconcile")
+    assert batch["application"] == "local:///opt/onceflow/jobs/reconcile.py"
+    with pytest.raises(ConfigError, match="K8S_IMAGE must name the image"):
+        config.load(env={}, master="k8s://https://kube.example:6443", deploy_mode="cluster")
+
+
+def test_the_spark_providers_hook_builds_the_same_command_from_its_connection(monkeypatch):
+    """The deploy DAG's command: the Spark provider's SparkSubmitHook, the master from its connection, the rest
+    from the launch spec. (For a k8s:// connection the hook also needs the cncf.kubernetes provider installed,
+    which the Kubernetes image adds: docs/cluster.md.)"""
+    from onceflow.control import orchestration
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_CLUSTER", json.dumps({"conn_type": "spark", "host": "spark://10.0.0.5", "port": 7077})
+    )
+    s = config.load(env={}, master="spark://10.0.0.5:7077", executor_memory="3g", spark_conn_id="spark_cluster")
+    argv = orchestration.spark_submit_argv(s)
+    assert argv[argv.index("--master") + 1] == "spark://10.0.0.5:7077" and argv[-1] == str(launcher.JOB_SCRIPT)
+    assert argv[argv.index("--executor-memory") + 1] == "3g"
+    assert argv[argv.index("--jars") + 1] == launcher.submit_spec(s)["jars"]
+    batch = orchestration.batch_submit_argv(s, launcher.RECONCILE_SCRIPT, ["--chain"])
+    assert batch[-2:] == [str(launcher.RECONCILE_SCRIPT), "--chain"]
+    assert os.environ["AIRFLOW_CONN_SPARK_CLUSTER"]
