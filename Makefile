@@ -67,6 +67,9 @@ bench-sweep: setup
 
 ## chaos: ~10 min of kill -9s, broker restarts, driver pauses and timed-out transactions, then an exact check.
 ## CHAOS_SECONDS, CHAOS_RECORDS, CHAOS_JOB_KILLS, CHAOS_BROKER_RESTARTS, CHAOS_STALLS, CHAOS_PAUSES, CHAOS_SEED.
+## CHAOS_TOPOLOGY=cluster: three brokers and a Spark master with two workers; kill -9 of the sink's leader, of the
+## transaction coordinator mid-transaction, of a Spark worker, of the driver, one broker down for minutes
+## (CHAOS_BROKER_DOWN_S, CHAOS_LEADER_KILLS, CHAOS_COORDINATOR_KILLS, CHAOS_WORKER_KILLS).
 chaos: setup
 	$(BIN)/python -m onceflow_dev.chaos
 

@@ -262,6 +262,23 @@ def main() -> int:
 
     shutil.rmtree(var, ignore_errors=True)
     var.mkdir(parents=True)
+    if os.environ.get("CHAOS_TOPOLOGY", "single") == "cluster":
+        from onceflow_dev import chaos_cluster
+
+        report = chaos_cluster.run(chaos_cluster.ClusterChaosSpec(), var)
+        (var / "report.json").write_text(json.dumps(report, indent=1))
+        print(f"""
+topology          {report["topology"]}
+records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late)
+faults injected   {report["faults"]}
+while a broker was down for minutes: {report["batches_committed_while_a_broker_was_down"]} batches committed
+restarts          {report["restarts"]} (supervisor); transaction timeouts {report["transaction_timeouts"]}
+lost              {report["lost"]}
+duplicated        {report["duplicated"]}
+DLQ complete      {report["dlq_complete"]}; I1-I4 {"ok" if report["invariants_ok"] else "FAILED"}
+wall time         {report["wall_s"]} s
+result            {"PASS" if report["ok"] else "FAIL"}  (report: {var / "report.json"})""")
+        return 0 if report["ok"] else 1
     spec = ChaosSpec()
     report = run(spec, var)
     (var / "report.json").write_text(json.dumps(report, indent=1))

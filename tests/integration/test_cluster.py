@@ -1,0 +1,226 @@
+"""Past one machine's defaults: a Kafka cluster of three KRaft nodes (a controller quorum of three, topics replicated
+three ways with min.insync.replicas=2) and a Spark standalone cluster (a master and two workers, each worker with
+its own executor JVM), the job submitted to it in client mode by the same launch spec as in local mode, with a
+512 MiB driver. Faults: kill -9 of the broker that leads the sink's partitions while the job runs on, a Spark
+worker killed in the middle of the job; and one batch whose output (two million windows) is far larger than the
+driver's memory, committed once."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+
+from onceflow import config
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import cluster, topics
+from onceflow.kafka import reading as kafka_reading
+from onceflow.runtime import jobctl, procs
+from onceflow_dev import broker, spark_cluster, stack
+from tests.integration.helpers import assert_exact, produce, wait_drained
+
+pytestmark = pytest.mark.integration
+
+
+def _free_step_ports(n: int, step: int) -> int:
+    """A port p with p, p + step, ... all free (the nodes' controller ports)."""
+    for _ in range(50):
+        p = procs.free_port()
+        if p + step * n < 65535 and all(_free(p + step * i) for i in range(n)):
+            return p
+    raise RuntimeError("no free port run")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.fixture(scope="module")
+def topology(tmp_path_factory):
+    var = tmp_path_factory.mktemp("cluster")
+    boot = ",".join(f"127.0.0.1:{procs.free_port()}" for _ in range(3))
+    base = config.load(
+        env={},
+        var_dir=var,
+        brokers=3,
+        bootstrap_servers=boot,
+        controller_port=_free_step_ports(3, config.NODE_PORT_STEP),
+        master=f"spark://127.0.0.1:{procs.free_port()}",
+        driver_memory="512m",
+        executor_memory="2g",
+        broker_txn_abort_check_interval_ms=1000,
+        broker_transaction_max_timeout_ms=300_000,
+        transaction_timeout_ms=300_000,
+        trigger_interval_s=1.0,
+        restart_delay_s=1.0,
+        restart_attempts=10,
+    )
+    assert (base.replication_factor, base.min_insync_replicas) == (3, 2)
+    try:
+        stack.up(base)
+        spark_cluster.start(base, workers=2, worker_memory="2g")
+        yield base
+    finally:
+        spark_cluster.stop(base)
+        broker.stop(base)
+
+
+def app_of(base: config.Settings, name: str, **kw) -> config.Settings:
+    s = base.replace(
+        app_id=name,
+        **{
+            f"{k}_topic": f"{name}.{k}"
+            for k in ("source", "sink", "dlq", "ledger", "events", "alerts", "health", "backfill")
+        },
+        reconciliation_topic=f"{name}.recon",
+        **kw,
+    )
+    topics.ensure(s)
+    return s
+
+
+def test_three_brokers_replicate_every_topic_and_status_names_the_coordinators(topology):
+    s = app_of(topology, "topo")
+    st = stack.status(s)
+    assert [n["running"] for n in st["broker"]["nodes"]] == [True, True, True]
+    c = st["cluster"]
+    assert sorted(c["brokers"]) == ["1", "2", "3"] and c["controller"] in (1, 2, 3)
+    for name in (s.source_topic, s.sink_topic, s.dlq_topic, s.ledger_topic):
+        for part in c["topics"][name].values():
+            assert sorted(part["replicas"]) == [1, 2, 3] and sorted(part["in_sync"]) == [1, 2, 3], (name, part)
+    tc = c["transaction_coordinator"]
+    assert tc["broker"] in (1, 2, 3)
+    assert tc["partition"] == cluster.coordinator_partition(s.transactional_id, 4)
+
+
+def test_the_job_on_spark_workers_loses_nothing_when_a_broker_and_a_worker_die(topology, tmp_path):
+    s = app_of(topology, "topo_faults", max_offsets_per_trigger=3000)
+    done = threading.Event()
+    fed: dict = {}
+    feeder = threading.Thread(
+        target=lambda: fed.update(
+            sent=produce(
+                s,
+                tmp_path / "m.csv",
+                stop=done,
+                count=40_000,
+                rate=800,
+                event_rate=800,
+                distinct_ips=300,
+                late_fraction=0.01,
+                malformed_fraction=0.01,
+                seed=101,
+                start_ms=1_795_000_000_000,
+            )
+        ),
+        daemon=True,
+    )
+    jobctl.start(s)
+    try:
+        jobctl.wait_running(s, timeout=300)
+        feeder.start()
+        jobctl.wait_for_commit(s, timeout=180)
+        # kill -9 the broker that leads the sink's first partition: the job keeps committing on the other two
+        leader = cluster.describe(s)["topics"][s.sink_topic]["0"]["leader"]
+        broker.kill(s, leader)
+        down_since = jobctl.status(s)["last_batch"]
+        procs.wait_until(
+            lambda: (jobctl.status(s)["last_batch"] or -1) >= down_since + 3,
+            240,
+            interval=1,
+            what="commits while a broker is down",
+        )
+        # kill -9 a Spark worker (its executor with it) in the middle of the job: tasks move to the other one
+        assert spark_cluster.kill_worker(s, 1)
+        after = jobctl.status(s)["last_batch"]
+        procs.wait_until(
+            lambda: (jobctl.status(s)["last_batch"] or -1) >= after + 3,
+            240,
+            interval=1,
+            what="commits after an executor was lost",
+        )
+        broker.start_node(s, leader)
+        spark_cluster.start(s, workers=2, worker_memory="2g")  # the killed worker comes back
+        feeder.join(300)
+        sent = fed["sent"] + produce(
+            s,
+            tmp_path / "tail.csv",
+            count=8,
+            event_rate=1,
+            distinct_ips=4,
+            seed=102,
+            start_ms=max(r.ts_us for r in fed["sent"] if r.ts_us) // 1000 + 30_000,
+        )
+        wait_drained(s, sent, timeout=400)
+        assert_exact(s, sent)
+    finally:
+        done.set()
+        jobctl.stop(s)
+
+
+def test_a_batch_far_larger_than_the_driver_commits_exactly_once(topology):
+    """2,010,000 source records, one per (window, IP): read in one batch, and the close-out batch after it emits
+    2,005,000 windows, streamed from the executors through a 512 MiB driver into one transaction."""
+    s = app_of(topology, "topo_big", max_offsets_per_trigger=2_100_000, trigger_interval_s=2.0)
+    windows, ips = 402, 5000
+    t0 = 1_795_000_000_000
+    p = Producer(
+        {
+            **kafka_clients.base(s),
+            "linger.ms": 50,
+            "batch.num.messages": 10_000,
+            "acks": "all",
+            "enable.idempotence": True,
+            "compression.type": "lz4",
+        }
+    )
+    for w in range(windows):
+        ts = t0 + w * 5000
+        for i in range(ips):
+            p.produce(
+                s.source_topic,
+                value=f'{{"ts":{ts},"ip":"10.{i // 65536}.{i // 256 % 256}.{i % 256}"}}',
+                partition=i % 4,
+            )
+            if i % 20_000 == 0:
+                p.poll(0)
+    assert p.flush(120) == 0
+    jobctl.start(s)
+    try:
+        want = (windows - 1) * ips  # the last window stays open (nothing comes after it)
+        procs.wait_until(
+            lambda: sum(e.outputs for e in _entries(s)) >= want, 900, interval=5, what=f"{want} windows committed"
+        )
+        biggest = max(_entries(s), key=lambda e: e.outputs)
+        assert biggest.outputs >= 2_000_000, biggest  # one transaction, one ledger batch
+        keys: set[bytes] = set()
+        records = 0
+        counts = set()
+        c = kafka_clients.read_committed_consumer(s, **{"enable.partition.eof": True})
+        try:
+            start = [TopicPartition(s.sink_topic, p, 0) for p in range(s.sink_partitions)]
+            for m in kafka_reading.consume_to_end(c, start, timeout_s=900):
+                records += 1
+                keys.add(m.key())
+                if records <= 1000:
+                    counts.add(json.loads(m.value())["count"])
+        finally:
+            c.close()
+        assert records == len(keys) == want, (records, len(keys), want)  # each window once, none lost
+        assert counts == {1}
+        print(
+            f"one transaction of {biggest.outputs} records took {biggest.txn_ms / 1000:.1f} s "
+            f"({biggest.outputs / (biggest.txn_ms / 1000):,.0f} records/s)"
+        )
+    finally:
+        jobctl.stop(s)
+
+
+def _entries(s):
+    from onceflow.apps import audit
+
+    return audit.ledger_entries(s)
