@@ -71,7 +71,7 @@ bench-sweep: setup
 ## transaction coordinator mid-transaction, of a Spark worker, of the driver, one broker down for minutes
 ## (CHAOS_BROKER_DOWN_S, CHAOS_LEADER_KILLS, CHAOS_COORDINATOR_KILLS, CHAOS_WORKER_KILLS).
 chaos: setup
-	$(BIN)/python -m onceflow_dev.chaos
+	$(BIN)/python -m onceflow_dev.$(if $(filter cluster,$(CHAOS_TOPOLOGY)),chaos_cluster,chaos)
 
 ## soak: ~35 min of the embedded platform with Airflow, input flowing, short schedules and faults at random times;
 ## every scheduled run green (or failed under a fault and followed by a green one), the chain proves every batch

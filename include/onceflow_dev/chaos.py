@@ -155,14 +155,14 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             log.info("t=%.0fs %s (%s)", time.monotonic() - t0, kind, counts)
         feeder.join(spec.seconds * 3 + 300)
         sent = generator.read_manifest(manifest)
-        _wait_drained(s, sent, timeout=max(600.0, spec.seconds))
+        wait_drained(s, sent, timeout=max(600.0, spec.seconds))
         jobctl.stop(s)
-        counts["stall_in_txn"] = len(_events(s, wire.FAULT_INJECTED))
+        counts["stall_in_txn"] = len(events_of(s, wire.FAULT_INJECTED))
         report = verify(s, sent)
         report |= {
             "faults": counts,
-            "restarts": len(_events(s, wire.SUPERVISOR_RESTART)),
-            "transaction_timeouts": len(_events(s, wire.TRANSACTION_TIMEOUT)),
+            "restarts": len(events_of(s, wire.SUPERVISOR_RESTART)),
+            "transaction_timeouts": len(events_of(s, wire.TRANSACTION_TIMEOUT)),
             "wall_s": round(time.monotonic() - t0, 1),
             "seed": spec.seed,
         }
@@ -185,7 +185,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         broker.stop(base)
 
 
-def _events(s, type_: str) -> list[dict]:
+def events_of(s, type_: str) -> list[dict]:
     # onceflow's events always carry a value
     return [
         e
@@ -195,13 +195,13 @@ def _events(s, type_: str) -> list[dict]:
 
 
 def _wait_stall_over(s, stall_s: float) -> None:
-    stalls = _events(s, wire.FAULT_INJECTED)
+    stalls = events_of(s, wire.FAULT_INJECTED)
     if stalls:
         over = max(e["ts_ms"] for e in stalls) / 1000 + stall_s + 3  # + the failed commit and its event
         time.sleep(max(0.0, over - time.time()))
 
 
-def _wait_drained(s, sent, timeout: float) -> None:
+def wait_drained(s, sent, timeout: float) -> None:
     ends: dict[int, int] = {}
     for r in sent:
         ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
@@ -253,32 +253,21 @@ def verify(s, sent) -> dict:
     }
 
 
-def main() -> int:
+def prepare_var():
+    """Quiet logging and an empty var/chaos for one chaos run (single or cluster topology)."""
+    import shutil
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     for noisy in ("onceflow.events", "onceflow.kafka.client", "onceflow_dev.broker"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     var = config.REPO_ROOT / "var" / "chaos"
-    import shutil
-
     shutil.rmtree(var, ignore_errors=True)
     var.mkdir(parents=True)
-    if os.environ.get("CHAOS_TOPOLOGY", "single") == "cluster":
-        from onceflow_dev import chaos_cluster
+    return var
 
-        report = chaos_cluster.run(chaos_cluster.ClusterChaosSpec(), var)
-        (var / "report.json").write_text(json.dumps(report, indent=1))
-        print(f"""
-topology          {report["topology"]}
-records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late)
-faults injected   {report["faults"]}
-while a broker was down for minutes: {report["batches_committed_while_a_broker_was_down"]} batches committed
-restarts          {report["restarts"]} (supervisor); transaction timeouts {report["transaction_timeouts"]}
-lost              {report["lost"]}
-duplicated        {report["duplicated"]}
-DLQ complete      {report["dlq_complete"]}; I1-I4 {"ok" if report["invariants_ok"] else "FAILED"}
-wall time         {report["wall_s"]} s
-result            {"PASS" if report["ok"] else "FAIL"}  (report: {var / "report.json"})""")
-        return 0 if report["ok"] else 1
+
+def main() -> int:
+    var = prepare_var()
     spec = ChaosSpec()
     report = run(spec, var)
     (var / "report.json").write_text(json.dumps(report, indent=1))

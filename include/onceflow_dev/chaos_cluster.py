@@ -17,6 +17,7 @@ chaos` does (onceflow_dev.chaos.verify): lost 0, duplicated 0, the DLQ complete,
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -131,7 +132,7 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
         def coordinator_killer() -> None:
             seen = 0
             while not stop.is_set() and seen < len(coordinator_stalls(spec)):
-                stalls = chaos._events(s, wire.FAULT_INJECTED)
+                stalls = chaos.events_of(s, wire.FAULT_INJECTED)
                 if len(stalls) > seen:
                     seen = len(stalls)
                     with lock:
@@ -198,15 +199,15 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
         stop.set()
         killer.join(60)
         sent = generator.read_manifest(manifest)
-        chaos._wait_drained(s, sent, timeout=max(900.0, spec.seconds))
+        chaos.wait_drained(s, sent, timeout=max(900.0, spec.seconds))
         jobctl.stop(s)
         report = chaos.verify(s, sent)
         report |= {
             "topology": "3 KRaft nodes (RF 3, min ISR 2), Spark master + 2 workers",
             "faults": counts,
             "batches_committed_while_a_broker_was_down": down_commits,
-            "restarts": len(chaos._events(s, wire.SUPERVISOR_RESTART)),
-            "transaction_timeouts": len(chaos._events(s, wire.TRANSACTION_TIMEOUT)),
+            "restarts": len(chaos.events_of(s, wire.SUPERVISOR_RESTART)),
+            "transaction_timeouts": len(chaos.events_of(s, wire.TRANSACTION_TIMEOUT)),
             "wall_s": round(time.monotonic() - t0, 1),
             "seed": spec.seed,
         }
@@ -223,3 +224,26 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
         jobctl.stop(s, timeout=30)
         spark_cluster.stop(s)
         broker.stop(s)
+
+
+def main() -> int:
+    """`make chaos CHAOS_TOPOLOGY=cluster`."""
+    var = chaos.prepare_var()
+    report = run(ClusterChaosSpec(), var)
+    (var / "report.json").write_text(json.dumps(report, indent=1))
+    print(f"""
+topology          {report["topology"]}
+records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late)
+faults injected   {report["faults"]}
+while a broker was down for minutes: {report["batches_committed_while_a_broker_was_down"]} batches committed
+restarts          {report["restarts"]} (supervisor); transaction timeouts {report["transaction_timeouts"]}
+lost              {report["lost"]}
+duplicated        {report["duplicated"]}
+DLQ complete      {report["dlq_complete"]}; I1-I4 {"ok" if report["invariants_ok"] else "FAILED"}
+wall time         {report["wall_s"]} s
+result            {"PASS" if report["ok"] else "FAIL"}  (report: {var / "report.json"})""")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -220,7 +220,7 @@ def run(spec: SoakSpec, var_dir) -> dict:
             log.info("t=%.0fs %s %s", time.monotonic() - t0, kind, faults[-1].detail)
         feeder.join(spec.seconds * 2 + 600)
         sent = generator.read_manifest(manifest)
-        chaos._wait_drained(s, sent, timeout=max(900.0, spec.seconds / 2))
+        chaos.wait_drained(s, sent, timeout=max(900.0, spec.seconds / 2))
         last = audit.ledger_entries(s)[-1].batch
         # the chain catches up with the last committed batch on its schedule (bounded)
         procs.wait_until(
@@ -289,7 +289,7 @@ def judge(s, spec: SoakSpec, runs: dict[str, list[dict]], faults: list[Fault], s
         "unexplained_failures": unexplained,
         "chain": chain,
         "exact": exact,
-        "restarts": len(chaos._events(s, wire.SUPERVISOR_RESTART)),
+        "restarts": len(chaos.events_of(s, wire.SUPERVISOR_RESTART)),
     }
 
 
