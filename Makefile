@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RUN_RATE ?= 200
 RUN_SECONDS ?= 3600
 
-.PHONY: setup run stop status lint format test test-unit test-integration bench bench-sweep chaos soak clean
+.PHONY: setup run stop status lint format test test-unit test-integration bench bench-writer bench-sweep chaos soak clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -59,6 +59,11 @@ test-integration: setup
 ## BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S, BENCH_WARMUP_S, BENCH_TRIGGER_S, BENCH_MAX_OFFSETS.
 bench: setup
 	$(BIN)/python -m onceflow_dev.bench
+
+## bench-writer: records/s of one transaction from the driver (bare producer vs the sink vs streamed from Spark),
+## on one broker and on three (replication 3, acks=all), ~10 min. BENCH_WRITER_SIZES, BENCH_WRITER_TOPOLOGIES.
+bench-writer: setup
+	$(BIN)/python -m onceflow_dev.bench_writer
 
 ## bench-sweep: the exactly-once job once per variant of its settings (trigger, close-out, state store, ...), ~30 min.
 ## BENCH_SWEEP=0,2,4 picks variants (see onceflow/bench_sweep.py); the BENCH_* workload variables apply.

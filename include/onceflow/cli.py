@@ -49,9 +49,11 @@ def cmd_stack(args, s: config.Settings) -> int:
 
     if args.brokers and args.brokers != s.brokers:
         s = config.load(brokers=args.brokers)  # the topology's defaults apply (bootstrap list, replication)
+    if args.spark_workers and not s.master.startswith("spark://"):
+        s = s.replace(master=f"spark://127.0.0.1:{stack.DEFAULT_SPARK_MASTER_PORT}")
     if args.action == "up":
-        info = stack.up(s)
-        if s.brokers > 1:
+        info = stack.up(s, spark_workers=args.spark_workers or 0)
+        if s.brokers > 1 or args.spark_workers:
             info["export"] = stack.exports(s)  # what the job, Airflow and the CLI must be started with
         _print(info, args.json)
     elif args.action == "topics":  # an existing cluster: create and check the topics only
@@ -407,6 +409,11 @@ def parser() -> argparse.ArgumentParser:
         help="topics: create the topics on the cluster ONCEFLOW_BOOTSTRAP_SERVERS names, start nothing",
     )
     st.add_argument("--brokers", type=int, help="Kafka nodes (default ONCEFLOW_BROKERS, 1; 3: a quorum of three)")
+    st.add_argument(
+        "--spark-workers",
+        type=int,
+        help="up: also a Spark standalone master (ONCEFLOW_MASTER spark://..., default port 7077) and N workers",
+    )
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_stack)
 

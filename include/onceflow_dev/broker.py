@@ -113,6 +113,7 @@ def server_properties(settings: Settings, n: Node, quorum: list[Node]) -> dict[s
         "auto.create.topics.enable": "false",
         "num.partitions": "1",
         "default.replication.factor": rf,
+        "min.insync.replicas": isr,
         "offsets.topic.replication.factor": rf,
         "offsets.topic.num.partitions": "4",
         "transaction.state.log.replication.factor": rf,

@@ -59,7 +59,8 @@ def start(settings: Settings, workers: int, worker_memory: str = "2g", timeout: 
     home(settings).mkdir(parents=True, exist_ok=True)
     if not procs.read_pidfile(_pidfile(settings, "master")):
         ui = procs.free_port()
-        (home(settings) / "master.ui").write_text(str(ui))
+        (home(settings) / "master.ui").write_text(f"{host} {ui}")
+        (home(settings) / "master.url").write_text(settings.master)
         _spawn(settings, "master", [MASTER_CLASS, "--host", host, "--port", str(port), "--webui-port", str(ui)])
     for i in range(1, workers + 1):
         name = f"worker-{i}"
@@ -98,11 +99,15 @@ def registered(settings: Settings) -> list[str]:
     import urllib.request
 
     try:
-        ui = int((home(settings) / "master.ui").read_text())
-        with urllib.request.urlopen(f"http://{master_address(settings)[0]}:{ui}/json/", timeout=5) as r:
+        host, ui = (home(settings) / "master.ui").read_text().split()  # written at start: any settings find it
+        with urllib.request.urlopen(f"http://{host}:{int(ui)}/json/", timeout=5) as r:
             return [w["id"] for w in json.loads(r.read()).get("workers", []) if w.get("state") == "ALIVE"]
     except (OSError, ValueError):
         return []
+
+
+def started(settings: Settings) -> bool:
+    return home(settings).exists() and any(home(settings).glob("*.pid"))
 
 
 def status(settings: Settings) -> dict:
@@ -110,7 +115,9 @@ def status(settings: Settings) -> dict:
     for f in sorted(home(settings).glob("*.pid")) if home(settings).exists() else []:
         info = procs.read_pidfile(f)
         running[f.stem] = info["pid"] if info else None
-    return {"master": settings.master, "processes": running, "alive_workers": len(registered(settings))}
+    url = home(settings) / "master.url"
+    master = url.read_text() if url.exists() else settings.master
+    return {"master": master, "processes": running, "alive_workers": len(registered(settings))}
 
 
 def kill_worker(settings: Settings, i: int) -> int | None:

@@ -5,13 +5,20 @@ from __future__ import annotations
 from onceflow.config import Settings
 from onceflow.kafka import topics
 from onceflow.runtime import jvm
-from onceflow_dev import broker
+from onceflow_dev import broker, spark_cluster
+
+DEFAULT_SPARK_MASTER_PORT = 7077
 
 
-def up(settings: Settings) -> dict:
+def up(settings: Settings, spark_workers: int = 0) -> dict:
+    """Kafka and the topics; with spark_workers, a Spark standalone master at settings.master and its workers."""
+    if spark_workers:
+        spark_cluster.master_address(settings)  # a clear error before anything starts
     jvm.spark_kafka_jars(settings)  # resolve and cache the Spark connector now, not at first job start
     info = broker.start(settings)
     info["topics_created"] = topics.ensure(settings)
+    if spark_workers:
+        spark_cluster.start(settings, workers=spark_workers)
     return status(settings) | {"topics_created": info["topics_created"]}
 
 
@@ -28,6 +35,7 @@ def down(settings: Settings) -> dict:
         "airflow_stopped": airflow_stopped,
         "generator_stopped": bool(gen),
         "job_stopped": stopped_job,
+        "spark_cluster_stopped": spark_cluster.stop(settings),
         "broker_stopped": broker.stop(settings),
     }
 
@@ -48,6 +56,8 @@ def status(settings: Settings) -> dict:
             out["cluster"] = cluster.describe(settings)
         except Exception as e:  # a broker still starting answers late; report, don't fail
             out["topic_problems"] = [f"could not list topics: {e}"]
+    if spark_cluster.started(settings):
+        out["spark_cluster"] = spark_cluster.status(settings)
     return out
 
 
@@ -58,4 +68,5 @@ def exports(settings: Settings) -> dict[str, str]:
         "ONCEFLOW_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
         "ONCEFLOW_REPLICATION_FACTOR": str(settings.replication_factor),
         "ONCEFLOW_MIN_INSYNC_REPLICAS": str(settings.min_insync_replicas),
+        "ONCEFLOW_MASTER": settings.master,
     }

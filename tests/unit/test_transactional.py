@@ -320,3 +320,48 @@ def test_a_streamed_batch_is_not_read_twice_after_an_unknown_outcome():
     with pytest.raises(eo.BatchNotCommitted, match="replays the batch"):
         sink.write_batch(plan, iter(rows), Decision.WRITE)
     assert written == [rows]  # asked for once
+
+
+def test_send_offsets_that_hangs_past_its_timeout_replaces_the_wedged_producer():
+    """librdkafka #5456: send_offsets_to_transaction can block for good once the group coordinator's broker died.
+    The writer does not wait with it: past timeout + grace the producer is dropped (never closed: the call is still
+    running inside it), a new one fences it, and the caller gets OutcomeUnknown to decide from what is committed."""
+    import threading
+
+    release = threading.Event()
+
+    class Hanging(FakeProducer):
+        def send_offsets_to_transaction(self, offsets, metadata, timeout):
+            self._call("send_offsets_to_transaction")
+            release.wait(30)  # ignores `timeout`, as librdkafka does
+
+    calls, made, events = [], [], []
+
+    def make():
+        p = (Hanging if not made else FakeProducer)(f"p{len(made)}", calls)
+        made.append(p)
+        return p
+
+    w = t.TransactionalWriter(
+        make, wire.H_APP, 60_000, hang_grace_s=0.2, sleep=lambda s: None, on_event=lambda k, d: events.append(k)
+    )
+    try:
+        w.begin()
+        w.produce("sink", b"k", b"v")
+        with pytest.raises(t.OutcomeUnknown, match="librdkafka #5456"):
+            w.send_offsets([], object(), timeout_s=0.1)
+        assert w.producer is made[1] and ("p1", "init_transactions") in calls
+        assert ("p0", "close") not in calls and ("p0", "commit_transaction") not in calls
+        assert events == ["producer_replaced"]
+        one_batch(w)  # the new producer carries on
+        assert calls[-1] == ("p1", "commit_transaction")
+    finally:
+        release.set()
+
+
+def test_send_offsets_errors_still_classified_on_the_callers_thread():
+    w, calls, _ = writer([{"send_offsets_to_transaction": [kerr(KafkaError._STATE, abortable=True)]}])
+    w.begin()
+    with pytest.raises(t.Aborted):
+        w.send_offsets([], object())
+    assert calls[-1] == ("p0", "abort_transaction")

@@ -8,7 +8,7 @@ the caller must do:
 |-------------------|----------------------------------------------------------|----------------------|---------------------|
 | `Fenced`          | a newer producer with this transactional.id took over    | marks itself dead    | stops for good      |
 | `CoordinatorTimedOut` | the coordinator aborted the transaction at its timeout | aborts             | replays the work    |
-| `OutcomeUnknown`  | commit or abort timed out: it may still land             | replaces its producer| reads back, decides |
+| `OutcomeUnknown`  | commit or abort timed out: it may still land; or a call hung | replaces its producer| reads back, decides |
 | `Aborted`         | an abortable error (a record refused, a broker moved)    | aborts               | retries or fails    |
 | `FatalProducerError` | fatal, not fencing (the producer is unusable)         | marks itself dead    | restarts            |
 | `TxnConfigError`  | the broker refuses our settings or permissions           | aborts if it can     | fixes configuration |
@@ -25,6 +25,7 @@ quix-streams' internal producer (typed exceptions, named retry bounds).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -69,8 +70,8 @@ class CoordinatorTimedOut(TxnError):
 
 
 class OutcomeUnknown(TxnError):
-    """The commit (or abort) timed out. The writer has replaced its producer, which settled the outcome: read back
-    what is committed and decide."""
+    """The commit (or abort) timed out, or a call hung past its timeout. The writer has replaced its producer,
+    which settled the outcome: read back what is committed and decide."""
 
 
 class Aborted(TxnError):
@@ -146,6 +147,7 @@ class TransactionalWriter:
         *,
         init_timeout_s: float = 60.0,
         commit_timeout_s: float = 120.0,
+        hang_grace_s: float = 15.0,
         abort_timeout_s: float = 30.0,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -158,6 +160,8 @@ class TransactionalWriter:
             abort_timeout_s,
         )
         self._on_event, self._clock, self._sleep = on_event, clock, sleep
+        self.hang_grace_s = hang_grace_s
+        self._wedged: list[Any] = []  # producers stuck in a call: kept referenced, never closed (see send_offsets)
         self._dead: TxnError | None = None
         self._started: float | None = None  # when the open transaction began (clock)
         self._failed_delivery: str | None = None
@@ -208,12 +212,43 @@ class TransactionalWriter:
             except KafkaException as e:
                 raise self._failure(e, "produce") from e
 
-    def send_offsets(self, offsets: list[Any], group_metadata: Any, timeout_s: float = 60.0) -> None:
+    def send_offsets(self, offsets: list[Any], group_metadata: Any, timeout_s: float = 30.0) -> None:
+        """send_offsets_to_transaction, bounded. librdkafka can block in it past its timeout, for good, when the
+        group coordinator's broker died (librdkafka #5456, #5511: found by killing that broker mid-transaction).
+        The call runs on its own thread; if it has not returned `hang_grace_s` after its timeout, the producer is
+        wedged: it is left alone (a call into it is still running, so it is never closed), a new producer with the
+        same transactional.id fences it and aborts the open transaction, and OutcomeUnknown sends the caller to
+        what is committed (nothing of this transaction is)."""
         self._check()
-        try:
-            self._producer.send_offsets_to_transaction(offsets, group_metadata, timeout_s)
-        except KafkaException as e:
-            raise self._failure(e, "send_offsets") from e
+        producer = self._producer
+        outcome: list[BaseException | None] = []
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                producer.send_offsets_to_transaction(offsets, group_metadata, timeout_s)
+                outcome.append(None)
+            except BaseException as e:  # handed to the caller's thread
+                outcome.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name=f"send-offsets {self.transactional_id}", daemon=True).start()
+        if not done.wait(timeout_s + self.hang_grace_s):
+            why = (
+                f"send_offsets_to_transaction of {self.transactional_id} has not returned {timeout_s + self.hang_grace_s:.0f}"
+                f" s after it began (its timeout: {timeout_s:.0f} s): the producer waits on a group coordinator that "
+                f"died (librdkafka #5456)"
+            )
+            self._started, self._producer = None, None  # the wedged producer is dropped, not closed
+            self._wedged.append(producer)
+            self._replace(why)
+            raise OutcomeUnknown(f"{why}; replaced, its transaction aborted", None, "send_offsets")
+        error = outcome[0]
+        if isinstance(error, KafkaException):
+            raise self._failure(error, "send_offsets") from error
+        if error is not None:
+            raise error
 
     def commit(self) -> None:
         self._check()

@@ -218,9 +218,10 @@ class ExactlyOnceSink:
                     # The batch is not committed, and its output was streamed from Spark once: it is not asked
                     # for twice (that would run the stateful operator again). The query fails; Spark replays the
                     # batch after the restart, and it is written then.
+                    what = "the commit" if e.phase == "commit" else f"the transaction ({e.phase} hung)"
                     raise BatchNotCommitted(
-                        f"the commit of batch {plan.batch} timed out and did not land: the job restarts and Spark "
-                        f"replays the batch"
+                        f"{what} of batch {plan.batch} had an unknown outcome and did not land: the job restarts and "
+                        f"Spark replays the batch"
                     ) from e
         raise AssertionError("unreachable")
 

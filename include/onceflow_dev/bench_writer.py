@@ -1,0 +1,195 @@
+"""`make bench-writer`: how many output records one transaction takes per second from the driver, and where the
+driver-side writer stops scaling.
+
+One batch's output is written into one transaction by the job's own sink (onceflow.protocol.exactly_once), from
+the driver. Contenders, side by side in one run, for each output size (BENCH_WRITER_SIZES) and each topology
+(BENCH_WRITER_TOPOLOGIES: one broker with replication 1, three brokers with replication 3, min.insync.replicas 2,
+acks=all):
+- `producer`:  a bare confluent-kafka producer (idempotent, acks=all, no transaction) producing the same records
+  from a Python loop: the ceiling of one Python thread producing;
+- `sink`:      the job's sink, the rows from a Python generator: the protocol's cost over the ceiling;
+- `streamed`:  the job's sink, the rows streamed from a Spark DataFrame (`toLocalIterator`, as the job does), the
+  DataFrame built from `spark.range` in BENCH_WRITER_PARTITIONS partitions: what a batch costs end to end.
+records/s = records / (the first record handed to the producer .. the commit returned). Prints a table and
+writes var/bench-writer/results-<time>.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+
+from onceflow import config, wire
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import events as ev
+from onceflow.kafka import topics
+from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
+from onceflow.rules.ledger import BatchPlan
+from onceflow.runtime import launcher, procs
+from onceflow_dev import broker
+
+log = logging.getLogger("onceflow_dev.bench_writer")
+VALUE = b'{"window_start":"2026-11-23T00:00:00Z","window_end":"2026-11-23T00:00:05Z","ip":"%s","count":1}'
+
+
+def _rows(n: int) -> Iterator[OutRecord]:
+    for i in range(n):
+        ip = f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"
+        yield OutRecord(wire.KIND_RESULT, f"1795000000000|{ip}", VALUE % ip.encode())
+
+
+def _app(base: config.Settings, name: str) -> config.Settings:
+    s = base.replace(
+        app_id=name,
+        **{f"{k}_topic": f"{name}.{k}" for k in ("source", "sink", "dlq", "ledger", "events", "alerts", "health")},
+        backfill_topic=f"{name}.backfill",
+        reconciliation_topic=f"{name}.recon",
+    )
+    topics.ensure(s)
+    return s
+
+
+def _plan(s: config.Settings) -> BatchPlan:
+    return BatchPlan(
+        batch=0,
+        topic=s.source_topic,
+        start=dict.fromkeys(range(s.source_partitions), 0),
+        end=dict.fromkeys(range(s.source_partitions), 0),
+    )
+
+
+def run_producer(s: config.Settings, n: int) -> float:
+    p = kafka_clients.idempotent_producer(
+        s, **{"linger.ms": s.producer_linger_ms, "batch.num.messages": s.producer_batch_messages}
+    )
+    t0 = time.monotonic()
+    for r in _rows(n):
+        while True:
+            try:
+                p.produce(s.sink_topic, r.value, r.key.encode())
+                break
+            except BufferError:
+                p.poll(0.05)
+        p.poll(0)
+    if p.flush(600):
+        raise RuntimeError("the bare producer did not deliver everything")
+    return time.monotonic() - t0
+
+
+def run_sink(s: config.Settings, n: int, rows=None) -> float:
+    sink = ExactlyOnceSink(s, ev.EventBus(s))
+    try:
+        t0 = time.monotonic()
+        out = sink.write_batch(_plan(s), rows if rows is not None else _rows(n))
+        elapsed = time.monotonic() - t0
+        if out.outputs != n:
+            raise RuntimeError(f"{out.outputs} written, {n} expected")
+        return elapsed
+    finally:
+        sink.close()
+
+
+def run_streamed(spark, s: config.Settings, n: int, partitions: int) -> float:
+    from pyspark.sql import functions as F
+
+    ip = F.format_string(
+        "10.%d.%d.%d",
+        F.shiftright("id", 16).bitwiseAND(255),
+        F.shiftright("id", 8).bitwiseAND(255),
+        F.col("id").bitwiseAND(255),
+    )
+    df = spark.range(0, n, 1, partitions).select(
+        F.lit(wire.KIND_RESULT).alias("kind"),
+        F.concat(F.lit("1795000000000|"), ip).alias("key"),
+        F.format_string(VALUE.decode(), ip).cast("binary").alias("value"),
+    )
+    stream = (OutRecord(*r) for r in df.toLocalIterator(prefetchPartitions=True))
+    return run_sink(s, n, rows=stream)
+
+
+def _controller_port(nodes: int) -> int:
+    """A port p with p, p + NODE_PORT_STEP, ... free: the nodes' controller ports."""
+    import socket
+
+    def free(port: int) -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", port)) != 0
+
+    for _ in range(50):
+        p = procs.free_port()
+        if p + config.NODE_PORT_STEP * nodes < 65535 and all(free(p + config.NODE_PORT_STEP * i) for i in range(nodes)):
+            return p
+    raise RuntimeError("no free controller ports")
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    for noisy in ("onceflow.events", "onceflow.kafka.client", "onceflow_dev.broker", "py4j"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    sizes = [int(x) for x in os.environ.get("BENCH_WRITER_SIZES", "100000,500000,2000000").split(",")]
+    topologies = [int(x) for x in os.environ.get("BENCH_WRITER_TOPOLOGIES", "1,3").split(",")]
+    partitions = int(os.environ.get("BENCH_WRITER_PARTITIONS", "4"))
+    var = config.REPO_ROOT / "var" / "bench-writer"
+    shutil.rmtree(var, ignore_errors=True)
+    var.mkdir(parents=True)
+    results: list[dict] = []
+    from pyspark.sql import SparkSession
+
+    base0 = config.load(var_dir=var)
+    builder = SparkSession.builder.master("local[2]").appName("bench-writer")
+    for k, v in launcher.spark_conf(base0).items():
+        builder = builder.config(k, v)
+    spark = builder.config("spark.driver.memory", "1g").getOrCreate()
+    try:
+        for nodes in topologies:
+            topo_var = var / f"brokers-{nodes}"
+            boot = ",".join(f"127.0.0.1:{procs.free_port()}" for _ in range(nodes))
+            base = config.load(
+                env={}, var_dir=topo_var, brokers=nodes, bootstrap_servers=boot, controller_port=_controller_port(nodes)
+            )
+            broker.start(base)
+            try:
+                for n in sizes:
+                    for contender in ("producer", "sink", "streamed"):
+                        s = _app(base, f"w{nodes}_{contender}_{n}")
+                        if contender == "producer":
+                            secs = run_producer(s, n)
+                        elif contender == "sink":
+                            secs = run_sink(s, n)
+                        else:
+                            secs = run_streamed(spark, s, n, partitions)
+                        row = {
+                            "brokers": nodes,
+                            "replication": s.replication_factor,
+                            "records": n,
+                            "contender": contender,
+                            "seconds": round(secs, 2),
+                            "records_per_s": round(n / secs),
+                        }
+                        results.append(row)
+                        log.info("%s", row)
+            finally:
+                broker.stop(base)
+    finally:
+        spark.stop()
+    out = var / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(results, indent=1))
+    print(f"\n{'brokers':>7} {'records':>9} {'contender':>9} {'seconds':>8} {'records/s':>10} {'of producer':>11}")
+    ceiling = {(r["brokers"], r["records"]): r["records_per_s"] for r in results if r["contender"] == "producer"}
+    for r in results:
+        ratio = r["records_per_s"] / ceiling[(r["brokers"], r["records"])]
+        print(
+            f"{r['brokers']:>7} {r['records']:>9,} {r['contender']:>9} {r['seconds']:>8} "
+            f"{r['records_per_s']:>10,} {ratio:>11.2f}"
+        )
+    print(f"\n(results: {out})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
