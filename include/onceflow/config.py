@@ -87,6 +87,9 @@ class Settings:
     deploy_mode: str = "client"
     executor_memory: str = "1g"
     executor_cores: int = 1
+    # Standalone: the most cores the streaming job takes from the cluster (spark.cores.max; 0 = all, Spark's
+    # default). A long-lived job that takes every core starves the reconciliation recount and backfills.
+    cores_max: int = 0
     # Kubernetes cluster mode: the image (onceflow installed at app_root_in_image, as docker/ builds it), its
     # namespace and the driver's service account.
     k8s_image: str = ""
@@ -302,6 +305,7 @@ class Settings:
             f"{ENV_PREFIX}APP_ID must be non-empty and use only letters, digits, '.', '_', '-'",
         )
         need(self.brokers >= 1, f"{ENV_PREFIX}BROKERS must be >= 1, got {self.brokers}")
+        need(self.cores_max >= 0, f"{ENV_PREFIX}CORES_MAX must be >= 0 (0: every core), got {self.cores_max}")
         need(self.deploy_mode in ("client", "cluster"), f"{ENV_PREFIX}DEPLOY_MODE is client or cluster")
         need(
             self.deploy_mode == "client" or self.master.startswith(("k8s://", "yarn")),

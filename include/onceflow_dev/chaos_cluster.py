@@ -86,6 +86,7 @@ def settings_for(var_dir: Path, spec: ClusterChaosSpec) -> config.Settings:
         master=f"spark://127.0.0.1:{procs.free_port()}",
         driver_memory="512m",
         executor_memory="1g",
+        cores_max=2,  # the reconciliation recount at the end needs the workers' other cores
         broker_txn_abort_check_interval_ms=1000,
         broker_heap="512m",
     )
@@ -124,7 +125,7 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
     lock = threading.Lock()  # one broker fault at a time: two nodes down would stop the cluster (min ISR 2)
     try:
         broker.start(s)
-        spark_cluster.start(s, workers=2, worker_memory="1g")
+        spark_cluster.start(s, workers=2)
         topics.ensure(s)
         jobctl.start(s)
         jobctl.wait_running(s, timeout=300)
@@ -193,7 +194,7 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
                 if spark_cluster.kill_worker(s, i):
                     counts[kind] += 1
                     time.sleep(dur)
-                    spark_cluster.start(s, workers=2, worker_memory="1g")
+                    spark_cluster.start(s, workers=2)
             log.info("t=%.0fs %s (%s)", time.monotonic() - t0, kind, counts)
         feeder.join(spec.seconds * 3 + 300)
         stop.set()

@@ -53,8 +53,10 @@ def _spawn(settings: Settings, name: str, args: list[str]) -> int:
     return proc.pid
 
 
-def start(settings: Settings, workers: int, worker_memory: str = "2g", timeout: float = 120.0) -> dict:
-    """The master, then `workers` workers with one core each; returns once every worker has registered."""
+def start(settings: Settings, workers: int, worker_memory: str = "4g", cores: int = 2, timeout: float = 120.0) -> dict:
+    """The master, then `workers` workers with `cores` cores each (more than this machine has, as a cluster's
+    slots: the streaming job takes ONCEFLOW_CORES_MAX of them, the recount and backfills the rest); returns once
+    every worker has registered."""
     host, port = master_address(settings)
     home(settings).mkdir(parents=True, exist_ok=True)
     if not procs.read_pidfile(_pidfile(settings, "master")):
@@ -75,7 +77,7 @@ def start(settings: Settings, workers: int, worker_memory: str = "2g", timeout: 
                 "--host",
                 host,
                 "--cores",
-                "1",
+                str(cores),
                 "--memory",
                 worker_memory,
                 "--work-dir",

@@ -52,7 +52,8 @@ def topology(tmp_path_factory):
         controller_port=_free_step_ports(3, config.NODE_PORT_STEP),
         master=f"spark://127.0.0.1:{procs.free_port()}",
         driver_memory="512m",
-        executor_memory="2g",
+        executor_memory="1500m",
+        cores_max=2,  # one executor on each worker; their other cores stay free for the recount
         broker_txn_abort_check_interval_ms=1000,
         broker_transaction_max_timeout_ms=300_000,
         transaction_timeout_ms=300_000,
@@ -163,7 +164,7 @@ def test_the_job_on_spark_workers_loses_nothing_when_a_broker_and_a_worker_die(t
         feeder.join(60)
         assert not feeder.is_alive()
         broker.start_node(s, leader)
-        spark_cluster.start(s, workers=2, worker_memory="2g")  # the killed worker comes back
+        spark_cluster.start(s, workers=2)  # the killed worker comes back
         sent = fed["sent"]
         wait_drained(s, sent, timeout=400)
         assert_exact(s, sent)
@@ -188,7 +189,7 @@ def test_the_job_on_spark_workers_loses_nothing_when_a_broker_and_a_worker_die(t
 def test_a_batch_far_larger_than_the_driver_commits_exactly_once(topology):
     """2,010,000 source records, one per (window, IP): read in one batch, and the close-out batch after it emits
     2,005,000 windows, streamed from the executors through a 512 MiB driver into one transaction."""
-    s = app_of(topology, "topo_big", max_offsets_per_trigger=2_100_000, trigger_interval_s=2.0)
+    s = app_of(topology, "topo_big", max_offsets_per_trigger=2_100_000, trigger_interval_s=2.0, executor_memory="2g")
     windows, ips = 402, 5000
     t0 = 1_795_000_000_000
     p = Producer(

@@ -25,6 +25,11 @@ def test_a_standalone_cluster_gets_its_executors_in_client_mode():
     argv = launcher.submit_argv(s)
     assert argv[argv.index("--executor-memory") + 1] == "2g" and argv[argv.index("--executor-cores") + 1] == "1"
     assert argv[argv.index("--deploy-mode") + 1] == "client"
+    assert not any(a.startswith("spark.cores.max=") for a in argv)  # Spark's default: every core
+    capped = launcher.submit_argv(s.replace(cores_max=2))
+    assert "spark.cores.max=2" in capped
+    # the batch jobs (recount, backfill) are short: they take what the streaming job leaves
+    assert "spark.cores.max" not in launcher.batch_spec(s.replace(cores_max=2), "reconcile")["conf"]
     with pytest.raises(ConfigError, match="standalone cannot run Python drivers in cluster mode"):
         config.load(env={}, master="spark://127.0.0.1:7077", deploy_mode="cluster")
 

@@ -50,7 +50,10 @@ def submit_spec(settings: Settings) -> dict:
     SparkSubmitHook alike: name, jars, memory, Spark conf, and `application` (the job's script, as the place where
     the driver runs sees it). Local mode, a standalone cluster (client mode) and Kubernetes (client or cluster
     mode) differ only here."""
-    return _spec(settings, f"onceflow-{settings.app_id}", spark_conf(settings), JOB_SCRIPT)
+    conf = spark_conf(settings)
+    if settings.master.startswith("spark://") and settings.cores_max > 0:
+        conf["spark.cores.max"] = str(settings.cores_max)  # leave cores for the recount and backfills
+    return _spec(settings, f"onceflow-{settings.app_id}", conf, JOB_SCRIPT)
 
 
 def _spec(settings: Settings, name: str, conf: dict[str, str], script: Path) -> dict:
