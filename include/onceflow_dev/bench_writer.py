@@ -8,7 +8,7 @@ acks=all):
 - `producer`:  a bare confluent-kafka producer (idempotent, acks=all, no transaction) producing the same records
   from a Python loop: the ceiling of one Python thread producing;
 - `sink`:      the job's sink, the rows from a Python generator: the protocol's cost over the ceiling;
-- `streamed`:  the job's sink, the rows streamed from a Spark DataFrame (`toLocalIterator`, as the job does), the
+- `streamed`:  the job's sink, the rows streamed from a Spark DataFrame (`onceflow.spark.partition_stream`, as the job does), the
   DataFrame built from `spark.range` in BENCH_WRITER_PARTITIONS partitions: what a batch costs end to end.
 records/s = records / (the first record handed to the producer .. the commit returned). Prints a table and
 writes var/bench-writer/results-<time>.json.
@@ -31,6 +31,7 @@ from onceflow.kafka import topics
 from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
 from onceflow.rules.ledger import BatchPlan
 from onceflow.runtime import launcher, procs
+from onceflow.spark import partition_stream
 from onceflow_dev import broker
 
 log = logging.getLogger("onceflow_dev.bench_writer")
@@ -108,7 +109,7 @@ def run_streamed(spark, s: config.Settings, n: int, partitions: int) -> float:
         F.concat(F.lit("1795000000000|"), ip).alias("key"),
         F.format_string(VALUE.decode(), ip).cast("binary").alias("value"),
     )
-    stream = (OutRecord(*r) for r in df.toLocalIterator(prefetchPartitions=True))
+    stream = (OutRecord(*r) for r in partition_stream.rows(df))
     return run_sink(s, n, rows=stream)
 
 

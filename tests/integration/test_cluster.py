@@ -188,8 +188,17 @@ def test_the_job_on_spark_workers_loses_nothing_when_a_broker_and_a_worker_die(t
 
 def test_a_batch_far_larger_than_the_driver_commits_exactly_once(topology):
     """2,010,000 source records, one per (window, IP): read in one batch, and the close-out batch after it emits
-    2,005,000 windows, streamed from the executors through a 512 MiB driver into one transaction."""
-    s = app_of(topology, "topo_big", max_offsets_per_trigger=2_100_000, trigger_interval_s=2.0, executor_memory="2g")
+    2,000,000 windows, streamed from the executors through a 512 MiB driver into one transaction."""
+    # The driver holds at most two output partitions (the one it produces, the next one prefetched): 2,000,000
+    # windows in 64 partitions are ~31,000 rows each (docs/cluster.md: size partitions for the driver)
+    s = app_of(
+        topology,
+        "topo_big",
+        max_offsets_per_trigger=2_100_000,
+        trigger_interval_s=2.0,
+        executor_memory="2g",
+        shuffle_partitions=64,
+    )
     windows, ips = 402, 5000
     t0 = 1_795_000_000_000
     p = Producer(
@@ -205,17 +214,20 @@ def test_a_batch_far_larger_than_the_driver_commits_exactly_once(topology):
     for w in range(windows):
         ts = t0 + w * 5000
         for i in range(ips):
-            p.produce(
-                s.source_topic,
-                value=f'{{"ts":{ts},"ip":"10.{i // 65536}.{i // 256 % 256}.{i % 256}"}}',
-                partition=i % 4,
-            )
+            value = f'{{"ts":{ts},"ip":"10.{i // 65536}.{i // 256 % 256}.{i % 256}"}}'
+            while True:
+                try:
+                    p.produce(s.source_topic, value=value, partition=i % 4)
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    p.poll(0.1)
             if i % 20_000 == 0:
                 p.poll(0)
     assert p.flush(120) == 0
     jobctl.start(s)
     try:
-        want = (windows - 1) * ips  # the last window stays open (nothing comes after it)
+        # the watermark (the latest event time - 5 s) stays inside the second-to-last window: the last two stay open
+        want = (windows - 2) * ips
         procs.wait_until(
             lambda: sum(e.outputs for e in _entries(s)) >= want, 900, interval=5, what=f"{want} windows committed"
         )

@@ -53,7 +53,8 @@ def test_kubernetes_cluster_mode_runs_the_image_and_carries_the_settings():
     assert c["spark.kubernetes.driverEnv.ONCEFLOW_BOOTSTRAP_SERVERS"] == "kafka-0.kafka:9092,kafka-1.kafka:9092"
     assert c["spark.kubernetes.driverEnv.ONCEFLOW_VAR_DIR"] == "/opt/onceflow/var"
     assert (
-        c["spark.driver.extraJavaOptions"] == "-Dlog4j2.configurationFile=file:/opt/onceflow/conf/log4j2-job.properties"
+        c["spark.driver.extraJavaOptions"]
+        == "-Dlog4j2.configurationFile=file:/opt/onceflow/conf/log4j2-job.properties -XX:+ExitOnOutOfMemoryError"
     )
     batch = launcher.batch_spec(s, "reconcile")
     assert batch["application"] == "local:///opt/onceflow/jobs/reconcile.py"

@@ -34,7 +34,7 @@ from onceflow.rules.ledger import LedgerEntry
 from onceflow.rules.reconciliation import to_ms
 from onceflow.rules.records import RULES_VERSION
 from onceflow.runtime import procs
-from onceflow.spark import kafka_source, parsing
+from onceflow.spark import kafka_source, parsing, partition_stream
 from onceflow.spark.ip_count_plan import result_key_value
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ def _run(spark, settings: Settings, spec: br.Spec, writer: ChunkWriter | None, i
     written = records = 0
     try:
         chunk, rows = first, []
-        for i, row in enumerate(out.toLocalIterator()):
+        for i, row in enumerate(partition_stream.rows(out)):  # a partition at a time, in order
             if i < first * spec.chunk_size:
                 continue
             rows.append((row["key"], row["value"]))

@@ -44,7 +44,7 @@ from onceflow.runtime.driver_state import (
     startup_exit_code,
     status_after_batch,
 )
-from onceflow.spark import batch_stats
+from onceflow.spark import batch_stats, partition_stream
 from onceflow.spark import ip_count_plan as plan_of
 from onceflow.storage.checkpoint import HadoopFS
 
@@ -162,9 +162,10 @@ class BatchWriter:
             rows: Iterable[OutRecord]
             if decision is Decision.WRITE:
                 # Streamed into the transaction a partition at a time (the next one computed meanwhile): the driver
-                # never holds the batch's whole output, however many windows close in it. The first row is taken
+                # never holds the batch's whole output, however many windows close in it (partition_stream, not
+                # toLocalIterator, which keeps every served partition in the driver JVM). The first row is taken
                 # before the transaction opens: the batch's heavy stage (read, parse, shuffle) runs outside it.
-                stream = (OutRecord(*r) for r in df.toLocalIterator(prefetchPartitions=True))
+                stream = (OutRecord(*r) for r in partition_stream.rows(df))
                 first = next(stream, None)
                 rows = itertools.chain([first], stream) if first is not None else iter(())
             else:  # committed already: run the batch only to advance Spark's state store

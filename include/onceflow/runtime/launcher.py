@@ -100,8 +100,11 @@ def kubernetes_conf(settings: Settings) -> dict[str, str]:
 
 
 def conf_java_log(settings: Settings, in_image: bool = False) -> str:
+    """The driver JVM's options: its log configuration, and exit on OutOfMemoryError. A driver JVM out of heap
+    otherwise lives on with a dead thread (a task-result getter) and the query waits for good; exiting makes it a
+    failure the supervisor restarts and counts."""
     path = f"{settings.app_root_in_image.rstrip('/')}/conf/{LOG4J.name}" if in_image else str(LOG4J)
-    return f"-Dlog4j2.configurationFile=file:{path}"
+    return f"-Dlog4j2.configurationFile=file:{path} -XX:+ExitOnOutOfMemoryError"
 
 
 def spark_submit() -> str:

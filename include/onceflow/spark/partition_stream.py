@@ -1,0 +1,44 @@
+"""A DataFrame's rows on the driver a partition at a time: each partition is collected by a Spark job of its own and
+is garbage once read; the next partition is collected while the current one is consumed.
+
+Why not `DataFrame.toLocalIterator`: in pyspark 4.2 the driver JVM holds on to the partitions it has served until
+the iteration ends. Measured (local[2], 2,000,000 output-like rows in 64 partitions, a consumer slower than Spark):
+toLocalIterator runs a 512 MiB driver out of heap at partition 46 of 64, with or without prefetch; this stream
+completes in the same 512 MiB. The driver holds at most two partitions (the one being consumed, as Python rows,
+and the next one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+
+def rows(df: Any) -> Iterator[Any]:
+    """Every row of `df` (pyspark Rows), partition by partition, in partition order; each partition is computed
+    once (as toLocalIterator does, one job per partition: the stages before it run once and are reused)."""
+    from pyspark.serializers import BatchedSerializer, CPickleSerializer
+    from pyspark.util import _load_from_socket
+
+    sc = df.sparkSession.sparkContext
+    jrdd = df._jdf.javaToPython()  # pickled rows, made in the executors' JVMs (no Python on the executors)
+    n = jrdd.getNumPartitions()
+    serializer = BatchedSerializer(CPickleSerializer())
+
+    def collect(i: int) -> list[Any]:
+        # read at once: the JVM's one-connection server does not wait long for a reader
+        sock_info = sc._jvm.PythonRDD.runJob(sc._jsc.sc(), jrdd, [i])
+        with _load_from_socket(sock_info, serializer) as stream:
+            return list(stream)
+
+    if n == 0:
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="partition-prefetch") as pool:
+        pending = pool.submit(collect, 0)
+        for i in range(n):
+            partition = pending.result()
+            if i + 1 < n:
+                pending = pool.submit(collect, i + 1)
+            yield from partition
+            del partition
