@@ -6,6 +6,7 @@ the deploy DAG hands the same spec to the Spark provider's SparkSubmitHook.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -76,7 +77,7 @@ def _spec(settings: Settings, name: str, conf: dict[str, str], script: Path) -> 
 
 def _in_image(settings: Settings, path: str) -> str:
     """A file of this checkout as a driver pod sees it: the same layout under app_root_in_image, local://."""
-    rel = Path(path).resolve().relative_to(REPO_ROOT)
+    rel = Path(os.path.abspath(path)).relative_to(REPO_ROOT)  # not resolve(): var/jvm may be a symlink
     return f"local://{settings.app_root_in_image.rstrip('/')}/{rel.as_posix()}"
 
 
