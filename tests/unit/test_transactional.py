@@ -365,3 +365,29 @@ def test_send_offsets_errors_still_classified_on_the_callers_thread():
     with pytest.raises(t.Aborted):
         w.send_offsets([], object())
     assert calls[-1] == ("p0", "abort_transaction")
+
+
+def test_a_producer_fenced_between_batches_is_fenced_not_aborted():
+    """Fenced while idle, librdkafka's produce() says only `_FATAL`; the transactional API names the cause. Found by
+    the running-job fencing test: read as an abortable error, the fenced job was restarted and fenced back."""
+    w, calls, made = writer(
+        [
+            {
+                "produce": [kerr(KafkaError._FATAL)],
+                "abort_transaction": [kerr(KafkaError._FENCED, fatal=True)],
+            }
+        ]
+    )
+    w.begin()
+    with pytest.raises(t.Fenced):
+        w.produce("sink", b"k", b"v")
+    with pytest.raises(t.Fenced):  # dead for good: never aborted again, never re-initialised
+        w.begin()
+    assert [m for _, m in calls].count("init_transactions") == 1 and len(made) == 1
+
+
+def test_a_fatal_produce_without_a_known_cause_is_fatal():
+    w, _, _ = writer([{"produce": [kerr(KafkaError._FATAL)], "abort_transaction": [kerr(KafkaError._FATAL)]}])
+    w.begin()
+    with pytest.raises(t.FatalProducerError):
+        w.produce("sink", b"k", b"v")

@@ -113,7 +113,7 @@ def classify(err: KafkaError, *, phase: str, elapsed_ms: float | None, timeout_m
         return COORDINATOR_TIMEOUT
     if code in FENCING_CODES:
         return FENCED
-    if err.fatal():
+    if err.fatal() or code == KafkaError._FATAL:
         return FATAL
     if err.txn_requires_abort():
         return ABORTABLE
@@ -304,7 +304,7 @@ class TransactionalWriter:
 
     def _failure(self, e: KafkaException, phase: str, kind: str | None = None) -> TxnError:
         """Classify, do what the class requires (abort, replace the producer, give up on it), return the error."""
-        err: KafkaError = e.args[0]
+        err: KafkaError = self._root_cause(e.args[0])
         elapsed = self.elapsed_ms
         kind = kind or classify(err, phase=phase, elapsed_ms=elapsed, timeout_ms=self.timeout_ms)
         detail = f"; {self._failed_delivery}" if self._failed_delivery else ""
@@ -320,6 +320,21 @@ class TransactionalWriter:
         elif phase != "init":
             self.abort()
         return exc
+
+    def _root_cause(self, err: KafkaError) -> KafkaError:
+        """produce() on a producer already in librdkafka's fatal state reports only `_FATAL` ("Unable to produce
+        message: Local: Fatal error"); the transactional API returns the error that made it fatal, e.g. `_FENCED`
+        when a newer instance fenced it between two batches. Fencing must be told from other fatal errors: a
+        fenced job stops, a fatal one restarts."""
+        if err.code() != KafkaError._FATAL or self._producer is None:
+            return err
+        try:
+            self._producer.abort_transaction(1.0)
+        except KafkaException as e:
+            cause: KafkaError = e.args[0]
+            if cause.code() != KafkaError._FATAL:
+                return cause
+        return err
 
     def _replace(self, why: str) -> None:
         """A new producer with the same transactional.id, initialised before anything else can be written: its
