@@ -113,21 +113,6 @@ def run_streamed(spark, s: config.Settings, n: int, partitions: int) -> float:
     return run_sink(s, n, rows=stream)
 
 
-def _controller_port(nodes: int) -> int:
-    """A port p with p, p + NODE_PORT_STEP, ... free: the nodes' controller ports."""
-    import socket
-
-    def free(port: int) -> bool:
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", port)) != 0
-
-    for _ in range(50):
-        p = procs.free_port()
-        if p + config.NODE_PORT_STEP * nodes < 65535 and all(free(p + config.NODE_PORT_STEP * i) for i in range(nodes)):
-            return p
-    raise RuntimeError("no free controller ports")
-
-
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     for noisy in ("onceflow.events", "onceflow.kafka.client", "onceflow_dev.broker", "py4j"):
@@ -151,7 +136,11 @@ def main() -> int:
             topo_var = var / f"brokers-{nodes}"
             boot = ",".join(f"127.0.0.1:{procs.free_port()}" for _ in range(nodes))
             base = config.load(
-                env={}, var_dir=topo_var, brokers=nodes, bootstrap_servers=boot, controller_port=_controller_port(nodes)
+                env={},
+                var_dir=topo_var,
+                brokers=nodes,
+                bootstrap_servers=boot,
+                controller_port=procs.free_port_run(nodes, config.NODE_PORT_STEP),
             )
             broker.start(base)
             try:

@@ -34,19 +34,20 @@ from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL
 log = logging.getLogger("onceflow_dev.chaos")
 
 
-def _env(name: str, default):
+def env_or(name: str, default):
+    """An environment variable as the type of its default (the CHAOS_* and SOAK_* knobs)."""
     return type(default)(os.environ.get(name, default))
 
 
 @dataclass
 class ChaosSpec:
-    seconds: float = field(default_factory=lambda: _env("CHAOS_SECONDS", 600.0))
-    records: int = field(default_factory=lambda: _env("CHAOS_RECORDS", 1_000_000))
-    job_kills: int = field(default_factory=lambda: _env("CHAOS_JOB_KILLS", 20))
-    broker_restarts: int = field(default_factory=lambda: _env("CHAOS_BROKER_RESTARTS", 3))
-    stalls: int = field(default_factory=lambda: _env("CHAOS_STALLS", 3))
-    pauses: int = field(default_factory=lambda: _env("CHAOS_PAUSES", 3))
-    seed: int = field(default_factory=lambda: _env("CHAOS_SEED", 1))
+    seconds: float = field(default_factory=lambda: env_or("CHAOS_SECONDS", 600.0))
+    records: int = field(default_factory=lambda: env_or("CHAOS_RECORDS", 1_000_000))
+    job_kills: int = field(default_factory=lambda: env_or("CHAOS_JOB_KILLS", 20))
+    broker_restarts: int = field(default_factory=lambda: env_or("CHAOS_BROKER_RESTARTS", 3))
+    stalls: int = field(default_factory=lambda: env_or("CHAOS_STALLS", 3))
+    pauses: int = field(default_factory=lambda: env_or("CHAOS_PAUSES", 3))
+    seed: int = field(default_factory=lambda: env_or("CHAOS_SEED", 1))
     ips: int = 5000
 
 

@@ -35,20 +35,16 @@ from onceflow_dev import broker, chaos, generator, spark_cluster
 log = logging.getLogger("onceflow_dev.chaos")
 
 
-def _env(name: str, default):
-    return type(default)(os.environ.get(name, default))
-
-
 @dataclass
 class ClusterChaosSpec:
-    seconds: float = field(default_factory=lambda: _env("CHAOS_SECONDS", 600.0))
-    records: int = field(default_factory=lambda: _env("CHAOS_RECORDS", 600_000))
-    job_kills: int = field(default_factory=lambda: _env("CHAOS_JOB_KILLS", 5))
-    leader_kills: int = field(default_factory=lambda: _env("CHAOS_LEADER_KILLS", 3))
-    coordinator_kills: int = field(default_factory=lambda: _env("CHAOS_COORDINATOR_KILLS", 2))
-    worker_kills: int = field(default_factory=lambda: _env("CHAOS_WORKER_KILLS", 2))
-    broker_down_s: float = field(default_factory=lambda: _env("CHAOS_BROKER_DOWN_S", 120.0))
-    seed: int = field(default_factory=lambda: _env("CHAOS_SEED", 1))
+    seconds: float = field(default_factory=lambda: chaos.env_or("CHAOS_SECONDS", 600.0))
+    records: int = field(default_factory=lambda: chaos.env_or("CHAOS_RECORDS", 600_000))
+    job_kills: int = field(default_factory=lambda: chaos.env_or("CHAOS_JOB_KILLS", 5))
+    leader_kills: int = field(default_factory=lambda: chaos.env_or("CHAOS_LEADER_KILLS", 3))
+    coordinator_kills: int = field(default_factory=lambda: chaos.env_or("CHAOS_COORDINATOR_KILLS", 2))
+    worker_kills: int = field(default_factory=lambda: chaos.env_or("CHAOS_WORKER_KILLS", 2))
+    broker_down_s: float = field(default_factory=lambda: chaos.env_or("CHAOS_BROKER_DOWN_S", 120.0))
+    seed: int = field(default_factory=lambda: chaos.env_or("CHAOS_SEED", 1))
     ips: int = 5000
 
 
@@ -74,9 +70,7 @@ def coordinator_stalls(spec: ClusterChaosSpec) -> list[int]:
 
 def settings_for(var_dir: Path, spec: ClusterChaosSpec) -> config.Settings:
     boot = ",".join(f"127.0.0.1:{procs.free_port()}" for _ in range(3))
-    ctl = procs.free_port()
-    while not all(_free(ctl + config.NODE_PORT_STEP * i) for i in range(3)):
-        ctl = procs.free_port()
+    ctl = procs.free_port_run(3, config.NODE_PORT_STEP)
     base = config.load(
         env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
         var_dir=var_dir,
@@ -105,13 +99,6 @@ def settings_for(var_dir: Path, spec: ClusterChaosSpec) -> config.Settings:
         restart_delay_s=1.0,
         fault=stall,
     )
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
 def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:

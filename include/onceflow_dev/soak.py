@@ -39,19 +39,15 @@ from onceflow_dev.webhook_receiver import Receiver
 log = logging.getLogger("onceflow_dev.soak")
 
 
-def _env(name: str, default):
-    return type(default)(os.environ.get(name, default))
-
-
 @dataclass
 class SoakSpec:
-    seconds: float = field(default_factory=lambda: _env("SOAK_SECONDS", 1800.0))
-    rate: float = field(default_factory=lambda: _env("SOAK_RATE", 200.0))
-    job_kills: int = field(default_factory=lambda: _env("SOAK_JOB_KILLS", 6))
-    broker_restarts: int = field(default_factory=lambda: _env("SOAK_BROKER_RESTARTS", 2))
-    pauses: int = field(default_factory=lambda: _env("SOAK_PAUSES", 2))
-    seed: int = field(default_factory=lambda: _env("SOAK_SEED", 1))
-    grace_s: float = field(default_factory=lambda: _env("SOAK_GRACE_S", 240.0))
+    seconds: float = field(default_factory=lambda: chaos.env_or("SOAK_SECONDS", 1800.0))
+    rate: float = field(default_factory=lambda: chaos.env_or("SOAK_RATE", 200.0))
+    job_kills: int = field(default_factory=lambda: chaos.env_or("SOAK_JOB_KILLS", 6))
+    broker_restarts: int = field(default_factory=lambda: chaos.env_or("SOAK_BROKER_RESTARTS", 2))
+    pauses: int = field(default_factory=lambda: chaos.env_or("SOAK_PAUSES", 2))
+    seed: int = field(default_factory=lambda: chaos.env_or("SOAK_SEED", 1))
+    grace_s: float = field(default_factory=lambda: chaos.env_or("SOAK_GRACE_S", 240.0))
     # the schedules, shortened through the settings an operator would set
     health_interval_s: float = 60.0
     txn_watch_interval_s: float = 30.0

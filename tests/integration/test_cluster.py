@@ -8,7 +8,6 @@ driver's memory, committed once."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 
 import pytest
@@ -26,20 +25,6 @@ from tests.integration.helpers import assert_exact, produce, wait_drained
 pytestmark = pytest.mark.integration
 
 
-def _free_step_ports(n: int, step: int) -> int:
-    """A port p with p, p + step, ... all free (the nodes' controller ports)."""
-    for _ in range(50):
-        p = procs.free_port()
-        if p + step * n < 65535 and all(_free(p + step * i) for i in range(n)):
-            return p
-    raise RuntimeError("no free port run")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
-
-
 @pytest.fixture(scope="module")
 def topology(tmp_path_factory):
     var = tmp_path_factory.mktemp("cluster")
@@ -49,7 +34,7 @@ def topology(tmp_path_factory):
         var_dir=var,
         brokers=3,
         bootstrap_servers=boot,
-        controller_port=_free_step_ports(3, config.NODE_PORT_STEP),
+        controller_port=procs.free_port_run(3, config.NODE_PORT_STEP),
         master=f"spark://127.0.0.1:{procs.free_port()}",
         driver_memory="512m",
         executor_memory="1500m",

@@ -65,6 +65,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(n: int, step: int, attempts: int = 50) -> int:
+    """A loopback port p with p, p + step, ..., p + step * (n - 1) all free: the controller ports of n Kafka nodes,
+    spaced as onceflow.config.Settings.kafka_nodes spaces them."""
+    import socket
+
+    def free(port: int) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) != 0
+
+    for _ in range(attempts):
+        p = free_port()
+        if p + step * n < 65535 and all(free(p + step * i) for i in range(n)):
+            return p
+    raise RuntimeError(f"no {n} free loopback ports {step} apart after {attempts} tries")
+
+
 def spawn_detached(
     argv: Sequence[str], log_file: Path, env: dict | None = None, cwd: Path | None = None
 ) -> subprocess.Popen:
