@@ -126,6 +126,10 @@ def server_properties(settings: Settings, n: Node, quorum: list[Node]) -> dict[s
         "share.coordinator.state.topic.min.isr": isr,
         # a node that comes back catches up from the others; an out-of-sync replica is never made leader
         "unclean.leader.election.enable": "false",
+        # a killed node is fenced (its partitions and coordinators move) after 6 s without a heartbeat, not
+        # Kafka's 9 s: a transaction open at that moment survives the failover inside its timeout
+        "broker.heartbeat.interval.ms": "1000",
+        "broker.session.timeout.ms": "6000",
     }
 
 

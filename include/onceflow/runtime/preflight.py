@@ -48,13 +48,25 @@ def broker_reachable(settings: Settings, timeout: float = 10.0) -> None:
 
 
 def broker_transaction_max_timeout_ms(settings: Settings, timeout: float = 10.0) -> int:
+    """The smallest transaction.max.timeout.ms among the brokers that answer. A broker that is down (still listed
+    until the controller fences it) is skipped: one node out of a replicated cluster must not keep the job from
+    starting, and it is checked again at the next start."""
     admin = kafka_clients.admin(settings)
     brokers = admin.list_topics(timeout=timeout).brokers
-    values = []
-    for broker_id in sorted(brokers):
-        res = ConfigResource(ResourceType.BROKER, str(broker_id))
-        cfg = admin.describe_configs([res])[res].result(timeout)
-        values.append(int(cfg["transaction.max.timeout.ms"].value))
+    res = {b: ConfigResource(ResourceType.BROKER, str(b)) for b in sorted(brokers)}
+    # one call per broker (a broker's configs are asked of that broker), all in flight at once
+    futures = {b: admin.describe_configs([r], request_timeout=timeout)[r] for b, r in res.items()}
+    values, errors = [], []
+    for b, f in futures.items():
+        try:
+            values.append(int(f.result(timeout + 1)["transaction.max.timeout.ms"].value))
+        except Exception as e:
+            errors.append(f"broker {b}: {e!r}")
+    if not values:
+        raise BrokerUnreachable(
+            f"no broker at {settings.bootstrap_servers} answered a describe-configs request within {timeout:.0f} s "
+            f"({'; '.join(errors)})"
+        )
     return min(values)
 
 
