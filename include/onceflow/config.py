@@ -121,6 +121,9 @@ class Settings:
     # --- the supervisor (Flink's classic fixed-delay restart strategy: 3 attempts, 10 s apart) ---
     restart_attempts: int = 3
     restart_delay_s: float = 10.0
+    # A warm standby driver (its JVM and Spark session up, waiting on the app's lock) takes over at once when the
+    # active driver's process is lost (kill -9, OOM kill); other failures keep the fixed delay. Client mode only.
+    standby: bool = False
 
     # --- the control plane (Airflow) ---
     kafka_conn_id: str = "onceflow_kafka"  # Airflow connection holding bootstrap.servers
@@ -316,6 +319,11 @@ class Settings:
             not self.master.startswith("k8s://") or self.deploy_mode == "client" or bool(self.k8s_image),
             f"{ENV_PREFIX}K8S_IMAGE must name the image (onceflow installed at {ENV_PREFIX}APP_ROOT_IN_IMAGE) for "
             f"Kubernetes cluster mode",
+        )
+        need(
+            not self.standby or self.deploy_mode == "client",
+            f"{ENV_PREFIX}STANDBY needs {ENV_PREFIX}DEPLOY_MODE=client: a standby driver waits on the app's lock next "
+            f"to its supervisor (in cluster mode the cluster manager restarts the driver)",
         )
         # (brokers = 1 is also the setting for an existing cluster, whose size onceflow does not know)
         need(

@@ -63,12 +63,15 @@ BACKFILL_CHUNK = "backfill_chunk_committed"
 BACKFILL_DONE = "backfill_done"
 
 # ---------------------------------------------------------------------------- the streaming job's exit codes
+# The supervisor sees the driver's code through spark-submit's JVM, so none may be one the JVM uses itself: 3 is
+# -XX:+ExitOnOutOfMemoryError's (a crash, restarted), above 128 a death by signal (a lost process).
 EXIT_OK = 0  # stopped on request
 EXIT_FAILED = 1  # a crash: the supervisor restarts it after a fixed delay
 EXIT_CONFIG = 2  # a misconfiguration: the message says what to change
-EXIT_FENCED = 3  # fenced by a newer instance of the app
+JVM_OUT_OF_MEMORY = 3  # not ours: the driver JVM's exit on OutOfMemoryError
 EXIT_DIVERGENT = 4  # the checkpoint and the committed history disagree (or cannot be proven to agree)
 EXIT_LOCKED = 5  # another instance holds the app's lock on this machine
+EXIT_FENCED = 6  # fenced by a newer instance of the app
 
 # Exit codes after which the supervisor does not restart the job, and why (a restart would not help).
 NO_RESTART = {

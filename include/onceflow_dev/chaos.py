@@ -48,6 +48,8 @@ class ChaosSpec:
     stalls: int = field(default_factory=lambda: env_or("CHAOS_STALLS", 3))
     pauses: int = field(default_factory=lambda: env_or("CHAOS_PAUSES", 3))
     seed: int = field(default_factory=lambda: env_or("CHAOS_SEED", 1))
+    # a warm standby driver takes over killed drivers (CHAOS_STANDBY=0: every kill is a cold restart)
+    standby: int = field(default_factory=lambda: env_or("CHAOS_STANDBY", 1))
     ips: int = 5000
 
 
@@ -97,6 +99,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         transaction_timeout_ms=timeout_ms,
         restart_attempts=1000,
         restart_delay_s=1.0,
+        standby=bool(spec.standby),
         fault=",".join(f"stall_in_txn@{b}:{stall_s:.0f}" for b in stall_batches(spec)),
     )
     var_dir.mkdir(parents=True, exist_ok=True)
@@ -138,6 +141,8 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             if kind in ("kill_job", "pause_driver"):
                 # a fault for a job that is still coming back would hit nothing: wait for its query to run
                 jobctl.wait_running(s, after_ms=last_restart_ms, timeout=300)
+            if kind == "kill_job" and spec.standby and counts["kill_job"] % 2 == 0:
+                _wait_standby(s)  # every other kill lands on a warm standby (a takeover), the rest maybe not
             if kind == "kill_job" and jobctl.kill(s):
                 counts[kind] += 1
                 last_restart_ms = int(time.time() * 1000)
@@ -162,7 +167,8 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         report = verify(s, sent)
         report |= {
             "faults": counts,
-            "restarts": len(events_of(s, wire.SUPERVISOR_RESTART)),
+            "restarts": len(restarts := events_of(s, wire.SUPERVISOR_RESTART)),
+            "standby_takeovers": sum(1 for e in restarts if e.get("standby") and e.get("delay_s") == 0),
             "transaction_timeouts": len(events_of(s, wire.TRANSACTION_TIMEOUT)),
             "wall_s": round(time.monotonic() - t0, 1),
             "seed": spec.seed,
@@ -200,6 +206,13 @@ def _wait_stall_over(s, stall_s: float) -> None:
     if stalls:
         over = max(e["ts_ms"] for e in stalls) / 1000 + stall_s + 3  # + the failed commit and its event
         time.sleep(max(0.0, over - time.time()))
+
+
+def _wait_standby(s, timeout: float = 180.0) -> None:
+    try:
+        procs.wait_until(lambda: (jobctl.status(s)["standby"] or {}).get("ready"), timeout, what="a warm standby")
+    except TimeoutError:
+        log.warning("no warm standby after %.0f s: this kill is a cold restart", timeout)
 
 
 def wait_drained(s, sent, timeout: float) -> None:
@@ -276,7 +289,7 @@ def main() -> int:
     print(f"""
 records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late)
 faults injected   {f["kill_job"]} kill -9 of the job, {f["restart_broker"]} broker kill+restart, {f["pause_driver"]} driver SIGSTOP/SIGCONT, {f["stall_in_txn"]} transactions held past their timeout ({report["transaction_timeouts"]} timeouts reported)
-restarts          {report["restarts"]} (supervisor)
+restarts          {report["restarts"]} (supervisor; {report["standby_takeovers"]} by the warm standby)
 lost              {report["lost"]}
 duplicated        {report["duplicated"]}
 DLQ complete      {report["dlq_complete"]}

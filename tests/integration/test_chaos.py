@@ -15,4 +15,5 @@ def test_short_chaos_run_loses_nothing_and_duplicates_nothing(tmp_path):
     assert (rep["lost"], rep["duplicated"], rep["dlq_complete"]) == (0, 0, True)
     assert rep["faults"] == {"kill_job": 3, "restart_broker": 1, "pause_driver": 1, "stall_in_txn": 1}, rep
     assert rep["transaction_timeouts"] >= 1 and rep["restarts"] >= 3
+    assert rep["standby_takeovers"] >= 1  # kills that landed on a warm standby (ChaosSpec.standby)
     assert set(rep["reconciliation"].values()) == {"pass"}

@@ -178,7 +178,11 @@ def test_a_job_that_just_started_or_runs_a_long_batch_is_not_stalled():
 
 def test_a_job_that_ended_for_good_pages_and_is_not_restarted():
     s = config.load(env={}, app_id="a")
-    for code, why in ((3, "fenced"), (4, "divergent history"), (2, "misconfiguration")):
+    for code, why in (
+        (wire.EXIT_FENCED, "fenced"),
+        (wire.EXIT_DIVERGENT, "divergent history"),
+        (wire.EXIT_CONFIG, "misconfiguration"),
+    ):
         rec = record(running=False, job_pid=None, last_exit={"exit_code": code, "reason": why})
         found = health.assess(rec, s)
         assert [c.key for c in found] == ["health:a:not_restartable"] and why in found[0].summary
@@ -281,9 +285,11 @@ def test_a_relaunched_job_is_not_judged_by_its_predecessors_status(tmp_path):
     finally:
         proc.kill()
         proc.wait()
-    ev.write_status(s.status_file, {"state": "failed", "started_ms": old_start, "exit_code": 3, "error": "fenced"})
+    ev.write_status(
+        s.status_file, {"state": "failed", "started_ms": old_start, "exit_code": wire.EXIT_FENCED, "error": "fenced"}
+    )
     st = jobctl.status(s)
-    assert not st["running"] and st["last_exit"]["exit_code"] == 3
+    assert not st["running"] and st["last_exit"]["exit_code"] == wire.EXIT_FENCED
     rec = record(running=False, job_pid=None, last_exit=st["last_exit"])
     assert [c.key for c in health.assess(rec, s)] == ["health:a:not_restartable"]
 

@@ -9,7 +9,7 @@ import pytest
 from onceflow import config, wire
 from onceflow.protocol.exactly_once import TransactionConfigError, ZombieFenced
 from onceflow.rules.ledger import BatchPlan, Decision, DivergentHistory
-from onceflow.runtime import preflight
+from onceflow.runtime import preflight, supervisor
 from onceflow.runtime.driver_state import (
     InstanceLocked,
     failure_exit_code,
@@ -98,3 +98,31 @@ def test_how_a_refused_start_ends(err, code):
     assert startup_exit_code(err) == code
     # and what the supervisor does with it: everything but a crash ends supervision
     assert (code in wire.NO_RESTART) == (code != wire.EXIT_FAILED)
+
+
+@pytest.mark.parametrize(
+    "rc, lost",
+    [
+        (-9, True),  # spark-submit's JVM killed (kill -9 of the launch's group)
+        (137, True),  # the Python driver killed: its JVM exits with 128 + 9
+        (wire.EXIT_FAILED, False),  # an error the driver reported
+        (wire.JVM_OUT_OF_MEMORY, False),  # the JVM's own OutOfMemoryError exit
+    ],
+)
+def test_which_ends_a_warm_standby_replaces_at_once(rc, lost):
+    s = config.Settings(restart_delay_s=7.0, standby=True)
+    assert supervisor.driver_lost(rc) is lost
+    assert supervisor.restart_delay(s, rc, standby_alive=True) == (0.0 if lost else 7.0)
+    assert supervisor.restart_delay(s, rc, standby_alive=False) == 7.0  # no standby: the fixed delay, always
+
+
+def test_no_exit_code_of_the_driver_is_one_the_jvm_or_a_signal_uses():
+    codes = [wire.EXIT_OK, wire.EXIT_FAILED, wire.EXIT_CONFIG, wire.EXIT_DIVERGENT, wire.EXIT_LOCKED, wire.EXIT_FENCED]
+    assert len(set(codes)) == len(codes)
+    assert wire.JVM_OUT_OF_MEMORY not in codes and wire.JVM_OUT_OF_MEMORY not in wire.NO_RESTART
+    assert all(0 <= c <= 128 and not supervisor.driver_lost(c) for c in codes)
+
+
+def test_a_standby_needs_client_mode():
+    with pytest.raises(config.ConfigError, match="STANDBY needs"):
+        config.Settings(standby=True, master="k8s://https://k:6443", deploy_mode="cluster", k8s_image="i").validate()

@@ -30,10 +30,11 @@ from pyspark.sql.streaming import StreamingQueryListener
 from onceflow import config, wire
 from onceflow.faults import Injector
 from onceflow.kafka import events as ev
+from onceflow.kafka import reading as kafka_reading
 from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
 from onceflow.rules import checkpoint
 from onceflow.rules.ledger import Decision
-from onceflow.runtime import preflight
+from onceflow.runtime import preflight, standby
 from onceflow.runtime.driver_state import (
     InstanceLocked,
     StopRequested,
@@ -44,7 +45,7 @@ from onceflow.runtime.driver_state import (
     startup_exit_code,
     status_after_batch,
 )
-from onceflow.spark import batch_stats, partition_stream
+from onceflow.spark import batch_stats, kafka_source, partition_stream
 from onceflow.spark import ip_count_plan as plan_of
 from onceflow.storage.checkpoint import HadoopFS
 
@@ -58,18 +59,24 @@ class InstanceLock:
     held: list[InstanceLock] = []  # referenced for the life of the process
 
     @classmethod
-    def acquire(cls, settings: config.Settings) -> InstanceLock:
-        lock = cls(settings)
+    def acquire(cls, settings: config.Settings, wait_s: float = 0.0) -> InstanceLock:
+        lock = cls(settings, wait_s)
         cls.held.append(lock)
         return lock
 
-    def __init__(self, settings: config.Settings):
+    def __init__(self, settings: config.Settings, wait_s: float = 0.0):
         settings.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = settings.run_dir / f"{settings.app_id}.lock"
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
             holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip()
             raise InstanceLocked(
                 f"another instance of app {settings.app_id} is running (pid {holder or '?'}, lock "
@@ -136,6 +143,8 @@ class BatchWriter:
         self.failure: list[BaseException] = []
         self.last_written: int | None = None  # the last Spark batch whose transaction this driver finished
         self.query: Any = None  # the running query, for its batch statistics
+        self.started_at = time.monotonic()  # set again when the query starts
+        self.first_batch_ms: int | None = None
 
     def __call__(self, df, batch_id: int) -> None:
         while not self.lock.acquire(timeout=0.1):
@@ -180,6 +189,14 @@ class BatchWriter:
                 "compute_ms": round((t2 - t1) * 1000),
                 "txn_ms": round((time.monotonic() - t2) * 1000),
             }
+            if self.first_batch_ms is None:  # how a (re)start spends its time until the first commit
+                self.first_batch_ms = int(t0 * 1000)
+                log.info(
+                    "first batch %s since the query's start: %d ms to the batch, %s",
+                    plan.batch,
+                    round((t0 - self.started_at) * 1000),
+                    timings,
+                )
             log.debug("batch %s timings %s", plan.batch, timings)
         except BaseException as e:
             self.failure.append(e)
@@ -240,11 +257,52 @@ def _refused(bus: ev.EventBus, stage: str, e: BaseException) -> int:
     return code
 
 
+def warm_up(spark: SparkSession, settings: config.Settings, per_partition: int = 500) -> None:
+    """Run the job's own plan once, as a batch, over the source's newest records: the first run of a plan pays for
+    the Kafka connector's classes, the parse's and the aggregation's code generation (cached by the session and
+    reused by the streaming query) and the executors' threads."""
+    wm = kafka_reading.watermarks(settings, settings.source_topic)
+    end = {p: hi for p, (_, hi) in (wm or {}).items()}
+    start = {p: max(lo, hi - per_partition) for p, (lo, hi) in (wm or {}).items()}
+    raw = kafka_source.read_range(spark, settings, settings.source_topic, start, end)
+    plan_of.results_and_dlq(raw.select("value", "topic", "partition", "offset", "timestamp"), settings).write.format(
+        "noop"
+    ).mode("overwrite").save()
+
+
+def warm_standby(settings: config.Settings) -> SparkSession | None:
+    """A standby launch: its session built and warmed (executors up, a shuffle run once), then it waits for its
+    turn. The session to start the job with, or None if it was never told to take over."""
+    spark = build_session(settings)
+    try:
+        warm_up(spark, settings)
+    except Exception as e:  # a cold standby still takes over; only slower
+        log.warning("standby: warm-up failed (%s)", e)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    log.info("standby: session up, waiting for the supervisor's word")
+    if not standby.wait_for_turn(settings, stop):
+        return None
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # from here on a driver like any other
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    return spark
+
+
 def run(settings: config.Settings) -> int:
     bus = ev.EventBus(settings)
+    spark = None
+    if standby.is_standby():
+        spark = warm_standby(settings)
+        if spark is None:
+            return wire.EXIT_OK
+        log.info("standby: taking over")
     try:
+        t_start = time.monotonic()
         info = preflight.check_job(settings)
-        InstanceLock.acquire(settings)
+        t_preflight = time.monotonic()
+        # a standby's predecessor has just died: the kernel releases its lock as it exits
+        InstanceLock.acquire(settings, wait_s=10.0 if spark is not None else 0.0)
     except (InstanceLocked, preflight.PreflightError, config.ConfigError) as e:
         return _refused(bus, "lock" if isinstance(e, InstanceLocked) else "preflight", e)
     status = Status(settings)
@@ -255,17 +313,19 @@ def run(settings: config.Settings) -> int:
     )
     try:
         sink = ExactlyOnceSink(settings, bus, injector)  # fences the previous instance of the app
+        t_producer = time.monotonic()
     except Exception as e:
         if startup_exit_code(e) == wire.EXIT_FAILED:
             raise
         return _refused(bus, "producer", e)
-    spark = build_session(settings)
+    spark = spark or build_session(settings)
     fs = HadoopFS(spark, settings.checkpoint)
     epoch = checkpoint.read_epoch(fs)  # how Spark's batch ids map to the ledger's since the last restore
     quarantine = checkpoint.read_quarantine(fs)  # source offsets an operator quarantined (records go to the DLQ)
     writer = BatchWriter(settings, sink, fs, epoch, status)
     spark.streams.addListener(ProgressListener(bus, status, writer.batches))
     frame = plan_of.results_and_dlq(plan_of.source(spark, settings), settings, quarantine)
+    writer.started_at = time.monotonic()
     query = (
         frame.writeStream.foreachBatch(writer)
         .outputMode("append")
@@ -277,6 +337,7 @@ def run(settings: config.Settings) -> int:
         .start()
     )
     writer.query = query
+    t_query = time.monotonic()
     bus.emit(
         wire.JOB_STARTED,
         checkpoint=settings.checkpoint,
@@ -289,6 +350,12 @@ def run(settings: config.Settings) -> int:
         ledger_shift=epoch.ledger_shift,
         job_config_hash=settings.job_config_hash(),
         **info,
+        # where a (re)start's time goes, up to the query's start (the first batch's: the "first batch" log line)
+        startup_ms={
+            "preflight": round((t_preflight - t_start) * 1000),
+            "producer": round((t_producer - t_preflight) * 1000),
+            "session_and_query": round((t_query - t_producer) * 1000),
+        },
     )
     status.update(
         state="running",

@@ -15,7 +15,7 @@ from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
-from onceflow.runtime import jvm, launcher, preflight, procs, supervisor
+from onceflow.runtime import jvm, launcher, preflight, procs, standby, supervisor
 
 
 class JobControlError(RuntimeError):
@@ -93,7 +93,17 @@ def status(settings: Settings) -> dict:
         "running_batch": st.get("running_batch") if fresh else None,
         "batch_started_ms": batch_since,
         "last_exit": exited,
+        "standby": _standby_status(settings),
     }
+
+
+def _standby_status(settings: Settings) -> dict | None:
+    """The warm standby driver, if one runs: its launch pid and whether its session is up."""
+    sb = procs.read_pidfile(standby.pidfile(settings))
+    if not sb:
+        return None
+    ready = standby.ready(settings, sb["pid"])
+    return {"pid": sb["pid"], "ready": bool(ready), "ready_ms": ready.get("ready_ms") if ready else None}
 
 
 def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | None:
@@ -203,8 +213,12 @@ def stop(settings: Settings, timeout: float = 90.0, record_intent: bool = True) 
         procs.stop_process(sup["pid"], timeout)
     if job and procs.pid_alive(job["pid"]):
         procs.stop_process(job["pid"], timeout)
+    sb = procs.read_pidfile(standby.pidfile(settings))  # its supervisor stops it; unless it was killed
+    if sb:
+        procs.stop_process(sb["pid"], timeout)
     supervisor.supervisor_pidfile(settings).unlink(missing_ok=True)
     supervisor.job_pidfile(settings).unlink(missing_ok=True)
+    standby.clear(settings)
     return True
 
 

@@ -1,0 +1,83 @@
+"""A warm standby driver takes over a lost driver at once, keeps the fixed delay for a failure the driver reported,
+and loses and duplicates nothing (onceflow.runtime.standby, onceflow.runtime.supervisor)."""
+
+from __future__ import annotations
+
+import threading
+
+from onceflow import wire
+from onceflow.runtime import jobctl, procs, standby
+from tests.integration.helpers import assert_exact, events, now_ms, produce, wait_drained
+
+
+def _standby_ready(s) -> dict:
+    return procs.wait_until(
+        lambda: (st := jobctl.status(s)["standby"]) and st["ready"] and st,
+        240,
+        interval=0.5,
+        what="a warm standby",
+    )
+
+
+def test_a_warm_standby_takes_over_and_loses_nothing(app, tmp_path):
+    # raise_after_commit: a failure the driver reports (not a lost process): the fixed delay is kept
+    s = app(standby=True, max_offsets_per_trigger=3000, restart_delay_s=4.0, fault="raise_after_commit@12")
+    produced: dict = {}
+
+    def feed():
+        produced["sent"] = produce(
+            s,
+            tmp_path / "m.csv",
+            count=60_000,
+            rate=1500,
+            event_rate=1500,
+            distinct_ips=300,
+            out_of_order_fraction=0.05,
+            late_fraction=0.01,
+            malformed_fraction=0.02,
+            tail_s=30,
+            seed=4,
+        )
+
+    jobctl.start(s)
+    jobctl.wait_running(s, timeout=240)
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    taken_over = []
+    for _ in range(2):
+        jobctl.wait_for_commit(s, after_ms=now_ms(), timeout=180)
+        warm = _standby_ready(s)
+        killed_at = now_ms()
+        killed = jobctl.kill(s)  # kill -9 of the active launch's whole process group
+        assert killed and killed != warm["pid"]
+        # the standby's launch becomes the job; a fresh standby is launched once it has committed
+        st = procs.wait_until(
+            lambda pid=warm["pid"]: (x := jobctl.status(s))["job_pid"] == pid and x["state"] == "running" and x,
+            120,
+            interval=0.2,
+            what="the standby to take over",
+        )
+        assert st["standby"] is None or st["standby"]["pid"] != warm["pid"]
+        jobctl.wait_for_commit(s, after_ms=killed_at, timeout=120)
+        taken_over.append(warm["pid"])
+    feeder.join(timeout=300)
+    sent = produced["sent"]
+    wait_drained(s, sent, timeout=420)
+    assert_exact(s, sent)
+
+    restarts = events(s, wire.SUPERVISOR_RESTART)
+    lost = [e for e in restarts if e["lost"]]
+    assert len(lost) >= 2 and all(e["standby"] and e["delay_s"] == 0 for e in lost[:2])
+    reported = [e for e in restarts if not e["lost"]]
+    assert [e["exit_code"] for e in reported] == [wire.EXIT_FAILED]  # the injected error after batch 12's commit
+    assert reported[0]["delay_s"] == s.restart_delay_s
+    started_after = [e for e in events(s, wire.JOB_STARTED) if e["ts_ms"] > reported[0]["ts_ms"]]
+    assert started_after and started_after[0]["ts_ms"] - reported[0]["ts_ms"] >= s.restart_delay_s * 1000
+    assert {e["fault"] for e in events(s, wire.FAULT_INJECTED)} == {"raise_after_commit@12"}
+
+    # a standby whose supervisor is gone (the driver's machine lost the whole tree but the standby's own group)
+    # exits without taking over; a stop's standby is stopped by its supervisor (the session's leak check)
+    last = _standby_ready(s)
+    jobctl.kill(s, with_supervisor=True)
+    procs.wait_until(lambda: not procs.pid_alive(last["pid"]), 60, what="the orphaned standby to exit")
+    assert not standby.go_file(s).exists() and jobctl.status(s)["standby"] is None
