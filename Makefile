@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RUN_RATE ?= 200
 RUN_SECONDS ?= 3600
 
-.PHONY: setup run stop status lint format test test-unit test-integration bench bench-writer bench-sweep chaos soak clean
+.PHONY: setup run stop status lint format test test-unit test-integration bench bench-writer bench-profile bench-sweep chaos soak clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,8 +55,10 @@ test-unit: setup
 test-integration: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/integration tests/airflow
 
-## bench: exactly-once vs Spark's at-least-once Kafka sink vs a plain transactional loop, side by side (~10 min).
-## BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S, BENCH_WARMUP_S, BENCH_TRIGGER_S, BENCH_MAX_OFFSETS.
+## bench: exactly-once vs Spark's at-least-once Kafka sink vs a plain transactional loop vs Flink 2.x's exactly-once
+## KafkaSink (built with Maven into var/jvm on first use), side by side, each sink checked for correctness (~15 min).
+## BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S, BENCH_WARMUP_S, BENCH_TRIGGER_S, BENCH_MAX_OFFSETS,
+## BENCH_FLINK (0: without Flink), BENCH_FLINK_FAST_MS (Flink's short checkpoint interval, default 500).
 bench: setup
 	$(BIN)/python -m onceflow_dev.bench
 
@@ -64,6 +66,11 @@ bench: setup
 ## on one broker and on three (replication 3, acks=all), ~10 min. BENCH_WRITER_SIZES, BENCH_WRITER_TOPOLOGIES.
 bench-writer: setup
 	$(BIN)/python -m onceflow_dev.bench_writer
+
+## bench-profile: where a batch's time goes: read, parse, aggregate, state store, results to the driver, produce and
+## commit, as a ladder of runs over `make bench`'s backlog (~8 min; BENCH_RECORDS applies).
+bench-profile: setup
+	$(BIN)/python -m onceflow_dev.bench_profile
 
 ## bench-sweep: the exactly-once job once per variant of its settings (trigger, close-out, state store, ...), ~30 min.
 ## BENCH_SWEEP=0,2,4 picks variants (see onceflow/bench_sweep.py); the BENCH_* workload variables apply.

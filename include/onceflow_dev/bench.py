@@ -1,15 +1,20 @@
-"""`make bench`: onceflow's exactly-once job, the same query on Spark's at-least-once Kafka sink, and a plain
-transactional confluent-kafka loop (the ceiling), side by side on one generated workload and one private broker.
+"""`make bench`: onceflow's exactly-once job, the same query on Spark's at-least-once Kafka sink, a plain
+transactional confluent-kafka loop (the ceiling), and the same query on Flink 2.x with its exactly-once KafkaSink
+(checkpoints every 5 s, and every BENCH_FLINK_FAST_MS; onceflow_dev.bench_flink), side by side on one generated
+workload and one private broker.
 
 Phases, each run in turn for every contender on the same machine:
 1. throughput: a backlog of BENCH_RECORDS records (4 partitions, BENCH_IPS distinct IPs) is written once; each
    contender drains it from offset 0 to its own sink; records/s = records / (last result committed - first
-   batch started); peak RSS (VmHWM) and CPU seconds of the contender's processes;
+   batch started); peak RSS (VmHWM) and CPU seconds of the contender's processes; then its sink is read with
+   read_committed and checked against the counts recounted from the backlog (onceflow_dev.bench_check): a
+   contender whose output is wrong is marked WRONG in the table;
 2. latency: records produced live at BENCH_LIVE_RATE/s for BENCH_LIVE_S s with event time = wall clock; a
    read_committed consumer stamps each result when it sees it; latency = seen - (window end + watermark delay),
    over the windows ending after the first BENCH_WARMUP_S s;
 3. recovery (exactly-once job only): live input, then kill -9 of the job; the time to its next committed batch
-   and until its lag is back to the level before the crash.
+   and until its lag is back to the level before the crash; once restarted by its supervisor after the fixed
+   delay (a new spark-submit), once taken over by its warm standby (ONCEFLOW_STANDBY).
 Prints one table and writes the figures to var/bench/results-<time>.json.
 """
 
@@ -36,7 +41,7 @@ from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import topics
 from onceflow.runtime import jobctl, launcher, procs, supervisor
-from onceflow_dev import broker, generator
+from onceflow_dev import bench_check, bench_flink, broker, generator
 
 log = logging.getLogger("onceflow_dev.bench")
 # The job settings a tuning run varies (docs/performance.md); recorded with every result.
@@ -74,6 +79,9 @@ class BenchSpec:
     max_offsets: int = field(
         default_factory=lambda: _env_int("BENCH_MAX_OFFSETS", config.Settings.max_offsets_per_trigger)
     )
+    # the Flink contender: BENCH_FLINK=0 leaves it out; its second configuration's checkpoint interval
+    flink: bool = field(default_factory=lambda: os.environ.get("BENCH_FLINK", "1") != "0")
+    flink_fast_ms: int = field(default_factory=lambda: _env_int("BENCH_FLINK_FAST_MS", 500))
 
 
 def _settings(base: config.Settings, app: str, source: str, spec: BenchSpec, **overrides) -> config.Settings:
@@ -190,13 +198,47 @@ class AtLeastOnce(Contender):
         st = ev.read_status(self.s.status_file) or {}
         offs = json.loads(st["end_offsets"]) if st.get("end_offsets") else {}
         now = {int(p): o for p, o in offs.get(self.s.source_topic, {}).items()}
-        if now != end or "first_batch_ms" not in st:
+        # read to the end, and a batch without input ran after that: the one that writes the windows the last
+        # data batch's watermark closed (Spark evicts with the previous batch's watermark); without it the sink
+        # lacks the backlog's last results (and, with one data batch, every result)
+        if now != end or "first_batch_ms" not in st or st.get("last_input_rows") != 0:
             return None
         return {"first_ms": st["first_batch_ms"], "last_ms": st["last_commit_ms"], "batches": st["batches"]}
 
     def stop(self):
         procs.stop_process(self.proc.pid, 60)
         return {}
+
+
+class Flink(bench_flink.FlinkJob, Contender):
+    """Flink 2.x, KafkaSink EXACTLY_ONCE, a checkpoint (and so a transaction per subtask) every `checkpoint_ms`."""
+
+    def __init__(self, s: config.Settings, checkpoint_ms: int, expect: bench_check.Expected | None = None):
+        Contender.__init__(self, s)
+        bench_flink.FlinkJob.__init__(self, s, checkpoint_ms, expect)
+        self.name = f"Flink KafkaSink (exactly-once, checkpoint {checkpoint_ms} ms)"
+
+
+# ---------------------------------------------------------------------------- correctness
+def expected_counts(s: config.Settings, topic: str, end: dict[int, int]) -> bench_check.Expected:
+    """The backlog recounted with onceflow's reference parser (each partition in offset order)."""
+    from confluent_kafka import TopicPartition
+
+    counts = bench_check.ExpectedCounts(s.window_s, s.watermark_s, s.max_event_ahead_ms)
+    c = kafka_clients.read_committed_consumer(s, group_id="bench.expected", **{"enable.partition.eof": True})
+    try:
+        for m in kafka_reading.consume_to_end(c, [TopicPartition(topic, p, 0) for p in end], timeout_s=1200):
+            counts.add(m.partition(), m.value(), m.timestamp()[1])
+    finally:
+        c.close()
+    return counts.result()
+
+
+def check(s: config.Settings, exp: bench_check.Expected) -> dict:
+    """A contender's sink (and DLQ) as read_committed consumers see them, against the recount."""
+    sink = kafka_reading.read_topic(s, s.sink_topic, timeout_s=600)
+    dlq = kafka_reading.read_topic(s, s.dlq_topic, timeout_s=600)
+    return bench_check.compare(exp, ((m.key, m.value) for m in sink), s.window_s, dlq_records=len(dlq))
 
 
 # ---------------------------------------------------------------------------- phases
@@ -327,6 +369,7 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
     """kill -9 of the exactly-once job under live input: time to its next commit and until lag recovers."""
     jobctl.start(s)
     jobctl.wait_running(s, timeout=300)
+    feed_s = spec.live_s + 90  # input goes on past the kill and the recovery (a standby is up ~30 s after start)
     feeder = threading.Thread(
         target=generator.generate,
         daemon=True,
@@ -334,7 +377,7 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
             s,
             generator.GeneratorSpec(
                 count=None,
-                duration_s=spec.live_s,
+                duration_s=feed_s,
                 rate=spec.live_rate,
                 distinct_ips=spec.ips,
                 late_fraction=0.0,
@@ -353,6 +396,8 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
         got = audit.committed_offsets(s, hi)
         return sum(hi[p] - got.get(p, 0) for p in hi)
 
+    if s.standby:  # the kill lands on a job whose standby is up (it is launched after the job's first commit)
+        procs.wait_until(lambda: (jobctl.status(s)["standby"] or {}).get("ready"), 300, what="a warm standby")
     before = []
     for _ in range(int(2 * spec.trigger_s) + 3):
         time.sleep(0.5)
@@ -369,7 +414,7 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
     back = procs.wait_until(
         lambda: lag() <= level and int(time.time() * 1000), 600, interval=0.5, what="lag to recover"
     )
-    feeder.join(spec.live_s + 30)
+    feeder.join(feed_s + 30)
     jobctl.stop(s)
     return {
         "pre_crash_lag": level,
@@ -472,7 +517,7 @@ def main() -> int:
         "eos_vs_alo_throughput": round(tp["eos"]["records_per_s"] / tp["alo"]["records_per_s"], 3),
         "eos_vs_ceiling_throughput": round(tp["eos"]["records_per_s"] / tp["ceiling"]["records_per_s"], 3),
         "eos_p99_in_trigger_intervals": round(results["latency"]["eos"].get("p99_ms", 0) / 1000 / spec.trigger_s, 2),
-    }
+    } | flink_ratios(results)
     out = var / f"results-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(results, indent=1))
     print(table(results))
@@ -480,21 +525,67 @@ def main() -> int:
     return 0
 
 
+def flink_configs(spec: BenchSpec) -> dict[str, int]:
+    """The Flink rows: checkpoint interval (ms) per key. 5 s is the classic setting (as the Spark trigger);
+    BENCH_FLINK_FAST_MS the short one that gives Flink its best latency (docs/performance.md)."""
+    return {"flink": 5000, "flink_fast": spec.flink_fast_ms} if spec.flink else {}
+
+
+def flink_ratios(results: dict) -> dict:
+    """onceflow / Flink: throughput, and p99 latency (below 1: onceflow's results are visible sooner)."""
+    tp, lat, out = results["throughput"], results["latency"], {}
+    for key in ("flink", "flink_fast"):
+        if tp.get(key, {}).get("records_per_s"):
+            out[f"eos_vs_{key}_throughput"] = round(tp["eos"]["records_per_s"] / tp[key]["records_per_s"], 3)
+        if lat.get(key, {}).get("p99_ms") and lat["eos"].get("p99_ms"):
+            out[f"eos_vs_{key}_p99"] = round(lat["eos"]["p99_ms"] / lat[key]["p99_ms"], 3)
+    return out
+
+
 def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, results: dict) -> None:
     apps = {name: _settings(base, f"bench_{name}", "bench.source", spec) for name in ("eos", "alo", "ceiling")}
+    apps |= {key: _settings(base, f"bench_{key}", "bench.source", spec) for key in flink_configs(spec)}
     try:
         for s in apps.values():
             topics.ensure(s)
         results["settings"] = {k: getattr(apps["eos"], k) for k in TUNABLES}
+        results["settings"]["flink_checkpoint_ms"] = flink_configs(spec)
         n = sum(end.values())
-        results["throughput"] = {}
+        log.info("recounting the backlog with the reference parser (the correctness check's expectation)")
+        exp = expected_counts(base, "bench.source", end)
+        log.info(
+            "  %d records, %d malformed, %d keys (%d must be written), %d records an engine may drop as late",
+            exp.records,
+            exp.malformed,
+            len(exp.keys),
+            len(exp.must_keys()),
+            exp.uncertain_records,
+        )
+        results["throughput"], results["correctness"] = {}, {}
         for key, contender in (("eos", ExactlyOnce(apps["eos"])), ("alo", AtLeastOnce(apps["alo"]))):
             log.info("throughput: %s", contender.name)
             results["throughput"][key] = throughput(contender, end, n)
             log.info("  %s", results["throughput"][key])
+            results["correctness"][key] = check(apps[key], exp)
+            log.info("  correctness: %s", results["correctness"][key])
         log.info("throughput: ceiling")
         results["throughput"]["ceiling"] = ceiling(apps["ceiling"], end, n)
         log.info("  %s", results["throughput"]["ceiling"])
+        results["correctness"]["ceiling"] = check(apps["ceiling"], exp)
+        log.info("  correctness: %s", results["correctness"]["ceiling"])
+        for key, ms in flink_configs(spec).items():
+            flink = Flink(apps[key], ms, exp)
+            log.info("throughput: %s", flink.name)
+            try:
+                results["throughput"][key] = throughput(flink, end, n) | {"checkpoints": flink.checkpoints()}
+            except Exception as e:  # a contender that fails is reported, the bench goes on
+                log.exception("the Flink contender failed")
+                flink.stop()
+                results["throughput"][key] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+                continue
+            log.info("  %s", results["throughput"][key])
+            results["correctness"][key] = check(apps[key], exp)
+            log.info("  correctness: %s", results["correctness"][key])
         results["latency"] = {}
         for key, cls in (("eos", ExactlyOnce), ("alo", AtLeastOnce)):
             s = _settings(base, f"bench_live_{key}", f"bench_live_{key}.source", spec)
@@ -502,11 +593,25 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
             log.info("latency: %s", cls.name)
             results["latency"][key] = latency(cls(s), s, spec)
             log.info("  %s", results["latency"][key])
-        s = _settings(base, "bench_recovery", "bench_recovery.source", spec)
-        topics.ensure(s)
-        log.info("recovery after kill -9")
-        results["recovery"] = recovery(s, spec)
-        log.info("  %s", results["recovery"])
+        for key, ms in flink_configs(spec).items():
+            s = _settings(base, f"bench_live_{key}", f"bench_live_{key}.source", spec)
+            topics.ensure(s)
+            flink = Flink(s, ms)
+            log.info("latency: %s", flink.name)
+            try:
+                results["latency"][key] = latency(flink, s, spec)
+            except Exception as e:
+                log.exception("the Flink contender failed")
+                flink.stop()
+                results["latency"][key] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+            log.info("  %s", results["latency"][key])
+        results["recovery"] = {}
+        for key, standby in (("restart", False), ("standby", True)):
+            s = _settings(base, f"bench_recovery_{key}", f"bench_recovery_{key}.source", spec, standby=standby)
+            topics.ensure(s)
+            log.info("recovery after kill -9 (%s)", key)
+            results["recovery"][key] = recovery(s, spec)
+            log.info("  %s", results["recovery"][key])
     finally:
         for s in apps.values():
             jobctl.stop(s, timeout=30)
@@ -514,14 +619,22 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
 
 def table(r: dict) -> str:
     tp, lat = r["throughput"], r["latency"]
-    rows = [("", "records/s", "p50 ms", "p95 ms", "p99 ms", "peak RSS MB", "CPU s")]
+    ok = r.get("correctness", {})
+    rows = [("", "records/s", "p50 ms", "p95 ms", "p99 ms", "peak RSS MB", "CPU s", "output")]
     names = {
         "eos": "onceflow exactly-once",
         "alo": "Spark Kafka sink (at-least-once)",
         "ceiling": "confluent-kafka txn loop (no Spark)",
     }
-    for k in ("eos", "alo", "ceiling"):
+    flink_ms = r.get("settings", {}).get("flink_checkpoint_ms", {})
+    names |= {k: f"Flink KafkaSink exactly-once (ckpt {ms} ms)" for k, ms in flink_ms.items()}
+    for k in names:
+        if k not in tp:
+            continue
         l_ = lat.get(k, {})
+        if "error" in tp[k]:
+            rows.append((names[k], "FAILED", "-", "-", "-", "-", "-", tp[k]["error"][:60]))
+            continue
         rows.append(
             (
                 names[k],
@@ -531,6 +644,7 @@ def table(r: dict) -> str:
                 str(l_.get("p99_ms", "-")),
                 str(tp[k]["peak_rss_mb"]),
                 str(tp[k]["cpu_s"]),
+                ok.get(k, {}).get("verdict", "not checked"),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -542,8 +656,22 @@ def table(r: dict) -> str:
         f"exactly-once / ceiling throughput:       {ra['eos_vs_ceiling_throughput']}",
         f"exactly-once p99 latency in trigger intervals ({r['spec']['trigger_s']} s): "
         f"{ra['eos_p99_in_trigger_intervals']}",
-        f"recovery after kill -9: next commit in {rec['to_next_commit_s']} s, lag back to its pre-crash level "
-        f"({rec['pre_crash_lag']}) in {rec['to_lag_recovered_s']} s (restart delay {rec['restart_delay_s']} s)",
+        *(
+            f"exactly-once / {names[k]}: throughput {ra.get(f'eos_vs_{k}_throughput', '-')}, "
+            f"p99 latency {ra.get(f'eos_vs_{k}_p99', '-')}"
+            for k in flink_ms
+        ),
+        *(
+            f"late records counted by {names[k]}: {c['late_counted']} of {c['late_records']} (any share is correct: "
+            f"it depends on how its watermark moved)"
+            for k, c in ok.items()
+        ),
+        *(
+            f"recovery after kill -9 ({how}): next commit in {x['to_next_commit_s']} s, lag back to its pre-crash "
+            f"level ({x['pre_crash_lag']}) in {x['to_lag_recovered_s']} s"
+            + (f" (restart delay {x['restart_delay_s']} s)" if how == "restart" else " (warm standby)")
+            for how, x in rec.items()
+        ),
     ]
     return "\n".join(lines)
 

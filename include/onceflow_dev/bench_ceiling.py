@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
@@ -24,7 +24,6 @@ from onceflow.rules import records
 
 def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_000) -> dict:
     consumer = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
-    consumer.assign([TopicPartition(settings.source_topic, p, 0) for p in sorted(end)])
     producer = kafka_clients.transactional_producer(
         settings, settings.transactional_id, **{"linger.ms": 20, "batch.num.messages": 10000}
     )
@@ -36,19 +35,46 @@ def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_
     pos = {p: 0 for p in end}
     first_ms = last_ms = None
     out = dlq = consumed = batches = 0
-    tps = [TopicPartition(settings.source_topic, p) for p in sorted(end)]
 
-    def done() -> bool:  # the consumer's position, not the last offset seen: it steps over transaction markers
-        return all(tp.offset >= end[tp.partition] for tp in consumer.position(tps))
+    topic = settings.source_topic
+    consumer.assign([TopicPartition(topic, p, 0) for p in sorted(end)])
+    quota = max(1, batch_records // len(end))
+    buf: dict[int, deque] = {p: deque() for p in end}  # read ahead, not yet in a batch
+    read = {p: 0 for p in end}  # the next offset to read of each partition
+    paused: set[int] = set()
 
-    while not done():
+    def fill() -> None:
+        """Read until every partition has a batch's share buffered (or is at its end). A batch takes the same share
+        of every partition, as a Spark batch reads its offset ranges: a consumer left to itself fetches partition
+        by partition, and one partition's newest records would move the global watermark past records another has
+        not delivered yet (on-time records dropped as late). A partition with its share is paused meanwhile."""
+        while any(len(buf[p]) < quota and read[p] < end[p] for p in end):
+            full = {p for p in end if len(buf[p]) >= quota or read[p] >= end[p]}
+            if full - paused:
+                consumer.pause([TopicPartition(topic, p) for p in full - paused])
+            if paused - full:
+                consumer.resume([TopicPartition(topic, p) for p in paused - full])
+            paused.clear()
+            paused.update(full)
+            for m in consumer.consume(num_messages=10_000, timeout=0.2):
+                e = m.error()
+                if e is not None and e.code() == KafkaError._PARTITION_EOF:
+                    continue
+                p, off = m.partition(), m.offset() or 0
+                if p is not None and off >= read[p]:  # a paused partition is fetched again from its position
+                    buf[p].append(m)
+                    read[p] = off + 1
+            # the consumer's position, not the last offset seen: it steps over transaction markers
+            for tp in consumer.position([TopicPartition(topic, p) for p in end if p not in paused]):
+                if tp.offset is not None and tp.offset > read[tp.partition]:
+                    read[tp.partition] = tp.offset
+
+    while any(read[p] < end[p] for p in end) or any(buf.values()):
+        fill()
         msgs: list[Any] = []  # consumed Messages: partition() and offset() are set
-        deadline = time.monotonic() + 1.0
-        while len(msgs) < batch_records and time.monotonic() < deadline:
-            got = consumer.consume(num_messages=10_000, timeout=0.2)
-            msgs += [m for m in got if (e := m.error()) is None or e.code() != KafkaError._PARTITION_EOF]
-            if not got and done():
-                break
+        for p in sorted(end):
+            for _ in range(min(quota, len(buf[p]))):
+                msgs.append(buf[p].popleft())
         if not msgs:
             continue
         if first_ms is None:

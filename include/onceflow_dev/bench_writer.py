@@ -109,7 +109,7 @@ def run_streamed(spark, s: config.Settings, n: int, partitions: int) -> float:
         F.concat(F.lit("1795000000000|"), ip).alias("key"),
         F.format_string(VALUE.decode(), ip).cast("binary").alias("value"),
     )
-    stream = (OutRecord(*r) for r in partition_stream.rows(df))
+    stream = (OutRecord(*r) for r in partition_stream.tuples(df))
     return run_sink(s, n, rows=stream)
 
 

@@ -43,6 +43,9 @@ class Progress(StreamingQueryListener):
             last_commit_ms=now,
             last_batch=p.batchId,
             end_offsets=p.sources[0].endOffset if p.sources else None,
+            # 0: a batch without input (Spark runs one when the watermark moved): it emits the windows the last
+            # data batch's watermark closed, so the results of all input read so far are written
+            last_input_rows=p.numInputRows,
         )
         ev.write_status(self.s.status_file, self.data)
 

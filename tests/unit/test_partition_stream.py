@@ -24,3 +24,16 @@ def test_a_consumer_that_stops_early_leaves_nothing_behind(spark):
     assert [next(it).id for _ in range(15)] == list(range(15))
     it.close()  # the prefetched partition is awaited and dropped
     assert [r.id for r in partition_stream.rows(spark.range(0, 4, 1, 2))] == [0, 1, 2, 3]
+
+
+def test_arrow_tuples_are_the_rows(spark):
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 5000, 1, 7).select(
+        F.lit("result").alias("kind"),
+        F.concat(F.lit("k"), F.col("id").cast("string")).alias("key"),
+        F.when(F.col("id") % 5 == 0, F.lit(None).cast("binary")).otherwise(F.col("id").cast("string").cast("binary")),
+        F.when(F.col("id") % 3 == 0, F.col("id").cast("int")).alias("src_partition"),
+    )
+    assert list(partition_stream.tuples(df)) == [tuple(r) for r in df.collect()]
+    assert list(partition_stream.tuples(df.limit(0))) == []

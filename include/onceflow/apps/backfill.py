@@ -236,10 +236,11 @@ def _run(spark, settings: Settings, spec: br.Spec, writer: ChunkWriter | None, i
     written = records = 0
     try:
         chunk, rows = first, []
-        for i, row in enumerate(partition_stream.rows(out)):  # a partition at a time, in order
+        # a partition at a time, in order, as Arrow batches
+        for i, (key, value) in enumerate(partition_stream.tuples(out.select("key", "value"))):
             if i < first * spec.chunk_size:
                 continue
-            rows.append((row["key"], row["value"]))
+            rows.append((key, value))
             if len(rows) == spec.chunk_size:
                 writer.write(chunk, rows, injector)
                 bus.emit(wire.BACKFILL_CHUNK, id=spec.id, chunk=chunk, records=len(rows))

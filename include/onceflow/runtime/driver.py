@@ -172,9 +172,10 @@ class BatchWriter:
             if decision is Decision.WRITE:
                 # Streamed into the transaction a partition at a time (the next one computed meanwhile): the driver
                 # never holds the batch's whole output, however many windows close in it (partition_stream, not
-                # toLocalIterator, which keeps every served partition in the driver JVM). The first row is taken
-                # before the transaction opens: the batch's heavy stage (read, parse, shuffle) runs outside it.
-                stream = (OutRecord(*r) for r in partition_stream.rows(df))
+                # toLocalIterator, which keeps every served partition in the driver JVM), moved as Arrow batches
+                # (pickled Rows cost 9 times as much, docs/performance.md). The first row is taken before the
+                # transaction opens: the batch's heavy stage (read, parse, shuffle) runs outside it.
+                stream = (OutRecord(*r) for r in partition_stream.tuples(df))
                 first = next(stream, None)
                 rows = itertools.chain([first], stream) if first is not None else iter(())
             else:  # committed already: run the batch only to advance Spark's state store

@@ -28,6 +28,12 @@ def _stamp(pom: Path) -> str:
     return hashlib.sha256(pom.read_bytes()).hexdigest()
 
 
+def maven(pom: Path, *goals: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """Maven on `pom`: batch mode, strict checksums (-C), Maven Central only (jvm/settings.xml)."""
+    cmd = ["mvn", "-B", "-q", "-C", "-s", str(POM_DIR / "settings.xml"), "-f", str(pom), *goals]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
 def resolve(name: str, settings: Settings) -> Path:
     """Return the directory holding the resolved jars of `jvm/<name>/pom.xml`."""
     pom = POM_DIR / name / "pom.xml"
@@ -39,21 +45,8 @@ def resolve(name: str, settings: Settings) -> Path:
         raise JvmResolveError("Maven (mvn) is needed to fetch the JVM artifacts: apt-get install maven")
     tmp = out.with_name(name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [
-        "mvn",
-        "-B",
-        "-q",
-        "-C",
-        "-s",
-        str(POM_DIR / "settings.xml"),
-        "-f",
-        str(pom),
-        "dependency:copy-dependencies",
-        "-DincludeScope=runtime",
-        f"-DoutputDirectory={tmp}",
-    ]
     log.info("resolving %s with Maven", name)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    proc = maven(pom, "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={tmp}")
     if proc.returncode != 0:
         raise JvmResolveError(
             f"Maven could not resolve jvm/{name}/pom.xml:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"

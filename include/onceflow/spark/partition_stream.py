@@ -19,19 +19,44 @@ def rows(df: Any) -> Iterator[Any]:
     """Every row of `df` (pyspark Rows), partition by partition, in partition order; each partition is computed
     once (as toLocalIterator does, one job per partition: the stages before it run once and are reused)."""
     from pyspark.serializers import BatchedSerializer, CPickleSerializer
+
+    jrdd = df._jdf.javaToPython()  # pickled rows, made in the executors' JVMs (no Python on the executors)
+    serializer = BatchedSerializer(CPickleSerializer())
+    yield from _stream(df, jrdd, lambda i: list(_load(df, jrdd, i, serializer)))
+
+
+def tuples(df: Any) -> Iterator[tuple]:
+    """As `rows`, as plain tuples, moved as Arrow record batches instead of pickled Rows: the executors' JVMs
+    write Arrow, the driver reads each batch's columns at once (no Row object per row)."""
+    import pyarrow as pa
+    from pyspark.serializers import NoOpSerializer
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = to_arrow_schema(df.schema)
+    jrdd = df._jdf.toArrowBatchRdd().toJavaRDD()  # serialized Arrow record batches, no schema in them
+
+    def collect(i: int) -> list[tuple]:
+        out: list[tuple] = []
+        for blob in _load(df, jrdd, i, NoOpSerializer()):
+            batch = pa.ipc.read_record_batch(pa.py_buffer(blob), schema)
+            out.extend(zip(*(c.to_pylist() for c in batch.columns), strict=True))
+        return out
+
+    yield from _stream(df, jrdd, collect)
+
+
+def _load(df: Any, jrdd: Any, i: int, serializer: Any) -> Iterator[Any]:
     from pyspark.util import _load_from_socket
 
     sc = df.sparkSession.sparkContext
-    jrdd = df._jdf.javaToPython()  # pickled rows, made in the executors' JVMs (no Python on the executors)
+    # read at once: the JVM's one-connection server does not wait long for a reader
+    sock_info = sc._jvm.PythonRDD.runJob(sc._jsc.sc(), jrdd, [i])
+    with _load_from_socket(sock_info, serializer) as stream:
+        yield from stream
+
+
+def _stream(df: Any, jrdd: Any, collect: Any) -> Iterator[Any]:
     n = jrdd.getNumPartitions()
-    serializer = BatchedSerializer(CPickleSerializer())
-
-    def collect(i: int) -> list[Any]:
-        # read at once: the JVM's one-connection server does not wait long for a reader
-        sock_info = sc._jvm.PythonRDD.runJob(sc._jsc.sc(), jrdd, [i])
-        with _load_from_socket(sock_info, serializer) as stream:
-            return list(stream)
-
     if n == 0:
         return
     with ThreadPoolExecutor(1, thread_name_prefix="partition-prefetch") as pool:

@@ -1,0 +1,94 @@
+"""`make bench`'s correctness check (onceflow_dev.bench_check): the recount of a backlog, the certain/uncertain split
+of late records, and the comparison of a sink against it. Pure, no broker."""
+
+import json
+
+from onceflow.rules import records as R
+from onceflow_dev import bench_check as B
+from onceflow_dev import bench_flink
+
+T0_MS = 1795298400000  # 2026-11-21T22:00:00Z, a window start
+W = 5
+
+
+def rec(ts_ms: int, ip: str) -> bytes:
+    return json.dumps({"ts": ts_ms, "ip": ip}).encode()
+
+
+def key(ts_ms: int, ip: str) -> str:
+    return R.sink_key(R.window_start_us(ts_ms * 1000, W), ip)
+
+
+def sink_record(ts_ms: int, ip: str, count: int) -> tuple[bytes, bytes]:
+    k = key(ts_ms, ip)
+    return k.encode(), B.sink_value(k, count, W)
+
+
+def backlog() -> B.Expected:
+    """Two partitions; partition 0 holds a record 40 s behind its newest (late); both end with a tail at +60 s."""
+    c = B.ExpectedCounts(window_s=W, watermark_s=5, max_ahead_ms=None)
+    c.add(0, rec(T0_MS + 1000, "10.0.0.1"), None)
+    c.add(1, rec(T0_MS + 2000, "10.0.0.1"), None)
+    c.add(0, rec(T0_MS + 46_000, "10.0.0.2"), None)  # window [45, 50)
+    c.add(0, rec(T0_MS + 6_000, "10.0.0.2"), None)  # 40 s behind partition 0's newest: may be dropped
+    c.add(0, rec(T0_MS + 3_000, "10.0.0.1"), None)  # also late, into a window with certain records
+    c.add(1, b"not a log line", None)
+    c.add(1, rec(T0_MS + 44_000, "10.0.0.3"), None)  # out of order by < the delay: certain
+    c.add(0, rec(T0_MS + 60_000, "10.0.0.9"), None)  # tails: the windows of +60 s never close
+    c.add(1, rec(T0_MS + 60_000, "10.0.0.9"), None)
+    return c.result()
+
+
+def test_recount_splits_certain_and_late():
+    e = backlog()
+    assert (e.records, e.malformed, e.uncertain_records) == (9, 1, 2)
+    assert e.keys[key(T0_MS, "10.0.0.1")][:2] == [2, 1]
+    assert e.keys[key(T0_MS + 6_000, "10.0.0.2")][:2] == [0, 1]
+    assert e.keys[key(T0_MS + 44_000, "10.0.0.3")][:2] == [1, 0]
+    assert e.must_close_us == (T0_MS + 55_000) * 1000
+    assert e.must_keys() == {key(T0_MS, "10.0.0.1"), key(T0_MS + 46_000, "10.0.0.2"), key(T0_MS + 44_000, "10.0.0.3")}
+
+
+def good_sink(late: bool) -> list[tuple[bytes, bytes]]:
+    out = [sink_record(T0_MS + 46_000, "10.0.0.2", 1), sink_record(T0_MS + 44_000, "10.0.0.3", 1)]
+    if late:  # an engine whose watermark had not passed the late records yet (Spark in one big batch)
+        return out + [sink_record(T0_MS, "10.0.0.1", 3), sink_record(T0_MS + 6_000, "10.0.0.2", 1)]
+    return out + [sink_record(T0_MS, "10.0.0.1", 2)]
+
+
+def test_either_late_handling_is_correct():
+    e = backlog()
+    for late, counted in ((False, 0), (True, 2)):
+        r = B.compare(e, good_sink(late), W, dlq_records=1)
+        assert r["verdict"] == "ok", r
+        assert r["late_counted"] == counted and r["keys_compared"] == 3
+
+
+def test_wrong_outputs_are_named():
+    e = backlog()
+    wrong = [
+        sink_record(T0_MS, "10.0.0.1", 4),  # more than certain + uncertain
+        sink_record(T0_MS + 44_000, "10.0.0.3", 1),
+        sink_record(T0_MS + 44_000, "10.0.0.3", 1),  # a duplicate
+        sink_record(T0_MS + 60_000, "10.0.0.9", 2),  # a window whose watermark never came
+        (key(T0_MS + 46_000, "10.0.0.2").encode(), b'{"window_start": "x", "count": 1}'),  # not the sink's format
+    ]
+    r = B.compare(e, wrong, W, dlq_records=0)
+    assert (r["wrong_count"], r["duplicates"], r["extra"], r["badly_formatted"]) == (1, 1, 1, 1)
+    assert r["verdict"] == "WRONG: 2 keys differ, 1 duplicates, 1 badly formatted, DLQ 0 of 1"
+    r = B.compare(e, good_sink(False)[1:], W)
+    assert r["missing"] == 1 and r["verdict"] == "WRONG: 1 keys differ"
+
+
+def test_sink_value_is_the_spark_jobs_json():
+    k = R.sink_key(T0_MS * 1000, "2001:db8::1")
+    assert B.sink_value(k, 7, W) == (
+        b'{"window_start":"2026-11-21T22:00:00.000Z","window_end":"2026-11-21T22:00:05.000Z",'
+        b'"ip":"2001:db8::1","count":7}'
+    )
+
+
+def test_flink_parallelism_follows_the_local_master():
+    assert bench_flink.parallelism("local[2]") == 2
+    assert bench_flink.parallelism("local") == 1
+    assert bench_flink.parallelism("local[3,2]") == 3
