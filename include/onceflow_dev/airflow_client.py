@@ -68,6 +68,9 @@ class AirflowClient:
     def unpause(self, dag_id: str) -> dict:
         return self._call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
 
+    def pause(self, dag_id: str) -> dict:
+        return self._call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": True})
+
     def trigger(self, dag_id: str, conf: dict | None = None, note: str | None = None) -> dict:
         """A manual run with `conf` as the trigger form sends it (typed values; Airflow validates the DAG's
         Params and answers 400 before any run exists when they do not fit)."""

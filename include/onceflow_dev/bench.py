@@ -370,9 +370,11 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
     jobctl.start(s)
     jobctl.wait_running(s, timeout=300)
     feed_s = spec.live_s + 90  # input goes on past the kill and the recovery (a standby is up ~30 s after start)
+    stop_feed = threading.Event()
     feeder = threading.Thread(
         target=generator.generate,
         daemon=True,
+        kwargs={"stop": stop_feed},
         args=(
             s,
             generator.GeneratorSpec(
@@ -414,6 +416,7 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
     back = procs.wait_until(
         lambda: lag() <= level and int(time.time() * 1000), 600, interval=0.5, what="lag to recover"
     )
+    stop_feed.set()  # measured: the rest of the input would only be waited for
     feeder.join(feed_s + 30)
     jobctl.stop(s)
     return {

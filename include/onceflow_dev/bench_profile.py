@@ -87,7 +87,9 @@ def streaming_rung(spark, s: config.Settings, end: dict[int, int], to_driver: st
             while True:
                 p = query.lastProgress
                 if p is not None:
-                    done = sum(int(o) for o in (p["sources"][0]["endOffset"] or {}).get(s.source_topic, {}).values())
+                    eo = p["sources"][0]["endOffset"] or {}
+                    eo = json.loads(eo) if isinstance(eo, str) else eo
+                    done = sum(int(o) for o in eo.get(s.source_topic, {}).values())
                     seen["records"] = done
                     if done >= total and not query.status["isTriggerActive"]:
                         break
@@ -118,9 +120,9 @@ def main() -> int:
             log.info("rung driver (Arrow): %.1f s", secs["driver"])
         finally:
             spark.stop()
-        job = bench.throughput(
-            bench.ExactlyOnce(bench._settings(base, "bench_profile_job", "bench.source", spec)), end, n
-        )
+        job_s = bench._settings(base, "bench_profile_job", "bench.source", spec)
+        topics.ensure(job_s)
+        job = bench.throughput(bench.ExactlyOnce(job_s), end, n)
         secs["job"] = job["seconds"]
     rows = [
         ("read", "Kafka read (read_committed)"),

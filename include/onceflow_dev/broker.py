@@ -126,11 +126,17 @@ def server_properties(settings: Settings, n: Node, quorum: list[Node]) -> dict[s
         "share.coordinator.state.topic.min.isr": isr,
         # a node that comes back catches up from the others; an out-of-sync replica is never made leader
         "unclean.leader.election.enable": "false",
-        # a killed node is fenced (its partitions and coordinators move) after 6 s without a heartbeat, not
-        # Kafka's 9 s: a transaction open at that moment survives the failover inside its timeout
-        "broker.heartbeat.interval.ms": "1000",
-        "broker.session.timeout.ms": "6000",
-    }
+    } | (
+        {
+            # a killed node is fenced (its partitions and coordinators move) after 6 s without a heartbeat, not
+            # Kafka's 9 s: a transaction open at that moment survives the failover inside its timeout. Not on one
+            # node: there is nowhere to fail over to, and a node paused for longer would fence itself on waking
+            "broker.heartbeat.interval.ms": "1000",
+            "broker.session.timeout.ms": "6000",
+        }
+        if len(quorum) > 1
+        else {}
+    )
 
 
 def _port_open(host: str, port: int) -> bool:

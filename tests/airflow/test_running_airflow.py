@@ -439,7 +439,19 @@ def test_the_operator_console_in_a_real_browser(platform):
         page.click(f"[data-restore='{ids[-1]}']")
         page.get_by_text("restore cancelled").wait_for(timeout=30_000)
         assert {r["dag_run_id"] for r in api.runs("ip_count_deploy")} == seen
-        # restoring the newest is confirmed: the deploy DAG stops, restores and starts the job
+        # restoring the newest is confirmed: the deploy DAG stops, restores and starts the job. The operator pauses
+        # the rotation first (and lets a running one finish): a savepoint it takes between the page and the restore
+        # would make "the newest" a rewind, refused
+        api.pause("ip_count_checkpoint_rotation")
+        procs.wait_until(
+            lambda: (
+                not api.runs("ip_count_checkpoint_rotation", state="running")
+                and not api.runs("ip_count_checkpoint_rotation", state="queued")
+            ),
+            300,
+            interval=2,
+            what="no rotation run in progress",
+        )
         page.reload(wait_until="networkidle")
         page.wait_for_function("document.querySelectorAll('[data-restore]').length >= 2", timeout=60_000)
         ids = page.eval_on_selector_all("[data-restore]", "els => els.map(e => e.dataset.restore)")
@@ -450,5 +462,6 @@ def test_the_operator_console_in_a_real_browser(platform):
         assert not run["conf"]["allow_rewind"] and run["triggering_user_name"] == info["user"]
         assert api.wait_run("ip_count_deploy", run["dag_run_id"], timeout=600)["state"] == "success"
         assert jobctl.status(s)["running"]
+        api.unpause("ip_count_checkpoint_rotation")
     for name in shots:
         assert (SCREENSHOTS / f"console-{name}.png").stat().st_size > 10_000

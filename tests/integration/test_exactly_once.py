@@ -171,7 +171,7 @@ def test_running_job_fenced_by_newer_instance_stops_without_restart(app, tmp_pat
     wait_event(s, wire.FENCED)
     wait_job_exit(s)
     gave_up = events(s, wire.SUPERVISOR_GAVE_UP)
-    assert gave_up and gave_up[-1]["exit_code"] == 3
+    assert gave_up and gave_up[-1]["exit_code"] == wire.EXIT_FENCED
     # The health check pages and leaves it alone: a restart would fence the newer instance back.
     from onceflow.control import alerts, health
 
