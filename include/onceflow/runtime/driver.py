@@ -173,7 +173,7 @@ class BatchWriter:
                 # Streamed into the transaction a partition at a time (the next one computed meanwhile): the driver
                 # never holds the batch's whole output, however many windows close in it (partition_stream, not
                 # toLocalIterator, which keeps every served partition in the driver JVM), moved as Arrow batches
-                # (pickled Rows cost 9 times as much, docs/performance.md). The first row is taken before the
+                # (4 to 9 times the rows/s of pickled Rows, docs/performance.md). The first row is taken before the
                 # transaction opens: the batch's heavy stage (read, parse, shuffle) runs outside it.
                 stream = (OutRecord(*r) for r in partition_stream.tuples(df))
                 first = next(stream, None)
