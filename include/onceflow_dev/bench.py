@@ -528,6 +528,24 @@ def main() -> int:
     return 0
 
 
+def _checked(s: config.Settings, exp: bench_check.Expected) -> dict:
+    got = check(s, exp)
+    log.info("  correctness: %s", got)
+    return got
+
+
+def _reported(flink: Flink, phase) -> dict:
+    """A Flink phase's figures; a contender that fails is reported (its error in the figures), the bench goes on."""
+    try:
+        got = phase()
+    except Exception as e:
+        log.exception("the Flink contender failed")
+        flink.stop()
+        got = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+    log.info("  %s", got)
+    return got
+
+
 def flink_configs(spec: BenchSpec) -> dict[str, int]:
     """The Flink rows: checkpoint interval (ms) per key. 5 s is the classic setting (as the Spark trigger);
     BENCH_FLINK_FAST_MS the short one that gives Flink its best latency (docs/performance.md)."""
@@ -569,26 +587,20 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
             log.info("throughput: %s", contender.name)
             results["throughput"][key] = throughput(contender, end, n)
             log.info("  %s", results["throughput"][key])
-            results["correctness"][key] = check(apps[key], exp)
-            log.info("  correctness: %s", results["correctness"][key])
+            results["correctness"][key] = _checked(apps[key], exp)
         log.info("throughput: ceiling")
         results["throughput"]["ceiling"] = ceiling(apps["ceiling"], end, n)
         log.info("  %s", results["throughput"]["ceiling"])
-        results["correctness"]["ceiling"] = check(apps["ceiling"], exp)
-        log.info("  correctness: %s", results["correctness"]["ceiling"])
+        results["correctness"]["ceiling"] = _checked(apps["ceiling"], exp)
         for key, ms in flink_configs(spec).items():
             flink = Flink(apps[key], ms, exp)
             log.info("throughput: %s", flink.name)
-            try:
-                results["throughput"][key] = throughput(flink, end, n) | {"checkpoints": flink.checkpoints()}
-            except Exception as e:  # a contender that fails is reported, the bench goes on
-                log.exception("the Flink contender failed")
-                flink.stop()
-                results["throughput"][key] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+            results["throughput"][key] = _reported(
+                flink, lambda f=flink: throughput(f, end, n) | {"checkpoints": f.checkpoints()}
+            )
+            if "error" in results["throughput"][key]:
                 continue
-            log.info("  %s", results["throughput"][key])
-            results["correctness"][key] = check(apps[key], exp)
-            log.info("  correctness: %s", results["correctness"][key])
+            results["correctness"][key] = _checked(apps[key], exp)
         results["latency"] = {}
         for key, cls in (("eos", ExactlyOnce), ("alo", AtLeastOnce)):
             s = _settings(base, f"bench_live_{key}", f"bench_live_{key}.source", spec)
@@ -601,13 +613,7 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
             topics.ensure(s)
             flink = Flink(s, ms)
             log.info("latency: %s", flink.name)
-            try:
-                results["latency"][key] = latency(flink, s, spec)
-            except Exception as e:
-                log.exception("the Flink contender failed")
-                flink.stop()
-                results["latency"][key] = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
-            log.info("  %s", results["latency"][key])
+            results["latency"][key] = _reported(flink, lambda f=flink, s=s: latency(f, s, spec))
         results["recovery"] = {}
         for key, standby in (("restart", False), ("standby", True)):
             s = _settings(base, f"bench_recovery_{key}", f"bench_recovery_{key}.source", spec, standby=standby)

@@ -144,7 +144,7 @@ class BatchWriter:
         self.last_written: int | None = None  # the last Spark batch whose transaction this driver finished
         self.query: Any = None  # the running query, for its batch statistics
         self.started_at = time.monotonic()  # set again when the query starts
-        self.first_batch_ms: int | None = None
+        self.first_logged = False
 
     def __call__(self, df, batch_id: int) -> None:
         while not self.lock.acquire(timeout=0.1):
@@ -190,8 +190,8 @@ class BatchWriter:
                 "compute_ms": round((t2 - t1) * 1000),
                 "txn_ms": round((time.monotonic() - t2) * 1000),
             }
-            if self.first_batch_ms is None:  # how a (re)start spends its time until the first commit
-                self.first_batch_ms = int(t0 * 1000)
+            if not self.first_logged:  # how a (re)start spends its time until the first commit
+                self.first_logged = True
                 log.info(
                     "first batch %s since the query's start: %d ms to the batch, %s",
                     plan.batch,
@@ -262,9 +262,9 @@ def warm_up(spark: SparkSession, settings: config.Settings, per_partition: int =
     """Run the job's own plan once, as a batch, over the source's newest records: the first run of a plan pays for
     the Kafka connector's classes, the parse's and the aggregation's code generation (cached by the session and
     reused by the streaming query) and the executors' threads."""
-    wm = kafka_reading.watermarks(settings, settings.source_topic)
-    end = {p: hi for p, (_, hi) in (wm or {}).items()}
-    start = {p: max(lo, hi - per_partition) for p, (lo, hi) in (wm or {}).items()}
+    wm = kafka_reading.watermarks(settings, settings.source_topic) or {}
+    end = {p: hi for p, (_, hi) in wm.items()}
+    start = {p: max(lo, hi - per_partition) for p, (lo, hi) in wm.items()}
     raw = kafka_source.read_range(spark, settings, settings.source_topic, start, end)
     plan_of.results_and_dlq(raw.select("value", "topic", "partition", "offset", "timestamp"), settings).write.format(
         "noop"

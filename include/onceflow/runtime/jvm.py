@@ -46,7 +46,9 @@ def resolve(name: str, settings: Settings) -> Path:
     tmp = out.with_name(name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     log.info("resolving %s with Maven", name)
-    proc = maven(pom, "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={tmp}")
+    proc = maven(
+        pom, "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={tmp}", timeout=1200
+    )
     if proc.returncode != 0:
         raise JvmResolveError(
             f"Maven could not resolve jvm/{name}/pom.xml:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
