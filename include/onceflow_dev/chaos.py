@@ -138,12 +138,12 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             time.sleep(max(0.0, at - (time.monotonic() - t0)))
             # a transaction held open must reach its timeout: no other fault until the coordinator aborted it
             _wait_stall_over(s, stall_s)
-            if kind in ("kill_job", "pause_driver"):
+            if kind == "pause_driver":
                 # a fault for a job that is still coming back would hit nothing: wait for its query to run
                 jobctl.wait_running(s, after_ms=last_restart_ms, timeout=300)
             if kind == "kill_job" and spec.standby and counts["kill_job"] % 2 == 0:
                 _wait_standby(s)  # every other kill lands on a warm standby (a takeover), the rest maybe not
-            if kind == "kill_job" and jobctl.kill(s):
+            if kind == "kill_job" and kill_running_job(s, after_ms=last_restart_ms):
                 counts[kind] += 1
                 last_restart_ms = int(time.time() * 1000)
             elif kind == "restart_broker":
@@ -199,6 +199,23 @@ def events_of(s, type_: str) -> list[dict]:
         for e in (json.loads(cast(bytes, m.value)) for m in kafka_reading.read_topic(s, s.events_topic))
         if e["type"] == type_
     ]
+
+
+def kill_running_job(s, after_ms: int = 0, timeout: float = 300.0) -> bool:
+    """kill -9 the job once its query runs (started after `after_ms`). A job can die on its own between that wait
+    and the kill (a transaction held past its timeout fails its batch; the supervisor restarts it): then wait for
+    the next launch and kill that one, so every planned kill hits a running job. False if none ran in `timeout`."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            jobctl.wait_running(s, after_ms=after_ms, timeout=left)
+        except TimeoutError:
+            break
+        if jobctl.kill(s):
+            return True
+        time.sleep(0.5)
+    log.warning("no running job to kill within %.0f s", timeout)
+    return False
 
 
 def _wait_stall_over(s, stall_s: float) -> None:

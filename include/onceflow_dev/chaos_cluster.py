@@ -163,8 +163,7 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
         for at, kind, dur in plan(spec):
             time.sleep(max(0.0, at - (time.monotonic() - t0)))
             if kind == "kill_job":
-                jobctl.wait_running(s, after_ms=last_kill_ms, timeout=300)
-                if jobctl.kill(s):
+                if chaos.kill_running_job(s, after_ms=last_kill_ms):
                     counts[kind] += 1
                     last_kill_ms = int(time.time() * 1000)
             elif kind in ("kill_leader", "broker_down"):
