@@ -156,7 +156,7 @@ def test_a_lookup_past_the_scan_bound_stops_like_divergent_history(monkeypatch):
     from onceflow.rules.ledger import DivergentHistory
 
     s = config.load(env={}, app_id="a")
-    monkeypatch.setattr(ledger_reader, "stable_end", lambda settings: (0, ledger_reader.MAX_SCAN + 5000))
+    monkeypatch.setattr(ledger_reader, "stable_end", lambda settings, admin=None: (0, ledger_reader.MAX_SCAN + 5000))
     read = []
     monkeypatch.setattr(ledger_reader, "_app_entries", lambda c, settings, a, b: read.append(b - a) or [])
     with pytest.raises(DivergentHistory, match="cannot be proven within the scan's bound"):

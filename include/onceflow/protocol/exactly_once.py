@@ -135,6 +135,7 @@ class ExactlyOnceSink:
         # group metadata for send_offsets_to_transaction and reads the committed offsets back.
         self.group = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
         self.ledger_reader = kafka_clients.read_committed_consumer(settings, group_id=f"{settings.group_id}.ledger")
+        self.admin = kafka_clients.admin(settings)  # the ledger lookups' (held: one connection, not one per lookup)
 
     # ------------------------------------------------------------------ what is committed
     def committed(self, partitions: Iterable[int]) -> Committed:
@@ -145,7 +146,7 @@ class ExactlyOnceSink:
         )
 
     def ledger_entry(self, batch: int) -> LedgerEntry | None:
-        return ledger_reader.find_entry(self.ledger_reader, self.s, batch)
+        return ledger_reader.find_entry(self.ledger_reader, self.s, batch, self.admin)
 
     # ------------------------------------------------------------------ the protocol
     def decide(self, plan: BatchPlan) -> Decision:
@@ -157,7 +158,7 @@ class ExactlyOnceSink:
         if committed.batch is None and not committed.offsets:
             # No committed offsets at all: a fresh app, or the group's offsets were deleted or expired. The
             # ledger is the truth; the group is a cache of it.
-            newest = ledger_reader.newest_entry(self.ledger_reader, self.s)
+            newest = ledger_reader.newest_entry(self.ledger_reader, self.s, self.admin)
             if newest is not None:
                 self.bus.emit(
                     wire.GROUP_OFFSETS_LOST,

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from onceflow import wire
 from onceflow.config import Settings
@@ -38,10 +39,12 @@ class LedgerScanLimit(DivergentHistory):
     stops for good (exit 4) and health pages."""
 
 
-def stable_end(settings: Settings, wait_s: float | None = None) -> tuple[int, int]:
-    """(low, end) of the ledger once everything written before this call is visible to read_committed."""
+def stable_end(settings: Settings, wait_s: float | None = None, admin: AdminClient | None = None) -> tuple[int, int]:
+    """(low, end) of the ledger once everything written before this call is visible to read_committed. `admin`: a
+    client to reuse (the job's sink holds one: a new client per lookup is a new connection, on a secured cluster a
+    TLS handshake and a SCRAM exchange, on the path of every replay's decision)."""
     wait_s = settings.ledger_wait_s if wait_s is None else wait_s
-    admin = kafka_clients.admin(settings)
+    admin = admin or kafka_clients.admin(settings)
     tp = TopicPartition(settings.ledger_topic, 0)
     target = kafka_reading.latest_offsets(admin, [tp], read_committed=False)[(tp.topic, 0)]
     deadline = time.monotonic() + wait_s
@@ -73,10 +76,13 @@ def _app_entries(consumer: Consumer, settings: Settings, start: int, end: int) -
 
 
 def _scan_back(
-    consumer: Consumer, settings: Settings, stop: Callable[[list[LedgerEntry]], tuple[LedgerEntry | None, bool]]
+    consumer: Consumer,
+    settings: Settings,
+    stop: Callable[[list[LedgerEntry]], tuple[LedgerEntry | None, bool]],
+    admin: AdminClient | None = None,
 ) -> LedgerEntry | None:
     """Newest chunk first; `stop(entries_of_chunk)` returns (found, done)."""
-    low, end = stable_end(settings)
+    low, end = stable_end(settings, admin=admin)
     scanned = 0
     while end > low and scanned < MAX_SCAN:
         start = max(low, end - CHUNK)
@@ -95,7 +101,9 @@ def _scan_back(
     return None
 
 
-def find_entry(consumer: Consumer, settings: Settings, batch: int) -> LedgerEntry | None:
+def find_entry(
+    consumer: Consumer, settings: Settings, batch: int, admin: AdminClient | None = None
+) -> LedgerEntry | None:
     """The committed stream record of ledger batch `batch` of this app, or None when it is not in the ledger."""
 
     def stop(entries: list[LedgerEntry]) -> tuple[LedgerEntry | None, bool]:
@@ -106,9 +114,9 @@ def find_entry(consumer: Consumer, settings: Settings, batch: int) -> LedgerEntr
                 return None, True
         return None, False
 
-    return _scan_back(consumer, settings, stop)
+    return _scan_back(consumer, settings, stop, admin)
 
 
-def newest_entry(consumer: Consumer, settings: Settings) -> LedgerEntry | None:
+def newest_entry(consumer: Consumer, settings: Settings, admin: AdminClient | None = None) -> LedgerEntry | None:
     """The app's newest committed stream record (None: the app has committed nothing)."""
-    return _scan_back(consumer, settings, lambda entries: (entries[-1], True) if entries else (None, False))
+    return _scan_back(consumer, settings, lambda entries: (entries[-1], True) if entries else (None, False), admin)

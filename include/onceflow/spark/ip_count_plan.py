@@ -33,12 +33,14 @@ OUTPUT_COLUMNS = [
 ]
 
 
-def source(spark: SparkSession, settings: Settings) -> DataFrame:
+def source(spark: SparkSession, settings: Settings, starting: str | None = None) -> DataFrame:
+    """The source topic as a stream; `starting`: Spark's JSON of start offsets instead of the setting (the
+    standby's warm-up)."""
     return (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.bootstrap_servers)
         .option("subscribe", settings.source_topic)
-        .option("startingOffsets", settings.starting_offsets)
+        .option("startingOffsets", starting or settings.starting_offsets)
         .option("failOnDataLoss", "true")
         .option("kafka.isolation.level", "read_committed")
         .option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
