@@ -92,3 +92,17 @@ def test_flink_parallelism_follows_the_local_master():
     assert bench_flink.parallelism("local[2]") == 2
     assert bench_flink.parallelism("local") == 1
     assert bench_flink.parallelism("local[3,2]") == 3
+
+
+def test_recovery_is_reported_as_median_and_worst_of_its_runs():
+    from onceflow_dev.bench import recovery_summary
+
+    runs = [
+        {"pre_crash_lag": 100, "to_next_commit_s": 2.4, "to_lag_recovered_s": 3.0, "restart_delay_s": 2.0},
+        {"pre_crash_lag": 300, "to_next_commit_s": 8.1, "to_lag_recovered_s": 12.9, "restart_delay_s": 2.0},
+        {"pre_crash_lag": 200, "to_next_commit_s": 5.3, "to_lag_recovered_s": 6.2, "restart_delay_s": 2.0},
+    ]
+    got = recovery_summary(runs)
+    assert (got["to_next_commit_s"], got["to_next_commit_s_max"]) == (5.3, 8.1)
+    assert (got["to_lag_recovered_s"], got["to_lag_recovered_s_max"]) == (6.2, 12.9)
+    assert got["pre_crash_lag"] == 300 and got["runs"] == runs
