@@ -263,7 +263,7 @@ def warm_up(
     settings: config.Settings,
     per_partition: int = 10_000,
     batches: int = 3,
-    timeout_s: float = 180,
+    timeout_s: int = 180,
 ) -> None:
     """Run the job's own streaming plan over the source's newest records into a throwaway checkpoint, its results
     streamed to the driver as the job streams them (partition_stream) and dropped. Everything the first batches
@@ -298,7 +298,7 @@ def warm_up(
     )
     try:
         if not query.awaitTermination(timeout_s):
-            log.warning("standby: warm-up still running after %.0f s; stopped", timeout_s)
+            log.warning("standby: warm-up still running after %d s; stopped", timeout_s)
     finally:
         query.stop()
         shutil.rmtree(where, ignore_errors=True)
