@@ -59,7 +59,7 @@ def ip_count_backfill():
     @task
     def validate() -> dict:
         p = get_current_context()["params"]
-        s = orchestration.settings()
+        s = orchestration.settings(role="backfill")
         spec = backfill.validate(
             s,
             backfill.spec_from(
@@ -79,7 +79,7 @@ def ip_count_backfill():
     @task
     def run(spec: dict) -> dict:
         ctx = get_current_context()
-        s = orchestration.settings()
+        s = orchestration.settings(role="backfill")
         spec.pop("spec_hash", None)
         out = s.var_dir / "backfills" / f"{spec['id']}-{ctx['run_id'].replace(':', '_')}.json"
         argv = orchestration.batch_submit_argv(

@@ -61,19 +61,19 @@ def ip_count_deploy():
     def preflight() -> dict:
         params = get_current_context()["params"]
         return deploy.preflight_for(
-            orchestration.settings(), params["action"], params["savepoint_id"], params["allow_rewind"]
+            orchestration.settings(role="job"), params["action"], params["savepoint_id"], params["allow_rewind"]
         )
 
     @task
     def stop(checked: dict) -> dict:
         if checked["action"] in ("start", "upgrade", "restore"):
             return {"skipped": True, "why": "start does not stop; upgrade and restore stop in the launch step"}
-        return deploy.stop(orchestration.settings())
+        return deploy.stop(orchestration.settings(role="job"))
 
     @task
     def launch(stopped: dict) -> dict:
         params = get_current_context()["params"]
-        s = orchestration.settings()
+        s = orchestration.settings(role="job")
         action = params["action"]
         if action == "stop":
             return {"launched": False}

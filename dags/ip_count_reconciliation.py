@@ -64,13 +64,13 @@ def ip_count_reconciliation():
     @task
     def reconcile() -> dict:
         ctx = get_current_context()
-        s = orchestration.settings()
+        s = orchestration.settings(role="reconcile")
         return reconciliation.run_for_dag(
             s,
             ctx["params"],
             ctx["run_id"],
             lambda args: orchestration.batch_submit_argv(s, reconciliation.SCRIPT, args),
-            orchestration.alert_sink(s, ctx),
+            orchestration.alert_sink(orchestration.settings(), ctx),  # alerts are the control plane's to write
         )
 
     reconcile()

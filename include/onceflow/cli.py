@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -45,25 +46,41 @@ def _ts_ms(text: str) -> int:
 
 
 def cmd_stack(args, s: config.Settings) -> int:
-    stack = _dev("stack")
+    # `topics` and `provision` work on any cluster, from a production image without the development tooling:
+    # only the embedded stack's actions load it
 
     if args.brokers and args.brokers != s.brokers:
         s = config.load(brokers=args.brokers)  # the topology's defaults apply (bootstrap list, replication)
     if args.spark_workers and not s.master.startswith("spark://"):
-        s = s.replace(master=f"spark://127.0.0.1:{stack.DEFAULT_SPARK_MASTER_PORT}")
+        s = s.replace(master=f"spark://127.0.0.1:{_dev('stack').DEFAULT_SPARK_MASTER_PORT}")
+    if args.secured:
+        s = s.replace(kafka_security_protocol="SASL_SSL")
     if args.action == "up":
+        stack = _dev("stack")
         info = stack.up(s, spark_workers=args.spark_workers or 0)
-        if s.brokers > 1 or args.spark_workers:
+        if s.brokers > 1 or args.spark_workers or s.secured:
             info["export"] = stack.exports(s)  # what the job, Airflow and the CLI must be started with
         _print(info, args.json)
     elif args.action == "topics":  # an existing cluster: create and check the topics only
         from onceflow.kafka import topics
 
         _print({"created": topics.ensure(s), "bootstrap_servers": s.bootstrap_servers}, args.json)
+    elif args.action == "provision":  # an existing secured cluster: the app's principals and ACLs, as its admin
+        from onceflow.kafka import acls, security
+
+        passwords = {r: os.environ.get(f"ONCEFLOW_KAFKA_{r.upper()}_PASSWORD", "") for r in acls.ROLES}
+        unset = [f"ONCEFLOW_KAFKA_{r.upper()}_PASSWORD" for r, pw in passwords.items() if not pw]
+        if unset or not s.secured:
+            raise config.ConfigError(
+                "stack provision runs as the cluster's admin (ONCEFLOW_KAFKA_SECURITY_PROTOCOL=SASL_SSL, "
+                "ONCEFLOW_KAFKA_USERNAME/PASSWORD of a super user) and needs each role's password in the "
+                f"environment; unset: {unset or 'none'}"
+            )
+        _print(security.provision(s, s, passwords), args.json)
     elif args.action == "down":
-        _print(stack.down(s), args.json)
+        _print(_dev("stack").down(s), args.json)
     else:
-        st = stack.status(s)
+        st = _dev("stack").status(s)
         _print(st, args.json)
         return 0 if st["broker"]["running"] else 1
     return 0
@@ -405,14 +422,20 @@ def parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stack", help="the embedded Kafka broker and topics")
     st.add_argument(
         "action",
-        choices=["up", "down", "status", "topics"],
-        help="topics: create the topics on the cluster ONCEFLOW_BOOTSTRAP_SERVERS names, start nothing",
+        choices=["up", "down", "status", "topics", "provision"],
+        help="topics: create the topics on the cluster ONCEFLOW_BOOTSTRAP_SERVERS names, start nothing; provision: "
+        "on a secured cluster, as its admin, the app's principals and ACLs (docs/security.md)",
     )
     st.add_argument("--brokers", type=int, help="Kafka nodes (default ONCEFLOW_BROKERS, 1; 3: a quorum of three)")
     st.add_argument(
         "--spark-workers",
         type=int,
         help="up: also a Spark standalone master (ONCEFLOW_MASTER spark://..., default port 7077) and N workers",
+    )
+    st.add_argument(
+        "--secured",
+        action="store_true",
+        help="SASL/SCRAM over TLS with ACLs (ONCEFLOW_KAFKA_SECURITY_PROTOCOL=SASL_SSL; docs/security.md)",
     )
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_stack)

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,17 @@ class Settings:
     # How often the coordinator looks for timed-out transactions (Kafka default 10 s).
     broker_txn_abort_check_interval_ms: int = 10_000
     broker_heap: str = "512m"
+    # --- Kafka security (docs/security.md) ---
+    # PLAINTEXT (the embedded default) or SASL_SSL: SCRAM over TLS, every client authenticated as its role's
+    # principal (onceflow.kafka.acls), the brokers' certificates checked against kafka_ca_file.
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_sasl_mechanism: str = "SCRAM-SHA-512"
+    kafka_username: str = ""
+    # Never written anywhere: as_dict() redacts it, repr() leaves it out; it reaches a child process only in its
+    # environment (as_env), and comes from an Airflow connection or ONCEFLOW_KAFKA_PASSWORD.
+    kafka_password: str = field(default="", repr=False)
+    # PEM file of the CA that signed the brokers' certificates; empty: the embedded stack's (var/kafka/tls/ca.pem)
+    kafka_ca_file: str = ""
 
     # --- the streaming job ---
     app_id: str = "ip_count"
@@ -175,6 +186,68 @@ class Settings:
         return (self.savepoint_uri or (self.var_dir / "savepoints" / self.app_id).as_uri()).rstrip("/")
 
     @property
+    def reader_group(self) -> str:
+        """The group of every read_committed consumer that never commits (onceflow.kafka.clients); Spark's Kafka
+        consumers are named under `<it>.spark` (onceflow.spark.kafka_source). The ACLs grant both."""
+        return f"onceflow.reader.{self.app_id}"
+
+    def kafka_client_security(self) -> dict[str, str]:
+        """librdkafka's settings for the cluster's security: nothing on PLAINTEXT; SCRAM over TLS otherwise."""
+        if not self.secured:
+            return {}
+        user, ca = self._kafka_credentials()
+        return {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": self.kafka_sasl_mechanism,
+            "sasl.username": user,
+            "sasl.password": self.kafka_password,
+            "ssl.ca.location": ca,
+            "ssl.endpoint.identification.algorithm": "https",
+        }
+
+    def kafka_java_security(self) -> dict[str, str]:
+        """The same for Java clients (Spark's Kafka source: its kafka.* options). The password only inside
+        sasl.jaas.config, which Spark redacts from plans and UIs (spark.redaction.regex matches "password")."""
+        if not self.secured:
+            return {}
+        user, ca = self._kafka_credentials()
+
+        def quoted(v: str) -> str:
+            return v.replace("\\", "\\\\").replace('"', '\\"')
+
+        return {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": self.kafka_sasl_mechanism,
+            "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{quoted(user)}" password="{quoted(self.kafka_password)}";',
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": ca,
+        }
+
+    def _kafka_credentials(self) -> tuple[str, str]:
+        if not (self.kafka_username and self.kafka_password):
+            raise ConfigError(
+                f"Kafka at {self.bootstrap_servers} is SASL_SSL and no credentials are set: set "
+                f"{ENV_PREFIX}KAFKA_USERNAME and {ENV_PREFIX}KAFKA_PASSWORD, or the login and password of the Airflow "
+                f"connection {self.kafka_conn_id}"
+            )
+        if not Path(self.kafka_ca).is_file():
+            raise ConfigError(
+                f"the CA file {self.kafka_ca} for Kafka's TLS does not exist: set {ENV_PREFIX}KAFKA_CA_FILE to the PEM "
+                f"of the CA that signed the brokers' certificates"
+            )
+        return self.kafka_username, self.kafka_ca
+
+    @property
+    def secured(self) -> bool:
+        return self.kafka_security_protocol == "SASL_SSL"
+
+    @property
+    def kafka_ca(self) -> str:
+        """The CA file clients check the brokers' certificates against."""
+        return self.kafka_ca_file or str(self.var_dir / "kafka" / "tls" / "ca.pem")
+
+    @property
     def max_event_ahead_ms(self) -> int:
         return int(self.max_event_ahead_s * 1000)
 
@@ -230,6 +303,7 @@ class Settings:
 
     def as_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["kafka_password"] = "***" if self.kafka_password else ""
         d["var_dir"] = str(self.var_dir)
         d["jvm_dir"] = str(self.jvm_dir)
         d["checkpoint"] = self.checkpoint
@@ -306,6 +380,14 @@ class Settings:
         need(
             bool(self.app_id) and all(c.isalnum() or c in "._-" for c in self.app_id),
             f"{ENV_PREFIX}APP_ID must be non-empty and use only letters, digits, '.', '_', '-'",
+        )
+        need(
+            self.kafka_security_protocol in ("PLAINTEXT", "SASL_SSL"),
+            f"{ENV_PREFIX}KAFKA_SECURITY_PROTOCOL is PLAINTEXT or SASL_SSL, got {self.kafka_security_protocol!r}",
+        )
+        need(
+            self.kafka_sasl_mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256"),
+            f"{ENV_PREFIX}KAFKA_SASL_MECHANISM is SCRAM-SHA-512 or SCRAM-SHA-256, got {self.kafka_sasl_mechanism!r}",
         )
         need(self.brokers >= 1, f"{ENV_PREFIX}BROKERS must be >= 1, got {self.brokers}")
         need(self.cores_max >= 0, f"{ENV_PREFIX}CORES_MAX must be >= 0 (0: every core), got {self.cores_max}")

@@ -66,6 +66,31 @@ def _airflow(
     return out
 
 
+def kafka_env(s: Settings) -> dict[str, str]:
+    """On the secured stack, the Kafka connections as AIRFLOW_CONN_* variables (Airflow's environment secrets
+    backend, read before its database): `onceflow_kafka` as the control plane's principal, `onceflow_kafka_<role>`
+    for the job, backfills and the reconciliation (onceflow.control.orchestration). Never on a command line."""
+    if not s.secured:
+        return {}
+    from onceflow.kafka import acls
+    from onceflow_dev import credentials
+
+    known = credentials.ensure(s)
+    extra = {
+        "bootstrap.servers": s.bootstrap_servers,
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": s.kafka_sasl_mechanism,
+        "ssl.ca.location": s.kafka_ca,
+    }
+    out = {}
+    for role in acls.ROLES:
+        conn_id = s.kafka_conn_id if role == "control" else f"{s.kafka_conn_id}_{role}"
+        user = acls.username(s, role)
+        spec = {"conn_type": "kafka", "login": user, "password": known[user], "extra": extra}
+        out[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(spec)
+    return out
+
+
 def password(s: Settings) -> str:
     f = home(s) / "passwords.json"
     if not f.exists():
@@ -93,11 +118,15 @@ def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env
             s.kafka_conn_id: {"conn_type": "kafka", "extra": {"bootstrap.servers": s.bootstrap_servers}},
             s.spark_conn_id: {"conn_type": "spark", "host": "local[*]"},
         }
+        if s.secured:  # the Kafka connections carry passwords: Airflow gets them in its environment (kafka_env)
+            conns.pop(s.kafka_conn_id)
         for conn_id, spec in conns.items():
             _airflow(s, "connections", "delete", conn_id, check=False, extra=extra_env)
             _airflow(s, "connections", "add", conn_id, "--conn-json", json.dumps(spec), extra=extra_env)
         proc = procs.spawn_detached(
-            [sys.executable, "-m", "airflow", "standalone"], s.log_dir / "airflow.log", env=env(s, extra_env)
+            [sys.executable, "-m", "airflow", "standalone"],
+            s.log_dir / "airflow.log",
+            env=env(s, kafka_env(s) | (extra_env or {})),
         )
         procs.write_pidfile(pidfile(s), proc.pid, "airflow")
     procs.wait_until(lambda: _healthy(s), timeout, interval=2, what=f"Airflow at port {s.airflow_port}")

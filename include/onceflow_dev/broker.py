@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onceflow.config import Settings
+from onceflow.kafka import acls
 from onceflow.runtime import jvm, procs
 
 log = logging.getLogger(__name__)
@@ -100,43 +101,79 @@ def paths(settings: Settings) -> Node:
 def server_properties(settings: Settings, n: Node, quorum: list[Node]) -> dict[str, str]:
     rf = str(min(3, len(quorum)))
     isr = str(min(2, len(quorum)))
-    return {
-        "process.roles": "broker,controller",
-        "node.id": str(n.id),
-        "controller.quorum.voters": ",".join(f"{q.id}@{q.host}:{q.controller_port}" for q in quorum),
-        "listeners": f"PLAINTEXT://{n.host}:{n.port},CONTROLLER://{n.host}:{n.controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{n.host}:{n.port}",
-        "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "log.dirs": str(n.data),
-        "auto.create.topics.enable": "false",
-        "num.partitions": "1",
-        "default.replication.factor": rf,
-        "min.insync.replicas": isr,
-        "offsets.topic.replication.factor": rf,
-        "offsets.topic.num.partitions": "4",
-        "transaction.state.log.replication.factor": rf,
-        "transaction.state.log.min.isr": isr,
-        "transaction.state.log.num.partitions": "4",
-        "group.initial.rebalance.delay.ms": "0",
-        "transaction.max.timeout.ms": str(settings.broker_transaction_max_timeout_ms),
-        "transaction.abort.timed.out.transaction.cleanup.interval.ms": str(settings.broker_txn_abort_check_interval_ms),
-        "share.coordinator.state.topic.replication.factor": rf,
-        "share.coordinator.state.topic.min.isr": isr,
-        # a node that comes back catches up from the others; an out-of-sync replica is never made leader
-        "unclean.leader.election.enable": "false",
-    } | (
+    return (
         {
-            # a killed node is fenced (its partitions and coordinators move) after 6 s without a heartbeat, not
-            # Kafka's 9 s: a transaction open at that moment survives the failover inside its timeout. Not on one
-            # node: there is nowhere to fail over to, and a node paused for longer would fence itself on waking
-            "broker.heartbeat.interval.ms": "1000",
-            "broker.session.timeout.ms": "6000",
+            "process.roles": "broker,controller",
+            "node.id": str(n.id),
+            "controller.quorum.voters": ",".join(f"{q.id}@{q.host}:{q.controller_port}" for q in quorum),
+            "listeners": f"PLAINTEXT://{n.host}:{n.port},CONTROLLER://{n.host}:{n.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{n.host}:{n.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(n.data),
+            "auto.create.topics.enable": "false",
+            "num.partitions": "1",
+            "default.replication.factor": rf,
+            "min.insync.replicas": isr,
+            "offsets.topic.replication.factor": rf,
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": isr,
+            "transaction.state.log.num.partitions": "4",
+            "group.initial.rebalance.delay.ms": "0",
+            "transaction.max.timeout.ms": str(settings.broker_transaction_max_timeout_ms),
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": str(
+                settings.broker_txn_abort_check_interval_ms
+            ),
+            "share.coordinator.state.topic.replication.factor": rf,
+            "share.coordinator.state.topic.min.isr": isr,
+            # a node that comes back catches up from the others; an out-of-sync replica is never made leader
+            "unclean.leader.election.enable": "false",
         }
-        if len(quorum) > 1
-        else {}
+        | (secured_properties(settings, n) if settings.secured else {})
+        | (
+            {
+                # a killed node is fenced (its partitions and coordinators move) after 6 s without a heartbeat, not
+                # Kafka's 9 s: a transaction open at that moment survives the failover inside its timeout. Not on one
+                # node: there is nowhere to fail over to, and a node paused for longer would fence itself on waking
+                "broker.heartbeat.interval.ms": "1000",
+                "broker.session.timeout.ms": "6000",
+            }
+            if len(quorum) > 1
+            else {}
+        )
     )
+
+
+def secured_properties(settings: Settings, n: Node) -> dict[str, str]:
+    """SASL_SSL for clients and between brokers (SCRAM, the stack's admin as the brokers' own user), TLS with client
+    certificates on the controller listener (KRaft cannot use SCRAM there: the credentials live in the metadata it
+    serves), and Kafka's StandardAuthorizer: nothing is allowed that no ACL allows (onceflow.kafka.acls)."""
+    from onceflow_dev import credentials, tls
+
+    admin_pw = credentials.ensure(settings)[acls.ADMIN]
+    jaas = f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{acls.ADMIN}" password="{admin_pw}";'
+    mech = settings.kafka_sasl_mechanism
+    return {
+        "listeners": f"SASL_SSL://{n.host}:{n.port},CONTROLLER://{n.host}:{n.controller_port}",
+        "advertised.listeners": f"SASL_SSL://{n.host}:{n.port}",
+        "inter.broker.listener.name": "SASL_SSL",
+        "listener.security.protocol.map": "CONTROLLER:SSL,SASL_SSL:SASL_SSL",
+        "sasl.enabled.mechanisms": mech,
+        "sasl.mechanism.inter.broker.protocol": mech,
+        f"listener.name.sasl_ssl.{mech.lower()}.sasl.jaas.config": jaas,
+        "ssl.keystore.type": "PKCS12",
+        "ssl.keystore.location": str(tls.keystore(settings)),
+        "ssl.keystore.password": tls.store_password(settings),
+        "ssl.key.password": tls.store_password(settings),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(tls.ca_pem(settings)),
+        "listener.name.controller.ssl.client.auth": "required",
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": f"User:{acls.ADMIN};{tls.BROKER_PRINCIPAL}",
+        "allow.everyone.if.no.acl.found": "false",
+    }
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -215,6 +252,11 @@ def start_node(settings: Settings, node_id: int, wait: bool = True, timeout: flo
             )
     classpath = jvm.kafka_classpath(settings)
     n.home.mkdir(parents=True, exist_ok=True)
+    if settings.secured:
+        from onceflow_dev import tls
+
+        tls.ensure(settings)
+    n.properties.touch(mode=0o600)  # the secured stack's holds the brokers' own password
     n.properties.write_text("".join(f"{k}={v}\n" for k, v in server_properties(settings, n, quorum).items()))
     n.log4j.write_text(LOG4J2.format(log=n.server_log, level="INFO"))
     java = _java()
@@ -239,6 +281,7 @@ def start_node(settings: Settings, node_id: int, wait: bool = True, timeout: flo
                 str(n.properties),
                 "--feature",
                 "transaction.version=2",
+                *_scram_bootstrap(settings),
             ],
             capture_output=True,
             text=True,
@@ -255,6 +298,17 @@ def start_node(settings: Settings, node_id: int, wait: bool = True, timeout: flo
             stop_node(settings, n.id)
             raise
     return node_status(n)
+
+
+def _scram_bootstrap(settings: Settings) -> list[str]:
+    """The admin's SCRAM credential, written into the metadata at format (KIP-900): the brokers authenticate to
+    each other with it before any user could be created over the wire."""
+    if not settings.secured:
+        return []
+    from onceflow_dev import credentials
+
+    pw = credentials.ensure(settings)[acls.ADMIN]
+    return ["--add-scram", f"{settings.kafka_sasl_mechanism}=[name={acls.ADMIN},password={pw}]"]
 
 
 def _wait_ready(settings: Settings, timeout: float, launched: dict[int, subprocess.Popen] | None = None) -> None:
@@ -276,7 +330,7 @@ def _wait_ready(settings: Settings, timeout: float, launched: dict[int, subproce
         if not up or not all(_port_open(n.host, n.port) for n in up):  # quiet: librdkafka logs refused connects
             return False
         try:
-            admin = admin or kafka_clients.admin(settings)
+            admin = admin or kafka_clients.admin(_as_admin(settings))
             md = admin.list_topics(timeout=2)
             return {n.id for n in up} <= set(md.brokers)
         except Exception:
@@ -319,3 +373,12 @@ def kill(settings: Settings, node_id: int | None = None) -> bool:
         procs.wait_until(dead, 20, what=f"node {n.id} to die")
         done = True
     return done
+
+
+def _as_admin(settings: Settings) -> Settings:
+    """The stack talks to a secured cluster as its admin (a plain one needs no credentials)."""
+    if not settings.secured:
+        return settings
+    from onceflow_dev import credentials
+
+    return credentials.as_admin(settings)

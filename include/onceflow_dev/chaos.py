@@ -50,6 +50,8 @@ class ChaosSpec:
     seed: int = field(default_factory=lambda: env_or("CHAOS_SEED", 1))
     # a warm standby driver takes over killed drivers (CHAOS_STANDBY=0: every kill is a cold restart)
     standby: int = field(default_factory=lambda: env_or("CHAOS_STANDBY", 1))
+    # CHAOS_SECURED=1: on the secured stack (SASL/SCRAM over TLS, ACLs), the job on its least-privileged principal
+    secured: int = field(default_factory=lambda: env_or("CHAOS_SECURED", 0))
     ips: int = 5000
 
 
@@ -80,6 +82,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         controller_port=procs.free_port(),
         broker_txn_abort_check_interval_ms=1000,
         broker_heap="1g",
+        kafka_security_protocol="SASL_SSL" if spec.secured else "PLAINTEXT",
     )
     timeout_ms = 8000
     stall_s = timeout_ms / 1000 + 4
@@ -104,16 +107,24 @@ def run(spec: ChaosSpec, var_dir) -> dict:
     )
     var_dir.mkdir(parents=True, exist_ok=True)
     broker.start(base)
+    # who does what: the job as itself; the upstream producer and the checks as the admin (all the same on a plain
+    # stack); the recount as the read-only reconciliation principal
+    job, observer, recon = s, s, s
+    if spec.secured:
+        from onceflow_dev import credentials, stack
+
+        observer = stack.provision(s)
+        job, recon = credentials.as_role(s, "job"), credentials.as_role(s, "reconcile")
     counts = {"kill_job": 0, "restart_broker": 0, "pause_driver": 0, "stall_in_txn": 0}
     t0 = time.monotonic()
     manifest = var_dir / "chaos-manifest.csv"
     try:
-        topics.ensure(s)
+        topics.ensure(observer)
         fed: dict = {}
 
         def feed():
             fed["result"] = generator.generate(
-                s,
+                observer,
                 generator.GeneratorSpec(
                     count=spec.records,
                     rate=spec.records / spec.seconds,
@@ -129,21 +140,21 @@ def run(spec: ChaosSpec, var_dir) -> dict:
                 progress_every=100_000,
             )
 
-        jobctl.start(s)
-        jobctl.wait_running(s, timeout=300)
+        jobctl.start(job)
+        jobctl.wait_running(job, timeout=300)
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
         last_restart_ms = 0
         for at, kind, dur in plan(spec):
             time.sleep(max(0.0, at - (time.monotonic() - t0)))
             # a transaction held open must reach its timeout: no other fault until the coordinator aborted it
-            _wait_stall_over(s, stall_s)
+            _wait_stall_over(observer, stall_s)
             if kind == "pause_driver":
                 # a fault for a job that is still coming back would hit nothing: wait for its query to run
-                jobctl.wait_running(s, after_ms=last_restart_ms, timeout=300)
+                jobctl.wait_running(job, after_ms=last_restart_ms, timeout=300)
             if kind == "kill_job" and spec.standby and counts["kill_job"] % 2 == 0:
-                _wait_standby(s)  # every other kill lands on a warm standby (a takeover), the rest maybe not
-            if kind == "kill_job" and kill_running_job(s, after_ms=last_restart_ms):
+                _wait_standby(job)  # every other kill lands on a warm standby (a takeover), the rest maybe not
+            if kind == "kill_job" and kill_running_job(job, after_ms=last_restart_ms):
                 counts[kind] += 1
                 last_restart_ms = int(time.time() * 1000)
             elif kind == "restart_broker":
@@ -161,22 +172,23 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             log.info("t=%.0fs %s (%s)", time.monotonic() - t0, kind, counts)
         feeder.join(spec.seconds * 3 + 300)
         sent = generator.read_manifest(manifest)
-        wait_drained(s, sent, timeout=max(600.0, spec.seconds))
-        jobctl.stop(s)
-        counts["stall_in_txn"] = len(events_of(s, wire.FAULT_INJECTED))
-        report = verify(s, sent)
+        wait_drained(observer, sent, timeout=max(600.0, spec.seconds))
+        jobctl.stop(job)
+        counts["stall_in_txn"] = len(events_of(observer, wire.FAULT_INJECTED))
+        report = verify(observer, sent)
         report |= {
             "faults": counts,
-            "restarts": len(restarts := events_of(s, wire.SUPERVISOR_RESTART)),
+            "restarts": len(restarts := events_of(observer, wire.SUPERVISOR_RESTART)),
             "standby_takeovers": sum(1 for e in restarts if e.get("standby") and e.get("delay_s") == 0),
-            "transaction_timeouts": len(events_of(s, wire.TRANSACTION_TIMEOUT)),
+            "transaction_timeouts": len(events_of(observer, wire.TRANSACTION_TIMEOUT)),
             "wall_s": round(time.monotonic() - t0, 1),
             "seed": spec.seed,
+            "secured": bool(spec.secured),
         }
         spark = launcher.local_session(s, "chaos-reconcile")
         from onceflow.apps import reconcile
 
-        res = reconcile.run(spark, s, with_gx=False)
+        res = reconcile.run(spark, recon, with_gx=False)
         report["reconciliation"] = {c.name: c.status for c in res.checks}
         # every transaction held past its timeout must have been detected and reported as such
         report["ok"] = (
@@ -188,7 +200,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         )
         return report
     finally:
-        jobctl.stop(s, timeout=30)
+        jobctl.stop(job, timeout=30)
         broker.stop(base)
 
 
@@ -304,6 +316,7 @@ def main() -> int:
     (var / "report.json").write_text(json.dumps(report, indent=1))
     f = report["faults"]
     print(f"""
+stack             {"secured: SASL/SCRAM over TLS, ACLs; the job as its own principal" if report["secured"] else "plaintext"}
 records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late)
 faults injected   {f["kill_job"]} kill -9 of the job, {f["restart_broker"]} broker kill+restart, {f["pause_driver"]} driver SIGSTOP/SIGCONT, {f["stall_in_txn"]} transactions held past their timeout ({report["transaction_timeouts"]} timeouts reported)
 restarts          {report["restarts"]} (supervisor; {report["standby_takeovers"]} by the warm standby)

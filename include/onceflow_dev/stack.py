@@ -16,10 +16,22 @@ def up(settings: Settings, spark_workers: int = 0) -> dict:
         spark_cluster.master_address(settings)  # a clear error before anything starts
     jvm.spark_kafka_jars(settings)  # resolve and cache the Spark connector now, not at first job start
     info = broker.start(settings)
-    info["topics_created"] = topics.ensure(settings)
+    info["topics_created"] = topics.ensure(provision(settings) if settings.secured else settings)
     if spark_workers:
         spark_cluster.start(settings, workers=spark_workers)
     return status(settings) | {"topics_created": info["topics_created"]}
+
+
+def provision(settings: Settings) -> Settings:
+    """On the secured stack: the app's principals (passwords in onceflow_dev.credentials) and their ACLs; returns
+    the admin's settings, for what only the admin may do (create topics)."""
+    from onceflow.kafka import acls, security
+    from onceflow_dev import credentials
+
+    admin = credentials.as_admin(settings)
+    known = credentials.ensure(settings)
+    security.provision(admin, settings, {r: known[acls.username(settings, r)] for r in acls.ROLES})
+    return admin
 
 
 def down(settings: Settings) -> dict:
@@ -50,6 +62,9 @@ def status(settings: Settings) -> dict:
     }
     if any(n["running"] for n in b["nodes"]):
         from onceflow.kafka import cluster
+        from onceflow_dev import credentials
+
+        settings = credentials.as_admin(settings) if settings.secured else settings
 
         try:
             out["topic_problems"] = topics.check(settings)
@@ -69,4 +84,9 @@ def exports(settings: Settings) -> dict[str, str]:
         "ONCEFLOW_REPLICATION_FACTOR": str(settings.replication_factor),
         "ONCEFLOW_MIN_INSYNC_REPLICAS": str(settings.min_insync_replicas),
         "ONCEFLOW_MASTER": settings.master,
-    }
+    } | (
+        # the credentials are not printed: they are in the Airflow connections (or the operator's environment)
+        {"ONCEFLOW_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "ONCEFLOW_KAFKA_CA_FILE": settings.kafka_ca}
+        if settings.secured
+        else {}
+    )

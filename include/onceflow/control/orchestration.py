@@ -12,19 +12,57 @@ from onceflow.runtime import launcher
 log = logging.getLogger(__name__)
 
 
-def settings(kafka_conn_id: str | None = None) -> config.Settings:
-    """onceflow settings, with the Kafka endpoint taken from the Airflow connection when it exists."""
-    from airflow.sdk import BaseHook
-
+def settings(kafka_conn_id: str | None = None, role: str = "control") -> config.Settings:
+    """onceflow settings with the Kafka endpoint, and on a secured cluster the credentials of `role`, taken from
+    Airflow connections: `kafka_conn_id` (default ONCEFLOW_KAFKA_CONN_ID) for the endpoint and the control plane's
+    principal, `<kafka_conn_id>_<role>` for the job's, the backfills' and the reconciliation's (onceflow.kafka.acls).
+    A connection that does not exist leaves the environment's settings standing."""
     s = config.load()
     conn_id = kafka_conn_id or s.kafka_conn_id
-    try:
-        conn = BaseHook.get_connection(conn_id)
-    except Exception:  # no such connection: the environment's settings stand
+    conn = _connection(conn_id)
+    if conn is None:
         log.info("no Airflow connection %s; using ONCEFLOW_BOOTSTRAP_SERVERS=%s", conn_id, s.bootstrap_servers)
-        return s
-    servers = conn.extra_dejson.get("bootstrap.servers") or (f"{conn.host}:{conn.port}" if conn.host else None)
-    return s.replace(bootstrap_servers=servers) if servers else s
+    else:
+        s = _with_connection(s, conn)
+    return s if role == "control" else for_role(s, role, conn_id)
+
+
+def for_role(s: config.Settings, role: str, kafka_conn_id: str | None = None) -> config.Settings:
+    """`s` with the credentials of the connection `<kafka_conn_id>_<role>`, when there is one."""
+    conn = _connection(f"{kafka_conn_id or s.kafka_conn_id}_{role}")
+    return _with_connection(s, conn) if conn is not None else s
+
+
+def _connection(conn_id: str):
+    from airflow.sdk import BaseHook
+
+    try:
+        return BaseHook.get_connection(conn_id)
+    except Exception:  # no such connection
+        return None
+
+
+def _with_connection(s: config.Settings, conn) -> config.Settings:
+    """A Kafka connection's endpoint and security: `bootstrap.servers`, `security.protocol`, `sasl.mechanism`,
+    `ssl.ca.location` in its extra (librdkafka's names, as the Kafka provider keeps them); the principal in its
+    login and password (the password field, which Airflow masks in logs and the UI)."""
+    extra = conn.extra_dejson
+    changes: dict = {}
+    servers = extra.get("bootstrap.servers") or (f"{conn.host}:{conn.port}" if conn.host else None)
+    if servers:
+        changes["bootstrap_servers"] = servers
+    if extra.get("security.protocol"):
+        changes["kafka_security_protocol"] = str(extra["security.protocol"]).upper()
+    if extra.get("sasl.mechanism"):
+        changes["kafka_sasl_mechanism"] = extra["sasl.mechanism"]
+    if extra.get("ssl.ca.location"):
+        changes["kafka_ca_file"] = extra["ssl.ca.location"]
+    if conn.login:
+        changes["kafka_username"] = conn.login
+    password = conn.password or extra.get("sasl.password")
+    if password:
+        changes["kafka_password"] = password
+    return s.replace(**changes) if changes else s
 
 
 def spark_submit_argv(s: config.Settings) -> list[str]:
@@ -42,6 +80,7 @@ def start_job(s: config.Settings) -> dict:
     """Launch the job detached with the Spark provider's command (used by deploy and by health restarts)."""
     from onceflow.runtime import jobctl
 
+    s = for_role(s, "job")  # a restart by the health check runs as the job's principal, not the control plane's
     return jobctl.start(s, argv=spark_submit_argv(s))
 
 

@@ -14,18 +14,23 @@ CLIENT_LOG = logging.getLogger("onceflow.kafka.client")
 
 
 def base(settings: Settings) -> dict:
-    return {"bootstrap.servers": settings.bootstrap_servers, "log_level": 3, "logger": CLIENT_LOG}
+    return {"bootstrap.servers": settings.bootstrap_servers, "log_level": 3, "logger": CLIENT_LOG} | security(settings)
 
 
-def admin(settings: Settings) -> AdminClient:
-    return AdminClient(base(settings))
+def security(settings: Settings) -> dict:
+    """librdkafka's settings for the cluster's security (onceflow.config.Settings.kafka_client_security)."""
+    return settings.kafka_client_security()
+
+
+def admin(settings: Settings, **extra) -> AdminClient:
+    return AdminClient(base(settings) | extra)
 
 
 def read_committed_consumer(settings: Settings, group_id: str | None = None, **extra) -> Consumer:
     """A consumer that sees committed data only; never commits on its own."""
     conf = {
         **base(settings),
-        "group.id": group_id or f"onceflow.reader.{settings.app_id}",
+        "group.id": group_id or settings.reader_group,
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,

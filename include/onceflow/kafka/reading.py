@@ -123,6 +123,8 @@ def watermarks(settings: Settings, topic: str) -> dict[int, tuple[int, int]] | N
     c = read_committed_consumer(settings)
     try:
         md = c.list_topics(topic, timeout=10).topics.get(topic)
+        if md is not None and md.error is not None and md.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise KafkaException(md.error)  # not allowed to see it is not "no such topic"
         if md is None or md.error is not None:
             return None
         return {

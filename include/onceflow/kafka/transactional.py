@@ -165,6 +165,7 @@ class TransactionalWriter:
         self._dead: TxnError | None = None
         self._started: float | None = None  # when the open transaction began (clock)
         self._failed_delivery: str | None = None
+        self._delivery_error: KafkaError | None = None  # the first failed delivery's error, for the classification
         self._producer = self._initialised(self._make())
 
     # ------------------------------------------------------------------ state
@@ -184,7 +185,7 @@ class TransactionalWriter:
     # ------------------------------------------------------------------ the transaction
     def begin(self) -> None:
         self._check()
-        self._failed_delivery = None
+        self._failed_delivery, self._delivery_error = None, None
         try:
             self._producer.begin_transaction()
         except KafkaException as e:
@@ -297,6 +298,7 @@ class TransactionalWriter:
     # ------------------------------------------------------------------ errors
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None and self._failed_delivery is None:
+            self._delivery_error = err if isinstance(err, KafkaError) else None
             self._failed_delivery = (
                 f"record key {msg.key()!r} to topic {msg.topic()} partition {msg.partition()} "
                 f"failed: {err.str() if hasattr(err, 'str') else err}"
@@ -305,6 +307,9 @@ class TransactionalWriter:
     def _failure(self, e: KafkaException, phase: str, kind: str | None = None) -> TxnError:
         """Classify, do what the class requires (abort, replace the producer, give up on it), return the error."""
         err: KafkaError = self._root_cause(e.args[0])
+        if self._delivery_error is not None and self._delivery_error.code() in CONFIG_CODES:
+            # "n message(s) failed delivery": a write the broker refused (no ACL on the topic) is what to fix
+            err, kind = self._delivery_error, CONFIG
         elapsed = self.elapsed_ms
         kind = kind or classify(err, phase=phase, elapsed_ms=elapsed, timeout_ms=self.timeout_ms)
         detail = f"; {self._failed_delivery}" if self._failed_delivery else ""

@@ -39,12 +39,82 @@ def broker_reachable(settings: Settings, timeout: float = 10.0) -> None:
             f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({err}): start it with "
             f"`onceflow stack up`, or point ONCEFLOW_BOOTSTRAP_SERVERS at a running cluster"
         )
+    refusals: list = []
+    admin = kafka_clients.admin(settings, error_cb=refusals.append)  # a ConfigError (no credentials) goes up as is
     try:
-        kafka_clients.admin(settings).list_topics(timeout=timeout)
+        admin.list_topics(timeout=timeout)
     except Exception as e:
+        admin.poll(1.0)  # serves the error callbacks: why the request went unanswered
+        refused(settings, refusals)
         raise BrokerUnreachable(
             f"the broker at {settings.bootstrap_servers} does not answer metadata requests within {timeout:.0f} s: {e}"
         ) from None
+
+
+def refused(settings: Settings, errors: list) -> None:
+    """A secured cluster's refusal as what to change (librdkafka reports these to error_cb, and the request that
+    waited on them just times out): wrong credentials, or a certificate the CA file does not vouch for."""
+    from confluent_kafka import KafkaError
+
+    for err in errors:
+        if err.code() == KafkaError._AUTHENTICATION:
+            raise PreflightError(
+                f"Kafka at {settings.bootstrap_servers} refused to authenticate {settings.kafka_username or 'this client'}"
+                f" ({err.str()}): check ONCEFLOW_KAFKA_USERNAME and ONCEFLOW_KAFKA_PASSWORD (or the login and password "
+                f"of the Airflow connection), and that the user exists on the cluster"
+            )
+        if not settings.secured and err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
+            tls = next((f"{h}:{p}" for h, p in settings.bootstrap_addresses if _speaks_tls(h, p)), None)
+            if tls:  # a plaintext client on a TLS listener only sees its connection dropped: say why
+                raise PreflightError(
+                    f"Kafka at {tls} speaks TLS and this client plaintext: the cluster is secured; set "
+                    f"ONCEFLOW_KAFKA_SECURITY_PROTOCOL=SASL_SSL with the principal's credentials (docs/security.md)"
+                )
+        if err.code() == KafkaError._SSL or "SSL" in err.str():
+            raise PreflightError(
+                f"the TLS handshake with Kafka at {settings.bootstrap_servers} failed ({err.str()}): is the cluster "
+                f"SASL_SSL (ONCEFLOW_KAFKA_SECURITY_PROTOCOL), and did the CA in {settings.kafka_ca} sign its "
+                f"certificates (ONCEFLOW_KAFKA_CA_FILE)?"
+            )
+
+
+def _lacks(settings: Settings, resource: str, name: str, operation: str, role: str = "job") -> None:
+    from onceflow.kafka import acls
+
+    a = acls.Acl(f"User:{settings.kafka_username}", resource, name, "LITERAL", operation)
+    raise PreflightError(
+        f"{settings.kafka_username} lacks an ACL the {role} needs on {settings.bootstrap_servers} (docs/security.md):"
+        f" {a} (grant: {a.command(settings.bootstrap_servers)})"
+    )
+
+
+def _speaks_tls(host: str, port: int, timeout: float = 3.0) -> bool:
+    """Whether the listener completes a TLS handshake (certificate not checked: only the protocol is asked)."""
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as raw, ctx.wrap_socket(raw):
+            return True
+    except (OSError, ssl.SSLError):
+        return False
+
+
+def acls_granted(settings: Settings, role: str) -> None:
+    """On a secured cluster, the ACLs the role needs on its topics and the cluster, named with the command that
+    grants each missing one (docs/security.md)."""
+    if not settings.secured:
+        return
+    from onceflow.kafka import security
+
+    lacking = security.missing(settings, role)
+    if lacking:
+        raise PreflightError(
+            f"{settings.kafka_username} lacks {len(lacking)} ACL(s) the {role} needs on {settings.bootstrap_servers} "
+            f"(docs/security.md): "
+            + "; ".join(f"{a} (grant: {a.command(settings.bootstrap_servers)})" for a in lacking)
+        )
 
 
 def broker_transaction_max_timeout_ms(settings: Settings, timeout: float = 10.0) -> int:
@@ -62,6 +132,8 @@ def broker_transaction_max_timeout_ms(settings: Settings, timeout: float = 10.0)
             values.append(int(f.result(timeout + 1)["transaction.max.timeout.ms"].value))
         except Exception as e:
             errors.append(f"broker {b}: {e!r}")
+    if not values and any("CLUSTER_AUTHORIZATION_FAILED" in e for e in errors):
+        _lacks(settings, "CLUSTER", "kafka-cluster", "DESCRIBE_CONFIGS")
     if not values:
         raise BrokerUnreachable(
             f"no broker at {settings.bootstrap_servers} answered a describe-configs request within {timeout:.0f} s "
@@ -91,7 +163,8 @@ def dlq_fits(settings: Settings, timeout: float = 10.0) -> None:
 def check_job(settings: Settings) -> dict:
     """Everything the streaming job needs before it may start; raises PreflightError/ConfigError."""
     broker_reachable(settings)
-    problems = topics.check(settings)
+    acls_granted(settings, "job")
+    problems = topics.check(settings, only=topics.job_topics(settings))
     if problems:
         raise PreflightError("; ".join(problems))
     dlq_fits(settings)

@@ -18,6 +18,7 @@ from onceflow import wire
 from onceflow.config import Settings
 from onceflow.rules import records as R
 from onceflow.spark import parsing
+from onceflow.spark.kafka_source import kafka_options
 
 ISO_MS = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"
 OUTPUT_COLUMNS = [
@@ -39,6 +40,7 @@ def source(spark: SparkSession, settings: Settings, starting: str | None = None)
     return (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .options(**kafka_options(settings))
         .option("subscribe", settings.source_topic)
         .option("startingOffsets", starting or settings.starting_offsets)
         .option("failOnDataLoss", "true")

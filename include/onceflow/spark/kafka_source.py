@@ -9,6 +9,14 @@ from pyspark.sql import DataFrame, SparkSession
 from onceflow.config import Settings
 
 
+def kafka_options(settings: Settings) -> dict[str, str]:
+    """Options every Spark Kafka reader of the platform sets: the cluster's security (the password inside the JAAS
+    setting, which Spark redacts) and consumer groups named under the reader prefix its ACLs allow."""
+    return {"groupIdPrefix": f"{settings.reader_group}.spark"} | {
+        f"kafka.{k}": v for k, v in settings.kafka_java_security().items()
+    }
+
+
 def read_range(
     spark: SparkSession,
     settings: Settings,
@@ -29,6 +37,7 @@ def read_range(
     return (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .options(**kafka_options(settings))
         .option("assign", json.dumps({topic: parts}))
         .option("startingOffsets", json.dumps({topic: {str(p): start[p] for p in parts}}))
         .option("endingOffsets", json.dumps({topic: {str(p): end[p] for p in parts}}))

@@ -1,0 +1,163 @@
+"""Who may do what on a secured cluster: the principals of one app and their ACLs, declared once.
+
+Each role of the platform authenticates as its own principal, `User:onceflow.<app>.<role>`, and is allowed
+exactly what its code does (docs/security.md lists the same table, rendered by `commands`):
+
+- job: reads the source, writes sink, DLQ, ledger and events inside its own transactional id, commits the
+  source offsets to its own group (and reads the ledger back on start).
+- backfill: reads the source and the ledger, writes its target topics and the ledger, with its own
+  transactional-id prefix and group prefix.
+- control (the Airflow DAGs and the console): describes everything of the app, reads the ledger, events, sink,
+  DLQ and reconciliation results, writes alerts and health.
+- reconcile: reads everything it proves; writes nothing but its own results (the reconciliation topic, in its
+  own transactional id, with its own group).
+
+Pure data: onceflow.kafka.security applies it (users and ACL bindings) and checks a principal's rights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onceflow.config import Settings
+
+ROLES = ("job", "backfill", "control", "reconcile")
+ADMIN = "onceflow-admin"  # the embedded stack's super user: creates topics, users and ACLs, never runs the job
+
+
+@dataclass(frozen=True)
+class Acl:
+    """ALLOW `operation` on a resource for a principal (Kafka's implied rights apply: WRITE and READ include
+    DESCRIBE)."""
+
+    principal: str  # User:<name>
+    resource: str  # TOPIC, GROUP, TRANSACTIONAL_ID, CLUSTER
+    name: str
+    pattern: str  # LITERAL or PREFIXED
+    operation: str  # READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS
+
+    def __str__(self) -> str:
+        what = "prefix" if self.pattern == "PREFIXED" else ""
+        return f"{self.operation} on {self.resource} {what}{' ' if what else ''}{self.name!r} for {self.principal}"
+
+    def command(self, bootstrap: str = "<bootstrap>") -> str:
+        """The kafka-acls.sh command that grants it (for operators who run their own cluster)."""
+        flag = {
+            "TOPIC": f"--topic {self.name}",
+            "GROUP": f"--group {self.name}",
+            "TRANSACTIONAL_ID": f"--transactional-id {self.name}",
+            "CLUSTER": "--cluster",
+        }[self.resource]
+        pattern = " --resource-pattern-type prefixed" if self.pattern == "PREFIXED" else ""
+        op = "".join(w.capitalize() for w in self.operation.split("_"))
+        return (
+            f"kafka-acls.sh --bootstrap-server {bootstrap} --command-config admin.properties --add "
+            f"--allow-principal {self.principal} --operation {op} {flag}{pattern}"
+        )
+
+
+def username(settings: Settings, role: str) -> str:
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; one of {ROLES}")
+    return f"onceflow.{settings.app_id}.{role}"
+
+
+def principal(settings: Settings, role: str) -> str:
+    return f"User:{username(settings, role)}"
+
+
+def required(settings: Settings, role: str) -> list[Acl]:
+    """The ACLs of one role of the app `settings.app_id`: no more than its code uses."""
+    s, who = settings, principal(settings, role)
+
+    def topic(name: str, op: str) -> Acl:
+        return Acl(who, "TOPIC", name, "LITERAL", op)
+
+    def group(name: str, pattern: str = "LITERAL", op: str = "READ") -> Acl:
+        return Acl(who, "GROUP", name, pattern, op)
+
+    def txn(name: str, pattern: str = "LITERAL", op: str = "WRITE") -> Acl:
+        return Acl(who, "TRANSACTIONAL_ID", name, pattern, op)
+
+    # every role reads committed data with a consumer that never commits (onceflow.kafka.clients); Spark's
+    # source consumers are named from the same prefix
+    reader = [group(s.reader_group), group(f"{s.reader_group}.spark", "PREFIXED")]
+    configs = Acl(who, "CLUSTER", "kafka-cluster", "LITERAL", "DESCRIBE_CONFIGS")  # transaction.max.timeout.ms
+    if role == "job":
+        return [
+            topic(s.source_topic, "READ"),
+            *(topic(t, "WRITE") for t in (s.sink_topic, s.dlq_topic, s.ledger_topic, s.events_topic)),
+            topic(s.ledger_topic, "READ"),
+            topic(s.dlq_topic, "DESCRIBE_CONFIGS"),  # preflight: a DLQ copy fits the topic's record limit
+            group(s.group_id),
+            group(f"{s.group_id}.ledger"),
+            *reader,
+            txn(s.transactional_id),
+            configs,
+        ]
+    if role == "backfill":
+        return [
+            topic(s.source_topic, "READ"),
+            topic(s.ledger_topic, "READ"),
+            topic(s.ledger_topic, "WRITE"),
+            topic(s.backfill_topic, "WRITE"),
+            topic(s.backfill_topic, "READ"),
+            topic(s.events_topic, "WRITE"),
+            group(f"{s.group_id}.backfill.", "PREFIXED"),
+            *reader,
+            txn(f"{s.transactional_id}.backfill.", "PREFIXED"),
+            configs,
+        ]
+    if role == "control":
+        return [
+            *(
+                topic(t, "READ")
+                for t in (
+                    s.source_topic,
+                    s.sink_topic,
+                    s.dlq_topic,
+                    s.ledger_topic,
+                    s.events_topic,
+                    s.alerts_topic,
+                    s.health_topic,
+                    s.reconciliation_topic,
+                    s.backfill_topic,
+                )
+            ),
+            *(topic(t, "WRITE") for t in (s.alerts_topic, s.health_topic, s.events_topic)),
+            group(s.group_id, op="DESCRIBE"),
+            group(f"onceflow.txn_watch.{s.app_id}"),
+            *reader,
+            configs,
+        ]
+    if role == "reconcile":
+        return [
+            *(
+                topic(t, "READ")
+                # the events: Spark's own count of rows dropped as late, which the late rule is checked against
+                for t in (
+                    s.source_topic,
+                    s.sink_topic,
+                    s.dlq_topic,
+                    s.ledger_topic,
+                    s.events_topic,
+                    s.reconciliation_topic,
+                )
+            ),
+            topic(s.reconciliation_topic, "WRITE"),
+            group(s.group_id, op="DESCRIBE"),
+            group(f"{s.group_id}.reconciliation"),
+            *reader,
+            txn(f"{s.transactional_id}.reconciliation"),
+            configs,
+        ]
+    raise ValueError(f"unknown role {role!r}; one of {ROLES}")
+
+
+def all_required(settings: Settings) -> list[Acl]:
+    return [a for role in ROLES for a in required(settings, role)]
+
+
+def commands(settings: Settings) -> list[str]:
+    """kafka-acls.sh commands granting every role of the app its rights."""
+    return [a.command(settings.bootstrap_servers) for a in all_required(settings)]

@@ -1,0 +1,244 @@
+"""The secured stack (SASL/SCRAM over TLS, StandardAuthorizer, onceflow.kafka.acls): exactly-once under kill -9 with
+every role on its least-privileged principal, and the refusals, each a clear error that loses nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+
+from onceflow import config, wire
+from onceflow.apps import reconcile, savepoints
+from onceflow.config import ConfigError
+from onceflow.control.console import readers
+from onceflow.kafka import acls, security, topics
+from onceflow.kafka import reading as kafka_reading
+from onceflow.kafka import transactional as tw
+from onceflow.kafka.clients import transactional_producer
+from onceflow.protocol.exactly_once import ExactlyOnceSink, TransactionConfigError
+from onceflow.runtime import jobctl, preflight
+from onceflow_dev import broker, credentials, stack
+from tests.conftest import free_port, session_processes
+
+from .helpers import assert_exact, events, now_ms, produce, wait_drained
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    """A secured single-node KRaft broker of its own (the shared one stays plaintext)."""
+    base = config.load(
+        env={},
+        var_dir=tmp_path_factory.mktemp("secured"),
+        bootstrap_servers=f"127.0.0.1:{free_port()}",
+        controller_port=free_port(),
+        broker_txn_abort_check_interval_ms=1000,
+        broker_transaction_max_timeout_ms=300_000,
+        trigger_interval_s=1.0,
+        restart_delay_s=1.0,
+        restart_attempts=10,
+        transaction_timeout_ms=60_000,
+        kafka_security_protocol="SASL_SSL",
+    )
+    broker.start(base)
+    yield base
+    broker.stop(base)
+
+
+@pytest.fixture
+def make_app(secured):
+    """make(stem, **overrides): an app on the secured broker; its job is stopped when the test ends, whatever the
+    test did."""
+    made: list[config.Settings] = []
+
+    def make(stem: str, **overrides) -> dict[str, config.Settings]:
+        a = new_app(secured, stem, **overrides)
+        made.append(a["job"])
+        return a
+
+    yield make
+    for s in made:
+        jobctl.stop(s, timeout=60)
+
+
+def new_app(base: config.Settings, stem: str, **overrides) -> dict[str, config.Settings]:
+    """An app's topics (created by the admin) and its principals with their ACLs: settings per role, and `admin`."""
+    name = f"{stem}_{uuid.uuid4().hex[:6]}"
+    s = base.replace(
+        app_id=name,
+        source_topic=f"{name}.source",
+        sink_topic=f"{name}.sink",
+        dlq_topic=f"{name}.dlq",
+        ledger_topic=f"{name}.ledger",
+        events_topic=f"{name}.events",
+        alerts_topic=f"{name}.alerts",
+        health_topic=f"{name}.health",
+        reconciliation_topic=f"{name}.recon",
+        backfill_topic=f"{name}.backfill",
+        **overrides,
+    )
+    admin = stack.provision(s)
+    topics.ensure(admin)
+    return {"admin": admin} | {r: credentials.as_role(s, r) for r in acls.ROLES}
+
+
+def test_clients_without_credentials_with_a_wrong_password_or_plaintext_are_refused_clearly(make_app):
+    a = make_app("refused")
+    job = a["job"]
+    with pytest.raises(ConfigError, match="ONCEFLOW_KAFKA_USERNAME and ONCEFLOW_KAFKA_PASSWORD"):
+        preflight.check_job(job.replace(kafka_username="", kafka_password=""))
+    with pytest.raises(preflight.PreflightError, match="refused to authenticate") as wrong:
+        preflight.broker_reachable(job.replace(kafka_password="not-the-password"), timeout=8)
+    assert job.kafka_password not in str(wrong.value)
+    with pytest.raises(preflight.PreflightError, match="SASL_SSL"):
+        preflight.broker_reachable(job.replace(kafka_security_protocol="PLAINTEXT"), timeout=8)
+    # an operator's start refuses before anything is launched or written
+    with pytest.raises(preflight.PreflightError, match="refused to authenticate"):
+        jobctl.start(job.replace(kafka_password="not-the-password"))
+    assert not jobctl.status(job)["running"]
+    assert kafka_reading.read_topic(a["admin"], job.ledger_topic) == []
+
+
+def test_job_cannot_write_another_apps_topic_nor_use_its_transactional_id(make_app):
+    mine, other = make_app("mine"), make_app("other")
+    job = mine["job"]
+    # another app's transactional id: refused at init, as a configuration error (the job exits, no restart loop)
+    with pytest.raises(TransactionConfigError, match="TRANSACTIONAL_ID_AUTHORIZATION_FAILED|may not use"):
+        ExactlyOnceSink(job.replace(app_id=other["job"].app_id), bus=_NoBus(), init_timeout_s=20)
+    # its own transactional id, a topic it does not own: the transaction cannot commit, nothing becomes visible
+    w = tw.TransactionalWriter(
+        lambda: transactional_producer(job, job.transactional_id), job.transactional_id, job.transaction_timeout_ms
+    )
+    with pytest.raises(tw.TxnConfigError, match="Topic authorization failed") as refused:
+        w.begin()
+        w.produce(other["job"].sink_topic, b"k", b"v")
+        w.produce(job.sink_topic, b"k", b"v")
+        w.commit()
+    assert other["job"].sink_topic in str(refused.value) and "grant it WRITE on the topic" in str(refused.value)
+    w.abort()
+    w.close()
+    assert kafka_reading.read_topic(other["admin"], other["job"].sink_topic) == []
+    assert kafka_reading.read_topic(mine["admin"], job.sink_topic) == []  # its own record was aborted with it
+
+
+def test_a_consumer_without_the_right_gets_an_authorization_error_not_an_empty_topic(make_app):
+    mine, other = make_app("reader"), make_app("stranger")
+    with pytest.raises(KafkaException) as no_describe:
+        kafka_reading.read_topic(mine["job"], other["job"].sink_topic, timeout_s=20)
+    assert no_describe.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    with pytest.raises(KafkaException) as no_watermarks:
+        kafka_reading.watermarks(mine["reconcile"], other["job"].source_topic)
+    assert no_watermarks.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # the job may write its sink, not read it back: WRITE implies DESCRIBE, not READ
+    with pytest.raises(KafkaException) as write_only:
+        kafka_reading.read_topic(mine["job"], mine["job"].sink_topic, timeout_s=20)
+    assert write_only.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert kafka_reading.read_topic(mine["reconcile"], mine["job"].sink_topic) == []  # read-only role may
+
+
+def test_preflight_names_the_missing_acl_and_the_job_does_not_start(make_app):
+    a = make_app("lacking")
+    job, admin = a["job"], a["admin"]
+    assert preflight.acls_granted(job, "job") is None
+    revoked = AclBindingFilter(
+        ResourceType.TOPIC,
+        job.dlq_topic,
+        ResourcePatternType.LITERAL,
+        acls.principal(job, "job"),
+        "*",
+        AclOperation.WRITE,
+        AclPermissionType.ALLOW,
+    )
+    from onceflow.kafka import clients as kafka_clients
+
+    client = kafka_clients.admin(admin)  # held while its futures are pending
+    for _, fut in client.delete_acls([revoked]).items():
+        assert len(fut.result(15)) == 1
+    with pytest.raises(preflight.PreflightError) as e:
+        jobctl.start(job)
+    msg = str(e.value)
+    assert f"WRITE on TOPIC '{job.dlq_topic}' for User:{job.kafka_username}" in msg, msg
+    assert f"kafka-acls.sh --bootstrap-server {job.bootstrap_servers}" in msg and "--operation Write" in msg, msg
+    assert not jobctl.status(job)["running"]
+    assert kafka_reading.read_topic(admin, job.ledger_topic) == []
+    stack.provision(job)  # granted again: the check passes
+    assert security.missing(job, "job") == []
+
+
+def test_exactly_once_under_kill9_on_least_privilege_and_no_secret_written(make_app, spark, tmp_path):
+    faults = "crash_before_produce@2,crash_after_commit@5"
+    a = make_app("eos", max_offsets_per_trigger=4000, fault=faults)
+    job, admin, recon, control = a["job"], a["admin"], a["reconcile"], a["control"]
+    produced: dict = {}
+
+    def feed():  # the upstream producer is another team's: here the admin
+        produced["sent"] = produce(
+            admin, tmp_path / "m.csv", count=30_000, rate=2000, event_rate=2000, distinct_ips=300,
+            late_fraction=0.01, malformed_fraction=0.02, tail_s=30, seed=7,
+        )  # fmt: skip
+
+    jobctl.start(job)
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    rng, kills, last = random.Random(3), 0, 0
+    deadline = time.monotonic() + 400
+    while kills < 2 and time.monotonic() < deadline:
+        jobctl.wait_running(job, after_ms=last, timeout=180)
+        time.sleep(rng.uniform(0.5, 3.0))
+        last = now_ms()
+        kills += bool(jobctl.kill(job))
+    assert kills == 2
+    feeder.join(300)
+    sent = produced["sent"]
+    wait_drained(recon, sent, timeout=300)
+    assert_exact(recon, sent)  # observed with the read-only principal
+    assert {e["fault"] for e in events(admin, wire.FAULT_INJECTED)} == set(faults.split(","))
+    res = reconcile.run(spark, recon, with_gx=False)  # the recount: reads all, writes nothing of the job's
+    assert res.ok, [c.summary for c in res.failures()]
+
+    # what the platform writes, while the job runs: files, topics, command lines, the CLI's and the console's output
+    sp = savepoints.create(control)
+    env = {**os.environ, **job.as_env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "include")}
+    cli = subprocess.run(
+        [sys.executable, "-m", "onceflow.cli", "job", "status", "--json"], env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert cli.returncode == 0 and json.loads(cli.stdout)["running"], cli.stderr[-2000:]
+    written = [cli.stdout, cli.stderr, sp.to_json()]
+    for read in (readers.read_now, readers.read_transactions, readers.read_alerts, readers.read_savepoints):
+        written.append(json.dumps(read(control), default=str))
+    for topic in (job.events_topic, job.ledger_topic, job.sink_topic, job.dlq_topic, job.reconciliation_topic):
+        written += [repr(m) for m in kafka_reading.read_topic(admin, topic)]
+    written += [cmd for _, cmd in session_processes()]
+    for pid, _ in session_processes():
+        written.append(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"))
+    store = credentials.path(job)
+    for f in job.var_dir.rglob("*"):
+        # the stack's own secret store and the brokers' configuration (the admin's, not the roles' passwords)
+        if f.is_file() and f != store and "tls" not in f.parts:
+            written.append(f.read_bytes().decode(errors="replace"))
+    text = "\n".join(written)
+    assert len(text) > 10_000, "nothing was collected"
+    for role in acls.ROLES:
+        pw = a[role].kafka_password
+        assert pw not in text, f"the {role}'s password is written somewhere the platform writes"
+    assert jobctl.stop(job)
+
+
+class _NoBus:
+    def emit(self, *a, **k):
+        pass
+
+    def flush(self, *a, **k):
+        pass
