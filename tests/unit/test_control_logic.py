@@ -19,6 +19,18 @@ def test_burrow_rules():
     assert lag.evaluate(samples([(10, 20), (10, 25), (10, 30)], commit_ts=-(10**9))) == lag.STOP
     assert lag.evaluate(samples([(10, 20), (5, 25), (12, 30)])) == lag.REWIND
     assert lag.evaluate(samples([(10, 20), (10, 25)])) == lag.OK  # too few samples to judge
+    # a restart starts a new window, and falling behind is judged from the run's first commit on: the growth while
+    # the job was down, starting and committing its first batch is the restart's
+    restarted = samples([(10, 20), (20, 40), (20, 70), (20, 90), (60, 140), (90, 175)])
+    assert lag.evaluate(restarted) == lag.WARN
+    run = restarted[2].ts_ms
+    assert lag.evaluate(restarted, since_ms=run) == lag.OK
+    behind = restarted + samples([(120, 210)], t0=restarted[-1].ts_ms + 60_000)
+    assert lag.evaluate(behind, since_ms=run) == lag.WARN  # three samples since its first commit, growing
+    assert lag.evaluate(restarted[:4], since_ms=run) == lag.OK  # two samples of this run: too few
+    assert lag.evaluate(restarted[:4] + samples([(20, 99)], t0=10**6), since_ms=run) == lag.STALL  # run never commits
+    assert lag.evaluate(restarted, since_ms=restarted[-1].ts_ms + 1) == lag.OK  # nothing in this run yet
+    assert lag.evaluate(samples([(10, 20), (5, 25), (12, 30)]), since_ms=10**9) == lag.REWIND  # across runs too
     assert lag.trend(samples([(0, 5), (0, 9)])) is lag.Trend.GROWING
     assert lag.worst([lag.OK, lag.WARN, lag.STALL]) == lag.STALL
 

@@ -133,6 +133,7 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
     ends = _end_offsets(settings)
     committed = audit.committed_offsets(settings, ends)
     parts: dict[str, dict[str, Any]] = {}
+    run_start = st.get("started_ms")
     for p, end in sorted(ends.items()):
         prev = (previous.partitions.get(str(p)) or previous.partitions.get(p) or {}) if previous else {}
         samples = [lag.Sample(**s) for s in prev.get("samples", [])]
@@ -144,7 +145,8 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
         parts[str(p)] = {
             "samples": [s.to_dict() for s in samples],
             "lag": sample.lag,
-            "status": lag.evaluate(samples),
+            # judged over the job's current run only; while it is down the down/restarting rules speak
+            "status": lag.evaluate(samples, since_ms=run_start) if st["running"] else lag.OK,
             "trend": lag.trend(samples).value,
             "commit_ts_ms": commit_ts,
         }

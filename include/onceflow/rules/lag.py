@@ -7,6 +7,10 @@ last samples a partition is:
 - STALL   lag > 0 and the committed offset never moved across the window (the consumer is stuck);
 - STOP    lag > 0 and the newest commit is older than the window's span (the consumer stopped committing);
 - REWIND  the committed offset went backwards.
+
+A restart of the job starts a new window for the other rules (`since_ms`, the current run's start), and WARN is
+judged from that run's first commit on: the lag that grew while the job was down and starting is the restart's,
+judged by health's down and progress rules, not a consumer falling behind.
 """
 
 from __future__ import annotations
@@ -48,13 +52,17 @@ def trend(samples: Sequence[Sample]) -> Trend:
     return Trend.GROWING if last > first else Trend.SHRINKING if last < first else Trend.FLAT
 
 
-def evaluate(samples: Sequence[Sample], min_samples: int = 3) -> str:
-    """The Burrow status of one partition over its sample window (oldest first)."""
-    if not samples:
-        return OK
+def evaluate(samples: Sequence[Sample], min_samples: int = 3, since_ms: int | None = None) -> str:
+    """The Burrow status of one partition over its sample window (oldest first). With `since_ms` (the job's current
+    run's start) the samples before it count only for REWIND, and falling behind (WARN) is judged from the run's
+    first commit on: a run begins with a backlog and a slow first batch."""
     for a, b in zip(samples, samples[1:]):
         if b.committed < a.committed:
             return REWIND
+    if since_ms is not None:
+        samples = [s for s in samples if s.ts_ms >= since_ms]
+    if not samples:
+        return OK
     last = samples[-1]
     if last.lag == 0 or any(s.lag == 0 for s in samples):
         return OK
@@ -66,8 +74,10 @@ def evaluate(samples: Sequence[Sample], min_samples: int = 3) -> str:
         if last.commit_ts_ms is not None and last.ts_ms - last.commit_ts_ms > span:
             return STOP
         return STALL
+    if since_ms is not None:
+        samples = samples[next(i for i, s in enumerate(samples) if s.committed != samples[0].committed) :]
     lags = [s.lag for s in samples]
-    if all(b > a for a, b in zip(lags, lags[1:])):
+    if len(lags) >= min_samples and all(b > a for a, b in zip(lags, lags[1:])):
         return WARN
     return OK
 
