@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RUN_RATE ?= 200
 RUN_SECONDS ?= 3600
 
-.PHONY: setup run stop status lint format test test-unit test-integration bench bench-writer bench-profile bench-sweep chaos soak clean
+.PHONY: setup run stop status lint format test test-unit test-integration test-secured bench bench-writer bench-profile bench-sweep chaos soak clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,6 +55,13 @@ test-unit: setup
 test-integration: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/integration tests/airflow
 
+## test-secured: the exactly-once suite and the running-Airflow tests again, on a SASL/SCRAM + TLS broker with ACLs:
+## each job on its least-privileged principal, the DAGs on theirs through Airflow connections, and no password
+## written anywhere (docs/security.md; ~25 min). The secured stack's own tests (test_security.py) run in `make test`.
+test-secured: setup
+	ONCEFLOW_TEST_KAFKA_SECURITY=SASL_SSL $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/integration/test_exactly_once.py tests/airflow/test_running_airflow.py
+
 ## bench: exactly-once vs Spark's at-least-once Kafka sink vs a plain transactional loop vs Flink 2.x's exactly-once
 ## KafkaSink (built with Maven into var/jvm on first use), side by side, each sink checked for correctness (~15 min).
 ## BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S, BENCH_WARMUP_S, BENCH_TRIGGER_S, BENCH_MAX_OFFSETS,
@@ -82,7 +89,7 @@ bench-sweep: setup
 ## CHAOS_STANDBY (default 1), CHAOS_SECURED=1 (SASL/SCRAM over TLS with ACLs, the job as its own principal).
 ## CHAOS_TOPOLOGY=cluster: three brokers and a Spark master with two workers; kill -9 of the sink's leader, of the
 ## transaction coordinator mid-transaction, of a Spark worker, of the driver, one broker down for minutes
-## (CHAOS_BROKER_DOWN_S, CHAOS_LEADER_KILLS, CHAOS_COORDINATOR_KILLS, CHAOS_WORKER_KILLS).
+## (CHAOS_BROKER_DOWN_S, CHAOS_LEADER_KILLS, CHAOS_COORDINATOR_KILLS, CHAOS_WORKER_KILLS; CHAOS_SECURED=1 too).
 chaos: setup
 	$(BIN)/python -m onceflow_dev.$(if $(filter cluster,$(CHAOS_TOPOLOGY)),chaos_cluster,chaos)
 

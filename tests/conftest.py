@@ -35,6 +35,11 @@ from onceflow_dev import broker
 
 free_port = procs.free_port  # tests import it from here
 
+# `make test-secured` runs the exactly-once suite on a SASL_SSL broker with ACLs (ONCEFLOW_TEST_KAFKA_SECURITY):
+# the harness (creating topics, producing the input, reading the truth back) is the stack's admin, each app's job
+# its own least-privileged principal (onceflow.kafka.acls).
+SECURITY = os.environ.get("ONCEFLOW_TEST_KAFKA_SECURITY", "PLAINTEXT").upper()
+
 
 @pytest.fixture(scope="session")
 def spark():
@@ -77,8 +82,13 @@ def kafka(tmp_path_factory):
         restart_delay_s=1.0,
         restart_attempts=5,
         transaction_timeout_ms=60_000,
+        kafka_security_protocol=SECURITY,
     )
     broker.start(base)
+    if base.secured:
+        from onceflow_dev import credentials
+
+        base = credentials.as_admin(base).replace(kafka_ca_file=base.kafka_ca)
     jvm.spark_kafka_jars(base)  # resolve Spark's connector once, up front (Maven on a fresh machine)
     yield base
     # Destroy clients still referenced from cycles while the broker is up, so none retries a dead port at exit.
@@ -95,7 +105,9 @@ def stop_apps(apps: list[config.Settings]) -> None:
 @pytest.fixture
 def app(kafka, request):
     """Settings for one test's own app: its own topics, checkpoint and transactional id on the shared broker. The
-    app's job is stopped when the test ends, whatever the test did."""
+    app's job is stopped when the test ends, whatever the test did. On the secured broker: the app's principals
+    and ACLs are created, and the settings are the job's principal (tests.integration.helpers.harness is the
+    admin's view)."""
     base = kafka
     created: list[config.Settings] = []
     name = request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:40] + "_" + uuid.uuid4().hex[:6]
@@ -115,6 +127,11 @@ def app(kafka, request):
             **overrides,
         )
         topics.ensure(s)
+        if s.secured:
+            from onceflow_dev import credentials, stack
+
+            stack.provision(s)
+            s = credentials.as_role(s, "job")
         created.append(s)
         return s
 

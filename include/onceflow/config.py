@@ -106,6 +106,11 @@ class Settings:
     k8s_image: str = ""
     k8s_namespace: str = "default"
     k8s_service_account: str = "spark"
+    # On a secured cluster: the Kubernetes secret with the role's Kafka password (key `password`) and the CA
+    # (key `ca.pem`). The driver gets the password from it (secretKeyRef), driver and executors the CA mounted at
+    # k8s_kafka_secret_mount: neither is ever in the submit command.
+    k8s_kafka_secret: str = "onceflow-kafka"
+    k8s_kafka_secret_mount: str = "/etc/onceflow/kafka"
     app_root_in_image: str = "/opt/onceflow"
     # An event time more than this after its Kafka record's timestamp is quarantined (DLQ `timestamp_ahead`):
     # a broken client clock must not move the watermark. Recorded per batch in the ledger.
@@ -296,6 +301,11 @@ class Settings:
         s = dataclasses.replace(self, **changes)
         s.validate()
         return s
+
+    def without_kafka_credentials(self) -> Settings:
+        """No Kafka principal: for processes that authenticate nowhere (Spark's master and workers) or through their
+        own connections (Airflow)."""
+        return self.replace(kafka_username="", kafka_password="")
 
     def as_env(self) -> dict[str, str]:
         """The environment that reproduces these settings in a child process."""

@@ -34,12 +34,12 @@ def pidfile(s: Settings) -> Path:
 def env(s: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
     """Airflow's environment: the onceflow settings (so the DAGs and the job they start see them), its home, the
     project's DAGs and plugins, the simple auth manager's user; `extra` (connections as AIRFLOW_CONN_*, free
-    ports for tests) last."""
+    ports for tests) last. Kafka credentials only in the connections (kafka_env): never the caller's own."""
     h = home(s)
     bin_dir = str(Path(sys.executable).parent)
     return {
         **os.environ,
-        **s.as_env(),
+        **s.without_kafka_credentials().as_env(),
         "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
         "AIRFLOW_HOME": str(h),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),

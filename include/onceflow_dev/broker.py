@@ -268,25 +268,19 @@ def start_node(settings: Settings, node_id: int, wait: bool = True, timeout: flo
         "-Djava.awt.headless=true",
     ]
     if not (n.data / "meta.properties").exists():
-        fmt = subprocess.run(
-            [
-                java,
-                *jvm_opts,
-                "-cp",
-                classpath,
-                "kafka.tools.StorageTool",
-                "format",
-                f"--cluster-id={_cluster_id(settings)}",
-                "-c",
-                str(n.properties),
-                "--feature",
-                "transaction.version=2",
-                *_scram_bootstrap(settings),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        # the tool's arguments in a 0600 argument file the JVM reads (`java @file`): on a secured stack they carry
+        # the admin's password, which a command line would show to every local user
+        args = n.properties.with_name("format.args")
+        args.touch(mode=0o600)
+        tool = ["kafka.tools.StorageTool", "format", f"--cluster-id={_cluster_id(settings)}", "-c", str(n.properties)]
+        tool += ["--feature", "transaction.version=2", *_scram_bootstrap(settings)]
+        args.write_text("\n".join(_argfile_quote(a) for a in tool) + "\n")
+        try:
+            fmt = subprocess.run(
+                [java, *jvm_opts, "-cp", classpath, f"@{args}"], capture_output=True, text=True, timeout=120
+            )
+        finally:
+            args.unlink(missing_ok=True)
         if fmt.returncode != 0:
             raise BrokerError(f"formatting the KRaft storage of node {n.id} failed:\n{fmt.stdout}\n{fmt.stderr}")
     proc = procs.spawn_detached([java, *jvm_opts, "-cp", classpath, MAIN_CLASS, str(n.properties)], n.stdout)
@@ -298,6 +292,11 @@ def start_node(settings: Settings, node_id: int, wait: bool = True, timeout: flo
             stop_node(settings, n.id)
             raise
     return node_status(n)
+
+
+def _argfile_quote(arg: str) -> str:
+    """One argument of a java @-file: quoted, with the file format's escapes."""
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _scram_bootstrap(settings: Settings) -> list[str]:
@@ -340,8 +339,14 @@ def _wait_ready(settings: Settings, timeout: float, launched: dict[int, subproce
 
 
 def stop(settings: Settings, timeout: float = 60.0) -> bool:
-    """Stop every node gracefully (controlled shutdown); True if any was running."""
-    return any([stop_node(settings, n.id, timeout) for n in reversed(nodes(settings))])
+    """Stop every node gracefully (controlled shutdown); True if any was running. All at once: stopped one after
+    another, the last node of a quorum of three has no quorum left to grant its controlled shutdown and waits out
+    the whole timeout."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ids = [n.id for n in nodes(settings)]
+    with ThreadPoolExecutor(len(ids)) as pool:
+        return any(list(pool.map(lambda i: stop_node(settings, i, timeout), ids)))
 
 
 def stop_node(settings: Settings, node_id: int, timeout: float = 60.0) -> bool:

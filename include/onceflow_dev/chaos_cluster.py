@@ -45,6 +45,8 @@ class ClusterChaosSpec:
     worker_kills: int = field(default_factory=lambda: chaos.env_or("CHAOS_WORKER_KILLS", 2))
     broker_down_s: float = field(default_factory=lambda: chaos.env_or("CHAOS_BROKER_DOWN_S", 120.0))
     seed: int = field(default_factory=lambda: chaos.env_or("CHAOS_SEED", 1))
+    # CHAOS_SECURED=1: every node SASL/SCRAM over TLS with ACLs, the job on its least-privileged principal
+    secured: int = field(default_factory=lambda: chaos.env_or("CHAOS_SECURED", 0))
     ips: int = 5000
 
 
@@ -83,6 +85,7 @@ def settings_for(var_dir: Path, spec: ClusterChaosSpec) -> config.Settings:
         cores_max=2,  # the reconciliation recount at the end needs the workers' other cores
         broker_txn_abort_check_interval_ms=1000,
         broker_heap="512m",
+        kafka_security_protocol="SASL_SSL" if spec.secured else "PLAINTEXT",
     )
     stall = ",".join(f"stall_in_txn@{b}:3" for b in coordinator_stalls(spec))
     return base.replace(
@@ -111,12 +114,19 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
     manifest = var_dir / "chaos-manifest.csv"
     stop = threading.Event()
     lock = threading.Lock()  # one broker fault at a time: two nodes down would stop the cluster (min ISR 2)
+    # the job as itself; the producer, the fault plan's lookups and the checks as the admin (on a secured stack; all
+    # the same on a plain one)
+    job = s
     try:
         broker.start(s)
+        if spec.secured:
+            from onceflow_dev import credentials, stack
+
+            s, job = stack.provision(s), credentials.as_role(s, "job")
         spark_cluster.start(s, workers=2)
         topics.ensure(s)
-        jobctl.start(s)
-        jobctl.wait_running(s, timeout=300)
+        jobctl.start(job)
+        jobctl.wait_running(job, timeout=300)
 
         def coordinator_killer() -> None:
             seen = 0
@@ -163,7 +173,7 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
         for at, kind, dur in plan(spec):
             time.sleep(max(0.0, at - (time.monotonic() - t0)))
             if kind == "kill_job":
-                if chaos.kill_running_job(s, after_ms=last_kill_ms):
+                if chaos.kill_running_job(job, after_ms=last_kill_ms):
                     counts[kind] += 1
                     last_kill_ms = int(time.time() * 1000)
             elif kind in ("kill_leader", "broker_down"):
@@ -188,7 +198,7 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
         killer.join(60)
         sent = generator.read_manifest(manifest)
         chaos.wait_drained(s, sent, timeout=max(900.0, spec.seconds))
-        jobctl.stop(s)
+        jobctl.stop(job)
         report = chaos.verify(s, sent)
         commits = [e["ts_ms"] for e in chaos.events_of(s, wire.BATCH_COMMITTED)]
         down_commits = [sum(1 for t in commits if a <= t <= b) for a, b in down_windows]
@@ -200,6 +210,7 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
             "transaction_timeouts": len(chaos.events_of(s, wire.TRANSACTION_TIMEOUT)),
             "wall_s": round(time.monotonic() - t0, 1),
             "seed": spec.seed,
+            "secured": bool(spec.secured),
         }
         report["ok"] = (
             report["lost"] == 0
@@ -211,7 +222,7 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
         return report
     finally:
         stop.set()
-        jobctl.stop(s, timeout=30)
+        jobctl.stop(job, timeout=30)
         spark_cluster.stop(s)
         broker.stop(s)
 
@@ -222,7 +233,7 @@ def main() -> int:
     report = run(ClusterChaosSpec(), var)
     (var / "report.json").write_text(json.dumps(report, indent=1))
     print(f"""
-topology          {report["topology"]}
+topology          {report["topology"]}{"; SASL/SCRAM over TLS, ACLs, the job as its own principal" if report["secured"] else ""}
 records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late)
 faults injected   {report["faults"]}
 while a broker was down for minutes: {report["batches_committed_while_a_broker_was_down"]} batches committed

@@ -47,7 +47,11 @@ def _pidfile(settings: Settings, name: str) -> Path:
 
 
 def _spawn(settings: Settings, name: str, args: list[str]) -> int:
-    env = launcher.submit_env(settings) | {"SPARK_LOG_DIR": str(home(settings) / "logs"), "SPARK_NO_DAEMONIZE": "1"}
+    # the master and the workers never talk to Kafka: the job's principal reaches executors with the plan
+    env = launcher.submit_env(settings.without_kafka_credentials()) | {
+        "SPARK_LOG_DIR": str(home(settings) / "logs"),
+        "SPARK_NO_DAEMONIZE": "1",
+    }
     proc = procs.spawn_detached([_spark_class(), *args], home(settings) / f"{name}.log", env=env)
     procs.write_pidfile(_pidfile(settings, name), proc.pid, args[0])
     return proc.pid

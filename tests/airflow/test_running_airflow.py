@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +42,7 @@ SCHEDULES = dict(
 )
 STALLED_BATCH = 6  # this batch's transaction is held past its timeout (fault injection, once)
 SCREENSHOTS = config.REPO_ROOT / "var" / "screenshots"
+CONSOLE_VIEWS = ("now", "batches", "transactions", "alerts", "savepoints", "proofs", "backfills")
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +69,12 @@ def platform(kafka, tmp_path_factory):
         **SCHEDULES,
     )
     topics.ensure(s)
+    if s.secured:  # make test-secured: this var's copy of the stack's secret store, the app's principals and ACLs
+        from onceflow_dev import credentials, stack
+
+        credentials.path(s).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(credentials.path(base), credentials.path(s))
+        stack.provision(s)
     webhook = Receiver()
     extra = {
         "AIRFLOW_CONN_ONCEFLOW_WEBHOOK": json.dumps(webhook.connection()),
@@ -154,8 +163,20 @@ def test_scheduled_runs_do_their_work(platform):
     got = webhook.alerts("txn_watch:event:timeout:")
     assert [a["status"] for a in got] == ["firing", "resolved"], got
     assert f"batch {STALLED_BATCH}" in got[0]["summary"] and got[0]["source"] == "txn_watch"
+    assert s.transactional_id in got[0]["summary"] and got[0]["severity"] == "critical"
+    assert "ONCEFLOW_TRANSACTION_TIMEOUT_MS" in got[0]["action"]
     # the timeout crashed the job and its supervisor restarted it: health left that restart alone, no alert
-    assert not webhook.alerts(f"health:{s.app_id}:"), webhook.alerts(f"health:{s.app_id}:")
+    health = [json.loads(m.value) for m in kafka_reading.read_topic(s, s.health_topic)]
+    windows = [  # what health saw, should it have alerted: per run, the job's state and each partition's samples
+        (
+            h["ts_ms"],
+            h["running"],
+            h["status"],
+            {p: (v["status"], v["samples"][-4:]) for p, v in h["partitions"].items()},
+        )
+        for h in health
+    ]
+    assert not webhook.alerts(f"health:{s.app_id}:"), (webhook.alerts(f"health:{s.app_id}:"), windows)
 
 
 def test_a_killed_job_is_brought_back_by_the_scheduled_health_check(platform):
@@ -255,7 +276,12 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
     manual = [r for r in recon_chain.recent_results(s) if r.get("mode") == "manual"]
     assert manual and (manual[-1]["first_batch"], manual[-1]["last_batch"]) == (a, b) and manual[-1]["ok"]
 
-    # deploy: restart, then upgrade (stop-with-savepoint, start again)
+    # deploy: a second start refuses to launch a second driver; restart, then upgrade (stop-with-savepoint, start)
+    pid = jobctl.status(s)["job_pid"]
+    dup = _wait(api, "ip_count_deploy", api.trigger("ip_count_deploy", {"action": "start", "wait_timeout_s": 300}))
+    tis = api.task_instances("ip_count_deploy", dup["dag_run_id"])
+    assert dup["state"] == "failed" and tis["preflight"] == "failed" and tis["launch"] != "success", tis
+    assert jobctl.status(s)["job_pid"] == pid
     for action in ("restart", "upgrade"):
         pid = jobctl.status(s)["job_pid"]
         run = _wait(
@@ -469,3 +495,28 @@ def test_the_operator_console_in_a_real_browser(platform):
         api.unpause("ip_count_checkpoint_rotation")
     for name in shots:
         assert (SCREENSHOTS / f"console-{name}.png").stat().st_size > 10_000
+
+
+def test_no_kafka_password_where_airflow_and_the_platform_write(platform):
+    """On the secured broker (make test-secured) the roles' passwords reach the DAGs and the job only through
+    Airflow's connections: none in Airflow's database and task logs, the job's files and logs, status, events and
+    savepoints, the console's answers, or a command line. Last in the module: everything above has written."""
+    s, api, _, _ = platform
+    if not s.secured:
+        pytest.skip("a plaintext broker has no passwords (make test-secured runs this)")
+    from onceflow.kafka import acls
+    from onceflow_dev import credentials
+    from tests.conftest import session_processes
+
+    written = [json.dumps(api.get(f"/onceflow/api/{view}"), default=str) for view in CONSOLE_VIEWS]
+    written += [Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") for pid, _ in session_processes()]
+    for topic in (s.events_topic, s.ledger_topic, s.alerts_topic, s.health_topic, s.reconciliation_topic):
+        written += [repr(m) for m in kafka_reading.read_topic(s, topic)]
+    store = credentials.path(s)
+    files = [f for f in s.var_dir.rglob("*") if f.is_file() and f != store and "tls" not in f.parts]
+    assert any(f.suffix == ".log" for f in files) and any(f.name == "airflow.db" for f in files), files[:20]
+    written += [f.read_bytes().decode(errors="replace") for f in files]
+    text = "\n".join(written)
+    known = credentials.ensure(s)
+    for role in acls.ROLES:
+        assert known[acls.username(s, role)] not in text, f"the {role}'s Kafka password is written somewhere"

@@ -15,13 +15,25 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.rules import invariants, records
 from onceflow.runtime import jobctl, procs
-from onceflow_dev import generator
+from onceflow_dev import credentials, generator
 from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL, GeneratorSpec
 
 START_MS = 1_795_000_000_000  # a fixed event-time origin (2026-11-17), so runs are reproducible
 
 
+def harness(s: Settings) -> Settings:
+    """The test's own view of Kafka. On the secured broker (make test-secured) the stack's admin: the input is
+    produced and the truth read back by a principal that may, while the app's roles may not."""
+    return credentials.as_admin(s) if s.secured else s
+
+
+def role(s: Settings, name: str) -> Settings:
+    """`s` as the app's principal for `name` (onceflow.kafka.acls.ROLES) on the secured broker; `s` otherwise."""
+    return credentials.as_role(s, name) if s.secured else s
+
+
 def produce(s: Settings, path: Path, stop=None, **spec) -> list[generator.Sent]:
+    s = harness(s)
     spec.setdefault("start_ms", START_MS)
     spec.setdefault("watermark_s", s.watermark_s)
     spec.setdefault("max_ahead_ms", s.max_event_ahead_ms)
@@ -59,6 +71,7 @@ def final_window_end_ms(s: Settings, sent: list[generator.Sent]) -> int:
 def wait_drained(s: Settings, sent: list[generator.Sent], timeout: float = 300.0) -> None:
     """Until the group has committed every produced offset and the watermark has closed every window
     except the tail's (the tail records exist only to move the watermark)."""
+    s = harness(s)
     ends = end_offsets(sent)
     target_wm = final_window_end_ms(s, sent)
 
@@ -76,6 +89,7 @@ def wait_drained(s: Settings, sent: list[generator.Sent], timeout: float = 300.0
 def assert_exact(s: Settings, sent: list[generator.Sent]) -> invariants.Report:
     """I1-I4 against the generator's manifest, plus: the source as stored equals the manifest, and aborted
     transactions (if any) are invisible to read_committed consumers."""
+    s = harness(s)
     ledger = audit.ledger_records(s)
     src_on_broker = audit.source_records(
         s, [e for e in ledger if isinstance(e, audit.LedgerEntry) and e.kind == "stream"], audit.quarantined(ledger)
@@ -108,7 +122,7 @@ def assert_exact(s: Settings, sent: list[generator.Sent]) -> invariants.Report:
 
 
 def events(s: Settings, type_: str | None = None) -> list[dict]:
-    out = [json.loads(m.value) for m in kafka_reading.read_topic(s, s.events_topic)]
+    out = [json.loads(m.value) for m in kafka_reading.read_topic(harness(s), s.events_topic)]
     return [e for e in out if type_ is None or e["type"] == type_]
 
 
@@ -136,6 +150,7 @@ def now_ms() -> int:
 def copy_topic(s, src: str, dst: str, keep=lambda m: True, change=lambda m: m, extra=()):
     """Copy `src` to a new topic `dst` (same partitions, offsets shift only where records are dropped), record
     by record with timestamps and headers, dropping or changing what the fault needs."""
+    s = harness(s)
     admin = kafka_clients.admin(s)
     parts = len(admin.list_topics(src, timeout=10).topics[src].partitions)
     admin.create_topics([NewTopic(dst, num_partitions=parts, replication_factor=1)])[dst].result(30)

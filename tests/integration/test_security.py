@@ -27,7 +27,7 @@ from onceflow.kafka import transactional as tw
 from onceflow.kafka.clients import transactional_producer
 from onceflow.protocol.exactly_once import ExactlyOnceSink, TransactionConfigError
 from onceflow.runtime import jobctl, preflight
-from onceflow_dev import broker, credentials, stack
+from onceflow_dev import broker, credentials, stack, tls
 from tests.conftest import free_port, session_processes
 
 from .helpers import assert_exact, events, now_ms, produce, wait_drained
@@ -93,7 +93,7 @@ def new_app(base: config.Settings, stem: str, **overrides) -> dict[str, config.S
     return {"admin": admin} | {r: credentials.as_role(s, r) for r in acls.ROLES}
 
 
-def test_clients_without_credentials_with_a_wrong_password_or_plaintext_are_refused_clearly(make_app):
+def test_no_credentials_a_wrong_password_plaintext_or_a_foreign_ca_are_refused_clearly(make_app):
     a = make_app("refused")
     job = a["job"]
     with pytest.raises(ConfigError, match="ONCEFLOW_KAFKA_USERNAME and ONCEFLOW_KAFKA_PASSWORD"):
@@ -101,8 +101,12 @@ def test_clients_without_credentials_with_a_wrong_password_or_plaintext_are_refu
     with pytest.raises(preflight.PreflightError, match="refused to authenticate") as wrong:
         preflight.broker_reachable(job.replace(kafka_password="not-the-password"), timeout=8)
     assert job.kafka_password not in str(wrong.value)
-    with pytest.raises(preflight.PreflightError, match="SASL_SSL"):
+    with pytest.raises(preflight.PreflightError, match="speaks TLS and this client plaintext"):
         preflight.broker_reachable(job.replace(kafka_security_protocol="PLAINTEXT"), timeout=8)
+    # a CA that did not sign the brokers' certificate (another stack's)
+    foreign_ca = tls.ensure(job.replace(var_dir=job.var_dir / "another-stack"))
+    with pytest.raises(preflight.PreflightError, match="TLS handshake .* failed .*certificate verify failed"):
+        preflight.broker_reachable(job.replace(kafka_ca_file=str(foreign_ca)), timeout=8)
     # an operator's start refuses before anything is launched or written
     with pytest.raises(preflight.PreflightError, match="refused to authenticate"):
         jobctl.start(job.replace(kafka_password="not-the-password"))
@@ -216,7 +220,7 @@ def test_exactly_once_under_kill9_on_least_privilege_and_no_secret_written(make_
     )  # fmt: skip
     assert cli.returncode == 0 and json.loads(cli.stdout)["running"], cli.stderr[-2000:]
     written = [cli.stdout, cli.stderr, sp.to_json()]
-    for read in (readers.read_now, readers.read_transactions, readers.read_alerts, readers.read_savepoints):
+    for read in CONSOLE_SECTIONS:  # every section the console shows, read as the control plane's principal
         written.append(json.dumps(read(control), default=str))
     for topic in (job.events_topic, job.ledger_topic, job.sink_topic, job.dlq_topic, job.reconciliation_topic):
         written += [repr(m) for m in kafka_reading.read_topic(admin, topic)]
@@ -234,6 +238,18 @@ def test_exactly_once_under_kill9_on_least_privilege_and_no_secret_written(make_
         pw = a[role].kafka_password
         assert pw not in text, f"the {role}'s password is written somewhere the platform writes"
     assert jobctl.stop(job)
+
+
+CONSOLE_SECTIONS = (
+    readers.read_now,
+    lambda s: readers.read_batches(s, 50, None, {}),
+    readers.read_charts,
+    readers.read_transactions,
+    readers.read_alerts,
+    readers.read_savepoints,
+    readers.read_proofs,
+    readers.read_backfills,
+)
 
 
 class _NoBus:

@@ -34,15 +34,18 @@ def test_a_standalone_cluster_gets_its_executors_in_client_mode():
         config.load(env={}, master="spark://127.0.0.1:7077", deploy_mode="cluster")
 
 
-def test_kubernetes_cluster_mode_runs_the_image_and_carries_the_settings():
-    s = config.load(
+def _k8s_cluster_mode(**overrides) -> config.Settings:
+    return config.load(
         env={},
         master="k8s://https://kube.example:6443",
         deploy_mode="cluster",
         k8s_image="registry.example/onceflow:1.0",
-        k8s_namespace="streaming",
-        bootstrap_servers="kafka-0.kafka:9092,kafka-1.kafka:9092",
+        **overrides,
     )
+
+
+def test_kubernetes_cluster_mode_runs_the_image_and_carries_the_settings():
+    s = _k8s_cluster_mode(k8s_namespace="streaming", bootstrap_servers="kafka-0.kafka:9092,kafka-1.kafka:9092")
     spec = launcher.submit_spec(s)
     assert spec["application"] == "local:///opt/onceflow/jobs/ip_count.py"
     assert all(j.startswith("local:///opt/onceflow/var/jvm/") for j in spec["jars"].split(","))
@@ -60,6 +63,23 @@ def test_kubernetes_cluster_mode_runs_the_image_and_carries_the_settings():
     assert batch["application"] == "local:///opt/onceflow/jobs/reconcile.py"
     with pytest.raises(ConfigError, match="K8S_IMAGE must name the image"):
         config.load(env={}, master="k8s://https://kube.example:6443", deploy_mode="cluster")
+
+
+def test_kubernetes_cluster_mode_takes_the_kafka_password_from_a_secret_never_the_command():
+    s = _k8s_cluster_mode(
+        kafka_security_protocol="SASL_SSL",
+        kafka_username="onceflow.ip_count.job",
+        kafka_password="s3cret-of-the-job",
+        k8s_kafka_secret="kafka-job",
+    )
+    spec = launcher.submit_spec(s)
+    c = spec["conf"]
+    assert "s3cret-of-the-job" not in json.dumps(spec) + " ".join(launcher.spec_argv(s, spec))
+    assert c["spark.kubernetes.driver.secretKeyRef.ONCEFLOW_KAFKA_PASSWORD"] == "kafka-job:password"
+    assert c["spark.kubernetes.driver.secrets.kafka-job"] == c["spark.kubernetes.executor.secrets.kafka-job"]
+    assert c["spark.kubernetes.driverEnv.ONCEFLOW_KAFKA_CA_FILE"] == "/etc/onceflow/kafka/ca.pem"
+    assert c["spark.kubernetes.driverEnv.ONCEFLOW_KAFKA_USERNAME"] == "onceflow.ip_count.job"
+    assert "spark.kubernetes.driverEnv.ONCEFLOW_KAFKA_PASSWORD" not in c
 
 
 def test_the_spark_providers_hook_builds_the_same_command_from_its_connection(monkeypatch):

@@ -4,7 +4,7 @@ Each role of the platform authenticates as its own principal, `User:onceflow.<ap
 exactly what its code does (docs/security.md lists the same table, rendered by `commands`):
 
 - job: reads the source, writes sink, DLQ, ledger and events inside its own transactional id, commits the
-  source offsets to its own group (and reads the ledger back on start).
+  source offsets to its own group (and reads the ledger and its events back on start).
 - backfill: reads the source and the ledger, writes its target topics and the ledger, with its own
   transactional-id prefix and group prefix.
 - control (the Airflow DAGs and the console): describes everything of the app, reads the ledger, events, sink,
@@ -88,6 +88,8 @@ def required(settings: Settings, role: str) -> list[Acl]:
             topic(s.source_topic, "READ"),
             *(topic(t, "WRITE") for t in (s.sink_topic, s.dlq_topic, s.ledger_topic, s.events_topic)),
             topic(s.ledger_topic, "READ"),
+            # deploy's preflight: a batch committed recently by a driver elsewhere is another live instance
+            topic(s.events_topic, "READ"),
             topic(s.dlq_topic, "DESCRIBE_CONFIGS"),  # preflight: a DLQ copy fits the topic's record limit
             group(s.group_id),
             group(f"{s.group_id}.ledger"),
@@ -126,6 +128,7 @@ def required(settings: Settings, role: str) -> list[Acl]:
             ),
             *(topic(t, "WRITE") for t in (s.alerts_topic, s.health_topic, s.events_topic)),
             group(s.group_id, op="DESCRIBE"),
+            group(f"{s.group_id}.reconciliation", op="DESCRIBE"),  # the console's proofs: the chain's position
             group(f"onceflow.txn_watch.{s.app_id}"),
             *reader,
             configs,

@@ -11,7 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from onceflow.config import REPO_ROOT, Settings
+from onceflow.config import ENV_PREFIX, REPO_ROOT, Settings
 from onceflow.runtime import jvm
 
 JOB_SCRIPT = REPO_ROOT / "jobs" / "ip_count.py"
@@ -92,9 +92,18 @@ def kubernetes_conf(settings: Settings) -> dict[str, str]:
         "spark.kubernetes.submission.waitAppCompletion": "false",
     }
     if settings.deploy_mode == "cluster":
-        image_env = settings.replace(
+        in_pod = settings.replace(
             var_dir=Path(settings.app_root_in_image) / "var", jvm_dir=Path(settings.app_root_in_image) / "var" / "jvm"
-        ).as_env()
+        )
+        if settings.secured:
+            secret, mount = settings.k8s_kafka_secret, settings.k8s_kafka_secret_mount
+            in_pod = in_pod.replace(kafka_ca_file=f"{mount}/ca.pem")
+            conf[f"spark.kubernetes.driver.secretKeyRef.{ENV_PREFIX}KAFKA_PASSWORD"] = f"{secret}:password"
+            # the executors' Kafka consumers read the CA from the same path (the jaas config comes with the plan)
+            conf[f"spark.kubernetes.driver.secrets.{secret}"] = mount
+            conf[f"spark.kubernetes.executor.secrets.{secret}"] = mount
+        # never the password: the command carries every driverEnv (on a secured cluster, secretKeyRef sets it)
+        image_env = {k: v for k, v in in_pod.as_env().items() if k != f"{ENV_PREFIX}KAFKA_PASSWORD"}
         conf |= {f"spark.kubernetes.driverEnv.{k}": v for k, v in sorted(image_env.items())}
         conf["spark.driver.extraJavaOptions"] = conf_java_log(settings, in_image=True)
     return conf
