@@ -4,7 +4,8 @@ What an operator sees of them in a running Airflow (scheduled health, transactio
 a killed job brought back; a transaction held past its timeout alerted once and resolved; a second deploy start
 refused; triggers through the REST API) is tested there, in test_running_airflow.py; here, with `dag.test()`, the
 paths that need a fault injected between two runs: a foreign producer's hanging transaction, a savepoint that cannot
-be written, a restore of an older savepoint, a ledger with a gap."""
+be written, a restore of an older savepoint, a ledger with a gap. (Backfills through the DAG, refused and good, are
+triggered in the running Airflow.)"""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from onceflow import wire
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.runtime import jobctl, procs
-from tests.integration.helpers import assert_exact, copy_topic, end_offsets, events, produce, wait_drained
+from tests.integration.helpers import assert_exact, copy_topic, events, produce, wait_drained
 
 DAGS = (
     "ip_count_deploy",
@@ -127,7 +128,9 @@ def test_rotation_and_savepoint_actions_of_the_deploy_dag(dagbag, airflow_app, w
 
 
 @pytest.mark.integration
-def test_reconciliation_and_backfill_dags_submit_spark_jobs(dagbag, airflow_app, webhook, tmp_path, monkeypatch):
+def test_the_reconciliation_dag_submits_its_spark_job_and_pages_a_gap(
+    dagbag, airflow_app, webhook, tmp_path, monkeypatch
+):
     from onceflow.apps import audit
 
     s = airflow_app(max_offsets_per_trigger=4000)
@@ -168,21 +171,3 @@ def test_reconciliation_and_backfill_dags_submit_spark_jobs(dagbag, airflow_app,
     gaps = {(d["partition"], d["start"], d["end"]) for d in alert["details"]["differences"] if d["kind"] == "gap"}
     assert gaps == {(p, a, b) for p, (a, b) in gone.ranges.items() if b > a}
     monkeypatch.setenv("ONCEFLOW_LEDGER_TOPIC", s.ledger_topic)
-
-    # Backfill: bad parameters fail in validation, before any write; a good one writes every window once.
-    ends = end_offsets(sent)
-    state, tis = _run(
-        dagbag, "ip_count_backfill", backfill_id="dag-bad", start_offsets=ends, end_offsets={str(p): 0 for p in ends}
-    )
-    assert state == "failed" and tis["validate"] == "failed" and tis["run"] != "success"
-    state, tis = _run(
-        dagbag,
-        "ip_count_backfill",
-        backfill_id="dag-1",
-        start_offsets={str(p): 0 for p in ends},
-        end_offsets={str(p): e for p, e in ends.items()},
-        chunk_size=300,
-    )
-    assert state == "success", tis
-    out = kafka_reading.read_topic(s, s.backfill_topic)
-    assert out and len({m.key for m in out}) == len(out)
