@@ -57,7 +57,7 @@ test-integration: setup
 
 ## test-secured: the exactly-once suite and the running-Airflow tests again, on a SASL/SCRAM + TLS broker with ACLs:
 ## each job on its least-privileged principal, the DAGs on theirs through Airflow connections, and no password
-## written anywhere (docs/security.md; ~25 min). The secured stack's own tests (test_security.py) run in `make test`.
+## written anywhere (docs/security.md; ~20 min). The secured stack's own tests (test_security.py) run in `make test`.
 test-secured: setup
 	ONCEFLOW_TEST_KAFKA_SECURITY=SASL_SSL $(BIN)/python -m pytest -q -p no:cacheprovider \
 		tests/integration/test_exactly_once.py tests/airflow/test_running_airflow.py
