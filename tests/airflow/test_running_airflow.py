@@ -119,6 +119,23 @@ def chain_results(s) -> list[dict]:
     return [r for r in recon_chain.recent_results(s) if r.get("mode") == "chain"]
 
 
+def health_records(s) -> list[dict]:
+    return [json.loads(m.value) for m in kafka_reading.read_topic(s, s.health_topic)]
+
+
+def health_windows(s) -> list[tuple]:
+    """What health saw, should it have alerted: per run, the job's state and each partition's last samples."""
+    return [
+        (
+            h["ts_ms"],
+            h["running"],
+            h["status"],
+            {p: (v["status"], v["samples"][-4:]) for p, v in h["partitions"].items()},
+        )
+        for h in health_records(s)
+    ]
+
+
 def test_scheduled_runs_do_their_work(platform):
     s, api, webhook, _ = platform
 
@@ -150,7 +167,7 @@ def test_scheduled_runs_do_their_work(platform):
     taken = [m for m in savepoints.list_all(s) if m.complete]
     assert taken and savepoints.verify(s, taken[-1].id).ok
     # health: its record, with the lag per partition, is on the health topic
-    health = [json.loads(m.value) for m in kafka_reading.read_topic(s, s.health_topic)]
+    health = health_records(s)
     assert health and set(health[-1]["partitions"]) == {"0", "1", "2", "3"}, health[-1:]
     # the transaction held past its timeout: one alert from the scheduled watch, and its resolution once the job
     # committed that batch again
@@ -166,17 +183,7 @@ def test_scheduled_runs_do_their_work(platform):
     assert s.transactional_id in got[0]["summary"] and got[0]["severity"] == "critical"
     assert "ONCEFLOW_TRANSACTION_TIMEOUT_MS" in got[0]["action"]
     # the timeout crashed the job and its supervisor restarted it: health left that restart alone, no alert
-    health = [json.loads(m.value) for m in kafka_reading.read_topic(s, s.health_topic)]
-    windows = [  # what health saw, should it have alerted: per run, the job's state and each partition's samples
-        (
-            h["ts_ms"],
-            h["running"],
-            h["status"],
-            {p: (v["status"], v["samples"][-4:]) for p, v in h["partitions"].items()},
-        )
-        for h in health
-    ]
-    assert not webhook.alerts(f"health:{s.app_id}:"), (webhook.alerts(f"health:{s.app_id}:"), windows)
+    assert not webhook.alerts(f"health:{s.app_id}:"), (webhook.alerts(f"health:{s.app_id}:"), health_windows(s))
 
 
 def test_a_killed_job_is_brought_back_by_the_scheduled_health_check(platform):
