@@ -6,7 +6,8 @@
 # Its SAN (BROKER_SAN) names every broker as the others and the clients reach it, and localhost (the health check).
 #
 # Writes, in SECRETS_DIR (the brokers' volume, read-only there, nobody else mounts it):
-#   broker.p12       the brokers' keystore (PKCS12: key, certificate, CA), password KEYSTORE_PASSWORD
+#   broker.p12       the brokers' keystore (PKCS12: key, certificate, CA), password KEYSTORE_PASSWORD (read from
+#                    the file KEYSTORE_PASSWORD_FILE names: the kafka_keystore_password Docker secret)
 #   broker.password  that password: the apache/kafka image reads ssl.keystore.password and ssl.key.password from it
 #                    (KAFKA_SSL_KEYSTORE_CREDENTIALS, KAFKA_SSL_KEY_CREDENTIALS)
 #   ca.pem           the CA's certificate, the brokers' truststore
@@ -18,9 +19,12 @@
 # never on a command line.
 set -euo pipefail
 
-: "${KEYSTORE_PASSWORD:?the keystore password (ONCEFLOW_KAFKA_KEYSTORE_PASSWORD in .env)}"
-: "${BROKER_DNAME:?the brokers' distinguished name, e.g. CN=onceflow-kafka}"
-: "${BROKER_SAN:?the brokers' subject alternative names, e.g. dns:kafka-1,dns:localhost}"
+: "${KEYSTORE_PASSWORD_FILE:?the file holding the keystore password (the kafka_keystore_password secret)}"
+KEYSTORE_PASSWORD=$(cat "$KEYSTORE_PASSWORD_FILE")
+: "${KEYSTORE_PASSWORD:?$KEYSTORE_PASSWORD_FILE is empty}"
+export KEYSTORE_PASSWORD # for keytool's -storepass:env, in this process's environment only
+: "${BROKER_DNAME:?the brokers distinguished name, e.g. CN=onceflow-kafka}"
+: "${BROKER_SAN:?the brokers subject alternative names, e.g. dns:kafka-1,dns:localhost}"
 : "${SECRETS_DIR:?where the brokers read their keystore}"
 : "${CA_DIR:?where clients read the CA certificate}"
 BROKER_USER=${BROKER_USER:-appuser} # the apache/kafka image's user

@@ -1,15 +1,18 @@
 """docker-compose.yaml (not startable here: no Docker engine) checked against onceflow's configuration: the secured
-three-node cluster `onceflow stack up --brokers 3 --secured` runs, the Airflow connections of each role, and that
-no secret is written in the file (every password comes from the operator's git-ignored .env)."""
+three-node cluster `onceflow stack up --brokers 3 --secured` runs, the Airflow connections of each role; and
+(issue 24) that every password and key is a Docker secret file read at start (never in the file, an environment
+variable or a command line), ports are published on loopback, Spark's RPC is authenticated and encrypted, services
+restart, the volumes are prepared for their writers' users and the console sees the job's pid. The docker/ scripts
+run here with stand-ins for the images' tools and stand-in secret files."""
 
 import base64
 import inspect
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -31,18 +34,13 @@ def compose():
 
 
 def env_of(svc) -> dict:
-    return {k: str(v) for k, v in (svc.get("environment") or {}).items()}
+    """A service's environment as the container gets it: compose's "$$" escape is a "$" there."""
+    return {k: str(v).replace("$$", "$") for k, v in (svc.get("environment") or {}).items()}
 
 
 def mounts(svc) -> dict[str, str]:
     """volume (or bind-mounted path) -> where the container sees it."""
     return {v.split(":")[0]: v.split(":")[1] for v in svc.get("volumes", [])}
-
-
-def ref(value: str) -> str | None:
-    """The variable a value is, when the whole value is one compose interpolation that fails while unset."""
-    m = REF.fullmatch(value)
-    return m["var"] if m and (m["op"] or "").startswith((":?", "?")) else None
 
 
 def onceflow_env(compose) -> dict:
@@ -85,14 +83,15 @@ def test_services_and_health_checks(compose):
         for dep, cond in (svc.get("depends_on") or {}).items()
         if cond.get("condition") == "service_completed_successfully"
     }
-    assert one_shots == {"kafka-certs", "airflow-init", *(f"{b}-format" for b in BROKERS)}
+    assert one_shots == {"volumes-init", "kafka-certs", "airflow-init", *(f"{b}-format" for b in BROKERS)}
     for name, svc in svcs.items():
         if name in one_shots:
             assert svc.get("restart") == "no", f"{name} is a one-shot: it must not be restarted"
         else:
             assert "healthcheck" in svc, f"{name} has no health check"
-    assert svcs["airflow-apiserver"]["command"] == "api-server" and "8080:8080" in svcs["airflow-apiserver"]["ports"]
-    assert "postgresql" in env_of(svcs["airflow-scheduler"])["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert svcs["airflow-apiserver"]["command"] == "api-server"
+    assert any(p.endswith(":8080:8080") for p in svcs["airflow-apiserver"]["ports"])
+    assert "postgresql" in env_of(svcs["airflow-scheduler"])["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD"]
 
 
 def test_kafka_is_three_kraft_brokers_with_replication_three(compose):
@@ -224,7 +223,26 @@ PLACEMENT = {"node.id", "controller.quorum.voters", "listeners", "advertised.lis
 STORES = {"ssl.keystore.location", "ssl.truststore.location", "ssl.keystore.password", "ssl.key.password"}
 
 
-def test_each_broker_runs_what_the_embedded_cluster_nodes_run(compose, embedded):
+def started_env(svc, tmp_path: Path, script: str = "kafka-run.sh") -> dict:
+    """The environment the image's start gets in a broker's container: docker/<script> (which sources
+    docker/kafka-admin.sh) run with the service's environment and its secrets (stand-ins under tmp_path), up to a
+    stand-in start that writes its environment out."""
+    assert svc["command"] == ["bash", mounts(svc)[f"./docker/{script}"]]
+    assert PurePosixPath(mounts(svc)["./docker/kafka-admin.sh"]).parent == PurePosixPath(svc["command"][1]).parent
+    env = with_secrets(env_of(svc), tmp_path)
+    out = tmp_path / "started.json"
+    start = tmp_path / "start"
+    start.write_text(
+        f'#!/usr/bin/env bash\nexec {sys.executable} -c "import json, os; print(json.dumps(dict(os.environ)))" >"$OUT"\n'
+    )
+    start.chmod(0o755)
+    run(["bash", str(ROOT / "docker" / script)], {**env, "KAFKA_RUN": str(start), "OUT": str(out)})
+    got = json.loads(out.read_text())
+    return {k: v for k, v in got.items() if k in env or (k.startswith("KAFKA_") and k != "KAFKA_RUN")}
+
+
+@pytest.mark.skipif(not shutil.which("bash"), reason="docker/kafka-run.sh is a bash script")
+def test_each_broker_runs_what_the_embedded_cluster_nodes_run(compose, embedded, tmp_path):
     """`onceflow stack up --brokers 3 --secured` writes each node's server.properties (onceflow_dev.broker); every
     setting there, for the same ONCEFLOW_* settings, is the compose file's, and the compose file sets nothing else."""
     from onceflow_dev import broker, credentials, tls
@@ -234,11 +252,11 @@ def test_each_broker_runs_what_the_embedded_cluster_nodes_run(compose, embedded)
     quorum = broker.nodes(s)
     assert [f"{n.host}:{n.port}" for n in quorum] == [f"kafka-{i}:9092" for i in (1, 2, 3)]
     jaas_key = f"listener.name.sasl_ssl.{s.kafka_sasl_mechanism.lower()}.sasl.jaas.config"
-    admin_vars = set()
+    admin_files = set()
     for n in quorum:
         svc = svcs[f"kafka-{n.id}"]
         want = broker.server_properties(s, n, quorum)
-        got = kafka_properties(env_of(svc))
+        got = kafka_properties(started_env(svc, tmp_path))
         by_structure = PLACEMENT | STORES | {jaas_key}
         differs = {
             k: (want.get(k), got.get(k))
@@ -265,14 +283,16 @@ def test_each_broker_runs_what_the_embedded_cluster_nodes_run(compose, embedded)
         assert names(got["listeners"]) == names(want["listeners"])
         assert mounts(svc)[f"kafka-{n.id}"] == got["log.dirs"]
 
-        # the brokers' own login (inter-broker SCRAM): the same module, flag and user; the password from .env
+        # the brokers' own login (inter-broker SCRAM): the same module, flag and user; the password from the
+        # kafka_admin_password secret file (docker/kafka-admin.sh), never from the compose file
         (w_mod, w_flag, w_opts), (g_mod, g_flag, g_opts) = jaas(want[jaas_key]), jaas(got[jaas_key])
         assert (g_mod, g_flag) == (w_mod, w_flag)
         assert set(g_opts) == set(w_opts) == {"username", "password"}
         assert g_opts["username"] == w_opts["username"] == acls.ADMIN
         assert w_opts["password"] == credentials.ensure(s)[acls.ADMIN]
-        assert ref(g_opts["password"]), f"kafka-{n.id}: the admin's password must come from .env"
-        admin_vars.add(ref(g_opts["password"]))
+        assert g_opts["password"] == "kafka_admin_password-value", f"kafka-{n.id}: the admin's password file"
+        assert "kafka_admin_password" in secrets_of(svc)
+        admin_files.add(env_of(svc)["ADMIN_PASSWORD_FILE"])
 
         # the stores: the same files (by name) in the secrets volume, which this broker mounts read-only
         secrets_mount = mounts(svc)["kafka-secrets"]
@@ -287,7 +307,7 @@ def test_each_broker_runs_what_the_embedded_cluster_nodes_run(compose, embedded)
         assert want["ssl.keystore.password"] == want["ssl.key.password"] == tls.store_password(s)
         assert got["ssl.keystore.password"] == got["ssl.key.password"]
         assert got["ssl.keystore.password"] == file_content(SECRETS / certs_files(compose)["credentials"])
-    assert len(admin_vars) == 1
+    assert admin_files == {str(SECRETS_DIR / "kafka_admin_password")}
 
 
 def certs_files(compose) -> dict[str, str]:
@@ -320,7 +340,10 @@ def test_certificates_are_what_the_brokers_and_clients_use(compose, embedded):
     assert f"User:{env['BROKER_DNAME']}" in broker_env["KAFKA_SUPER_USERS"].split(";")
     san = {x.split(":", 1)[1] for x in env["BROKER_SAN"].split(",") if x.startswith("dns:")}
     assert {host for host, _ in s.bootstrap_addresses} | {"localhost"} <= san  # localhost: the health check
-    assert ref(env["KEYSTORE_PASSWORD"]), "the keystore password must come from .env"
+    assert env["KEYSTORE_PASSWORD_FILE"] == str(SECRETS_DIR / "kafka_keystore_password")
+    assert "kafka_keystore_password" in secrets_of(certs)
+    script = (ROOT / "docker" / "kafka-certs.sh").read_text()
+    assert 'KEYSTORE_PASSWORD=$(cat "$KEYSTORE_PASSWORD_FILE")' in script
     # written where the brokers look for them
     assert mounts(certs)["kafka-secrets"] == env["SECRETS_DIR"] == str(SECRETS)
     for name in (
@@ -348,12 +371,34 @@ def test_certificates_are_what_the_brokers_and_clients_use(compose, embedded):
 def storage_format_args(svc) -> list[str]:
     cmd = svc["command"]
     assert cmd[:2] == ["bash", mounts(svc)["./docker/kafka-format.sh"]]
+    assert PurePosixPath(mounts(svc)["./docker/kafka-admin.sh"]).parent == PurePosixPath(cmd[1]).parent
     return cmd[2:]
 
 
-def test_each_node_is_formatted_with_the_admins_scram_credential(compose, embedded):
+def run_format(svc, tmp_path: Path) -> tuple[dict[str, str], list[str]]:
+    """docker/kafka-format.sh run with the service's environment and secrets (stand-ins under tmp_path) and a
+    stand-in kafka-storage.sh: the configuration it formats with, and the tool's arguments."""
+    env = with_secrets(env_of(svc), tmp_path)
+    out = tmp_path / "format"
+    tool = tmp_path / "kafka-storage.sh"
+    tool.write_text(
+        '#!/usr/bin/env bash\nprintf "%s\\n" "$@" >"$OUT.args"\n'
+        'while [[ $# -gt 0 ]]; do [[ $1 == --config ]] && cp "$2" "$OUT.properties"; shift; done\n'
+    )
+    tool.chmod(0o755)
+    run(
+        ["bash", str(ROOT / "docker" / "kafka-format.sh"), *storage_format_args(svc)],
+        {**env, "STORAGE_TOOL": str(tool), "OUT": str(out)},
+    )
+    written = dict(line.split("=", 1) for line in Path(f"{out}.properties").read_text().splitlines())
+    return written, Path(f"{out}.args").read_text().splitlines()
+
+
+@pytest.mark.skipif(not shutil.which("bash"), reason="docker/kafka-format.sh is a bash script")
+def test_each_node_is_formatted_with_the_admins_scram_credential(compose, embedded, tmp_path):
     """Before a node's first start its storage is formatted as the embedded stack formats it (broker.start_node):
-    the cluster's id, the node's configuration, its features, the admin's SCRAM credential (KIP-900)."""
+    the cluster's id, the node's configuration, its features, the admin's SCRAM credential (KIP-900), whose
+    password the script reads from the same secret file as the brokers' login (never the compose file)."""
     from onceflow_dev import broker, credentials
 
     s = embedded
@@ -362,17 +407,16 @@ def test_each_node_is_formatted_with_the_admins_scram_credential(compose, embedd
     want_mech, want_cfg = want_scram.split("=", 1)
     want_features = re.findall(r'"--feature",\s*"([^"]+)"', inspect.getsource(broker.start_node))
     assert want_features, "onceflow_dev.broker.start_node formats with --feature ...: update this test"
-    jaas_var = ref(
-        jaas(env_of(svcs["kafka-1"])["KAFKA_LISTENER_NAME_SASL__SSL_SCRAM___SHA___512_SASL_JAAS_CONFIG"])[2]["password"]
-    )
     cluster_ids = set()
     for b in BROKERS:
         fmt, node = svcs[f"{b}-format"], svcs[b]
         assert node["depends_on"][f"{b}-format"]["condition"] == "service_completed_successfully"
         assert env_of(fmt) == env_of(node), f"{b}-format must format with {b}'s own configuration"
+        assert secrets_of(fmt) == {"kafka_admin_password"} <= secrets_of(node)
         assert mounts(fmt)[b] == mounts(node)[b] == env_of(node)["KAFKA_LOG_DIRS"]
-        assert fmt["image"] == node["image"]
-        args = storage_format_args(fmt)
+        assert fmt["image"] == node["image"] and fmt["user"] == node["user"]
+        assert not any(a == want_flag or "password" in a for a in storage_format_args(fmt)), "no credential here"
+        _, args = run_format(fmt, tmp_path)
         assert "--ignore-formatted" in args  # a formatted node is left alone on every later `up`
         assert [args[i + 1] for i, a in enumerate(args) if a == "--feature"] == want_features
         scram = [args[i + 1] for i, a in enumerate(args) if a == want_flag]
@@ -387,7 +431,7 @@ def test_each_node_is_formatted_with_the_admins_scram_credential(compose, embedd
         got, want = fields(cfg), fields(want_cfg)
         assert set(got) == set(want) == {"name", "password"} and got["name"] == want["name"] == acls.ADMIN
         assert want["password"] == credentials.ensure(s)[acls.ADMIN]
-        assert ref(got["password"]) == jaas_var, "the admin's credential must be the password the brokers log in with"
+        assert got["password"] == "kafka_admin_password-value", "the password the brokers log in with"
         cluster_ids.add(env_of(node)["CLUSTER_ID"])
     assert len(cluster_ids) == 1
     (cluster_id,) = cluster_ids
@@ -396,51 +440,50 @@ def test_each_node_is_formatted_with_the_admins_scram_credential(compose, embedd
 
 @pytest.mark.skipif(not shutil.which("bash"), reason="docker/kafka-format.sh is a bash script")
 def test_the_format_script_formats_with_the_configuration_the_broker_gets(compose, tmp_path):
-    """docker/kafka-format.sh (with a stand-in kafka-storage.sh) writes the node's KAFKA_* variables as the image's
-    wrapper writes them for the broker, and hands its arguments on."""
+    """docker/kafka-format.sh (with a stand-in kafka-storage.sh) writes the node's KAFKA_* variables, the admin's
+    login included, as the image's wrapper writes them for the broker started by docker/kafka-run.sh, hands its
+    arguments on and adds the admin's credential."""
     svc = compose["services"]["kafka-2-format"]
+    written, called = run_format(svc, tmp_path)
     env = env_of(svc)
-    out = tmp_path / "out"
-    tool = tmp_path / "kafka-storage.sh"
-    tool.write_text(
-        '#!/usr/bin/env bash\nprintf "%s\\n" "$@" >"$OUT.args"\n'
-        'while [[ $# -gt 0 ]]; do [[ $1 == --config ]] && cp "$2" "$OUT.properties"; shift; done\n'
-    )
-    tool.chmod(0o755)
-    args = storage_format_args(svc)
-    subprocess.run(
-        ["bash", str(ROOT / "docker" / "kafka-format.sh"), *args],
-        env={"PATH": os.environ["PATH"], **env, "STORAGE_TOOL": str(tool), "OUT": str(out)},
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
-    written = dict(line.split("=", 1) for line in Path(f"{out}.properties").read_text().splitlines())
-    assert written == server_config(env)
-    called = Path(f"{out}.args").read_text().splitlines()
+    assert written == server_config(started_env(compose["services"]["kafka-2"], tmp_path))
     assert called[:3] == ["format", "--cluster-id", env["CLUSTER_ID"]] and called[3] == "--config"
-    assert called[5:] == args
+    args = storage_format_args(svc)
+    assert called[5 : 5 + len(args)] == args
+    assert called[5 + len(args) :] == [
+        "--add-scram",
+        "SCRAM-SHA-512=[name=onceflow-admin,password=kafka_admin_password-value]",
+    ]
     assert not Path(called[4]).exists(), "the configuration (it holds the admin's password) is removed"
 
 
-def test_the_health_check_is_an_authenticated_tls_client(compose, embedded):
-    """kafka-broker-api-versions.sh over SASL_SSL as the admin, the certificate checked against the CA."""
+@pytest.mark.skipif(not shutil.which("bash"), reason="docker/kafka-health.sh is a bash script")
+def test_the_health_check_is_an_authenticated_tls_client(compose, embedded, tmp_path):
+    """docker/kafka-health.sh: kafka-broker-api-versions.sh over SASL_SSL as the admin (the broker's own login,
+    from the secret file), the certificate checked against the CA."""
     s = embedded
     svcs = compose["services"]
     for b in BROKERS:
         svc = svcs[b]
         env = env_of(svc)
-        kind, cmd = svc["healthcheck"]["test"]
-        assert kind == "CMD-SHELL"
-        tokens = shlex.split(cmd.replace("$$", "$"))  # compose's escape: the container's shell expands it
-        start = tokens.index("printf") + 2
-        end = next(i for i in range(start, len(tokens)) if tokens[i].startswith(">"))
-        client = dict(t.split("=", 1) for t in tokens[start:end])
-        target = tokens[end][1:]
-        tool = tokens[end + 2]
-        assert tool.endswith("kafka-broker-api-versions.sh")
-        opts = dict(zip(tokens[end + 3 :: 2], tokens[end + 4 :: 2]))
-        assert opts["--command-config"] == target
+        assert svc["healthcheck"]["test"] == ["CMD", "bash", mounts(svc)["./docker/kafka-health.sh"]]
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        tool = bin_dir / "kafka-broker-api-versions.sh"
+        tool.write_text(
+            '#!/usr/bin/env bash\nprintf "%s\\n" "$@" >"$OUT.args"\n'
+            'while [[ $# -gt 0 ]]; do [[ $1 == --command-config ]] && cp "$2" "$OUT.properties"; shift; done\n'
+        )
+        tool.chmod(0o755)
+        out = tmp_path / f"{b}.health"
+        run(
+            ["bash", str(ROOT / "docker" / "kafka-health.sh")],
+            {**with_secrets(env, tmp_path), "KAFKA_BIN": str(bin_dir), "OUT": str(out)},
+        )
+        client = dict(line.split("=", 1) for line in Path(f"{out}.properties").read_text().splitlines())
+        args = Path(f"{out}.args").read_text().splitlines()
+        opts = dict(zip(args[::2], args[1::2]))
+        assert not Path(opts["--command-config"]).exists(), "the client configuration (the password) is removed"
         host, port = opts["--bootstrap-server"].rsplit(":", 1)
         listener_port = {x.split("://")[0]: x.rsplit(":", 1)[1] for x in env["KAFKA_LISTENERS"].split(",")}
         assert host == "localhost" and port == listener_port[s.kafka_security_protocol]
@@ -448,99 +491,82 @@ def test_the_health_check_is_an_authenticated_tls_client(compose, embedded):
         assert client["sasl.mechanism"] == s.kafka_sasl_mechanism
         assert client["ssl.truststore.type"] == env["KAFKA_SSL_TRUSTSTORE_TYPE"]
         assert client["ssl.truststore.location"] == env["KAFKA_SSL_TRUSTSTORE_LOCATION"]
-        # the broker's own login: the admin, whose password the container has
-        var = client["sasl.jaas.config"].removeprefix("$")
-        assert var in env and jaas(env[var])[2]["username"] == acls.ADMIN
-        assert kafka_properties({var: "x"}) == {
-            f"listener.name.sasl_ssl.{s.kafka_sasl_mechanism.lower()}.sasl.jaas.config": "x"
-        }
+        # the broker's own login: the admin, with the password of the broker's secret file
+        broker_login = started_env(svc, tmp_path)["KAFKA_LISTENER_NAME_SASL__SSL_SCRAM___SHA___512_SASL_JAAS_CONFIG"]
+        assert client["sasl.jaas.config"] == broker_login and jaas(broker_login)[2]["username"] == acls.ADMIN
 
 
-def test_airflow_has_each_roles_connection_and_init_provisions_them(compose, embedded):
+def entrypoint_environment(env: dict) -> dict:
+    """What docker/airflow-entrypoint.py hands the image's entrypoint for a container's environment."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("airflow_entrypoint", ROOT / "docker" / "airflow-entrypoint.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.environment(env)
+
+
+def test_airflow_has_each_roles_connection_and_init_provisions_them(compose, embedded, tmp_path):
     """The Airflow containers get the connections `onceflow airflow up` gives the embedded Airflow
-    (onceflow_dev.airflow_local.kafka_env), their passwords from .env; airflow-init creates each role's user with the
-    password its connection carries, as the admin, whose credentials no long-running container holds."""
+    (onceflow_dev.airflow_local.kafka_env), each password from its role's secret file (filled in by
+    docker/airflow-entrypoint.py); airflow-init creates each role's user with the password its connection carries,
+    as the admin, whose credentials no long-running container holds."""
     from onceflow import cli
     from onceflow_dev import airflow_local, credentials
 
     s = embedded
     svcs = compose["services"]
     airflow_env = env_of(svcs["airflow-scheduler"])
+    assert svcs["airflow-scheduler"]["entrypoint"][-2:] == [
+        mounts(svcs["airflow-scheduler"])["./docker/airflow-entrypoint.py"],
+        "/entrypoint",
+    ]
     want = airflow_local.kafka_env(s)
     conns = {k: v for k, v in airflow_env.items() if k.startswith("AIRFLOW_CONN_ONCEFLOW_KAFKA")}
     assert set(conns) == set(want)
+    started = entrypoint_environment(with_secrets(airflow_env, tmp_path))
     known = credentials.ensure(s)
-    role_vars = {}
+    role_files = {}
     for key, spec in want.items():
-        w, g = json.loads(spec), json.loads(conns[key])
+        w, c, g = json.loads(spec), json.loads(conns[key]), json.loads(started[key])
+        assert set(c) == {"conn_type", "login", "password_file", "extra"}
         assert set(g) == set(w) == {"conn_type", "login", "password", "extra"}
         assert {k: g[k] for k in ("conn_type", "login", "extra")} == {k: w[k] for k in ("conn_type", "login", "extra")}
         assert w["password"] == known[w["login"]]
-        assert ref(g["password"]), f"{key}: the password must come from .env"
-        role_vars[w["login"]] = ref(g["password"])
-    assert set(role_vars) == {acls.username(s, r) for r in acls.ROLES}
-    assert len(set(role_vars.values())) == len(acls.ROLES), "one password per role"
+        secret = SECRET_PATH.fullmatch(c["password_file"])[1]
+        assert g["password"] == f"{secret}-value", f"{key}: the password from its secret file"
+        role_files[w["login"]] = c["password_file"]
+    assert set(role_files) == {acls.username(s, r) for r in acls.ROLES}
+    assert len(set(role_files.values())) == len(acls.ROLES), "one password per role"
     assert airflow_env["ONCEFLOW_KAFKA_CA_FILE"] == s.kafka_ca
 
     init = svcs["airflow-init"]
     init_env = env_of(init)
     assert {k: v for k, v in init_env.items() if k in airflow_env} == airflow_env
-    jaas_password = jaas(env_of(svcs["kafka-1"])["KAFKA_LISTENER_NAME_SASL__SSL_SCRAM___SHA___512_SASL_JAAS_CONFIG"])[
-        2
-    ]["password"]
+    admin_file = env_of(svcs["kafka-1"])["ADMIN_PASSWORD_FILE"]
     assert init_env["ONCEFLOW_KAFKA_USERNAME"] == acls.ADMIN
-    assert ref(init_env["ONCEFLOW_KAFKA_PASSWORD"]) == ref(jaas_password)
+    assert init_env["ONCEFLOW_KAFKA_PASSWORD_SECRET_FILE"] == admin_file
     for role in acls.ROLES:
-        assert ref(init_env[f"ONCEFLOW_KAFKA_{role.upper()}_PASSWORD"]) == role_vars[acls.username(s, role)]
+        assert init_env[f"ONCEFLOW_KAFKA_{role.upper()}_PASSWORD_SECRET_FILE"] == role_files[acls.username(s, role)]
+    init_started = entrypoint_environment(with_secrets(init_env, tmp_path))
+    assert init_started["ONCEFLOW_KAFKA_PASSWORD"] == "kafka_admin_password-value"
+    assert not any(k.endswith("_SECRET_FILE") and k.startswith("ONCEFLOW_") for k in init_started)
+    assert config.load(env={k: v for k, v in init_started.items() if k.startswith(config.ENV_PREFIX)}).kafka_password
     steps = [x.strip() for x in init["command"][-1].split("&&")]
     assert steps == ["airflow db migrate", "onceflow stack provision", "onceflow stack topics"]
     for step in steps[1:]:
         cli.parser().parse_args(step.split()[1:])  # the CLI has the command
     for name in AIRFLOW_SERVICES:
         env = env_of(svcs[name])
-        assert "ONCEFLOW_KAFKA_PASSWORD" not in env and "ONCEFLOW_KAFKA_USERNAME" not in env
-        assert ref(jaas_password) not in {m["var"] for v in env.values() for m in REF.finditer(v)}
+        assert not {
+            k for k in env if k.startswith("ONCEFLOW_KAFKA_USERNAME") or k.startswith("ONCEFLOW_KAFKA_PASSWORD")
+        }
+        assert "kafka_admin_password" not in secrets_of(svcs[name]), f"{name} must not hold the admin's password"
+        assert admin_file not in {v for v in env.values()}
 
 
-def test_no_secret_is_written_in_the_compose_file(compose):
-    """Every password, in every form the file holds one (variables, JAAS, --add-scram, connections, URLs), is a
-    compose interpolation that fails while unset; each such variable is in .env.example, which holds no value; .env,
-    where an operator puts them, is git-ignored and .env.example is not."""
-    found: dict[str, list[str]] = {"variable": [], "jaas": [], "scram": [], "connection": [], "url": []}
-
-    def strings(node, key=""):
-        if isinstance(node, dict):
-            for k, v in node.items():
-                yield from strings(v, str(k))
-        elif isinstance(node, list):
-            for v in node:
-                yield from strings(v, key)
-        elif node is not None:
-            yield key, str(node)
-
-    for key, value in strings(compose):
-        if re.search(r"(PASSWORD|SECRET)$", key):
-            found["variable"].append(value)
-        found["jaas"] += re.findall(r'password="([^"]*)"', value)
-        found["scram"] += re.findall(r"\[[^\]]*password=([^,\]\"]+)", value)
-        found["url"] += re.findall(r"://[^:/@\s]+:(\$\{[^}]*\}|[^@\s]+)@", value)
-        if key.startswith("AIRFLOW_CONN_"):
-            spec = json.loads(value)
-            if "password" in spec:
-                found["connection"].append(spec["password"])
-    assert all(found.values()), f"a form of password was not found at all: {found}"
-    literal = {form: [v for v in values if not ref(v)] for form, values in found.items()}
-    assert not any(literal.values()), f"passwords written in docker-compose.yaml: {literal}"
-
-    text = (ROOT / "docker-compose.yaml").read_text()
-    referenced = {m["var"] for m in REF.finditer(text) if text[m.start() - 1 : m.start()] != "$"}
-    example = {}
-    for line in (ROOT / ".env.example").read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            name, _, value = line.partition("=")
-            example[name.strip()] = value.strip()
-    assert set(example) == referenced, "every variable docker-compose.yaml needs, and no other, is in .env.example"
-    assert not any(example.values()), ".env.example holds no values: the operator fills them in .env"
+def test_env_and_secrets_are_git_ignored(compose):
+    """.env (ONCEFLOW_PUBLISH_HOST only) and the secrets' files are git-ignored; .env.example is not."""
 
     def ignored(path: str) -> bool:
         if shutil.which("git"):
@@ -550,9 +576,11 @@ def test_no_secret_is_written_in_the_compose_file(compose):
             if r.returncode in (0, 1):
                 return r.returncode == 0
         patterns = [p.strip() for p in (ROOT / ".gitignore").read_text().splitlines()]
-        return any(p in (path, f"/{path}") for p in patterns)
+        return any(p in (path, f"/{path}") or path.startswith(p.strip("/") + "/") for p in patterns)
 
     assert ignored(".env") and not ignored(".env.example")
+    for name, spec in compose["secrets"].items():
+        assert ignored(str(PurePosixPath(spec["file"]))), f"the secret {name} would be committed"
 
 
 def test_two_spark_workers_reach_the_checkpoint_the_driver_writes(compose):
@@ -572,3 +600,337 @@ def test_two_spark_workers_reach_the_checkpoint_the_driver_writes(compose):
         assert any(checkpoint_path.startswith(worker_mounts[vol]) for vol in shared), (
             f"{name} cannot reach {s.checkpoint}"
         )
+
+
+# --- issue 24: what the platform publishes, where its secrets live, who writes the volumes ---
+
+SECRETS_DIR = PurePosixPath("/run/secrets")  # where Docker mounts a service's `secrets:`
+SECRET_PATH = re.compile(r"/run/secrets/([\w.-]+)")
+ONE_SHOTS = {"volumes-init", "kafka-certs", "airflow-init", *(f"{b}-format" for b in BROKERS)}
+# What each secret is: no password, key or token of the platform is anywhere else (environment, arguments, file).
+SECRET_NAMES = {
+    "kafka_admin_password",
+    "kafka_job_password",
+    "kafka_backfill_password",
+    "kafka_control_password",
+    "kafka_reconcile_password",
+    "kafka_keystore_password",
+    "airflow_db_password",
+    "airflow_fernet_key",
+    "airflow_api_secret_key",
+    "airflow_jwt_secret",
+    "spark_auth_secret",
+}
+
+
+def interpolate(value: str, env: dict[str, str] | None = None) -> str:
+    """Compose's interpolation of ${VAR}, ${VAR:-default}, ${VAR-default} (and $$), as an unset .env gives it."""
+    env = env or {}
+
+    def one(m: re.Match) -> str:
+        var, op = m["var"], m["op"] or ""
+        if op.startswith(":-"):
+            return env.get(var) or op[2:]
+        if op.startswith("-"):
+            return env.get(var, op[1:])
+        assert var in env, f"${{{var}}} has no default and .env does not set it"
+        return env[var]
+
+    return REF.sub(one, value.replace("$$", "\0")).replace("\0", "$")
+
+
+def strings_of(node):
+    if isinstance(node, dict):
+        for v in node.values():
+            yield from strings_of(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from strings_of(v)
+    elif node is not None:
+        yield str(node)
+
+
+def secrets_of(svc) -> set[str]:
+    return {s if isinstance(s, str) else s["source"] for s in svc.get("secrets", [])}
+
+
+def with_secrets(env: dict, tmp_path: Path) -> dict:
+    """env with /run/secrets/<name> moved under tmp_path, where stand-in secrets are written: <name>-value."""
+    d = tmp_path / "docker-secrets"
+    d.mkdir(exist_ok=True)
+    for name in SECRET_NAMES:
+        (d / name).write_text(f"{name}-value\n")  # a trailing newline, as `echo` or an editor leaves one
+    return {k: v.replace(str(SECRETS_DIR), str(d)) for k, v in env.items()}
+
+
+def run(argv: list[str], env: dict) -> subprocess.CompletedProcess:
+    r = subprocess.run(argv, env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"{argv} exited {r.returncode}: {r.stderr}"
+    return r
+
+
+def test_every_port_is_published_on_loopback_unless_the_operator_opens_it(compose):
+    """Item 1: no port is published on all interfaces by default; ONCEFLOW_PUBLISH_HOST (.env) may open them."""
+    published = {}
+    for name, svc in compose["services"].items():
+        for p in svc.get("ports", []):
+            assert isinstance(p, str), f"{name}: ports in the short form, host address first"
+            published[(name, p)] = interpolate(p)
+            opened = interpolate(p, {"ONCEFLOW_PUBLISH_HOST": "0.0.0.0"})
+            assert opened.startswith("0.0.0.0:"), f"{name}: {p} is not opened by ONCEFLOW_PUBLISH_HOST"
+    assert published, "nothing published: the operator could not reach Airflow"
+    for (name, p), got in published.items():
+        host, hport, cport = got.rsplit(":", 2)
+        assert host == "127.0.0.1", f"{name} publishes {p} on {host or 'every interface'}"
+    services = {name for name, _ in published}
+    assert "airflow-apiserver" in services
+    # the Spark master's RPC port: only the containers (the workers, the driver in the scheduler) dial it
+    assert not any(p.endswith(":7077") for (name, p) in published), "7077 is for the containers only"
+
+
+def spark_defaults(text: str) -> dict[str, str]:
+    return dict(line.split(None, 1) for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+@pytest.mark.skipif(not shutil.which("bash"), reason="docker/spark-run.sh is a bash script")
+def test_spark_authenticates_and_encrypts_with_the_secret_file(compose, tmp_path):
+    """Item 1: the master, the workers (and so their executors) and the driver (in the Airflow containers) turn on
+    spark.authenticate and spark.network.crypto.enabled with one secret, read from the spark_auth_secret file at
+    start. Spark standalone reads no spark.authenticate.secret.file (SecurityManager: "Secret keys provided via
+    files is only allowed in Kubernetes mode"): the start scripts write it into a 0600 spark-defaults.conf, never
+    into the environment or a command line."""
+    svcs = compose["services"]
+    spark = ["spark-master", "spark-worker-1", "spark-worker-2"]
+    got = {}
+    for name in spark:
+        svc = svcs[name]
+        assert "spark_auth_secret" in secrets_of(svc), f"{name} needs the Spark secret"
+        env = with_secrets(env_of(svc), tmp_path)
+        assert not any("spark.authenticate.secret" in v for v in env.values())
+        home = tmp_path / name
+        (home / "bin").mkdir(parents=True)
+        tool = home / "bin" / "spark-class"
+        tool.write_text('#!/usr/bin/env bash\numask >"$OUT.umask"\nprintf "%s\\n" "$@" >"$OUT.args"\nenv >"$OUT.env"\n')
+        tool.chmod(0o755)
+        env["SPARK_CONF_DIR"] = str(tmp_path / name / "conf")
+        cmd = svc["command"]
+        assert cmd[:2] == ["bash", mounts(svc)["./docker/spark-run.sh"]]
+        out = tmp_path / f"{name}.out"
+        run(
+            ["bash", str(ROOT / "docker" / "spark-run.sh"), *cmd[2:]], {**env, "SPARK_HOME": str(home), "OUT": str(out)}
+        )
+        conf_file = Path(env["SPARK_CONF_DIR"]) / "spark-defaults.conf"
+        assert conf_file.stat().st_mode & 0o077 == 0, "the secret's file is the container user's alone"
+        got[name] = spark_defaults(conf_file.read_text())
+        secret = "spark_auth_secret-value"
+        assert secret not in Path(f"{out}.args").read_text() and secret not in Path(f"{out}.env").read_text()
+        assert Path(f"{out}.args").read_text().split() == cmd[2:]
+    # the driver: the Airflow containers' entrypoint writes the same file where spark-submit reads it
+    for name in ("airflow-scheduler", "airflow-init"):
+        svc = svcs[name]
+        assert "spark_auth_secret" in secrets_of(svc)
+        env = with_secrets(env_of(svc), tmp_path)
+        env["SPARK_CONF_DIR"] = str(tmp_path / name / "conf")
+        out = tmp_path / f"{name}.env.json"
+        dump = f"import json, os; open({str(out)!r}, 'w').write(json.dumps(dict(os.environ)))"
+        run([sys.executable, str(ROOT / "docker" / "airflow-entrypoint.py"), sys.executable, "-c", dump], env)
+        got[name] = spark_defaults((Path(env["SPARK_CONF_DIR"]) / "spark-defaults.conf").read_text())
+        assert "spark_auth_secret-value" not in out.read_text()
+        assert json.loads(out.read_text())["SPARK_CONF_DIR"] == env["SPARK_CONF_DIR"]
+    for name, conf in got.items():
+        assert conf["spark.authenticate"] == "true", name
+        assert conf["spark.network.crypto.enabled"] == "true", name
+        assert conf["spark.authenticate.secret"] == "spark_auth_secret-value", name
+    assert len({tuple(sorted(c.items())) for c in got.values()}) == 1, "one Spark configuration everywhere"
+
+
+def test_secrets_are_files_never_environment_or_arguments(compose, tmp_path):
+    """Item 2: every password and key is a Docker secret (a file under /run/secrets), none is in an environment
+    variable, a command, a health check or a URL of the compose file; each service holds the secrets it names and
+    the top-level ones are files in a git-ignored directory that docker/make-secrets.sh fills."""
+    svcs = compose["services"]
+    top = compose.get("secrets") or {}
+    assert set(top) == SECRET_NAMES
+    dirs = set()
+    for name, spec in top.items():
+        assert set(spec) == {"file"}, f"secret {name}: a file the operator makes"
+        path = PurePosixPath(spec["file"])
+        assert path.name == name
+        dirs.add(str(path.parent))
+    assert len(dirs) == 1
+    (secret_dir,) = dirs
+    for name, svc in svcs.items():
+        env = env_of(svc)
+        for k, v in env.items():
+            if re.search(r"(PASSWORD|SECRET|SECRET_KEY|FERNET_KEY|JWT_SECRET)$", k):
+                pytest.fail(f"{name}: {k} holds a secret in the environment")
+            assert not re.search(r'password="[^"$]', v), f"{name}: {k} carries a JAAS password"
+            # a URL's password: only a placeholder the secret file fills (printf's %s)
+            assert not re.search(r"://[^:/@\s]+:(?!%s@)[^@\s]+@", v), f"{name}: {k} is a URL with a password"
+            if k.startswith("AIRFLOW_CONN_"):
+                spec = json.loads(v)
+                assert "password" not in spec, f"{name}: {k} carries its password"
+                if "password_file" in spec:
+                    assert SECRET_PATH.fullmatch(spec["password_file"])
+        for where in ("command", "entrypoint", "healthcheck"):
+            for s in strings_of(svc.get(where)):
+                assert "password=" not in s.lower() and "secret=" not in s.lower(), f"{name} {where}: {s}"
+        named = {m for s in strings_of(svc) for m in SECRET_PATH.findall(s)}
+        assert named <= secrets_of(svc), f"{name} reads {named - secrets_of(svc)} without mounting them"
+        assert secrets_of(svc) <= SECRET_NAMES
+    # compose's interpolation accepts every "$" (a bare one, as in "$(cat ...)", is an invalid template there)
+    for s in strings_of(compose):
+        assert not re.search(r"\$(?![{A-Za-z_])", s.replace("$$", "")), f"compose rejects a bare $ in {s!r}"
+    # nothing but the published host is filled from .env; .env.example holds no value and no password
+    text = (ROOT / "docker-compose.yaml").read_text()
+    referenced = {m["var"] for m in REF.finditer(text) if text[m.start() - 1 : m.start()] != "$"}
+    assert referenced == {"ONCEFLOW_PUBLISH_HOST"}
+    example = {}
+    for line in (ROOT / ".env.example").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            k, _, v = line.partition("=")
+            example[k.strip()] = v.strip()
+    assert set(example) == referenced and not any(example.values())
+    # the secrets' directory is git-ignored; docker/make-secrets.sh makes every secret, once
+    assert PurePosixPath(secret_dir).parts[0] == "var", "secrets live under var/, which .gitignore ignores"
+    assert "/var/" in (ROOT / ".gitignore").read_text().split()
+    out = tmp_path / "made"
+    run(["bash", str(ROOT / "docker" / "make-secrets.sh"), str(out)], {})
+    made = {p.name: p.read_text() for p in out.iterdir()}
+    assert set(made) == SECRET_NAMES
+    assert all(re.fullmatch(r"[A-Za-z0-9_=-]{32,}\n?", v) for v in made.values()), "long, and safe in JAAS/URLs"
+    assert len(set(made.values())) == len(made), "each secret its own value"
+    assert out.stat().st_mode & 0o077 == 0, "the directory is the operator's alone"
+    from cryptography.fernet import Fernet
+
+    Fernet(made["airflow_fernet_key"].strip().encode())  # a valid Fernet key
+    run(["bash", str(ROOT / "docker" / "make-secrets.sh"), str(out)], {})
+    assert {p.name: p.read_text() for p in out.iterdir()} == made, "an existing secret is kept"
+
+
+def test_airflow_keys_come_from_secret_files_and_are_the_same_everywhere(compose, tmp_path):
+    """Item 3: the Fernet key, the API's secret key, the JWT signing key and the database's URL are read by Airflow
+    itself from the secret files (AIRFLOW__<SECTION>__<KEY>_CMD, allowed for options Airflow marks sensitive),
+    the same on every Airflow container; Airflow's own configuration parser resolves them."""
+    svcs = compose["services"]
+    names = ["airflow-init", *AIRFLOW_SERVICES]
+    wanted = {
+        ("core", "fernet_key"): "airflow_fernet_key",
+        ("api", "secret_key"): "airflow_api_secret_key",
+        ("api_auth", "jwt_secret"): "airflow_jwt_secret",
+        ("database", "sql_alchemy_conn"): "airflow_db_password",
+    }
+    per_service = []
+    for name in names:
+        env = env_of(svcs[name])
+        keys = {}
+        for (section, key), secret in wanted.items():
+            var = f"AIRFLOW__{section.upper()}__{key.upper()}"
+            assert var not in env, f"{name}: {var} in the environment"
+            assert var + "_CMD" in env, f"{name}: {var}_CMD missing"
+            assert secret in SECRET_PATH.findall(env[var + "_CMD"]) and secret in secrets_of(svcs[name])
+            keys[var + "_CMD"] = env[var + "_CMD"]
+        per_service.append(keys)
+    assert all(k == per_service[0] for k in per_service), "every Airflow container uses the same keys"
+    env = with_secrets(per_service[0], tmp_path)
+    probe = (
+        "from airflow.configuration import conf\n"
+        "import json\n"
+        f"print(json.dumps({{f'{{s}}.{{k}}': conf.get(s, k) for s, k in {sorted(wanted)!r}}}))"
+    )
+    r = run(
+        [sys.executable, "-c", probe],
+        {**env, "AIRFLOW_HOME": str(tmp_path / "airflow_home"), "_AIRFLOW__AS_LIBRARY": "1"},
+    )
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["core.fernet_key"] == "airflow_fernet_key-value"
+    assert got["api.secret_key"] == "airflow_api_secret_key-value"
+    assert got["api_auth.jwt_secret"] == "airflow_jwt_secret-value"
+    assert (
+        got["database.sql_alchemy_conn"]
+        == "postgresql+psycopg2://airflow:airflow_db_password-value@postgres:5432/airflow"
+    )
+    pg = env_of(svcs["postgres"])
+    assert "POSTGRES_PASSWORD" not in pg and pg["POSTGRES_PASSWORD_FILE"] == str(SECRETS_DIR / "airflow_db_password")
+
+
+def test_long_running_services_restart_and_one_shots_do_not(compose):
+    """Item 4: every long-running service comes back after a crash or a host reboot (not after `docker compose
+    stop`); a one-shot never loops, and whatever needs it waits for it to have completed."""
+    svcs = compose["services"]
+    waited_on = {
+        dep
+        for svc in svcs.values()
+        for dep, cond in (svc.get("depends_on") or {}).items()
+        if cond.get("condition") == "service_completed_successfully"
+    }
+    assert waited_on == ONE_SHOTS
+    for name, svc in svcs.items():
+        if name in ONE_SHOTS:
+            assert svc.get("restart") == "no", f"{name} is a one-shot"
+        else:
+            assert svc.get("restart") == "unless-stopped", f"{name} does not come back after a crash"
+
+
+# The images' users (uid:gid), as docker-compose.yaml sets them explicitly.
+AIRFLOW_UID = "50000:0"  # apache/airflow: airflow, uid 50000, group 0 (root)
+SPARK_UID = "185:0"  # apache/spark: spark, uid 185, run with group 0 to share onceflow-var with Airflow
+KAFKA_UID = "1000:0"  # apache/kafka: appuser, uid 1000; its data directory is appuser:root in the image
+
+
+def test_every_volume_writer_runs_as_a_user_the_volume_is_prepared_for(compose):
+    """Item 5: volumes-init (root, one-shot) gives each written volume to the uid:gid of the services that write
+    it, group-writable (directories setgid) where two users share it; every writer runs as a declared user that the
+    preparation covers, and waits for it; the writers' umask keeps new files group-writable."""
+    svcs = compose["services"]
+    init = svcs["volumes-init"]
+    assert init.get("user") == "0:0" and init.get("restart") == "no"
+    script = init["command"][-1]
+    prepared = {}
+    for m in re.finditer(r"chown -R (\d+):(\d+) ([^;&|]+)", script):
+        prepared |= dict.fromkeys(m[3].split(), (m[1], m[2]))
+    group_shared = {p for paths in re.findall(r"chmod -R g\+rwX ([^;&|]+)", script) for p in paths.split()}
+    group_shared &= set(re.findall(r"find (\S+) -type d -exec chmod g\+s \{\} \+", script))
+    at = {path: vol for vol, path in mounts(init).items()}
+    for name, svc in svcs.items():
+        if name in ONE_SHOTS - {f"{b}-format" for b in BROKERS} - {"airflow-init"} or name == "postgres":
+            continue  # root one-shots (kafka-certs, volumes-init); postgres drops to its own user on its volume
+        for vol, path in mounts(svc).items():
+            if vol.startswith("./") or f"{vol}:{path}:ro" in svc["volumes"] or vol in ("kafka-secrets", "kafka-ca"):
+                continue
+            user = svc.get("user")
+            assert user, f"{name} writes {vol} as an undeclared user"
+            uid, gid = user.split(":")
+            init_path = next((p for p, v in at.items() if v == vol), None)
+            assert init_path in prepared, f"volumes-init does not prepare {vol} (written by {name})"
+            owner = prepared[init_path]
+            assert uid == owner[0] or (gid == owner[1] and init_path in group_shared), (
+                f"{name} ({user}) cannot write {vol}, prepared for {':'.join(owner)}"
+            )
+            assert svc["depends_on"]["volumes-init"]["condition"] == "service_completed_successfully"
+    assert svcs["airflow-scheduler"]["user"] == AIRFLOW_UID
+    assert svcs["spark-worker-1"]["user"] == SPARK_UID and svcs["kafka-1"]["user"] == KAFKA_UID
+    # the two users writing onceflow-var (the driver in Airflow, the executors in Spark) keep files group-writable
+    assert "os.umask(0o002)" in (ROOT / "docker" / "airflow-entrypoint.py").read_text()
+    assert "umask 002" in (ROOT / "docker" / "spark-run.sh").read_text()
+
+
+def test_the_console_sees_the_pid_of_the_job_the_scheduler_launched(compose):
+    """Item 6: the job's driver is a process of the scheduler's container (LocalExecutor tasks, client mode);
+    `onceflow job status` and the console (an api-server plugin) judge its liveness from var/run's pid files.
+    The api-server shares the scheduler's pid namespace and both mount var/ (onceflow-var) at the same path, so
+    the pid in the file is the job's pid where it is read."""
+    svcs = compose["services"]
+    s = config.load(env=onceflow_env(compose))
+    run_dir = str(s.run_dir)
+    launcher = svcs["airflow-scheduler"]
+    assert env_of(launcher)["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor", "tasks run in the scheduler's container"
+    assert "pid" not in launcher
+    inspector = svcs["airflow-apiserver"]
+    assert inspector.get("pid") == "service:airflow-scheduler"
+    for svc in (launcher, inspector):
+        shared = [vol for vol, path in mounts(svc).items() if run_dir.startswith(path + "/")]
+        assert shared == ["onceflow-var"], "var/run on the shared volume"
+    assert mounts(launcher)["onceflow-var"] == mounts(inspector)["onceflow-var"]
+    assert inspector.get("user") == launcher.get("user"), "same uid: kill(pid, 0) and /proc/<pid>/cmdline work"
+    assert inspector["depends_on"]["airflow-scheduler"]["condition"] == "service_healthy"
