@@ -21,6 +21,7 @@ from airflow.sdk import Param, dag, get_current_context, task
 
 from onceflow import config
 from onceflow.control import orchestration, rotation
+from onceflow.rules.savepoints import SAVEPOINT_REF_PATTERN
 
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minutes=5)}
 
@@ -40,7 +41,12 @@ DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minu
             enum=["rotate", "verify"],
             description="rotate: savepoint + verify + retention + report; verify: one savepoint",
         ),
-        "savepoint_id": Param(None, type=["null", "string"], description="verify: the savepoint to verify"),
+        "savepoint_id": Param(
+            None,
+            type=["null", "string"],
+            pattern=SAVEPOINT_REF_PATTERN,  # applies to strings only: null stays allowed for rotate
+            description="verify: the savepoint to verify (an id sp-...Z-b<batch>, or `latest`)",
+        ),
     },
 )
 def ip_count_checkpoint_rotation():

@@ -26,6 +26,7 @@ from datetime import timedelta
 from airflow.sdk import Param, dag, get_current_context, task
 
 from onceflow.control import deploy, orchestration
+from onceflow.rules.savepoints import SAVEPOINT_REF_PATTERN
 
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(seconds=30)}
 
@@ -45,8 +46,8 @@ DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(seco
         "savepoint_id": Param(
             "latest",
             type="string",
-            minLength=1,
-            description="restore: the savepoint to restore (`latest` = the newest)",
+            pattern=SAVEPOINT_REF_PATTERN,
+            description="restore: the savepoint to restore (`latest` = the newest; else an id sp-...Z-b<batch>)",
         ),
         "allow_rewind": Param(
             False, type="boolean", description="restore: allow a savepoint older than the newest (a rewind)"

@@ -48,12 +48,15 @@ from onceflow.rules.savepoints import (
     RestorePlan,
     Runtime,
     SavepointError,
+    SavepointIdError,
+    check_id,
     cut_problems,
     file_problems,
     in_cut,
     incompatibilities,
     log_batches,
     plan_restore,
+    savepoint_uri,
 )
 from onceflow.runtime import jobctl
 
@@ -108,6 +111,19 @@ class Store:
     def rm(self, rel: str = "") -> None:
         if self.fs.exists(self.path(rel)):
             self.fs.rm(self.path(rel), recursive=True)
+
+
+def _savepoint(settings: Settings, sp_id: str) -> Store:
+    """The directory of savepoint `sp_id`: the id is checked (check_id) before it is joined to any path, and the
+    joined location must be a direct child of the savepoints root, also as fsspec resolves it."""
+    sp = Store(savepoint_uri(settings.savepoints, sp_id))
+    root = Store(settings.savepoints)
+    parent, _, name = sp.root.rpartition("/")
+    if name != sp_id or parent != root.root:
+        raise SavepointIdError(
+            f"savepoint {sp_id!r} does not resolve to a directory directly under {settings.savepoints}"
+        )
+    return sp
 
 
 def _sha256(data: bytes) -> str:
@@ -207,7 +223,7 @@ def create(settings: Settings, stop: bool = False, bus: ev.EventBus | None = Non
 
     now_ms = int(time.time() * 1000)
     sp_id = new_id(ledger_batch, now_ms)
-    dest = Store(f"{settings.savepoints}/{sp_id}")
+    dest = _savepoint(settings, sp_id)
     files: list[FileEntry] = []
     try:
         for rel in sorted(r for r in listing if in_cut(r, batch)):
@@ -287,8 +303,10 @@ def list_all(settings: Settings) -> list[Listed]:
     root = Store(settings.savepoints)
     out = []
     for name in root.dirs():
-        if not name.startswith("sp-"):
-            continue
+        try:
+            check_id(name)
+        except SavepointIdError:
+            continue  # not a name onceflow writes: not a savepoint (and never pruned)
         try:
             m = Manifest.from_json(root.read(f"{name}/{MANIFEST}"))
             out.append(
@@ -311,7 +329,8 @@ def list_all(settings: Settings) -> list[Listed]:
 
 
 def resolve(settings: Settings, sp_id: str) -> str:
-    if sp_id != "latest":
+    """The id of savepoint `sp_id`, or of the newest complete one for "latest"; any other input is refused."""
+    if check_id(sp_id, allow_latest=True) != "latest":
         return sp_id
     done = [x for x in list_all(settings) if x.complete]
     if not done:
@@ -320,12 +339,14 @@ def resolve(settings: Settings, sp_id: str) -> str:
 
 
 def load(settings: Settings, sp_id: str) -> Manifest:
+    """The manifest of savepoint `sp_id` ("latest": the newest). Its own `id` is what the file says: `verify`
+    checks that it names this savepoint."""
     sp_id = resolve(settings, sp_id)
-    root = Store(settings.savepoints)
-    if not root.exists(sp_id):
+    sp = _savepoint(settings, sp_id)
+    if not sp.exists():
         raise SavepointError(f"no savepoint {sp_id} under {settings.savepoints} (`onceflow savepoint list`)")
     try:
-        return Manifest.from_json(root.read(f"{sp_id}/{MANIFEST}"))
+        return Manifest.from_json(sp.read(MANIFEST))
     except FileNotFoundError:
         raise SavepointError(
             f"savepoint {sp_id} has no manifest: it is incomplete (being written, or its "
@@ -355,9 +376,12 @@ class Verification:
 
 def verify(settings: Settings, sp_id: str) -> Verification:
     """Every file present with its size and checksum, nothing extra, the set self-contained at its batch, and
-    (separately) whether this Spark and this job configuration can restore it."""
+    (separately) whether this Spark and this job configuration can restore it. The manifest must name this
+    savepoint: one copied from another savepoint (or edited) describes other files, so it is damage."""
+    sp_id = resolve(settings, sp_id)
     m = load(settings, sp_id)
-    data = Store(f"{settings.savepoints}/{m.id}/{DATA_DIR}")
+    sp = _savepoint(settings, sp_id)
+    data = Store(f"{sp.uri}/{DATA_DIR}")
     found: dict[str, tuple[int, str | None]] = {}
     for rel, size in data.files().items():
         try:
@@ -365,27 +389,35 @@ def verify(settings: Settings, sp_id: str) -> Verification:
         except OSError:
             found[rel] = (size, None)
     problems = file_problems(m, found) + cut_problems(found, m.spark_batch, m.shuffle_partitions)
+    if m.id != sp_id:
+        shown = repr(m.id) if len(str(m.id)) <= 80 else f"{str(m.id)[:80]!r}..."
+        problems.insert(
+            0, f"the manifest names savepoint {shown}, not {sp_id}: it was copied from another savepoint or edited"
+        )
     inc = incompatibilities(m, runtime(settings))
-    v = Verification(m.id, not problems, not problems and not inc, problems, inc)
+    v = Verification(sp_id, not problems, not problems and not inc, problems, inc)
     # the verdict, beside the savepoint (not in its data): what `list` and the console show
     record = v.as_dict() | {"ts_ms": int(time.time() * 1000)}
-    Store(settings.savepoints).write(f"{m.id}/{VERIFICATION}", json.dumps(record).encode())
+    sp.write(VERIFICATION, json.dumps(record).encode())
     return v
 
 
 def last_verification(settings: Settings, sp_id: str) -> dict[str, Any] | None:
     """The verdict of the savepoint's last verification (None: never verified)."""
+    sp = _savepoint(settings, sp_id)
     try:
-        return cast(dict[str, Any], json.loads(Store(settings.savepoints).read(f"{sp_id}/{VERIFICATION}")))
+        return cast(dict[str, Any], json.loads(sp.read(VERIFICATION)))
     except (FileNotFoundError, ValueError):
         return None
 
 
 def delete(settings: Settings, sp_id: str, bus: ev.EventBus | None = None) -> None:
-    root = Store(settings.savepoints)
-    if not sp_id.startswith("sp-") or not root.exists(sp_id):
+    """Delete one savepoint directory, named by its exact id (never "latest", never anything but a direct child
+    of the savepoints root)."""
+    sp = _savepoint(settings, sp_id)
+    if not sp.exists() or not sp.fs.isdir(sp.root):
         raise SavepointError(f"no savepoint {sp_id} under {settings.savepoints}")
-    root.rm(sp_id)
+    sp.rm()
     if bus is not None:
         bus.emit(wire.SAVEPOINT_DELETED, id=sp_id)
 
@@ -439,10 +471,11 @@ def restore_facts(settings: Settings, m: Manifest) -> RestoreFacts:
 def check_restore(settings: Settings, sp_id: str, allow_rewind: bool = False) -> RestorePlan:
     """Everything a restore checks before it changes anything (the job may still run: the deploy DAG checks
     before it stops the job, and the restore checks again once it is stopped)."""
+    sp_id = resolve(settings, sp_id)
     m = load(settings, sp_id)
-    v = verify(settings, m.id)
+    v = verify(settings, sp_id)  # also: the manifest names this savepoint, so m.id is sp_id from here on
     if not v.ok:
-        raise SavepointError(f"savepoint {m.id} is damaged and cannot be restored: {'; '.join(v.problems)}")
+        raise SavepointError(f"savepoint {sp_id} is damaged and cannot be restored: {'; '.join(v.problems)}")
     return plan_restore(m, runtime(settings), restore_facts(settings, m), allow_rewind)
 
 
@@ -453,6 +486,7 @@ def restore(
     continues from it exactly once. The job must be stopped. Nothing is deleted: the replaced checkpoint is
     moved next to it (`<checkpoint>.replaced-<time>`). The restore is recorded in the ledger, in a transaction
     of the app's transactional id (which also fences any driver of the app that is still alive somewhere)."""
+    check_id(sp_id, allow_latest=True)  # before anything is looked at or fenced
     if jobctl.status(settings)["running"]:
         raise SavepointError(
             f"app {settings.app_id} is running: stop it first (`onceflow job stop`, or the "
@@ -491,13 +525,13 @@ def restore(
 def _swap_in(settings: Settings, m: Manifest, plan: RestorePlan, quarantine=()) -> str | None:
     """Move the current checkpoint aside and put the savepoint's copy (plus onceflow's epoch file, the
     catch-up batch's offsets file and every quarantine the ledger records) in its place."""
+    src = Store(f"{_savepoint(settings, m.id).uri}/{DATA_DIR}")  # checked before the checkpoint is moved
     ckpt = Store(settings.checkpoint)
     moved = None
     if ckpt.exists():
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         moved = f"{settings.checkpoint.rstrip('/')}.replaced-{stamp}"
         ckpt.fs.mv(ckpt.root, Store(moved).root, recursive=True)
-    src = Store(f"{settings.savepoints}/{m.id}/{DATA_DIR}")
     try:
         for rel in sorted(src.files()):
             ckpt.write(rel, src.read(rel))

@@ -35,7 +35,8 @@ def verify_savepoint(settings: Settings, sp_id: str | None) -> dict:
     savepoint, so the run fails after its report."""
     if not sp_id:
         raise SavepointError("action=verify needs savepoint_id (`onceflow savepoint list` shows the ids)")
-    v = savepoints.verify(settings, savepoints.load(settings, sp_id).id)
+    # by the id asked for (or "latest"), never by the id a manifest claims: verify checks the two agree
+    v = savepoints.verify(settings, sp_id)
     out = {"action": "verify"} | v.as_dict()
     if not v.ok:
         return out | {"status": "failed", "error": f"savepoint {v.id} did not verify: {'; '.join(v.problems)}"}

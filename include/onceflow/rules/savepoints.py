@@ -11,6 +11,7 @@ that writes nothing (onceflow.rules.ledger.Decision.CATCH_UP); see `plan_restore
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,55 @@ _FULL, _INCREMENT = {"snapshot", "zip"}, {"delta", "changelog"}
 
 class SavepointError(RuntimeError):
     """A savepoint cannot be taken, verified or restored; the message says why and what to do."""
+
+
+# ---------------------------------------------------------------------------- savepoint ids
+# What onceflow.apps.savepoints.new_id generates: sp-<UTC YYYYMMDD>T<HHMMSS><millis>Z-b<ledger batch>. Ids come
+# from operators (CLI, DAG Params, the console) and are joined to a storage path, so nothing else is accepted.
+# `$(?!\n)`, not `$`: Python's `$` also matches before a trailing newline (jsonschema validates Params with
+# re.search); the lookahead keeps the pattern valid ECMA regex for the Airflow UI.
+_ID_BODY = r"sp-[0-9]{8}T[0-9]{9}Z-b[0-9]{1,19}"
+SAVEPOINT_ID_PATTERN = rf"^{_ID_BODY}$(?!\n)"
+# where a caller also accepts `latest` (the newest complete savepoint)
+SAVEPOINT_REF_PATTERN = rf"^(?:latest|{_ID_BODY})$(?!\n)"
+LATEST = "latest"
+ID_MAX_LEN = 64  # longer than any id the pattern allows; checked first so a huge input is not echoed back
+_ID_RE = re.compile(SAVEPOINT_ID_PATTERN, re.ASCII)
+_ID_FORM = "sp-<YYYYMMDD>T<HHMMSSmmm>Z-b<ledger batch>, e.g. sp-20261122T010000000Z-b5 (`onceflow savepoint list`)"
+
+
+class SavepointIdError(SavepointError, ValueError):
+    """Not a savepoint id onceflow generates (or `latest` where that is accepted)."""
+
+
+def check_id(sp_id: object, allow_latest: bool = False) -> str:
+    """`sp_id` if it is a savepoint id exactly as onceflow generates them (or `latest`, if allowed); else raise
+    SavepointIdError. No path separators, `..`, schemes, whitespace or control characters can get through."""
+    if isinstance(sp_id, str) and allow_latest and sp_id == LATEST:
+        return sp_id
+    if isinstance(sp_id, str) and len(sp_id) <= ID_MAX_LEN and _ID_RE.fullmatch(sp_id):
+        return sp_id
+    shown = repr(sp_id) if not isinstance(sp_id, str) or len(sp_id) <= ID_MAX_LEN else f"{sp_id[:ID_MAX_LEN]!r}..."
+    raise SavepointIdError(
+        f"invalid savepoint id {shown}: a savepoint id is {_ID_FORM}" + (", or 'latest'" if allow_latest else "")
+    )
+
+
+def _norm_uri(uri: str) -> str:
+    scheme, sep, path = uri.partition("://") if "://" in uri else ("", "", uri)
+    return f"{scheme}{sep}{posixpath.normpath(path) if path else ''}"
+
+
+def savepoint_uri(root: str, sp_id: str) -> str:
+    """The URI of savepoint `sp_id` under the savepoints root `root`, after checking the id; and (whatever the
+    pattern allows) only if it normalises to a direct child of the root."""
+    sp_id = check_id(sp_id)
+    root = root.rstrip("/")
+    uri = f"{root}/{sp_id}"
+    parent, _, name = _norm_uri(uri).rpartition("/")
+    if name != sp_id or parent != _norm_uri(root):
+        raise SavepointIdError(f"savepoint id {sp_id!r} does not name a directory directly under {root}")
+    return uri
 
 
 # ---------------------------------------------------------------------------- which files
