@@ -178,10 +178,13 @@ def cmd_show(args, s: config.Settings) -> int:
         "sink": s.sink_topic,
         "dlq": s.dlq_topic,
         "ledger": s.ledger_topic,
-        "events": s.events_topic,
         "source": s.source_topic,
-    }[args.what]
-    msgs = kafka_reading.read_topic(s, topic)
+    }.get(args.what)
+    if topic is None:  # events: the job's own and the shared ones, merged by time
+        both = (m for t in (s.job_events_topic, s.events_topic) for m in kafka_reading.read_topic(s, t))
+        msgs = sorted(both, key=lambda m: m.timestamp_ms)
+    else:
+        msgs = kafka_reading.read_topic(s, topic)
     for m in msgs[-args.limit :] if args.limit else msgs:
         value = m.value.decode(errors="replace") if m.value is not None else None
         if args.what == "dlq":
@@ -274,6 +277,16 @@ def cmd_savepoint(args, s: config.Settings) -> int:
     else:
         _print(savepoints.checkpoint_stats(s), args.json)
     return 0
+
+
+def _savepoint_id(value: str) -> str:
+    """argparse type: refuse anything but a savepoint id (or 'latest') before any command runs (exit 2)."""
+    from onceflow.rules.savepoints import SavepointIdError, check_id
+
+    try:
+        return check_id(value, allow_latest=True)
+    except SavepointIdError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _need_id(args) -> str:
@@ -502,7 +515,7 @@ def parser() -> argparse.ArgumentParser:
         "rotate: create + verify + prune + report, as the rotation DAG does; stats: the "
         "checkpoint's size",
     )
-    sp.add_argument("id", nargs="?", help="a savepoint id, or 'latest'")
+    sp.add_argument("id", nargs="?", type=_savepoint_id, help="a savepoint id, or 'latest'")
     sp.add_argument("--stop", action="store_true", help="create: stop-with-savepoint")
     sp.add_argument(
         "--allow-rewind",

@@ -45,7 +45,10 @@ class Settings:
     sink_topic: str = "ip_count_sink"
     dlq_topic: str = "ip_count_dlq"
     ledger_topic: str = "ip_count_ledger"
-    events_topic: str = "onceflow_events"
+    events_topic: str = "onceflow_events"  # shared: savepoints, restores, quarantines, backfills
+    # The job's own facts (its driver's and supervisor's events: wire.JOB_EVENTS), per app; only the job's principal
+    # may write it, so nothing else can forge them (docs/security.md).
+    job_events_topic: str = "ip_count_events"
     alerts_topic: str = "onceflow_alerts"
     health_topic: str = "onceflow_health"
     reconciliation_topic: str = "onceflow_reconciliation"
@@ -152,6 +155,10 @@ class Settings:
     reconcile_max_batches: int = 2000
     spark_conn_id: str = "spark_default"  # Airflow connection: Spark master / deploy mode
     airflow_port: int = 8080
+    # The address the embedded stack's servers (Airflow's api-server, the Spark standalone master and workers
+    # and their web UIs) and a Spark driver on this machine (local[...] or a loopback spark:// master) bind: an
+    # IP address. Loopback by default; 0.0.0.0 (or ::) opens them to the network (docs/security.md).
+    listen_host: str = "127.0.0.1"
     health_progress_threshold_s: float = 120.0  # no committed batch for this long while input waits = stalled
     checkpoint_freshness_threshold_s: float = 600.0
     health_restart_attempts: int = 3  # restarts by the health check per window, then page
@@ -400,6 +407,22 @@ class Settings:
             f"{ENV_PREFIX}KAFKA_SASL_MECHANISM is SCRAM-SHA-512 or SCRAM-SHA-256, got {self.kafka_sasl_mechanism!r}",
         )
         need(self.brokers >= 1, f"{ENV_PREFIX}BROKERS must be >= 1, got {self.brokers}")
+        # one topic per job: a topic named twice would mix records of different kinds (a job fact read as a shared
+        # event, a ledger record as output); the ACLs, too, are granted per topic (docs/security.md)
+        topics = {f: getattr(self, f) for f in TOPIC_FIELDS}
+        shared = sorted({v for v in topics.values() if list(topics.values()).count(v) > 1})
+        need(
+            not shared,
+            "each topic setting names its own topic; named twice: "
+            + ", ".join(
+                f"{v!r} ({' and '.join(ENV_PREFIX + f.upper() for f in topics if topics[f] == v)})" for v in shared
+            ),
+        )
+        need(
+            _is_ip(self.listen_host),
+            f"{ENV_PREFIX}LISTEN_HOST is the IP address the embedded servers bind (127.0.0.1, or 0.0.0.0 to open "
+            f"them to the network), got {self.listen_host!r}",
+        )
         need(self.cores_max >= 0, f"{ENV_PREFIX}CORES_MAX must be >= 0 (0: every core), got {self.cores_max}")
         need(self.deploy_mode in ("client", "cluster"), f"{ENV_PREFIX}DEPLOY_MODE is client or cluster")
         need(
@@ -430,6 +453,30 @@ class Settings:
                 f"{ENV_PREFIX}BOOTSTRAP_SERVERS must be host:port[,host:port], got {self.bootstrap_servers!r}"
             ) from None
         check_transaction_timeout(self.transaction_timeout_ms, self.broker_transaction_max_timeout_ms)
+
+
+TOPIC_FIELDS = (
+    "source_topic",
+    "sink_topic",
+    "dlq_topic",
+    "ledger_topic",
+    "events_topic",
+    "job_events_topic",
+    "alerts_topic",
+    "health_topic",
+    "reconciliation_topic",
+    "backfill_topic",
+)
+
+
+def _is_ip(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def check_transaction_timeout(job_timeout_ms: int, broker_max_ms: int) -> None:

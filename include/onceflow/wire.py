@@ -1,6 +1,6 @@
 """The wire contract: what onceflow writes that other programs read, named once.
 
-Header names on the records the job, backfills and operator actions write; the event types on the events topic;
+Header names on the records the job, backfills and operator actions write; the event types on the events topics;
 the kinds of output rows and of ledger records; the streaming job's exit codes and what the supervisor does with
 each; the base exception. Consumers (the console, an auditor's script, a downstream job merging a backfill) rely
 on these names; changing one is a breaking change of the platform's contract (docs/design.md).
@@ -37,7 +37,7 @@ LEDGER_BACKFILL = "backfill"  # one committed chunk of a backfill
 LEDGER_RESTORE = "restore"  # a savepoint restore (an operator action)
 LEDGER_QUARANTINE = "quarantine"  # quarantined source offsets (an operator action)
 
-# ---------------------------------------------------------------------------- events (topic onceflow_events)
+# ---------------------------------------------------------------------------- events (onceflow.kafka.events)
 JOB_STARTED = "job_started"
 JOB_STOPPED = "job_stopped"
 JOB_FAILED = "job_failed"
@@ -61,6 +61,31 @@ RECORDS_QUARANTINED = "records_quarantined"
 BACKFILL_STARTED = "backfill_started"
 BACKFILL_CHUNK = "backfill_chunk_committed"
 BACKFILL_DONE = "backfill_done"
+
+# The job's own facts: what the streaming job's processes (driver, supervisor) emit, on the app's job events topic
+# (Settings.job_events_topic), which only the job's principal may write. Readers trust these types from that topic
+# only (onceflow.kafka.events.read); every other type is on the shared events topic (Settings.events_topic).
+JOB_EVENTS = frozenset(
+    {
+        JOB_STARTED,
+        JOB_STOPPED,
+        JOB_FAILED,
+        BATCH_COMMITTED,
+        BATCH_REPLAY_SKIPPED,
+        PROGRESS,
+        TRANSACTION_NEAR_TIMEOUT,
+        TRANSACTION_TIMEOUT,
+        TRANSACTION_OUTCOME_UNKNOWN,
+        PRODUCER_REPLACED,
+        FENCED,
+        DIVERGENT_HISTORY,
+        GROUP_OFFSETS_LOST,
+        SUPERVISOR_RESTART,
+        SUPERVISOR_GAVE_UP,
+    }
+)
+# Emitted by the job and by backfills, each on its own topic (a test's injected fault).
+ANY_ROLE_EVENTS = frozenset({FAULT_INJECTED})
 
 # ---------------------------------------------------------------------------- the streaming job's exit codes
 # The supervisor sees the driver's code through spark-submit's JVM, so none may be one the JVM uses itself: 3 is

@@ -45,6 +45,10 @@ def env(s: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        # the api-server (UI, REST and execution API) binds the embedded stack's listen address: loopback unless
+        # ONCEFLOW_LISTEN_HOST opens it; the scheduler's and triggerer's log servers are not started
+        # (onceflow_dev.airflow_standalone)
+        "AIRFLOW__API__HOST": s.listen_host,
         "AIRFLOW__API__PORT": str(s.airflow_port),
         "AIRFLOW__API__BASE_URL": f"http://localhost:{s.airflow_port}",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
@@ -99,9 +103,20 @@ def password(s: Settings) -> str:
     return json.loads(f.read_text())[USER]
 
 
+def local_url(s: Settings) -> str:
+    """The api-server as this machine reaches it: at the address it binds (ONCEFLOW_LISTEN_HOST), or loopback when
+    that is every interface."""
+    import ipaddress
+
+    addr = ipaddress.ip_address(s.listen_host)
+    if addr.is_unspecified:
+        return f"http://127.0.0.1:{s.airflow_port}"
+    return f"http://[{addr}]:{s.airflow_port}" if addr.version == 6 else f"http://{addr}:{s.airflow_port}"
+
+
 def _healthy(s: Settings) -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{s.airflow_port}/api/v2/monitor/health", timeout=3) as r:
+        with urllib.request.urlopen(f"{local_url(s)}/api/v2/monitor/health", timeout=3) as r:
             return r.status == 200
     except OSError:
         return False
@@ -124,7 +139,7 @@ def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env
             _airflow(s, "connections", "delete", conn_id, check=False, extra=extra_env)
             _airflow(s, "connections", "add", conn_id, "--conn-json", json.dumps(spec), extra=extra_env)
         proc = procs.spawn_detached(
-            [sys.executable, "-m", "airflow", "standalone"],
+            [sys.executable, "-m", "onceflow_dev.airflow_standalone"],  # `airflow standalone`, no log servers
             s.log_dir / "airflow.log",
             env=env(s, kafka_env(s) | (extra_env or {})),
         )
@@ -155,7 +170,7 @@ def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env
 
 def client(s: Settings) -> AirflowClient:
     """A REST client of the embedded Airflow, logged in as its admin user."""
-    return AirflowClient(f"http://127.0.0.1:{s.airflow_port}", USER, password(s))
+    return AirflowClient(local_url(s), USER, password(s))
 
 
 def down(s: Settings) -> bool:

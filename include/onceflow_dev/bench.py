@@ -97,6 +97,7 @@ def _settings(base: config.Settings, app: str, source: str, spec: BenchSpec, **o
                 "dlq_topic": f"{app}.dlq",
                 "ledger_topic": f"{app}.ledger",
                 "events_topic": f"{app}.events",
+                "job_events_topic": f"{app}.job_events",
                 "alerts_topic": f"{app}.alerts",
                 "health_topic": f"{app}.health",
                 "reconciliation_topic": f"{app}.recon",
@@ -444,12 +445,7 @@ def recovery_summary(runs: list[dict]) -> dict:
 
 
 def _events(s, type_):
-    # onceflow's events always carry a value
-    return [
-        e
-        for e in (json.loads(cast(bytes, m.value)) for m in kafka_reading.read_topic(s, s.events_topic))
-        if e["type"] == type_
-    ]
+    return ev.read(s, {type_})  # from the topic the type lives on (the job's facts: the job events topic)
 
 
 # ---------------------------------------------------------------------------- the run

@@ -47,7 +47,10 @@ def _rows(n: int) -> Iterator[OutRecord]:
 def _app(base: config.Settings, name: str) -> config.Settings:
     s = base.replace(
         app_id=name,
-        **{f"{k}_topic": f"{name}.{k}" for k in ("source", "sink", "dlq", "ledger", "events", "alerts", "health")},
+        **{
+            f"{k}_topic": f"{name}.{k}"
+            for k in ("source", "sink", "dlq", "ledger", "events", "job_events", "alerts", "health")
+        },
         backfill_topic=f"{name}.backfill",
         reconciliation_topic=f"{name}.recon",
     )
@@ -83,7 +86,7 @@ def run_producer(s: config.Settings, n: int) -> float:
 
 
 def run_sink(s: config.Settings, n: int, rows=None) -> float:
-    sink = ExactlyOnceSink(s, ev.EventBus(s))
+    sink = ExactlyOnceSink(s, ev.EventBus.for_job(s))
     try:
         t0 = time.monotonic()
         out = sink.write_batch(_plan(s), rows if rows is not None else _rows(n))

@@ -93,6 +93,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         dlq_topic="chaos.dlq",
         ledger_topic="chaos.ledger",
         events_topic="chaos.events",
+        job_events_topic="chaos.job_events",
         alerts_topic="chaos.alerts",
         health_topic="chaos.health",
         reconciliation_topic="chaos.recon",
@@ -205,12 +206,8 @@ def run(spec: ChaosSpec, var_dir) -> dict:
 
 
 def events_of(s, type_: str) -> list[dict]:
-    # onceflow's events always carry a value
-    return [
-        e
-        for e in (json.loads(cast(bytes, m.value)) for m in kafka_reading.read_topic(s, s.events_topic))
-        if e["type"] == type_
-    ]
+    """The app's events of one type, from the topic it lives on (the job's facts: the job events topic)."""
+    return ev.read(s, {type_})
 
 
 def kill_running_job(s, after_ms: int = 0, timeout: float = 300.0) -> bool:

@@ -92,7 +92,7 @@ def settings_for(var_dir: Path, spec: ClusterChaosSpec) -> config.Settings:
         app_id="chaos",
         **{
             f"{k}_topic": f"chaos.{k}"
-            for k in ("source", "sink", "dlq", "ledger", "events", "alerts", "health", "backfill")
+            for k in ("source", "sink", "dlq", "ledger", "events", "job_events", "alerts", "health", "backfill")
         },
         reconciliation_topic="chaos.recon",
         trigger_interval_s=1.0,

@@ -122,7 +122,7 @@ def run(spec: SoakSpec, var_dir) -> dict:
         app_id="soak",
         **{
             f"{k}_topic": f"soak.{k}"
-            for k in ("source", "sink", "dlq", "ledger", "events", "alerts", "health", "backfill")
+            for k in ("source", "sink", "dlq", "ledger", "events", "job_events", "alerts", "health", "backfill")
         },
         reconciliation_topic="soak.recon",
         airflow_port=procs.free_port(),

@@ -6,6 +6,7 @@ this machine); on a real cluster it is HDFS or S3A (docs/cluster.md)."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from pathlib import Path
 from urllib.parse import urlparse
@@ -51,7 +52,17 @@ def _spawn(settings: Settings, name: str, args: list[str]) -> int:
     env = launcher.submit_env(settings.without_kafka_credentials()) | {
         "SPARK_LOG_DIR": str(home(settings) / "logs"),
         "SPARK_NO_DAEMONIZE": "1",
+        # The master's REST submission server (on by default in Spark 4, port 6066 on every interface without
+        # SPARK_LOCAL_IP) accepts unauthenticated submissions, and onceflow submits in client mode: off.
+        "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
     }
+    # --host binds the RPC endpoints; the web UIs (master, workers) bind SPARK_LOCAL_IP, or every interface without
+    # it. The embedded stack's listen address (loopback unless ONCEFLOW_LISTEN_HOST opens it) for all of them; the
+    # executors a worker starts inherit it.
+    if not ipaddress.ip_address(settings.listen_host).is_unspecified:
+        env["SPARK_LOCAL_IP"] = settings.listen_host
+    else:
+        env.pop("SPARK_LOCAL_IP", None)
     proc = procs.spawn_detached([_spark_class(), *args], home(settings) / f"{name}.log", env=env)
     procs.write_pidfile(_pidfile(settings, name), proc.pid, args[0])
     return proc.pid
@@ -65,7 +76,9 @@ def start(settings: Settings, workers: int, worker_memory: str = "4g", cores: in
     home(settings).mkdir(parents=True, exist_ok=True)
     if not procs.read_pidfile(_pidfile(settings, "master")):
         ui = procs.free_port()
-        (home(settings) / "master.ui").write_text(f"{host} {ui}")
+        # the UI binds the listen address (_spawn), or every interface: reachable at the master's host then
+        ui_host = host if ipaddress.ip_address(settings.listen_host).is_unspecified else settings.listen_host
+        (home(settings) / "master.ui").write_text(f"{ui_host} {ui}")
         (home(settings) / "master.url").write_text(settings.master)
         _spawn(settings, "master", [MASTER_CLASS, "--host", host, "--port", str(port), "--webui-port", str(ui)])
     for i in range(1, workers + 1):

@@ -53,7 +53,7 @@ def platform(kafka, tmp_path_factory):
         app_id=APP,
         **{
             f"{k}_topic": f"{APP}.{k}"
-            for k in ("source", "sink", "dlq", "ledger", "events", "alerts", "health", "backfill")
+            for k in ("source", "sink", "dlq", "ledger", "events", "job_events", "alerts", "health", "backfill")
         },
         reconciliation_topic=f"{APP}.recon",
         var_dir=var,
@@ -394,14 +394,18 @@ def _http_status(url: str) -> int:
         return e.code
 
 
-def _new_run(api, dag_id: str, seen: set, timeout: float = 120) -> dict:
-    """The run of `dag_id` the console just triggered (one not in `seen`), once it exists."""
-    return procs.wait_until(
-        lambda: next((r for r in api.runs(dag_id) if r["dag_run_id"] not in seen), None),
-        timeout,
-        interval=2,
-        what=f"a run of {dag_id} triggered from the console",
-    )
+def _new_run(api, dag_id: str, seen: set, page, timeout: float = 120) -> dict:
+    """The run of `dag_id` the console just triggered (one not in `seen`), once it exists; else what the console's
+    flash line says (a refused trigger names its reason there)."""
+    try:
+        return procs.wait_until(
+            lambda: next((r for r in api.runs(dag_id) if r["dag_run_id"] not in seen), None),
+            timeout,
+            interval=2,
+            what=f"a run of {dag_id} triggered from the console",
+        )
+    except TimeoutError as e:
+        raise AssertionError(f"{e}; the console says: {page.inner_text('#flash')!r}") from None
 
 
 def test_the_operator_console_in_a_real_browser(platform):
@@ -454,7 +458,7 @@ def test_the_operator_console_in_a_real_browser(platform):
         page.fill("input[name=end_offsets]", json.dumps(ends))
         page.get_by_role("button", name="Start").click()
         page.get_by_text("of ip_count_backfill triggered").wait_for(timeout=60_000)
-        backfill_run = _new_run(api, "ip_count_backfill", seen)
+        backfill_run = _new_run(api, "ip_count_backfill", seen, page)
         assert backfill_run["triggering_user_name"] == info["user"]
         assert "onceflow console" in (backfill_run.get("note") or "")
 
@@ -465,7 +469,7 @@ def test_the_operator_console_in_a_real_browser(platform):
         # verify the oldest: a rotation run with action=verify, and its verdict shows
         seen = {r["dag_run_id"] for r in api.runs("ip_count_checkpoint_rotation")}
         page.click(f"[data-verify='{ids[-1]}']")
-        run = _new_run(api, "ip_count_checkpoint_rotation", seen)
+        run = _new_run(api, "ip_count_checkpoint_rotation", seen, page)
         assert api.wait_run("ip_count_checkpoint_rotation", run["dag_run_id"], timeout=300)["state"] == "success"
         assert savepoints.last_verification(s, ids[-1])["ok"]
         assert api.wait_run("ip_count_backfill", backfill_run["dag_run_id"], timeout=600)["state"] == "success"
@@ -494,7 +498,7 @@ def test_the_operator_console_in_a_real_browser(platform):
         ids = page.eval_on_selector_all("[data-restore]", "els => els.map(e => e.dataset.restore)")
         page.once("dialog", lambda d: d.accept())
         page.click(f"[data-restore='{ids[0]}']")
-        run = _new_run(api, "ip_count_deploy", seen)
+        run = _new_run(api, "ip_count_deploy", seen, page)
         assert run["conf"]["action"] == "restore" and run["conf"]["savepoint_id"] == ids[0]
         assert not run["conf"]["allow_rewind"] and run["triggering_user_name"] == info["user"]
         assert api.wait_run("ip_count_deploy", run["dag_run_id"], timeout=600)["state"] == "success"
@@ -517,7 +521,14 @@ def test_no_kafka_password_where_airflow_and_the_platform_write(platform):
 
     written = [json.dumps(api.get(f"/onceflow/api/{view}"), default=str) for view in CONSOLE_VIEWS]
     written += [Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") for pid, _ in session_processes()]
-    for topic in (s.events_topic, s.ledger_topic, s.alerts_topic, s.health_topic, s.reconciliation_topic):
+    for topic in (
+        s.events_topic,
+        s.job_events_topic,
+        s.ledger_topic,
+        s.alerts_topic,
+        s.health_topic,
+        s.reconciliation_topic,
+    ):
         written += [repr(m) for m in kafka_reading.read_topic(s, topic)]
     store = credentials.path(s)
     files = [f for f in s.var_dir.rglob("*") if f.is_file() and f != store and "tls" not in f.parts]
@@ -527,3 +538,34 @@ def test_no_kafka_password_where_airflow_and_the_platform_write(platform):
     known = credentials.ensure(s)
     for role in acls.ROLES:
         assert known[acls.username(s, role)] not in text, f"the {role}'s Kafka password is written somewhere"
+
+
+def test_nothing_the_platform_starts_listens_beyond_loopback(platform):
+    """Started as `make run` starts it, with the job running: no process of this session (Airflow's api-server,
+    scheduler, dag-processor, triggerer and their task processes, the job's supervisor, spark-submit, driver JVM and
+    Python workers, the broker) listens on anything but loopback (ONCEFLOW_LISTEN_HOST would open them)."""
+    s, _, _, _ = platform
+    from tests.conftest import session_processes
+
+    procs.wait_until(lambda: jobctl.status(s)["running"], 300, interval=2, what="the job to run")
+    # (and their descendants: a process renamed by setproctitle, as Airflow's api-server is, loses the session's
+    # token from the environment /proc shows)
+    pids = procs.with_descendants(pid for pid, _ in session_processes()) - _harness_jvm()
+    found = procs.listening_sockets(pids)
+    # the listing sees the platform: the api-server, the broker, the job's driver JVM (spark-submit's)
+    assert {s.airflow_port, s.bootstrap_host_port[1]} <= {x.port for x in found}, found
+    assert any("org.apache.spark.deploy.SparkSubmit" in procs.cmdline(x.pid) for x in found), found
+    beyond = [
+        f"pid {x.pid} ({procs.describe(x.pid)}) listens on {x.host}:{x.port}" for x in procs.beyond_loopback(pids)
+    ]
+    assert not beyond, "listening beyond loopback:\n" + "\n".join(beyond)
+
+
+def _harness_jvm() -> set[int]:
+    """The JVM of this pytest process's own Spark session (tests.conftest's `spark` fixture, when an earlier module
+    of the session started it): the test harness, not the platform."""
+    import pyspark
+
+    sc = pyspark.SparkContext._active_spark_context
+    proc = getattr(getattr(sc, "_gateway", None), "proc", None)
+    return {proc.pid} if proc is not None else set()

@@ -122,8 +122,10 @@ def assert_exact(s: Settings, sent: list[generator.Sent]) -> invariants.Report:
 
 
 def events(s: Settings, type_: str | None = None) -> list[dict]:
-    out = [json.loads(m.value) for m in kafka_reading.read_topic(harness(s), s.events_topic)]
-    return [e for e in out if type_ is None or e["type"] == type_]
+    """Every event on both events topics (the job's own and the shared one), whoever wrote it, merged by time."""
+    h = harness(s)
+    out = [json.loads(m.value) for t in (s.job_events_topic, s.events_topic) for m in kafka_reading.read_topic(h, t)]
+    return sorted((e for e in out if type_ is None or e["type"] == type_), key=lambda e: e["ts_ms"])
 
 
 def wait_event(s: Settings, type_: str, timeout: float = 120.0, count: int = 1) -> list[dict]:

@@ -60,7 +60,7 @@ def app_of(base: config.Settings, name: str, **kw) -> config.Settings:
         app_id=name,
         **{
             f"{k}_topic": f"{name}.{k}"
-            for k in ("source", "sink", "dlq", "ledger", "events", "alerts", "health", "backfill")
+            for k in ("source", "sink", "dlq", "ledger", "events", "job_events", "alerts", "health", "backfill")
         },
         reconciliation_topic=f"{name}.recon",
         **kw,
@@ -120,6 +120,8 @@ def test_the_job_on_spark_workers_loses_nothing_when_a_broker_and_a_worker_die(t
         jobctl.wait_running(s, timeout=300)
         feeder.start()
         jobctl.wait_for_commit(s, timeout=180)
+        # everything runs (three brokers, the master, two workers, their executors, the driver): all on loopback
+        assert not (beyond := _listening_beyond_loopback()), beyond
         # kill -9 the broker that leads the sink's first partition: the job keeps committing on the other two
         leader = cluster.describe(s)["topics"][s.sink_topic]["0"]["leader"]
         broker.kill(s, leader)
@@ -276,3 +278,15 @@ def _entries(s):
     from onceflow.apps import audit
 
     return audit.ledger_entries(s)
+
+
+def _listening_beyond_loopback() -> list[str]:
+    """What this session's processes listen on beyond loopback, but the JVM of this pytest process's own Spark
+    session (tests.conftest's `spark` fixture, the harness: alive when an earlier module started it)."""
+    import pyspark
+
+    from tests.conftest import session_processes
+
+    harness = getattr(getattr(pyspark.SparkContext._active_spark_context, "_gateway", None), "proc", None)
+    pids = procs.with_descendants(pid for pid, _ in session_processes()) - {harness.pid if harness else -1}
+    return [f"pid {x.pid} ({procs.describe(x.pid)}) listens on {x.host}:{x.port}" for x in procs.beyond_loopback(pids)]

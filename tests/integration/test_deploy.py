@@ -26,7 +26,7 @@ def test_preflight_refuses_when_another_driver_committed_recently(app):
         "pid": 4242,
         "batch": 17,
     }
-    p.produce(s.events_topic, key=s.app_id.encode(), value=json.dumps(other).encode())
+    p.produce(s.job_events_topic, key=s.app_id.encode(), value=json.dumps(other).encode())
     p.flush(10)
     with pytest.raises(deploy.DeployError, match="another driver of app .* committed batch 17 .* from elsewhere"):
         deploy.preflight_checks(s)
@@ -34,15 +34,15 @@ def test_preflight_refuses_when_another_driver_committed_recently(app):
     # commit it reports is ten minutes old.
     from onceflow.kafka import topics
 
-    old = s.replace(app_id=s.app_id + "_old", events_topic=s.events_topic + ".old")
+    old = s.replace(app_id=s.app_id + "_old", job_events_topic=s.job_events_topic + ".old")
     topics.ensure(old)
     p.produce(
-        old.events_topic,
+        old.job_events_topic,
         key=old.app_id.encode(),
         value=json.dumps(other | {"app": old.app_id, "ts_ms": int(time.time() * 1000) - 600_000}).encode(),
     )
     p.flush(10)
-    assert len(kafka_reading.read_topic(old, old.events_topic, since_ms=int(time.time() * 1000) - 60_000)) == 1
+    assert len(kafka_reading.read_topic(old, old.job_events_topic, since_ms=int(time.time() * 1000) - 60_000)) == 1
     assert jobctl.live_elsewhere(old) is None
 
 

@@ -33,6 +33,7 @@ def history(kafka, tmp_path_factory):
         dlq_topic=f"{name}.dlq",
         ledger_topic=f"{name}.ledger",
         events_topic=f"{name}.events",
+        job_events_topic=f"{name}.job_events",
         alerts_topic=f"{name}.alerts",
         health_topic=f"{name}.health",
         reconciliation_topic=f"{name}.recon",

@@ -82,6 +82,7 @@ def new_app(base: config.Settings, stem: str, **overrides) -> dict[str, config.S
         dlq_topic=f"{name}.dlq",
         ledger_topic=f"{name}.ledger",
         events_topic=f"{name}.events",
+        job_events_topic=f"{name}.job_events",
         alerts_topic=f"{name}.alerts",
         health_topic=f"{name}.health",
         reconciliation_topic=f"{name}.recon",
@@ -222,7 +223,14 @@ def test_exactly_once_under_kill9_on_least_privilege_and_no_secret_written(make_
     written = [cli.stdout, cli.stderr, sp.to_json()]
     for read in CONSOLE_SECTIONS:  # every section the console shows, read as the control plane's principal
         written.append(json.dumps(read(control), default=str))
-    for topic in (job.events_topic, job.ledger_topic, job.sink_topic, job.dlq_topic, job.reconciliation_topic):
+    for topic in (
+        job.events_topic,
+        job.job_events_topic,
+        job.ledger_topic,
+        job.sink_topic,
+        job.dlq_topic,
+        job.reconciliation_topic,
+    ):
         written += [repr(m) for m in kafka_reading.read_topic(admin, topic)]
     written += [cmd for _, cmd in session_processes()]
     for pid, _ in session_processes():
@@ -238,6 +246,53 @@ def test_exactly_once_under_kill9_on_least_privilege_and_no_secret_written(make_
         pw = a[role].kafka_password
         assert pw not in text, f"the {role}'s password is written somewhere the platform writes"
     assert jobctl.stop(job)
+
+
+def test_only_the_jobs_own_records_carry_its_facts_a_forged_commit_blocks_no_start(make_app):
+    """Issue 24: a `batch_committed` of the app written by another principal (a backfill's may write the shared
+    events topic) is not another live driver: deploy's preflight starts the job. The job's own events topic, the
+    only place its facts are read from, refuses every writer but the app's job: a backfill, the control plane,
+    another app's job."""
+    from onceflow.control import deploy
+    from onceflow.kafka import clients as kafka_clients
+
+    a = make_app("forged")
+    job, admin = a["job"], a["admin"]
+    forged = {
+        "type": wire.BATCH_COMMITTED,
+        "app": job.app_id,
+        "ts_ms": now_ms(),
+        "host": "elsewhere",
+        "pid": 4242,
+        "batch": 17,
+    }
+
+    def produce_as(s: config.Settings, topic: str) -> KafkaError | None:
+        p, got = kafka_clients.idempotent_producer(s), []
+        p.produce(
+            topic, key=job.app_id.encode(), value=json.dumps(forged).encode(), on_delivery=lambda e, m: got.append(e)
+        )
+        p.flush(30)
+        assert got, f"no delivery report for {topic}"
+        return got[0]
+
+    # the shared topic: a backfill may write it, and its forged commit blocks nothing
+    assert produce_as(a["backfill"], job.events_topic) is None
+    assert [json.loads(m.value)["batch"] for m in kafka_reading.read_topic(admin, job.events_topic)] == [17]
+    assert jobctl.live_elsewhere(job) is None
+    assert deploy.preflight_checks(job)["checkpoint"] == job.checkpoint
+    # the job's own events topic: refused to every principal but the job's, and nothing of it is visible
+    stranger = make_app("stranger")["job"]
+    for who in (a["backfill"], a["control"], stranger):
+        err = produce_as(who, job.job_events_topic)
+        assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, (who.kafka_username, err)
+    assert kafka_reading.read_topic(admin, job.job_events_topic) == []
+    from onceflow.kafka import events as ev
+
+    assert ev.read(a["control"], {wire.BATCH_COMMITTED}) == []  # the console's, health's, the watch's reader
+    # the job's own record is the job's fact: another live driver
+    assert produce_as(job, job.job_events_topic) is None
+    assert jobctl.live_elsewhere(job)["batch"] == 17
 
 
 CONSOLE_SECTIONS = (

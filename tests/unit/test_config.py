@@ -110,3 +110,17 @@ def test_the_coordinator_partition_is_kafkas():
         cluster.coordinator_partition("onceflow.ip_count", 50)
         == abs(cluster.java_string_hash("onceflow.ip_count")) % 50
     )
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"job_events_topic": "onceflow_events"},  # the job's facts on the shared topic any role writes
+        {"dlq_topic": "ip_count_sink"},
+        {"backfill_topic": "ip_count_ledger"},
+    ],
+)
+def test_a_topic_named_by_two_settings_is_refused_at_start(kw):
+    ((field, value),) = kw.items()
+    with pytest.raises(config.ConfigError, match=f"{value}.*{config.ENV_PREFIX}{field.upper()}"):
+        config.load(env={}, **kw)

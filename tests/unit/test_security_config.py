@@ -71,6 +71,7 @@ def test_each_role_is_allowed_what_its_code_uses_and_no_other_apps_resources():
         dlq_topic="o.dlq",
         ledger_topic="o.ledger",
         events_topic="o.events",
+        job_events_topic="o.job_events",
         alerts_topic="o.alerts",
         health_topic="o.health",
         reconciliation_topic="o.recon",
@@ -135,3 +136,109 @@ def test_each_airflow_role_takes_its_principal_from_its_connection_and_no_passwo
     assert orchestration.for_role(control, "job").kafka_password == "job-pw"  # health's restart
     argv = orchestration.spark_submit_argv(job)
     assert not any("job-pw" in a for a in argv)
+
+
+def test_only_the_job_may_write_its_events_topic_and_who_reads_it():
+    """The job's facts (a batch committed, progress, a transaction timed out) come from the job events topic, which
+    no principal but the app's job may write: not a backfill, not the control plane, not another app's job."""
+    s = config.load(env={})
+    assert s.job_events_topic != s.events_topic
+    rights = {
+        role: {a.operation for a in acls.required(s, role) if a.resource == "TOPIC" and a.name == s.job_events_topic}
+        for role in acls.ROLES
+    }
+    assert rights == {"job": {"WRITE", "READ"}, "backfill": set(), "control": {"READ"}, "reconcile": {"READ"}}
+    writers = {a.principal for a in acls.all_required(s) if a.name == s.job_events_topic and a.operation == "WRITE"}
+    assert writers == {acls.principal(s, "job")}
+    other = s.replace(app_id="other", job_events_topic="other_events", events_topic=s.events_topic)
+    assert not any(a.name == s.job_events_topic for a in acls.all_required(other))
+    # the shared topic: everyone else's events (the job's deploy actions: savepoints and restores)
+    shared = {
+        role: {a.operation for a in acls.required(s, role) if a.resource == "TOPIC" and a.name == s.events_topic}
+        for role in acls.ROLES
+    }
+    assert shared == {"job": {"WRITE"}, "backfill": {"WRITE"}, "control": {"READ", "WRITE"}, "reconcile": set()}
+
+
+def _msg(offset: int, value, key: bytes | None = b"ip_count", ts: int = 0):
+    from onceflow.kafka import reading
+
+    raw = value if value is None or isinstance(value, bytes) else json.dumps(value).encode()
+    return reading.Msg(0, offset, key, raw, {}, ts)
+
+
+def test_events_are_read_each_type_from_its_topic_only(monkeypatch):
+    """A job fact on the shared topic (forged by a backfill's or the control plane's principal) is never taken for
+    the job's; records not keyed by the app, not JSON or of another app are skipped; both topics merge by time."""
+    from onceflow import wire
+    from onceflow.kafka import events as ev
+    from onceflow.kafka import reading
+
+    s = config.load(env={})
+
+    def e(type_, ts, **kw):
+        return {"type": type_, "app": s.app_id, "ts_ms": ts, "host": "h", "pid": 1} | kw
+
+    topics = {
+        s.job_events_topic: [
+            _msg(0, e(wire.BATCH_COMMITTED, 10, batch=1)),
+            _msg(1, e(wire.PROGRESS, 11, batch=1)),
+            _msg(2, b"not json"),
+            _msg(3, None),
+            _msg(4, e(wire.FAULT_INJECTED, 12, fault="f")),
+            _msg(5, e(wire.SAVEPOINT_CREATED, 13)),  # not a job fact: not taken from here
+            _msg(6, e(wire.BATCH_COMMITTED, 30, batch=2)),
+        ],
+        s.events_topic: [
+            _msg(0, e(wire.BATCH_COMMITTED, 20, batch=99, host="elsewhere")),  # forged
+            _msg(1, e(wire.PROGRESS, 21, batch=99)),  # forged
+            _msg(2, e(wire.SAVEPOINT_CREATED, 22, id="sp")),
+            _msg(3, e(wire.BACKFILL_DONE, 23), key=b"other"),  # another app's key
+            _msg(4, e(wire.BACKFILL_DONE, 24) | {"app": "other"}),  # keyed by the app, but of another app
+            _msg(5, e(wire.FAULT_INJECTED, 25, fault="g")),
+            _msg(6, e(wire.BACKFILL_DONE, 26, id="b")),
+        ],
+    }
+    read = []
+
+    def read_topic(settings, topic, isolation="read_committed", timeout_s=120.0, since_ms=None):
+        read.append(topic)
+        return topics[topic]
+
+    monkeypatch.setattr(reading, "read_topic", read_topic)
+    committed = ev.read(s, {wire.BATCH_COMMITTED})
+    assert [x["batch"] for x in committed] == [1, 2] and read == [s.job_events_topic]
+    read.clear()
+    assert [x["batch"] for x in ev.read(s, [wire.PROGRESS])] == [1]
+    read.clear()
+    assert [x["id"] for x in ev.read(s, {wire.SAVEPOINT_CREATED})] == ["sp"] and read == [s.events_topic]
+    assert [x["fault"] for x in ev.read(s, {wire.FAULT_INJECTED})] == ["f", "g"]  # each from its writer's topic
+    assert [x["ts_ms"] for x in ev.read(s)] == [10, 11, 12, 22, 25, 26, 30]  # every type, merged by time
+    assert [x["ts_ms"] for x in ev.read(s, {wire.BACKFILL_DONE}, any_app=True)] == [23, 24, 26]
+    assert wire.BATCH_COMMITTED in wire.JOB_EVENTS and not wire.JOB_EVENTS & {
+        wire.SAVEPOINT_CREATED,
+        wire.SAVEPOINT_RESTORED,
+        wire.RECORDS_QUARANTINED,
+        wire.BACKFILL_STARTED,
+        wire.BACKFILL_DONE,
+    }
+
+
+def test_the_job_publishes_its_events_on_its_own_topic_everyone_else_on_the_shared_one():
+    from onceflow.kafka import events as ev
+
+    class Producer:
+        def __init__(self):
+            self.sent: list[str] = []
+
+        def produce(self, topic, key, value):
+            self.sent.append(topic)
+
+        def poll(self, _):
+            pass
+
+    s = config.load(env={})
+    job, other = Producer(), Producer()
+    ev.EventBus.for_job(s, job).emit("batch_committed")
+    ev.EventBus(s, other).emit("savepoint_created")
+    assert (job.sent, other.sent) == ([s.job_events_topic], [s.events_topic])

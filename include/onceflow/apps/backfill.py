@@ -84,6 +84,7 @@ def validate(settings: Settings, spec: br.Spec) -> br.Spec:
             settings.dlq_topic: "DLQ",
             settings.ledger_topic: "ledger",
             settings.source_topic: "source",
+            settings.job_events_topic: "events",
         },
         resolved=spec.by_time and bool(spec.start),
     )

@@ -11,7 +11,6 @@ check fails the run and alerts with the precise difference.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -24,6 +23,7 @@ from pyspark.sql import functions as F
 from onceflow import wire
 from onceflow.apps import audit, recon_chain, sink_quality
 from onceflow.config import Settings
+from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.rules import reconciliation as rr
 from onceflow.rules.checkpoint import parse_initial_offsets
@@ -456,20 +456,12 @@ def spark_dropped(settings: Settings, selected: list[LedgerEntry]) -> dict[int, 
         by_spark.setdefault(e.spark_batch if e.spark_batch is not None else e.batch, []).append(e)
     since = selected[0].commit_time_ms - MARGIN_MS
     got: dict[int, int] = {}
-    for m in kafka_reading.read_topic(settings, settings.events_topic, since_ms=since):
-        if m.value is None:
-            continue  # not an event (a null record), like any record that is not JSON
-        try:
-            d = json.loads(m.value)
-        except ValueError:
-            continue
-        if d.get("app") != settings.app_id or d.get("type") != "progress":
-            continue
+    for d in ev.read(settings, {wire.PROGRESS}, since_ms=since):  # the job's own events topic only
         if "ledger_batch" in d:  # the job names the ledger batch and the decision (a catch-up writes nothing)
             if d.get("decision") == "write" and any(e.batch == d["ledger_batch"] for e in selected):
                 got[d["ledger_batch"]] = int(d.get("rows_dropped_by_watermark") or 0)
             continue
-        cands = [e for e in by_spark.get(d.get("batch"), []) if e.commit_time_ms <= d["ts_ms"]]
+        cands = [e for e in by_spark.get(d.get("batch", -1), []) if e.commit_time_ms <= d["ts_ms"]]
         if cands:
             lb = max(cands, key=lambda e: e.commit_time_ms).batch
             got[lb] = int(d.get("rows_dropped_by_watermark") or 0)  # the last report of a batch wins

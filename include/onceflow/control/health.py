@@ -114,17 +114,8 @@ LATE_MIN_AGGREGATES = 20  # fewer aggregates over the window say nothing
 
 
 def recent_progress(settings: Settings, since_ms: int) -> list[dict]:
-    out = []
-    for m in kafka_reading.read_topic(settings, settings.events_topic, since_ms=since_ms, timeout_s=60):
-        if m.value is None:
-            continue  # not an event (a null record), like any record that is not JSON
-        try:
-            d = json.loads(m.value)
-        except ValueError:
-            continue
-        if d.get("app") == settings.app_id and d.get("type") == wire.PROGRESS:
-            out.append(d)
-    return out
+    """The job's progress events (from its own events topic only) since `since_ms`."""
+    return ev.read(settings, {wire.PROGRESS}, since_ms=since_ms, timeout_s=60)
 
 
 def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:

@@ -8,16 +8,16 @@ are pure; `open_transactions()` and `new_events()` do the reading.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from onceflow import wire
 from onceflow.config import Settings
 from onceflow.control import alerts
 from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 
 
@@ -178,32 +178,9 @@ def event_conditions(events: list[dict]) -> list[alerts.Condition]:
 
 
 def new_events(settings: Settings, types: set[str], timeout_s: float = 60.0) -> list[dict]:
-    """Events of this app not seen by the watch before (a consumer group remembers the position)."""
-    c = kafka_clients.read_committed_consumer(
-        settings, group_id=f"onceflow.txn_watch.{settings.app_id}", **{"enable.partition.eof": True}
-    )
-    try:
-        md = c.list_topics(settings.events_topic, timeout=10).topics[settings.events_topic]
-        parts = sorted(md.partitions)
-        committed = kafka_reading.committed(c, [TopicPartition(settings.events_topic, p) for p in parts])
-        start = [
-            TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
-            for tp in committed
-        ]
-        out, last = [], {}
-        for msg in kafka_reading.consume_to_end(c, start, timeout_s):
-            last[msg.partition()] = msg.offset() + 1
-            try:
-                e = json.loads(msg.value())
-            except ValueError:
-                continue
-            if e.get("app") == settings.app_id and e.get("type") in types:
-                out.append(e)
-        if last:
-            c.commit(offsets=[TopicPartition(settings.events_topic, p, o) for p, o in last.items()], asynchronous=False)
-        return out
-    finally:
-        c.close()
+    """The job's events of `types` not seen by the watch before (its consumer group remembers the position on the
+    job events topic, where the job's transaction events are)."""
+    return ev.read(settings, types, group=f"onceflow.txn_watch.{settings.app_id}", timeout_s=timeout_s)
 
 
 def watch(settings: Settings, sink: alerts.AlertSink, now_ms: int | None = None) -> dict:

@@ -3,14 +3,18 @@
 Each role of the platform authenticates as its own principal, `User:onceflow.<app>.<role>`, and is allowed
 exactly what its code does (docs/security.md lists the same table, rendered by `commands`):
 
-- job: reads the source, writes sink, DLQ, ledger and events inside its own transactional id, commits the
-  source offsets to its own group (and reads the ledger and its events back on start).
+- job: reads the source, writes sink, DLQ and ledger inside its own transactional id, commits the source offsets
+  to its own group, is the only writer of its job events topic (and reads the ledger and its events back on start).
 - backfill: reads the source and the ledger, writes its target topics and the ledger, with its own
-  transactional-id prefix and group prefix.
-- control (the Airflow DAGs and the console): describes everything of the app, reads the ledger, events, sink,
-  DLQ and reconciliation results, writes alerts and health.
+  transactional-id prefix and group prefix, and its events on the shared events topic.
+- control (the Airflow DAGs and the console): describes everything of the app, reads the ledger, both events
+  topics, sink, DLQ and reconciliation results, writes alerts, health and the shared events topic.
 - reconcile: reads everything it proves; writes nothing but its own results (the reconciliation topic, in its
   own transactional id, with its own group).
+
+Only the job may write the job events topic: the job's facts (wire.JOB_EVENTS: a batch committed, progress, a
+transaction timed out) that deploy, health, the reconciliation, the transaction watch and the console trust are
+read from there only (onceflow.kafka.events.read), so no other principal, and no other app's job, can forge them.
 
 Pure data: onceflow.kafka.security applies it (users and ACL bindings) and checks a principal's rights.
 """
@@ -86,10 +90,12 @@ def required(settings: Settings, role: str) -> list[Acl]:
     if role == "job":
         return [
             topic(s.source_topic, "READ"),
-            *(topic(t, "WRITE") for t in (s.sink_topic, s.dlq_topic, s.ledger_topic, s.events_topic)),
+            *(topic(t, "WRITE") for t in (s.sink_topic, s.dlq_topic, s.ledger_topic, s.job_events_topic)),
+            # the shared events: the savepoint and restore events of deploy's upgrade and restore, which run as the job
+            topic(s.events_topic, "WRITE"),
             topic(s.ledger_topic, "READ"),
             # deploy's preflight: a batch committed recently by a driver elsewhere is another live instance
-            topic(s.events_topic, "READ"),
+            topic(s.job_events_topic, "READ"),
             topic(s.dlq_topic, "DESCRIBE_CONFIGS"),  # preflight: a DLQ copy fits the topic's record limit
             group(s.group_id),
             group(f"{s.group_id}.ledger"),
@@ -120,6 +126,7 @@ def required(settings: Settings, role: str) -> list[Acl]:
                     s.dlq_topic,
                     s.ledger_topic,
                     s.events_topic,
+                    s.job_events_topic,
                     s.alerts_topic,
                     s.health_topic,
                     s.reconciliation_topic,
@@ -137,13 +144,13 @@ def required(settings: Settings, role: str) -> list[Acl]:
         return [
             *(
                 topic(t, "READ")
-                # the events: Spark's own count of rows dropped as late, which the late rule is checked against
+                # the job's events: Spark's own count of rows dropped as late, which the late rule is checked against
                 for t in (
                     s.source_topic,
                     s.sink_topic,
                     s.dlq_topic,
                     s.ledger_topic,
-                    s.events_topic,
+                    s.job_events_topic,
                     s.reconciliation_topic,
                 )
             ),

@@ -35,6 +35,8 @@ def specs(settings: Settings) -> list[TopicSpec]:
         # One partition: the ledger is one ordered history per app (key = app id).
         TopicSpec(settings.ledger_topic, 1, {**common, "retention.ms": KEEP_FOREVER}),
         TopicSpec(settings.events_topic, 1, {**common, "retention.ms": WEEK_MS}),
+        # The job's own events (only its principal writes them: docs/security.md), kept like the shared ones.
+        TopicSpec(settings.job_events_topic, 1, {**common, "retention.ms": WEEK_MS}),
         # Only state changes are written here: the alert record the console shows, and the dedup state.
         TopicSpec(settings.alerts_topic, 1, {**common, "retention.ms": str(90 * 24 * 3600 * 1000)}),
         TopicSpec(settings.health_topic, 1, {**common, "retention.ms": WEEK_MS}),
@@ -73,7 +75,7 @@ def ensure(settings: Settings, timeout: float = 30.0) -> list[str]:
 def job_topics(settings: Settings) -> set[str]:
     """The topics the streaming job itself reads and writes (on a secured cluster, the only ones it may see)."""
     s = settings
-    return {s.source_topic, s.sink_topic, s.dlq_topic, s.ledger_topic, s.events_topic}
+    return {s.source_topic, s.sink_topic, s.dlq_topic, s.ledger_topic, s.job_events_topic}
 
 
 def check(settings: Settings, timeout: float = 10.0, only: set[str] | None = None) -> list[str]:

@@ -324,7 +324,7 @@ def warm_standby(settings: config.Settings) -> SparkSession | None:
 
 
 def run(settings: config.Settings) -> int:
-    bus = ev.EventBus(settings)
+    bus = ev.EventBus.for_job(settings)
     spark = None
     if standby.is_standby():
         spark = warm_standby(settings)

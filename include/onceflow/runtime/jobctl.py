@@ -14,7 +14,6 @@ import time
 from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
-from onceflow.kafka import reading as kafka_reading
 from onceflow.runtime import jvm, launcher, preflight, procs, standby, supervisor
 
 
@@ -112,17 +111,8 @@ def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | 
         return None  # the recent commits are this machine's own driver
     within_s = within_s or max(60.0, 6 * settings.trigger_interval_s)
     now_ms = int(time.time() * 1000)
-    for e in reversed(
-        kafka_reading.read_topic(settings, settings.events_topic, since_ms=now_ms - int(within_s * 1000))
-    ):
-        if e.value is None:
-            continue  # not an event (a null record), like any record that is not JSON
-        try:
-            d = json.loads(e.value)
-        except ValueError:
-            continue
-        if d.get("app") != settings.app_id or d.get("type") != wire.BATCH_COMMITTED:
-            continue
+    # the job's own events only: nobody but the job's principal can write one there
+    for d in reversed(ev.read(settings, {wire.BATCH_COMMITTED}, since_ms=now_ms - int(within_s * 1000))):
         pid = int(d.get("pid") or 0)
         if d.get("host") == socket.gethostname() and not (pid > 0 and procs.pid_alive(pid)):
             continue  # a driver of this machine that has exited (stopped or killed): history

@@ -39,7 +39,44 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # With close-out batches the job paces batches itself under a 0 trigger; when a paced batch finds no
         # new input Spark polls the source at this interval (its default, 10 ms, would poll Kafka 100 times/s).
         "spark.sql.streaming.pollingDelay": f"{poll_delay_ms(settings)}ms",
+        **driver_bind_conf(settings),
     }
+
+
+def driver_bind_conf(settings: Settings) -> dict[str, str]:
+    """Where a driver launched here listens: its RPC endpoint and its block manager (the only ports a driver opens
+    with the UI off; pyspark's py4j gateway and Python workers are on loopback by pyspark's own doing). When every
+    executor runs on this machine too, in local mode or on a standalone master at a loopback address (the embedded
+    cluster), they bind the embedded stack's listen address (ONCEFLOW_LISTEN_HOST): loopback unless it opens them.
+    On any other cluster Spark's defaults stay (the driver binds and advertises this host's address): executors on
+    other machines must reach the driver, which a loopback address would make impossible; there the cluster's
+    network, not onceflow, decides who reaches the driver."""
+    import ipaddress
+
+    if not _executors_on_this_machine(settings.master):
+        return {}
+    if ipaddress.ip_address(settings.listen_host).is_unspecified:
+        return {"spark.driver.bindAddress": settings.listen_host}  # every interface; advertised: Spark's default
+    return {"spark.driver.host": settings.listen_host, "spark.driver.bindAddress": settings.listen_host}
+
+
+def _executors_on_this_machine(master: str) -> bool:
+    """local[...], or spark:// with every master (HA: host:port,host:port) at a loopback address."""
+    import ipaddress
+
+    if master == "local" or master.startswith("local["):
+        return True
+    if not master.startswith("spark://"):
+        return False
+    for hostport in master[len("spark://") :].split(","):
+        host = hostport.rsplit(":", 1)[0].strip("[]")
+        if host != "localhost":
+            try:
+                if not ipaddress.ip_address(host).is_loopback:
+                    return False
+            except ValueError:
+                return False  # a host name: some machine's
+    return True
 
 
 def poll_delay_ms(settings: Settings) -> int:
@@ -173,6 +210,7 @@ def batch_conf(settings: Settings) -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.extraJavaOptions": conf_java_log(settings),
+        **driver_bind_conf(settings),
     }
 
 

@@ -7,9 +7,9 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -136,9 +136,9 @@ def signal_group(pid: int, sig: int) -> None:
             pass
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live processes of process group `pgid` (from /proc), zombies excluded."""
-    out = []
+def _live_stats() -> dict[int, list[str]]:
+    """Every live process's /proc/<pid>/stat fields after "pid (comm) ": state, ppid, pgrp, ... (zombies left out)."""
+    out = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -147,9 +147,18 @@ def group_members(pgid: int) -> list[int]:
                 stat = f.read().decode(errors="replace")
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            out.append(int(d))
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[0] != "Z":
+            out[int(d)] = fields
+    return out
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group `pgid` (from /proc), zombies excluded."""
+    out = []
+    for pid, fields in _live_stats().items():
+        if int(fields[2]) == pgid:
+            out.append(pid)
     return out
 
 
@@ -176,3 +185,95 @@ def stop_process(pid: int, timeout: float = 30.0, group: bool = True) -> bool:
                 pass
             wait_until(lambda: not group_members(pid), 10, interval=0.2, what=f"process group {pid} to die")
     return graceful
+
+
+class Listener(NamedTuple):
+    """A TCP socket a process listens on."""
+
+    pid: int
+    host: str  # as the kernel reports it: 127.0.0.1, 0.0.0.0, ::, ::1, ::ffff:127.0.0.1
+    port: int
+
+
+def listening_sockets(pids: Iterable[int]) -> list[Listener]:
+    """The TCP sockets (IPv4 and IPv6) these processes listen on, from /proc: the kernel's tables of this network
+    namespace (/proc/net/tcp, tcp6: state 0A, LISTEN) matched by inode against each process's file descriptors. A
+    socket a child inherited is listed under each process holding it; a process that is gone or whose descriptors
+    cannot be read (another user's) is left out."""
+    listening: dict[str, tuple[str, int]] = {}  # socket inode -> (address, port)
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue  # no IPv6 in this kernel
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 9 and cols[3] == "0A":
+                addr, port = cols[1].split(":")
+                listening[cols[9]] = (_kernel_address(addr), int(port, 16))
+    out = []
+    for pid in sorted(set(pids)):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        inodes = set()
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in listening:
+                inodes.add(target[8:-1])
+        out += sorted(Listener(pid, *listening[i]) for i in inodes)
+    return out
+
+
+def _kernel_address(hex_addr: str) -> str:
+    """An address of /proc/net/tcp{,6}: hex of 32-bit words, each in the host's byte order."""
+    import socket
+    import sys
+
+    raw = bytes.fromhex(hex_addr)
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1, or an IPv4-mapped loopback address (::ffff:127.0.0.1)."""
+    import ipaddress
+
+    addr = ipaddress.ip_address(host)
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+def beyond_loopback(pids: Iterable[int]) -> list[Listener]:
+    """The TCP sockets these processes listen on at an address other than loopback."""
+    return [x for x in listening_sockets(pids) if not is_loopback(x.host)]
+
+
+def describe(pid: int, limit: int = 300) -> str:
+    """A process's command line for a message: a JVM's without its class path (which would hide its main class)."""
+    words = cmdline(pid).split()
+    return " ".join(w for i, w in enumerate(words) if not (i and words[i - 1] in ("-cp", "-classpath")))[:limit]
+
+
+def with_descendants(pids: Iterable[int]) -> set[int]:
+    """These processes and every live process descending from them (by parent pid, from /proc). A process that
+    renames itself (setproctitle, as Airflow's components do) overwrites the environment /proc shows for it: its
+    descent still finds it."""
+    children: dict[int, list[int]] = {}
+    for pid, fields in _live_stats().items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    out: set[int] = set()
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo += children.get(pid, [])
+    return out

@@ -146,7 +146,7 @@ class Launches:
 
 
 def supervise(settings: Settings, bus: ev.EventBus | None = None) -> int:
-    bus = bus or ev.EventBus(settings)
+    bus = bus or ev.EventBus.for_job(settings)
     stopping = threading.Event()
     env = launcher.submit_env(settings)
     argv = json.loads(os.environ[ARGV_ENV]) if os.environ.get(ARGV_ENV) else launcher.submit_argv(settings)

@@ -23,6 +23,7 @@ from onceflow.apps import recon_chain, savepoints
 from onceflow.config import Settings
 from onceflow.control import txnwatch
 from onceflow.control.console import views
+from onceflow.kafka import events as ev
 from onceflow.kafka import reading
 from onceflow.rules.ledger import LedgerEntry, parse_record
 from onceflow.runtime import jobctl, preflight
@@ -110,9 +111,8 @@ def _app_key(settings: Settings) -> Callable[[reading.Msg], bool]:
 
 
 def events(settings: Settings, types: tuple[str, ...], want: int = 200) -> list[dict[str, Any]]:
-    msgs, _ = reading.read_tail(settings, settings.events_topic, _app_key(settings), want=want * 5, max_scan=PAGE_SCAN)
-    out = [e for e in (_json(m) for m in msgs) if e and e.get("type") in types]
-    return out[-want:]
+    """The app's newest `want` events of `types`, the job's facts from its own events topic only (bounded)."""
+    return ev.read(settings, types, tail=want)
 
 
 def ledger_page(settings: Settings, size: int, before: int | None) -> tuple[list[LedgerEntry], int | None]:
