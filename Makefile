@@ -53,7 +53,7 @@ test-unit: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
 test-integration: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/integration tests/airflow
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests/integration tests/airflow
 
 ## test-secured: the exactly-once suite and the running-Airflow tests again, on a SASL/SCRAM + TLS broker with ACLs:
 ## each job on its least-privileged principal, the DAGs on theirs through Airflow connections, and no password

@@ -151,15 +151,15 @@ def cmd_where(args, s: config.Settings) -> int:
 
     st = jobctl.status(s)
     ui = (
-        f"  Airflow UI           http://localhost:{s.airflow_port}  user {airflow_local.USER}, password "
-        f"{airflow_local.password(s)}\n                       DAGs: {', '.join(airflow_local.ALL_DAGS)}\n"
+        f"  Airflow UI           http://localhost:{s.airflow_port}  user {airflow_local.USER}, password in "
+        f"{airflow_local.password_file(s)}\n                       DAGs: {', '.join(airflow_local.ALL_DAGS)}\n"
         if procs.read_pidfile(airflow_local.pidfile(s))
         else ""
     )
     print(f"""
 onceflow is running on the embedded stack.
 {ui}
-  Kafka (KRaft)        {s.bootstrap_servers}   topics: {s.source_topic} -> {s.sink_topic} (+ {s.dlq_topic}, {s.ledger_topic}, {s.events_topic})
+  Kafka (KRaft)        {s.bootstrap_servers}   topics: {s.source_topic} -> {s.sink_topic} (+ {s.dlq_topic}, {s.ledger_topic}, {s.job_events_topic}, {s.events_topic})
   job                  pid {st["job_pid"]}, last committed batch {st["last_batch"]}, checkpoint {s.checkpoint}
   job log              {st["log"]}
 Look at the results:
@@ -421,7 +421,7 @@ def cmd_airflow(args, s: config.Settings) -> int:
         info = airflow_local.up(s, trigger_deploy=not args.no_deploy)
         if not args.no_deploy:
             airflow_local.wait_job_started(s)
-        _print(info, args.json)
+        _print({k: v for k, v in info.items() if k != "password"}, args.json)  # where it is, not what it is
     else:
         _print({"stopped": airflow_local.down(s)}, args.json)
     return 0

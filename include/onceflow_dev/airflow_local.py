@@ -15,6 +15,7 @@ from pathlib import Path
 from onceflow.config import REPO_ROOT, Settings
 from onceflow.runtime import procs
 from onceflow_dev.airflow_client import AirflowApiError, AirflowClient
+from onceflow_dev.private_files import write_private
 
 DEPLOY_DAG = "ip_count_deploy"
 WATCH_DAGS = ("ip_count_health", "ip_count_txn_watch", "ip_count_checkpoint_rotation", "ip_count_reconciliation")
@@ -95,11 +96,15 @@ def kafka_env(s: Settings) -> dict[str, str]:
     return out
 
 
+def password_file(s: Settings) -> Path:
+    """The embedded Airflow's admin password (its simple auth manager's file): 0600, printed by nobody."""
+    return home(s) / "passwords.json"
+
+
 def password(s: Settings) -> str:
-    f = home(s) / "passwords.json"
+    f = password_file(s)
     if not f.exists():
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(json.dumps({USER: secrets.token_urlsafe(12)}))
+        write_private(f, json.dumps({USER: secrets.token_urlsafe(12)}))
     return json.loads(f.read_text())[USER]
 
 
@@ -162,7 +167,8 @@ def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env
     return {
         "url": f"http://localhost:{s.airflow_port}",
         "user": USER,
-        "password": pw,
+        "password": pw,  # for the caller; `onceflow airflow up` prints where it is instead
+        "password_file": str(password_file(s)),
         "airflow_home": str(home(s)),
         "log": str(s.log_dir / "airflow.log"),
     }

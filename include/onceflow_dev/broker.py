@@ -21,6 +21,7 @@ from pathlib import Path
 from onceflow.config import Settings
 from onceflow.kafka import acls
 from onceflow.runtime import jvm, procs
+from onceflow_dev.private_files import write_private
 
 log = logging.getLogger(__name__)
 MAIN_CLASS = "kafka.Kafka"
@@ -256,8 +257,8 @@ def start_node(settings: Settings, node_id: int, wait: bool = True, timeout: flo
         from onceflow_dev import tls
 
         tls.ensure(settings)
-    n.properties.touch(mode=0o600)  # the secured stack's holds the brokers' own password
-    n.properties.write_text("".join(f"{k}={v}\n" for k, v in server_properties(settings, n, quorum).items()))
+    # the secured stack's holds the brokers' own password
+    write_private(n.properties, "".join(f"{k}={v}\n" for k, v in server_properties(settings, n, quorum).items()))
     n.log4j.write_text(LOG4J2.format(log=n.server_log, level="INFO"))
     java = _java()
     jvm_opts = [
@@ -271,10 +272,9 @@ def start_node(settings: Settings, node_id: int, wait: bool = True, timeout: flo
         # the tool's arguments in a 0600 argument file the JVM reads (`java @file`): on a secured stack they carry
         # the admin's password, which a command line would show to every local user
         args = n.properties.with_name("format.args")
-        args.touch(mode=0o600)
         tool = ["kafka.tools.StorageTool", "format", f"--cluster-id={_cluster_id(settings)}", "-c", str(n.properties)]
         tool += ["--feature", "transaction.version=2", *_scram_bootstrap(settings)]
-        args.write_text("\n".join(_argfile_quote(a) for a in tool) + "\n")
+        write_private(args, "\n".join(_argfile_quote(a) for a in tool) + "\n")
         try:
             fmt = subprocess.run(
                 [java, *jvm_opts, "-cp", classpath, f"@{args}"], capture_output=True, text=True, timeout=120

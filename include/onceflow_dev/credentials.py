@@ -7,12 +7,12 @@ to fill the Airflow connections (onceflow_dev.airflow_local); no other part of t
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from pathlib import Path
 
 from onceflow.config import Settings
 from onceflow.kafka import acls
+from onceflow_dev.private_files import write_private
 
 
 def path(settings: Settings) -> Path:
@@ -27,11 +27,7 @@ def ensure(settings: Settings) -> dict[str, str]:
     if all(u in known for u in wanted):
         return known
     known |= {u: secrets.token_urlsafe(18) for u in wanted if u not in known}
-    f.parent.mkdir(parents=True, exist_ok=True)
-    tmp = f.with_suffix(".tmp")
-    tmp.write_text(json.dumps(known, indent=1))
-    os.chmod(tmp, 0o600)
-    tmp.replace(f)
+    write_private(f, json.dumps(known, indent=1))
     return known
 
 

@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 from onceflow.config import Settings
+from onceflow_dev.private_files import write_private
 
 BROKER_DN = "CN=onceflow-kafka"
 BROKER_PRINCIPAL = f"User:{BROKER_DN}"
@@ -53,8 +54,10 @@ def ensure(settings: Settings) -> Path:
     d.mkdir(parents=True)
     os.chmod(d, 0o700)
     pw = secrets.token_urlsafe(18)
-    (d / "store.password").write_text(pw)
-    os.chmod(d / "store.password", 0o600)
+    pw_file = d / "store.password"
+    write_private(pw_file, pw)
+    # keytool reads the password from that file (-storepass:file): it is on no command line
+    sp, kp = ("-storepass:file", str(pw_file)), ("-keypass:file", str(pw_file))
     ca, broker = d / "ca.p12", keystore(settings)
 
     def run(*args: str, stdin: str | None = None) -> str:
@@ -63,15 +66,15 @@ def ensure(settings: Settings) -> Path:
             raise TlsError(f"keytool {args[0]} failed: {r.stdout}{r.stderr}")
         return r.stdout
 
-    common = ("-storetype", "PKCS12", "-storepass", pw, "-keypass", pw, "-keyalg", "RSA", "-keysize", "2048")
+    common = ("-storetype", "PKCS12", *sp, *kp, "-keyalg", "RSA", "-keysize", "2048")
     run("-genkeypair", "-alias", "ca", "-dname", "CN=onceflow-ca", "-ext", "bc:c", "-validity", "3650",
         "-keystore", str(ca), *common)  # fmt: skip
-    ca_pem(settings).write_text(run("-exportcert", "-rfc", "-alias", "ca", "-keystore", str(ca), "-storepass", pw))
+    ca_pem(settings).write_text(run("-exportcert", "-rfc", "-alias", "ca", "-keystore", str(ca), *sp))
     run("-genkeypair", "-alias", "broker", "-dname", BROKER_DN, "-ext", SAN, "-validity", "3650",
         "-keystore", str(broker), *common)  # fmt: skip
-    csr = run("-certreq", "-alias", "broker", "-keystore", str(broker), "-storepass", pw)
+    csr = run("-certreq", "-alias", "broker", "-keystore", str(broker), *sp)
     signed = run(
-        "-gencert", "-alias", "ca", "-keystore", str(ca), "-storepass", pw, "-rfc", "-validity", "3650",
+        "-gencert", "-alias", "ca", "-keystore", str(ca), *sp, "-rfc", "-validity", "3650",
         "-ext", SAN, "-ext", "ku:c=digitalSignature,keyEncipherment", "-ext", "eku=serverAuth,clientAuth",
         stdin=csr,
     )  # fmt: skip
@@ -79,6 +82,6 @@ def ensure(settings: Settings) -> Path:
         if alias == "broker":
             pem.write_text(signed)
         run("-importcert", "-noprompt", "-alias", alias, "-file", str(pem), "-keystore", str(broker),
-            "-storepass", pw)  # fmt: skip
+            *sp)  # fmt: skip
     ca.unlink()  # the CA's key signs nothing more
     return ca_pem(settings)

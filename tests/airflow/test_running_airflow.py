@@ -27,11 +27,12 @@ from onceflow import config
 from onceflow.apps import audit, recon_chain, savepoints
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import topics
+from onceflow.kafka.events import EventBus
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import airflow_local
 from onceflow_dev.airflow_client import AirflowApiError
 from onceflow_dev.webhook_receiver import Receiver
-from tests.integration.helpers import produce
+from tests.integration.helpers import harness, produce
 
 pytestmark = pytest.mark.integration
 
@@ -434,8 +435,17 @@ def test_the_operator_console_in_a_real_browser(platform):
         assert "txn ms" in page.inner_text("#table") and page.locator("#charts svg").count() == 3
         shots["batches"] = page.screenshot(path=str(SCREENSHOTS / "console-batches.png"), full_page=True)
 
-        page.goto(f"{base}/onceflow/transactions", wait_until="networkidle")
+        # a record with markup in its fields, as anyone who may write the job's events topic could write it: shown
+        # as text, run never (escaped, typed, and the page's Content-Security-Policy would refuse it anyway)
+        hostile = '<img src=x onerror="window.__xss=1">'
+        bus = EventBus.for_job(harness(s))
+        bus.emit("transaction_timeout", flush=True, host=hostile, error=hostile, elapsed_ms=hostile, batch=hostile)
+        bus.close()
+        resp = page.goto(f"{base}/onceflow/transactions", wait_until="networkidle")
+        assert "script-src 'nonce-" in resp.headers["content-security-policy"]
         page.get_by_text("Alert history").wait_for(timeout=60_000)
+        page.wait_for_function(f"document.querySelector('#content').innerText.includes({json.dumps(hostile)})")
+        assert page.evaluate("window.__xss") is None and page.locator("#content img").count() == 0
         text = page.inner_text("#content")
         assert "transaction_timeout" in text and f"health:{s.app_id}:down" in text, text[:2000]
         shots["transactions"] = page.screenshot(path=str(SCREENSHOTS / "console-transactions.png"), full_page=True)
@@ -569,3 +579,34 @@ def _harness_jvm() -> set[int]:
     sc = pyspark.SparkContext._active_spark_context
     proc = getattr(getattr(sc, "_gateway", None), "proc", None)
     return {proc.pid} if proc is not None else set()
+
+
+def test_the_jobs_processes_hold_their_own_role_and_none_of_airflows_secrets(platform):
+    """The job as the deploy DAG started it (an Airflow task, which holds every role's connection and Airflow's own
+    settings): its supervisor, spark-submit, driver JVM and Python workers got an allow-listed environment, with the
+    job's settings and on the secured broker the job's password, and nothing of Airflow's (no AIRFLOW_CONN_*, no
+    AIRFLOW__*) nor another role's password."""
+    s, _, _, _ = platform
+    st = procs.wait_until(
+        lambda: (x := jobctl.status(s))["running"] and x.get("supervisor_pid") and x, 300, what="the job to run"
+    )
+    pids = procs.with_descendants([st["supervisor_pid"]])
+    assert len(pids) >= 3, pids  # the supervisor, spark-submit's JVM, the driver's Python
+    others: dict[str, str] = {}
+    if s.secured:
+        from onceflow.kafka import acls
+        from onceflow_dev import credentials
+
+        known = credentials.ensure(s)
+        others = {r: known[acls.username(s, r)] for r in acls.ROLES if r != "job"}
+    for pid in pids:
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue  # gone since
+        env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+        airflow = sorted(k for k in env if k.startswith("AIRFLOW"))
+        assert not airflow, f"pid {pid} ({procs.describe(pid)}) holds {airflow}"
+        assert env.get("ONCEFLOW_APP_ID") == s.app_id, procs.describe(pid)
+        for role, password in others.items():
+            assert password not in raw, f"pid {pid} ({procs.describe(pid)}) holds the {role}'s password"

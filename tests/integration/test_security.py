@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 
 from onceflow import config, wire
-from onceflow.apps import reconcile, savepoints
+from onceflow.apps import backfill, reconcile, savepoints
 from onceflow.config import ConfigError
 from onceflow.control.console import readers
 from onceflow.kafka import acls, security, topics
@@ -26,7 +26,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import transactional as tw
 from onceflow.kafka.clients import transactional_producer
 from onceflow.protocol.exactly_once import ExactlyOnceSink, TransactionConfigError
-from onceflow.runtime import jobctl, preflight
+from onceflow.runtime import jobctl, launcher, preflight, procs
 from onceflow_dev import broker, credentials, stack, tls
 from tests.conftest import free_port, session_processes
 
@@ -181,11 +181,16 @@ def test_preflight_names_the_missing_acl_and_the_job_does_not_start(make_app):
     assert security.missing(job, "job") == []
 
 
-def test_exactly_once_under_kill9_on_least_privilege_and_no_secret_written(make_app, spark, tmp_path):
+def test_exactly_once_under_kill9_on_least_privilege_and_no_secret_written(make_app, spark, tmp_path, monkeypatch):
     faults = "crash_before_produce@2,crash_after_commit@5"
     a = make_app("eos", max_offsets_per_trigger=4000, fault=faults)
     job, admin, recon, control = a["job"], a["admin"], a["reconcile"], a["control"]
     produced: dict = {}
+    # launched the way Airflow's tasks launch them: from a process holding every role's connection and Airflow's keys
+    for role in acls.ROLES:
+        uri = f"kafka://{a[role].kafka_username}:{a[role].kafka_password}@localhost"
+        monkeypatch.setenv(f"AIRFLOW_CONN_ONCEFLOW_KAFKA_{role.upper()}", uri)
+    monkeypatch.setenv("AIRFLOW__CORE__FERNET_KEY", "the-launchers-fernet-key")
 
     def feed():  # the upstream producer is another team's: here the admin
         produced["sent"] = produce(
@@ -211,6 +216,39 @@ def test_exactly_once_under_kill9_on_least_privilege_and_no_secret_written(make_
     assert {e["fault"] for e in events(admin, wire.FAULT_INJECTED)} == set(faults.split(","))
     res = reconcile.run(spark, recon, with_gx=False)  # the recount: reads all, writes nothing of the job's
     assert res.ok, [c.summary for c in res.failures()]
+
+    # each process holds its own role only: the job's (supervisor, spark-submit, driver, Python workers) and a
+    # backfill's (watched while it runs), read from /proc/<pid>/environ
+    job_pids = procs.with_descendants([jobctl.status(job)["supervisor_pid"]])
+    assert len(job_pids) >= 3 and _environs(job_pids), job_pids
+    _assert_own_role_only(a, "job", _environs(job_pids))
+    ends = {p: hi for p, (_, hi) in kafka_reading.watermarks(admin, job.source_topic).items()}
+    bf = a["backfill"]
+    spec = backfill.spec_from(bf, "env", start={p: 0 for p in ends}, end={p: min(hi, 500) for p, hi in ends.items()})
+    out = tmp_path / "backfill.json"
+    argv = launcher.spec_argv(
+        bf,
+        launcher.batch_spec(bf, "backfill", backfill.SCRIPT),
+        ["--spec", json.dumps(spec.as_dict(), default=str), "--out", str(out)],
+    )
+    seen: dict[int, str] = {}
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            pids = [pid for pid, cmd in session_processes() if str(backfill.SCRIPT) in cmd]
+            seen.update(_environs(procs.with_descendants(pids)))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        report = backfill.submitted(bf, argv, out, timeout_s=300)
+    finally:
+        done.set()
+        watcher.join(10)
+    assert report["written_records"] > 0 and seen, (report, seen)
+    _assert_own_role_only(a, "backfill", seen)
 
     # what the platform writes, while the job runs: files, topics, command lines, the CLI's and the console's output
     sp = savepoints.create(control)
@@ -313,3 +351,25 @@ class _NoBus:
 
     def flush(self, *a, **k):
         pass
+
+
+def _environs(pids) -> dict[int, str]:
+    """The environment of each live process, as /proc shows it (NUL-separated NAME=value)."""
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        except OSError:
+            pass  # gone
+    return out
+
+
+def _assert_own_role_only(a: dict[str, config.Settings], role: str, environs: dict[int, str]) -> None:
+    for pid, raw in environs.items():
+        env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+        who = f"pid {pid} ({procs.describe(pid)})"
+        assert not [k for k in env if k.startswith("AIRFLOW")], f"{who} holds Airflow's variables"
+        for other in acls.ROLES:
+            if other != role:
+                assert a[other].kafka_password not in raw, f"{who}, a {role} process, holds the {other}'s password"
+    assert any(a[role].kafka_password in raw for raw in environs.values()), f"the {role} runs without its own login"

@@ -235,3 +235,244 @@ def test_anonymous_callers_are_refused_everywhere(monkeypatch, tmp_path):
         "/dag/ip_count_deploy",
     ]:
         assert c.get(path).status_code in (401, 403), path
+
+
+# ---------------------------------------------------------------------------- hostile records (docs/security.md)
+
+HOSTILE = '<img src=x onerror="alert(1)">'
+# ${...} holes of the page's script that do not start with an escaping or markup helper, each reviewed: why it is safe
+REVIEWED_HOLES = {
+    "...": "a comment",
+    "path": "an Error message: shown with textContent",
+    "r.status": "an Error message (textContent); fetch's status is a number",
+    "body.error": "the banner: textContent",
+    "what": "the flash line's textContent, or text passed to trigger(), which escapes it",
+    "dagId": "the flash line's textContent; this script's literal DAG ids",
+    "v": "card(k, html): the callers build html with esc()",
+    "((p[0]-x0)/(x1-x0||1)*300).toFixed(1)": "a number",
+    "(120-(p[1]/y1)*110).toFixed(1)": "a number",
+    "good.includes(v)?'ok':bad.includes(v)?'bad':'warn'": "a class name literal",
+    "p": "a partition inside an esc(...) argument",
+    "x[0]": "an offset inside an esc(...) argument",
+    "x[1]": "an offset inside an esc(...) argument",
+    "r[0]": "inside an esc(...) argument",
+    "r[1]": "inside an esc(...) argument",
+    "x.dataset.verify": "text for trigger() (escaped there)",
+    "x.dataset.restore": "text for window.confirm and trigger() (escaped there)",
+    "rewind?' (rewind)':''": "literals",
+    "r.ok?'':'open'": "literals",
+    "conf.backfill_id": "text for trigger() (escaped there)",
+}
+HELPERS = ("esc(", "fmtMs(", "pill(", "card(", "chart(", "encodeURIComponent(")
+
+
+def _holes(script: str) -> list[str]:
+    out, i = [], 0
+    while (i := script.find("${", i)) >= 0:
+        depth, j = 0, i + 1
+        while True:
+            depth += {"{": 1, "}": -1}.get(script[j], 0)
+            if depth == 0:
+                break
+            j += 1
+        out.append(script[i + 2 : j])
+        i += 2
+    return out
+
+
+def _skeleton(expr: str) -> str:
+    """`expr` with each template literal replaced by T and each string literal by S (their insides skipped)."""
+
+    def string_end(i: int) -> int:  # i at the opening quote
+        return expr.index(expr[i], i + 1)
+
+    def template_end(i: int) -> int:  # i at the opening backtick
+        j = i + 1
+        while expr[j] != "`":
+            j = hole_end(j + 2) + 1 if expr.startswith("${", j) else j + 1
+        return j
+
+    def hole_end(j: int) -> int:  # j just after "${": the index of its closing brace
+        depth = 1
+        while True:
+            c = expr[j]
+            if c == "`":
+                j = template_end(j) + 1
+                continue
+            if c in "'\"":
+                j = string_end(j) + 1
+                continue
+            depth += {"{": 1, "}": -1}.get(c, 0)
+            if depth == 0:
+                return j
+            j += 1
+
+    out, i = [], 0
+    while i < len(expr):
+        c = expr[i]
+        if c in "'\"":
+            out.append("S")
+            i = string_end(i) + 1
+        elif c == "`":
+            out.append("T")
+            i = template_end(i) + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _structural(hole: str) -> bool:
+    """A conditional or a map whose results are template literals or string literals (their own holes are checked
+    in turn), not values."""
+    import re
+
+    rest = re.sub(r"\b(esc|pill|fmtMs)\([^()]*(\([^()]*\))*[^()]*\)", "S", _skeleton(hole)).strip()
+    branch = r"(?:[TS]|\(\s*[^?()]+\?\s*[TS]\s*:\s*[TS]\s*\))"
+    ternary = rf"[^?]+\?\s*{branch}\s*:\s*{branch}"
+    mapped = r"[\w.()\[\]|{}\s,]+\.map\(\s*\(?[\w,\s\[\]]+\)?\s*=>\s*T\s*\)\.join\(S\)(\s*\|\|\s*S)?"
+    return bool(re.fullmatch(ternary, rest) or re.fullmatch(mapped, rest))
+
+
+def test_every_value_the_page_puts_into_markup_is_escaped():
+    from onceflow.control.console import page
+
+    unescaped = [
+        h for h in _holes(page.SCRIPT) if not h.startswith(HELPERS) and h not in REVIEWED_HOLES and not _structural(h)
+    ]
+    assert not unescaped, f"${{...}} holes without esc(): {unescaped}"
+    # and the checker itself sees an unescaped value
+    assert not _structural("x.ok ? x.value : ''") and _structural("x.ok ? `<b>${esc(x.v)}</b>` : ''")
+
+
+def test_ledger_records_with_a_hostile_value_in_any_field_are_refused():
+    from onceflow.rules.ledger import MalformedRecord, parse_record
+
+    good = json.loads(entry(3, 1_000).to_json())
+    parse_record(json.dumps(good))
+    from dataclasses import fields
+
+    text = {f.name for f in fields(LedgerEntry) if "str" in str(f.type)}  # a hostile string is a string there
+    for field in good:
+        if field == "kind":
+            continue
+        for bad in ([HOSTILE], {"x": HOSTILE}, *([] if field in text else [HOSTILE])):
+            with pytest.raises(MalformedRecord, match=field):
+                parse_record(json.dumps(good | {field: bad}))
+    with pytest.raises(MalformedRecord):
+        parse_record(json.dumps(good | {"ranges": {"0": [HOSTILE, 1]}}))
+    with pytest.raises(MalformedRecord):
+        parse_record("[1, 2]")
+
+
+def test_event_health_alert_and_proof_fields_are_typed_before_they_reach_the_page():
+    ev = {
+        "type": wire.TRANSACTION_TIMEOUT,
+        "app": "ip_count",
+        "ts_ms": HOSTILE,
+        "batch": HOSTILE,
+        "pid": HOSTILE,
+        "elapsed_ms": HOSTILE,
+        "timeout_ms": [HOSTILE],
+        "host": {"x": HOSTILE},
+    }
+    (inc,) = views.transaction_incidents(S, [ev], [], now_ms=1)
+    assert (inc["ts_ms"], inc["batch"], inc["pid"], inc["elapsed_ms"], inc["timeout_ms"]) == (None,) * 5
+    assert isinstance(inc["host"], str)
+    now = views.now_view(
+        S,
+        {},
+        {"status": HOSTILE, "ts_ms": HOSTILE, "partitions": {"0": {"lag": HOSTILE}, HOSTILE: {}}, "problems": HOSTILE},
+        [],
+        now_ms=1,
+    )
+    assert now["partitions"] == [{"partition": 0, "lag": None, "status": None, "trend": None}]
+    assert now["health_ts_ms"] is None and now["health_problems"] == []
+    assert views.late_by_batch([{"ledger_batch": HOSTILE}, {"ledger_batch": 2, "rows_dropped_by_watermark": "x"}]) == {
+        2: 0
+    }
+    alerts = views.alert_view([{"key": "k", "ts_ms": HOSTILE}, {"key": "k", "ts_ms": 5, "status": 1, "summary": 2}])
+    assert [a["ts_ms"] for a in alerts["history"]] == [5] and alerts["history"][0]["summary"] == "2"
+    (run,) = views.reconciliation_runs(
+        [{"first_batch": HOSTILE, "last_batch": 3, "finished_ms": HOSTILE, "ok": "yes", "checks": [HOSTILE]}]
+    )
+    assert run["batches"] == [None, 3] and run["ok"] is False and run["checks"] == []
+
+
+def test_a_malformed_ledger_record_is_left_out_of_the_page_not_the_page_out():
+    from onceflow.kafka.reading import Msg
+
+    bad = json.loads(entry(1, 1).to_json()) | {"epoch": HOSTILE}
+    msgs = [Msg(0, 0, b"ip_count", json.dumps(bad).encode(), {}), Msg(0, 1, b"ip_count", entry(2, 2).to_json(), {})]
+    assert [e.batch for e in map(readers._entry, msgs) if e is not None] == [2]
+
+
+def test_pages_carry_a_content_security_policy_with_a_fresh_script_nonce(client):
+    import re
+
+    c, s = client
+    seen = set()
+    for section in ("now", "now", "batches"):
+        r = c.get(f"/{section}")
+        csp = r.headers["content-security-policy"]
+        (nonce,) = set(re.findall(r"'nonce-([^']+)'", csp))
+        assert "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
+        assert "object-src 'none'" in csp and "base-uri 'none'" in csp and "frame-ancestors 'self'" in csp
+        scripts = re.findall(r"<script([^>]*)>", r.text)
+        assert scripts and all(f'nonce="{nonce}"' in a for a in scripts)
+        assert r.headers["x-content-type-options"] == "nosniff"
+        seen.add(nonce)
+    assert len(seen) == 3
+    api = c.get("/api/savepoints")
+    assert api.headers["x-content-type-options"] == "nosniff"
+    assert "default-src 'none'" in api.headers["content-security-policy"]
+
+
+def test_a_value_cannot_close_the_pages_script_element():
+    from onceflow.control.console import page
+
+    html = page.render("now", "/x</script><script>alert(1)</script>", "ip_count", "n")
+    assert html.count("</script>") == 2 and "alert(1)</script>" not in html
+
+
+def test_data_docs_run_sandboxed_in_an_opaque_origin(client):
+    c, s = client
+    root = readers.data_docs_root(s)
+    root.mkdir(parents=True)
+    (root / "index.html").write_text("<h1>GX</h1>")
+    r = c.get("/data-docs/index.html")
+    assert r.status_code == 200
+    policy = [p.strip() for p in r.headers["content-security-policy"].split(";")]
+    sandbox = next(p for p in policy if p.startswith("sandbox"))
+    assert "allow-scripts" in sandbox and "allow-same-origin" not in sandbox
+
+
+def test_the_cache_is_bounded_and_written_at_a_throttled_rate(tmp_path, monkeypatch):
+    s = S.replace(var_dir=tmp_path)
+    cache = readers.Cache(s, max_entries=3, persist_s=60)
+    writes = []
+    monkeypatch.setattr(cache, "_write", lambda: writes.append(len(cache.data)))
+    for i in range(10):
+        cache.put(f"batches:{i}", i)
+    assert list(cache.data) == ["batches:7", "batches:8", "batches:9"] and len(writes) == 1
+    cache.get("batches:7")  # used: kept over the older ones
+    cache.put("now", 1)
+    assert list(cache.data) == ["batches:9", "batches:7", "now"]
+    # a cache file from before the bound (thousands of keys) loads bounded
+    readers._cache_file(s).parent.mkdir(parents=True, exist_ok=True)
+    readers._cache_file(s).write_text(json.dumps({f"k{i}": {"ts_ms": 1, "value": i} for i in range(1000)}))
+    assert len(readers.Cache(s, max_entries=5).data) == 5
+
+
+def test_events_are_typed_when_read_so_no_reader_computes_with_markup():
+    from onceflow.control import txnwatch
+    from onceflow.kafka import events as ev
+
+    forged = {"type": wire.TRANSACTION_TIMEOUT, "app": "ip_count", "ts_ms": 5, "batch": HOSTILE, "host": [HOSTILE]}
+    forged |= {"elapsed_ms": HOSTILE, "fraction": "1", "pid": True}
+    assert ev._typed(forged)
+    assert not {"batch", "elapsed_ms", "fraction", "pid"} & set(forged) and isinstance(forged["host"], str)
+    assert not ev._typed({"type": wire.TRANSACTION_TIMEOUT, "ts_ms": HOSTILE})
+    # the transaction watch reads it without failing (before: int('<img ...>') stopped every run of the DAG)
+    committed = {"type": wire.BATCH_COMMITTED, "app": "ip_count", "batch": 7, "ts_ms": 9}
+    assert txnwatch.replayed(forged, [committed]) and txnwatch.event_conditions([forged])

@@ -99,3 +99,35 @@ def test_the_spark_providers_hook_builds_the_same_command_from_its_connection(mo
     batch = orchestration.batch_submit_argv(s, launcher.RECONCILE_SCRIPT, ["--chain"])
     assert batch[-2:] == [str(launcher.RECONCILE_SCRIPT), "--chain"]
     assert os.environ["AIRFLOW_CONN_SPARK_CLUSTER"]
+
+
+def test_a_child_gets_its_own_roles_credential_and_none_of_airflows_secrets(monkeypatch):
+    """Airflow's processes hold every role's connection and Airflow's keys; a spark-submit child of one role holds
+    that role's settings and what the OS, the JVM and Spark need, nothing else (docs/security.md)."""
+    parent = {
+        "PATH": "/usr/bin",
+        "HOME": "/home/op",
+        "JAVA_HOME": "/usr/lib/jvm/17",
+        "LC_ALL": "C.UTF-8",
+        "SPARK_CONF_DIR": "/etc/spark",
+        "AWS_ACCESS_KEY_ID": "storage",  # the checkpoint's object store: the job's own
+        "PYTEST_ONCEFLOW_SESSION": "t1",
+        "ONCEFLOW_KAFKA_PASSWORD": "the-launchers-own",
+        "AIRFLOW_CONN_ONCEFLOW_KAFKA_BACKFILL": "kafka://backfill:backfill-secret@h:9093",
+        "AIRFLOW__CORE__FERNET_KEY": "fernet",
+        "AIRFLOW__API_AUTH__JWT_SECRET": "jwt",
+        "DATABASE_URL": "postgres://airflow:db-secret@h/airflow",
+    }
+    for k, v in parent.items():
+        monkeypatch.setenv(k, v)
+    job = config.load(env={}, kafka_username="onceflow.ip_count.job", kafka_password="job-secret")
+    env = launcher.submit_env(job)
+    assert env["ONCEFLOW_KAFKA_PASSWORD"] == "job-secret"  # its own, over the launcher's
+    for k in ("HOME", "JAVA_HOME", "LC_ALL", "SPARK_CONF_DIR", "AWS_ACCESS_KEY_ID", "PYTEST_ONCEFLOW_SESSION"):
+        assert env[k] == parent[k], k
+    assert env["PATH"].endswith("/usr/bin")
+    leaked = [k for k in env if k.startswith("AIRFLOW") or k == "DATABASE_URL"]
+    assert not leaked, leaked
+    text = "\n".join(env.values())
+    for secret in ("backfill-secret", "fernet", "jwt", "db-secret", "the-launchers-own"):
+        assert secret not in text, secret

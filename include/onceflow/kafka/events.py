@@ -91,6 +91,34 @@ def _lives_on(settings: Settings, topic: str, type_: Any) -> bool:
     return type_ not in wire.JOB_EVENTS
 
 
+# The numeric fields of events: whoever reads an event may compute with them (a batch id compared, a duration
+# formatted). Records come from Kafka, untrusted: a value of another type is dropped from the event when read.
+NUMERIC_FIELDS = (
+    "ts_ms",
+    "batch",
+    "ledger_batch",
+    "pid",
+    "elapsed_ms",
+    "timeout_ms",
+    "txn_ms",
+    "fraction",
+    "chunks",
+    "rows_dropped_by_watermark",
+)
+
+
+def _typed(e: dict) -> bool:
+    """Drop the numeric fields of `e` that are not numbers (in place); False when its type or time is unusable."""
+    for k in NUMERIC_FIELDS:
+        v = e.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+            del e[k]
+    for k in ("host", "error", "why"):
+        if e.get(k) is not None and not isinstance(e[k], str):
+            e[k] = str(e[k])
+    return isinstance(e.get("type"), str) and isinstance(e.get("ts_ms"), int)
+
+
 def read(
     settings: Settings,
     types: Iterable[str] | None = None,
@@ -122,7 +150,7 @@ def read(
                 e = json.loads(m.value)
             except ValueError:
                 return None
-            if not isinstance(e, dict) or (not any_app and e.get("app") != settings.app_id):
+            if not isinstance(e, dict) or (not any_app and e.get("app") != settings.app_id) or not _typed(e):
                 return None
             t = e.get("type")
             if (wanted is not None and t not in wanted) or not _lives_on(settings, topic, t):

@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
+from typing import Any
 
 from onceflow import wire
 
@@ -89,9 +90,9 @@ class LedgerEntry:
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> LedgerEntry:
-        d = json.loads(raw)
-        d["ranges"] = {int(p): (int(r[0]), int(r[1])) for p, r in d["ranges"].items()}
-        return cls(**{k: v for k, v in d.items() if k in _ENTRY_FIELDS})
+        d = _object(raw)
+        d["ranges"] = _ranges(d.get("ranges"), "ranges")
+        return cls(**_typed(cls, {k: v for k, v in d.items() if k in _ENTRY_FIELDS}))
 
     @property
     def end(self) -> dict[int, int]:
@@ -161,11 +162,14 @@ class RestoreRecord:
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> RestoreRecord:
-        d = json.loads(raw)
-        d["skipped"] = {int(p): (int(r[0]), int(r[1])) for p, r in d["skipped"].items()}
+        d = _object(raw)
+        d["skipped"] = _ranges(d.get("skipped"), "skipped")
         if d.get("skipped_batches") is not None:
-            d["skipped_batches"] = tuple(d["skipped_batches"])
-        return cls(**d)
+            pair = d["skipped_batches"]
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise MalformedRecord(f"ledger record field skipped_batches: expected [first, last], got {pair!r:.80}")
+            d["skipped_batches"] = (_as_int(pair[0], "skipped_batches"), _as_int(pair[1], "skipped_batches"))
+        return cls(**_typed(cls, d))
 
 
 @dataclass(frozen=True)
@@ -197,17 +201,83 @@ class QuarantineRecord:
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> QuarantineRecord:
-        d = json.loads(raw)
-        d["ranges"] = tuple(QuarantineRange(**r) for r in d["ranges"])
-        return cls(**d)
+        d = _object(raw)
+        if not isinstance(d.get("ranges"), list) or not all(isinstance(r, dict) for r in d["ranges"]):
+            raise MalformedRecord("ledger record field ranges: expected a list of {partition, start, end}")
+        d["ranges"] = tuple(QuarantineRange(**_typed(QuarantineRange, r)) for r in d["ranges"])
+        return cls(**_typed(cls, d))
 
 
 _ENTRY_FIELDS = {f.name for f in fields(LedgerEntry)}
 
 
+class MalformedRecord(ValueError):
+    """A ledger record that is not what the platform writes: not JSON, a field missing, or a field of the wrong
+    type (a string where a number belongs). Records are read from Kafka: untrusted input, checked field by field."""
+
+
+def _object(raw: bytes | str) -> dict[str, Any]:
+    try:
+        d = json.loads(raw)
+    except ValueError as e:
+        raise MalformedRecord(f"ledger record: not JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise MalformedRecord(f"ledger record: expected a JSON object, got {type(d).__name__}")
+    return d
+
+
+def _as_int(v: object, name: str) -> int:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    raise MalformedRecord(f"ledger record field {name}: expected an integer, got {v!r:.80}")
+
+
+def _ranges(v: object, name: str) -> dict[int, tuple[int, int]]:
+    if not isinstance(v, dict):
+        raise MalformedRecord(f"ledger record field {name}: expected {{partition: [start, end]}}, got {v!r:.80}")
+    out = {}
+    for p, r in v.items():
+        if not (isinstance(p, str) and p.isdigit() and isinstance(r, list) and len(r) == 2):
+            raise MalformedRecord(f"ledger record field {name}: expected {{partition: [start, end]}}, got {v!r:.80}")
+        out[int(p)] = (_as_int(r[0], name), _as_int(r[1], name))
+    return out
+
+
+_SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _typed(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """`d`'s values checked against `cls`'s declared field types: int, float (an int is accepted), str, bool, each
+    optional where declared `| None`; fields of other types (ranges) are converted by the caller. A missing field
+    without a default, or an unknown one, fails in the constructor."""
+    out = dict(d)
+    for f in fields(cls):
+        if f.name not in d:
+            continue
+        declared = str(f.type).replace(" ", "").split("|")
+        optional = "None" in declared
+        kinds = [_SCALARS[t] for t in declared if t in _SCALARS]
+        if len(kinds) != len(declared) - optional:
+            continue  # a compound type: converted by the caller
+        v = d[f.name]
+        if v is None and optional:
+            continue
+        ok = any(
+            isinstance(v, k)
+            and (k is bool or not isinstance(v, bool))
+            or (k is float and isinstance(v, int) and not isinstance(v, bool))
+            for k in kinds
+        )
+        if not ok:
+            want = " or ".join(t for t in declared)
+            raise MalformedRecord(f"ledger record field {f.name}: expected {want}, got {v!r:.80}")
+    return out
+
+
 def parse_record(raw: bytes | str) -> LedgerEntry | RestoreRecord | QuarantineRecord:
-    """A ledger record of any kind: batch entries (stream, backfill), restore and quarantine records."""
-    kind = json.loads(raw).get("kind", wire.LEDGER_STREAM)
+    """A ledger record of any kind: batch entries (stream, backfill), restore and quarantine records. Every field
+    is checked against its type (MalformedRecord otherwise)."""
+    kind = _object(raw).get("kind", wire.LEDGER_STREAM)
     if kind == wire.LEDGER_RESTORE:
         return RestoreRecord.from_json(raw)
     if kind == wire.LEDGER_QUARANTINE:

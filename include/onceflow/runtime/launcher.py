@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from onceflow.config import ENV_PREFIX, REPO_ROOT, Settings
@@ -159,20 +160,67 @@ def spark_submit() -> str:
     return str(local) if local.exists() else (shutil.which("spark-submit") or "spark-submit")
 
 
-def submit_env(settings: Settings) -> dict[str, str]:
-    """The environment spark-submit needs to find this interpreter's pyspark, wherever it is called from."""
-    import os
+# What a Spark child (the streaming job, a backfill, a recount, a standalone master or worker) takes from the
+# environment of whoever launches it. An allow-list: Airflow's processes hold every role's Kafka connection
+# (AIRFLOW_CONN_*) and Airflow's own keys (AIRFLOW__*), none of which a child may see; each child gets its own role's
+# settings (Settings.as_env: its own credential only) and what the OS, the JVM, Spark, Hadoop and cloud storage need.
+CHILD_ENV_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "HOSTNAME",
+        "TERM",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+        "VIRTUAL_ENV",
+        "PYTHONPATH",
+        "PYTHONHASHSEED",
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "LD_LIBRARY_PATH",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "KUBECONFIG",
+        "PYTEST_ONCEFLOW_SESSION",  # the test suite's mark on the processes it started (tests/conftest.py)
+    }
+)
+CHILD_ENV_PREFIXES = ("LC_", "ONCEFLOW_", "SPARK_", "PYSPARK_", "JAVA_", "_JAVA_", "JDK_", "HADOOP_", "YARN_", "AWS_")
 
+
+def child_env(settings: Settings, parent: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child process of `settings`' role: the allow-listed part of `parent` (this process's
+    environment by default), then the role's own settings over it."""
+    parent = os.environ if parent is None else parent
+    kept = {k: v for k, v in parent.items() if k in CHILD_ENV_NAMES or k.startswith(CHILD_ENV_PREFIXES)}
+    return {**kept, **settings.as_env()}
+
+
+def submit_env(settings: Settings) -> dict[str, str]:
+    """The environment spark-submit needs to find this interpreter's pyspark, wherever it is called from: the
+    role's own (child_env), never the launcher's other secrets."""
     import pyspark
 
     bin_dir = str(Path(sys.executable).parent)
     return {
-        **os.environ,
+        **child_env(settings),
         "SPARK_HOME": str(Path(pyspark.__file__).parent),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-        **settings.as_env(),
     }
 
 

@@ -11,6 +11,7 @@ what and checks the DAG's own permissions.
 
 from __future__ import annotations
 
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,21 @@ def create_app() -> FastAPI:
     )
     state: dict[str, Any] = {}
 
+    @app.middleware("http")
+    async def headers(request: Request, call_next):
+        """Every answer: no content sniffing, no referrer beyond the origin; JSON and files may not be framed or run
+        as a page (the HTML pages and the Data Docs set their own policy)."""
+        response = await call_next(request)
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "same-origin"
+        response.headers.setdefault("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
+        return response
+
+    def html_page(section: str, request: Request) -> HTMLResponse:
+        nonce = secrets.token_urlsafe(18)  # per response: a script the page did not send cannot know it
+        body = page.render(section, request.scope.get("root_path", ""), ctx()[0].app_id, nonce)
+        return HTMLResponse(body, headers={"Content-Security-Policy": page.csp(nonce), "Cache-Control": "no-store"})
+
     def ctx() -> tuple[config.Settings, readers.Cache]:
         s = settings()
         if state.get("app") != s.app_id:
@@ -57,7 +73,7 @@ def create_app() -> FastAPI:
 
     @app.get("/", response_class=HTMLResponse)
     def index(request: Request) -> HTMLResponse:
-        return HTMLResponse(page.render("now", request.scope.get("root_path", ""), ctx()[0].app_id))
+        return html_page("now", request)
 
     @app.get("/dag/{dag_id}")
     def dag_tab(dag_id: str, request: Request) -> RedirectResponse:
@@ -127,7 +143,9 @@ def create_app() -> FastAPI:
         target = (root / (rel or "index.html")).resolve()
         if not target.is_relative_to(root) or not target.is_file():
             raise HTTPException(404, "no such Data Docs page (has a reconciliation with the GX suite run yet?)")
-        return FileResponse(target)
+        # GX's pages load scripts from public CDNs (unpinned): they run sandboxed, in an opaque origin that holds no
+        # Airflow session and reaches none of Airflow's API; offline the pages still render (their tables are HTML)
+        return FileResponse(target, headers={"Content-Security-Policy": DATA_DOCS_CSP})
 
     @app.get("/icon.svg")
     def icon() -> FileResponse:
@@ -137,10 +155,11 @@ def create_app() -> FastAPI:
     def section_page(section: str, request: Request) -> HTMLResponse:
         if section not in SECTIONS:
             raise HTTPException(404, f"no console page {section!r}; pages: {', '.join(SECTIONS)}")
-        return HTMLResponse(page.render(section, request.scope.get("root_path", ""), ctx()[0].app_id))
+        return html_page(section, request)
 
     app.state.started_ms = int(time.time() * 1000)
     return app
 
 
 ICON = Path(__file__).with_name("icon.svg")
+DATA_DOCS_CSP = "sandbox allow-scripts allow-popups; frame-ancestors 'self'"

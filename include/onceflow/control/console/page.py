@@ -40,8 +40,10 @@ label{font-size:12px;color:#4b5866;display:flex;flex-direction:column;gap:3px} i
 """
 
 SCRIPT = r"""
-const fmtMs = ms => ms ? new Date(ms).toISOString().replace('T',' ').replace('.000Z','Z') : '-';
-const esc = s => String(s ?? '-').replace(/[&<>"]/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]));
+// Everything shown comes from Kafka records: untrusted. Every value put into markup goes through esc() (or a helper
+// that calls it); tests/unit/test_console.py fails on a ${...} hole that does not.
+const esc = s => String(s ?? '-').replace(/[&<>"'`]/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;','`':'&#96;'}[c]));
+const fmtMs = ms => { const d = new Date(Number(ms)); return ms && isFinite(d) ? d.toISOString().replace('T',' ').replace('.000Z','Z') : '-'; };
 const pill = (v, good, bad) => `<span class="pill ${good.includes(v)?'ok':bad.includes(v)?'bad':'warn'}">${esc(v)}</span>`;
 async function get(path){
   const r = await fetch(BASE + path, {credentials:'same-origin'});
@@ -61,19 +63,20 @@ async function trigger(dagId, conf, what){
     headers:{'Content-Type':'application/json'}, body: JSON.stringify({logical_date:null, conf,
     note:`${what} (from the onceflow console)`})});
   const body = await r.json().catch(() => ({}));
-  if (!r.ok) { f.innerHTML = `<span class="bad">${esc(what)} refused: HTTP ${r.status} ${esc(JSON.stringify(body.detail ?? body))}</span>`; return null; }
-  f.innerHTML = `<span class="ok">${esc(what)}: run <a target="_top" href="/dags/${dagId}/runs/${encodeURIComponent(body.dag_run_id)}">${esc(body.dag_run_id)}</a> of ${dagId} triggered</span>`;
+  if (!r.ok) { f.innerHTML = `<span class="bad">${esc(what)} refused: HTTP ${esc(r.status)} ${esc(JSON.stringify(body.detail ?? body))}</span>`; return null; }
+  f.innerHTML = `<span class="ok">${esc(what)}: run <a target="_top" href="/dags/${encodeURIComponent(dagId)}/runs/${encodeURIComponent(body.dag_run_id)}">${esc(body.dag_run_id)}</a> of ${esc(dagId)} triggered</span>`;
   return body;
 }
 function chart(title, points, unit){
-  if (!points || points.length < 2) return `<div class="chart"><b>${title}</b><div class="muted">not enough data yet</div></div>`;
+  if (!points || points.length < 2) return `<div class="chart"><b>${esc(title)}</b><div class="muted">not enough data yet</div></div>`;
   const xs = points.map(p=>p[0]), ys = points.map(p=>p[1]);
   const x0=Math.min(...xs), x1=Math.max(...xs), y1=Math.max(...ys, 1);
   const pts = points.map(p => `${((p[0]-x0)/(x1-x0||1)*300).toFixed(1)},${(120-(p[1]/y1)*110).toFixed(1)}`).join(' ');
-  return `<div class="chart"><b>${title}</b> <span class="muted">max ${y1.toLocaleString()} ${unit}, ${fmtMs(x0)} .. ${fmtMs(x1)}</span>
-    <svg viewBox="0 0 300 125" preserveAspectRatio="none"><polyline fill="none" stroke="#3b5b7d" stroke-width="1.5" points="${pts}"/></svg></div>`;
+  return `<div class="chart"><b>${esc(title)}</b> <span class="muted">max ${esc(y1.toLocaleString())} ${esc(unit)}, ${fmtMs(x0)} .. ${fmtMs(x1)}</span>
+    <svg viewBox="0 0 300 125" preserveAspectRatio="none"><polyline fill="none" stroke="#3b5b7d" stroke-width="1.5" points="${esc(pts)}"/></svg></div>`;
 }
-const card = (k, v, cls) => `<div class="card"><div class="k">${k}</div><div class="v ${cls||''}">${v}</div></div>`;
+// card(k, html, cls): html is markup built with esc() by the caller
+const card = (k, v, cls) => `<div class="card"><div class="k">${esc(k)}</div><div class="v ${esc(cls||'')}">${v}</div></div>`;
 
 async function renderNow(){
   const b = await get('/api/now'); const d = b.data; if (!d) return;
@@ -82,20 +85,20 @@ async function renderNow(){
   document.getElementById('content').innerHTML = `<div class="cards">
     ${card('desired / actual', `${esc(d.desired_state)} / ${pill(d.state, ['running'], ['failed','stopped (not running)'])}`)}
     ${card('driver', `${esc(d.where.host)} pid ${esc(d.where.job_pid)}`)}
-    ${card('last committed batch', `${esc(d.last_batch)} <span class="muted">${d.last_commit_age_s ?? '-'} s ago</span>`)}
-    ${card('watermark', `${fmtMs(d.watermark_ms)}<div class="muted">${d.watermark_lag_s ?? '-'} s behind wall-clock</div>`, wmCls)}
-    ${card('input rate', `${d.input_rows_per_s ?? '-'} rec/s <span class="muted">processed ${d.processed_rows_per_s ?? '-'}</span>`)}
-    ${card('batch time', `${d.batch_duration_ms ?? '-'} ms <span class="muted">txn ${d.last_txn_ms ?? '-'} ms</span>`)}
-    ${card('batch running', d.running_batch !== null ? `${d.running_batch} for ${d.running_batch_s} s` : 'none')}
-    ${card('open transaction', d.open_transaction_age_s !== null ? `${d.open_transaction_age_s} s of ${d.transaction_timeout_s} s` : 'none', txnCls)}
-    ${card('restarts', `supervisor ${d.restarts ?? '-'} · health ${d.health_restarts}`)}
+    ${card('last committed batch', `${esc(d.last_batch)} <span class="muted">${esc(d.last_commit_age_s)} s ago</span>`)}
+    ${card('watermark', `${fmtMs(d.watermark_ms)}<div class="muted">${esc(d.watermark_lag_s)} s behind wall-clock</div>`, wmCls)}
+    ${card('input rate', `${esc(d.input_rows_per_s)} rec/s <span class="muted">processed ${esc(d.processed_rows_per_s)}</span>`)}
+    ${card('batch time', `${esc(d.batch_duration_ms)} ms <span class="muted">txn ${esc(d.last_txn_ms)} ms</span>`)}
+    ${card('batch running', d.running_batch !== null ? `${esc(d.running_batch)} for ${esc(d.running_batch_s)} s` : 'none')}
+    ${card('open transaction', d.open_transaction_age_s !== null ? `${esc(d.open_transaction_age_s)} s of ${esc(d.transaction_timeout_s)} s` : 'none', txnCls)}
+    ${card('restarts', `supervisor ${esc(d.restarts)} · health ${esc(d.health_restarts)}`)}
     ${card('health', `${pill(d.health_status, ['HEALTHY'], ['FAILING','STOPPED'])} <span class="muted">${fmtMs(d.health_ts_ms)}</span>`)}
-    ${card('total lag', d.total_lag ?? '-')}
+    ${card('total lag', esc(d.total_lag))}
   </div>
   ${d.error ? `<div class="card bad">last error: <pre>${esc(d.error)}</pre></div>` : ''}
   <h2>Lag per partition (Burrow's rules over the health runs)</h2>
   <table><tr><th>partition</th><th>lag</th><th>status</th><th>trend</th></tr>
-  ${d.partitions.map(p => `<tr><td>${p.partition}</td><td>${p.lag}</td><td>${pill(p.status,['OK'],['STALL','STOP','ERR','REWIND'])}</td><td>${esc(p.trend)}</td></tr>`).join('')}</table>
+  ${d.partitions.map(p => `<tr><td>${esc(p.partition)}</td><td>${esc(p.lag)}</td><td>${pill(p.status,['OK'],['STALL','STOP','ERR','REWIND'])}</td><td>${esc(p.trend)}</td></tr>`).join('')}</table>
   ${d.health_problems.length ? `<h2>Problems health reports</h2><ul>${d.health_problems.map(p=>`<li>${esc(p)}</li>`).join('')}</ul>` : ''}
   <p class="muted">checkpoint ${esc(d.where.checkpoint)} · transactional id ${esc(d.where.transactional_id)} · Kafka ${esc(d.where.bootstrap_servers)}</p>`;
 }
@@ -111,9 +114,9 @@ async function renderBatches(){
     + chart('throughput', c.data.throughput, 'records/s') + chart('transaction time', c.data.txn_ms, 'ms') : '';
   document.getElementById('table').innerHTML = `<table><tr><th>batch</th><th>epoch</th><th>ranges [start, end)</th>
     <th>records</th><th>outputs</th><th>DLQ</th><th>late</th><th>txn ms</th><th>committed</th></tr>
-    ${rows.map(r => `<tr><td>${r.batch}${r.spark_batch!==r.batch&&r.spark_batch!==null?` <span class="muted">(spark ${r.spark_batch})</span>`:''}</td>
-    <td>${r.epoch}</td><td><code>${esc(Object.entries(r.ranges).map(([p,x])=>`${p}:[${x[0]},${x[1]})`).join(' '))}</code></td>
-    <td>${r.records}</td><td>${r.outputs}</td><td>${r.dlq}</td><td>${r.late ?? '-'}</td><td>${r.txn_ms}</td><td>${fmtMs(r.commit_ms)}</td></tr>`).join('')}
+    ${rows.map(r => `<tr><td>${esc(r.batch)}${r.spark_batch!==r.batch&&r.spark_batch!==null?` <span class="muted">(spark ${esc(r.spark_batch)})</span>`:''}</td>
+    <td>${esc(r.epoch)}</td><td><code>${esc(Object.entries(r.ranges).map(([p,x])=>`${p}:[${x[0]},${x[1]})`).join(' '))}</code></td>
+    <td>${esc(r.records)}</td><td>${esc(r.outputs)}</td><td>${esc(r.dlq)}</td><td>${esc(r.late)}</td><td>${esc(r.txn_ms)}</td><td>${fmtMs(r.commit_ms)}</td></tr>`).join('')}
     </table>` + (b.data && b.data.next_before !== null ? `<button id="older">older batches</button>` : '');
   const o = document.getElementById('older');
   if (o) o.onclick = () => { before = b.data.next_before; renderBatches(); };
@@ -126,8 +129,8 @@ async function renderTransactions(){
     <p class="muted">watched: ${esc(((t.data||{}).watched_topics||[]).join(', '))}</p>
     <table><tr><th>when</th><th>what</th><th>where</th><th>detail</th><th>how to resolve</th></tr>
     ${inc.map(i => `<tr><td>${fmtMs(i.ts_ms)}</td><td>${pill(i.kind,['open_transaction','producer_replaced'],['transaction_timeout','fenced','hanging_transaction'])}</td>
-      <td>${i.topic ? `${esc(i.topic)}[${i.partition}] ${esc(i.who)}` : `batch ${esc(i.batch)} ${esc(i.host)} pid ${esc(i.pid)}`}</td>
-      <td>${i.age_s!==undefined?`open ${i.age_s} s`:''} ${i.elapsed_ms?`${i.elapsed_ms} ms of ${i.timeout_ms} ms`:''} ${esc(i.detail||'')}</td>
+      <td>${i.topic ? `${esc(i.topic)}[${esc(i.partition)}] ${esc(i.who)}` : `batch ${esc(i.batch)} ${esc(i.host)} pid ${esc(i.pid)}`}</td>
+      <td>${i.age_s!==undefined?`open ${esc(i.age_s)} s`:''} ${i.elapsed_ms?`${esc(i.elapsed_ms)} ms of ${esc(i.timeout_ms)} ms`:''} ${esc(i.detail||'')}</td>
       <td><code>${esc(i.resolve)}</code></td></tr>`).join('') || '<tr><td colspan=5 class="muted">none</td></tr>'}</table>
     <h2>Alerts open now</h2>
     <table><tr><th>since</th><th>severity</th><th>alert</th><th>what to do</th></tr>
@@ -144,10 +147,10 @@ async function renderSavepoints(){
     <span class="muted">(runs ip_count_checkpoint_rotation: savepoint, verification, retention)</span></p>
     <table><tr><th>savepoint</th><th>taken</th><th>batch</th><th>mode</th><th>size</th><th>verification</th><th></th></tr>
     ${rows.map(r => `<tr><td><code>${esc(r.id)}</code></td><td>${fmtMs(r.created_ms)}</td><td>${esc(r.batch)}</td><td>${esc(r.mode)}</td>
-      <td>${r.size_bytes ? (r.size_bytes/1024).toFixed(0)+' KiB' : '-'}</td>
+      <td>${esc(r.size_bytes ? (r.size_bytes/1024).toFixed(0)+' KiB' : '-')}</td>
       <td>${r.complete ? (r.verified ? `${pill(r.verified,['ok'],['damaged'])} ${r.restorable===false?'<span class="warn">not restorable here</span>':''} <span class="muted">${fmtMs(r.verified_ms)}</span>` : '<span class="muted">not verified</span>') : `<span class="bad">${esc(r.error)}</span>`}
       ${r.problems.length ? `<div class="bad">${esc(r.problems.join('; '))}</div>` : ''}</td>
-      <td>${r.complete ? `<button data-verify="${esc(r.id)}">verify</button> <button data-restore="${esc(r.id)}" data-rewind="${newest && newest.id !== r.id}">restore</button>` : ''}</td></tr>`).join('')}
+      <td>${r.complete ? `<button data-verify="${esc(r.id)}">verify</button> <button data-restore="${esc(r.id)}" data-rewind="${esc(Boolean(newest && newest.id !== r.id))}">restore</button>` : ''}</td></tr>`).join('')}
     </table><p class="muted">stored under ${esc((b.data||{}).uri)}</p>`;
   document.getElementById('take').onclick = () => trigger('ip_count_checkpoint_rotation', {action:'rotate'}, 'take a savepoint');
   document.querySelectorAll('[data-verify]').forEach(x => x.onclick = () =>
@@ -168,20 +171,20 @@ async function renderProofs(){
   const d = p.data || {chain:{}, runs:[]}; const c = d.chain || {};
   const rng = rs => (rs||[]).map(r => r[0]===r[1] ? r[0] : `${r[0]}..${r[1]}`).join(', ') || 'none';
   document.getElementById('content').innerHTML = `<div class="cards">
-    ${card('proven', c.proven_through ?? 'nothing yet', 'ok')} ${card('pending', rng(c.pending))}
-    ${card('failed', rng(c.failed), (c.failed||[]).length ? 'bad' : '')}
-    ${card('newest committed batch', c.newest_committed_batch ?? '-')}</div>
+    ${card('proven', esc(c.proven_through ?? 'nothing yet'), 'ok')} ${card('pending', esc(rng(c.pending)))}
+    ${card('failed', esc(rng(c.failed)), (c.failed||[]).length ? 'bad' : '')}
+    ${card('newest committed batch', esc(c.newest_committed_batch))}</div>
     <p class="muted">The scheduled chain proves every committed batch once; its position moves only with a recorded proof.
-    <a href="${BASE}/data-docs/index.html" target="_blank">Great Expectations Data Docs</a></p>
+    <a href="${esc(BASE)}/data-docs/index.html" target="_blank">Great Expectations Data Docs</a></p>
     <h2>Reconciliation runs</h2>
-    ${d.runs.map(r => `<details ${r.ok?'':'open'}><summary>${fmtMs(r.finished_ms)} · ${esc(r.mode)} · ${r.batches[0] === null ? 'no new batch' : `batches ${r.batches[0]}..${r.batches[1]}`} · ${pill(r.verdict,['ok','nothing new'],['failed'])} <span class="muted">${esc(r.run_id)}</span></summary>
+    ${d.runs.map(r => `<details ${r.ok?'':'open'}><summary>${fmtMs(r.finished_ms)} · ${esc(r.mode)} · ${r.batches[0] === null ? 'no new batch' : `batches ${esc(r.batches[0])}..${esc(r.batches[1])}`} · ${pill(r.verdict,['ok','nothing new'],['failed'])} <span class="muted">${esc(r.run_id)}</span></summary>
       <table><tr><th>check</th><th>status</th><th>summary</th><th>differences</th></tr>
       ${r.checks.map(k => `<tr><td>${esc(k.name)}</td><td>${pill(k.status,['pass','skip'],['fail'])}</td><td>${esc(k.summary)}</td><td><pre>${esc(k.differences.map(x=>JSON.stringify(x)).join('\n'))}</pre></td></tr>`).join('')}</table></details>`).join('') || '<p class="muted">no run yet</p>'}
     <h2>Backfills <span class="muted">(into ${esc((bf.data||{}).topic)})</span></h2>
     <table><tr><th>id</th><th>chunks</th><th>records</th><th>range</th><th>last chunk</th><th>now</th></tr>
-    ${((bf.data||{}).backfills||[]).map(x => `<tr><td><code>${esc(x.id)}</code></td><td>${x.chunks}${x.total_chunks ? ` of ${x.total_chunks}` : ''} ${x.complete ? '<span class="pill ok">complete</span>' : ''}</td><td>${x.records}</td>
+    ${((bf.data||{}).backfills||[]).map(x => `<tr><td><code>${esc(x.id)}</code></td><td>${esc(x.chunks)}${x.total_chunks ? ` of ${esc(x.total_chunks)}` : ''} ${x.complete ? '<span class="pill ok">complete</span>' : ''}</td><td>${esc(x.records)}</td>
       <td><code>${esc(x.ranges ? Object.entries(x.ranges).map(([p,r])=>`${p}:[${r[0]},${r[1]})`).join(' ') : '-')}</code></td>
-      <td>${fmtMs(x.last_ms)}</td><td>${x.running ? `running (pid ${x.running.pid})` : ''}</td></tr>`).join('') || '<tr><td colspan=6 class="muted">none</td></tr>'}</table>
+      <td>${fmtMs(x.last_ms)}</td><td>${x.running ? `running (pid ${esc(x.running.pid)})` : ''}</td></tr>`).join('') || '<tr><td colspan=6 class="muted">none</td></tr>'}</table>
     <h2>Start a backfill</h2>
     <form class="backfill" id="bfform"><label>id<input name="backfill_id" required pattern="[A-Za-z0-9][A-Za-z0-9._-]{0,63}"></label>
       <label>start offsets (JSON)<input name="start_offsets" placeholder='{"0": 0, "1": 0}'></label>
@@ -220,7 +223,17 @@ FILTERS = """<form class="filters" id="filters"><label>from batch<input name="ba
 <div class="charts" id="charts"></div><div id="table"></div>"""
 
 
-def render(section: str, base: str, app_id: str) -> str:
+def csp(nonce: str) -> str:
+    """The console page's Content-Security-Policy: its own two scripts (by nonce) and nothing else runs, not even a
+    handler attribute a value from Kafka might smuggle in; it talks to its own origin only (the console's JSON and
+    Airflow's REST API) and is framed only by Airflow."""
+    return (
+        f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; img-src 'self' data:; "
+        "connect-src 'self'; base-uri 'none'; form-action 'self'; object-src 'none'; frame-ancestors 'self'"
+    )
+
+
+def render(section: str, base: str, app_id: str, nonce: str) -> str:
     nav = "".join(
         f'<a href="{html.escape(base)}/{s}" class="{"on" if s == section else ""}">{t}</a>' for s, t in TITLES.items()
     )
@@ -229,5 +242,11 @@ def render(section: str, base: str, app_id: str) -> str:
 <style>{CSS}</style></head><body>
 <header><h1>onceflow · {html.escape(app_id)}</h1>{nav}<span class="muted" id="updated"></span></header>
 <main><div class="banner" id="banner"></div><div id="flash"></div>{body}</main>
-<script>const BASE = {json.dumps(base)}; const SECTION = {json.dumps(section)};</script>
-<script>{SCRIPT}</script></body></html>"""
+<script nonce="{nonce}">const BASE = {_js(base)}; const SECTION = {_js(section)};</script>
+<script nonce="{nonce}">{SCRIPT}</script></body></html>"""
+
+
+def _js(value: str) -> str:
+    """A string as a JavaScript literal inside a <script> element: JSON, with '<' escaped so that no value can close
+    the element."""
+    return json.dumps(value).replace("<", "\\u003c")

@@ -13,6 +13,7 @@ import logging
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from onceflow.control import txnwatch
 from onceflow.control.console import views
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading
-from onceflow.rules.ledger import LedgerEntry, parse_record
+from onceflow.rules.ledger import LedgerEntry, MalformedRecord, parse_record
 from onceflow.runtime import jobctl, preflight
 
 log = logging.getLogger(__name__)
@@ -42,30 +43,49 @@ def _cache_file(settings: Settings) -> Path:
 
 
 class Cache:
-    """The last good answer of each section, with when it was read."""
+    """The last good answer of each section, with when it was read: at most `max_entries` (the least recently used
+    go first: every distinct filter of the batches page is a key), written to disk at most every `persist_s`
+    seconds (the copy a restarted api-server starts from), not on every request."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, max_entries: int = 64, persist_s: float = 30.0):
         self.path = _cache_file(settings)
         self.lock = threading.Lock()
+        self.max_entries = max_entries
+        self.persist_s = persist_s
+        self.written_at = 0.0  # time.monotonic() of the last write
+        self.data: OrderedDict[str, Any] = OrderedDict()
         try:
-            self.data: dict[str, Any] = json.loads(self.path.read_text())
+            loaded = json.loads(self.path.read_text())
         except (OSError, ValueError):
-            self.data = {}
+            loaded = {}
+        if isinstance(loaded, dict):
+            self.data.update(list(loaded.items())[-max_entries:])
 
     def put(self, key: str, value: Any) -> None:
         with self.lock:
             self.data[key] = {"ts_ms": int(time.time() * 1000), "value": value}
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = self.path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(self.data, default=str))
-                tmp.replace(self.path)
-            except OSError as e:  # a read-only var dir: the memory copy still serves
-                log.info("console cache not written: %s", e)
+            self.data.move_to_end(key)
+            while len(self.data) > self.max_entries:
+                self.data.popitem(last=False)
+            if time.monotonic() - self.written_at >= self.persist_s:
+                self.written_at = time.monotonic()
+                self._write()
+
+    def _write(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data, default=str))
+            tmp.replace(self.path)
+        except OSError as e:  # a read-only var dir: the memory copy still serves
+            log.info("console cache not written: %s", e)
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self.lock:
-            return self.data.get(key)
+            hit = self.data.get(key)
+            if hit is not None:
+                self.data.move_to_end(key)
+            return hit
 
 
 def broker_answers(settings: Settings, timeout_s: float = 1.5) -> bool:
@@ -99,10 +119,12 @@ def section(
 
 
 def _json(m: reading.Msg) -> dict[str, Any] | None:
+    """A record's JSON object, or None (not JSON, or not an object)."""
     try:
-        return json.loads(m.value) if m.value is not None else None
+        d = json.loads(m.value) if m.value is not None else None
     except ValueError:
         return None
+    return d if isinstance(d, dict) else None
 
 
 def _app_key(settings: Settings) -> Callable[[reading.Msg], bool]:
@@ -115,20 +137,32 @@ def events(settings: Settings, types: tuple[str, ...], want: int = 200) -> list[
     return ev.read(settings, types, tail=want)
 
 
+def _entry(m: reading.Msg) -> LedgerEntry | None:
+    """The ledger batch entry of a record, or None: another kind, or a record that is not what the platform writes
+    (logged and left out; the page shows only typed, checked fields)."""
+    if m.value is None:
+        return None
+    try:
+        rec = parse_record(m.value)
+    except (MalformedRecord, TypeError) as e:
+        log.warning("console: ledger record at offset %s left out: %s", m.offset, e)
+        return None
+    return rec if isinstance(rec, LedgerEntry) else None
+
+
 def ledger_page(settings: Settings, size: int, before: int | None) -> tuple[list[LedgerEntry], int | None]:
     """One page of the app's stream batches, newest first: `size` records back from offset `before`."""
 
     def ours(m: reading.Msg) -> bool:
-        if m.key != settings.app_id.encode() or m.value is None:
+        if m.key != settings.app_id.encode():
             return False
-        rec = parse_record(m.value)
-        return isinstance(rec, LedgerEntry) and rec.kind == wire.LEDGER_STREAM
+        rec = _entry(m)
+        return rec is not None and rec.kind == wire.LEDGER_STREAM
 
     msgs, next_before = reading.read_tail(
         settings, settings.ledger_topic, ours, want=size, max_scan=PAGE_SCAN, before=before
     )
-    entries = [parse_record(m.value) for m in msgs if m.value is not None]
-    return [e for e in entries if isinstance(e, LedgerEntry)], next_before
+    return [e for e in map(_entry, msgs) if e is not None], next_before
 
 
 def read_now(settings: Settings) -> dict[str, Any]:
@@ -200,7 +234,7 @@ def read_backfills(settings: Settings) -> dict[str, Any]:
         return m.key == settings.app_id.encode() and b'"backfill"' in (m.value or b"")
 
     msgs, _ = reading.read_tail(settings, settings.ledger_topic, theirs, want=2000, max_scan=PAGE_SCAN * 5)
-    entries = [e for e in (parse_record(m.value) for m in msgs if m.value is not None) if isinstance(e, LedgerEntry)]
+    entries = [e for e in map(_entry, msgs) if e is not None]
     evs = events(settings, (wire.BACKFILL_STARTED, wire.BACKFILL_DONE), want=500)
     return {
         "backfills": views.backfill_view(entries, backfills.running(settings), evs),

@@ -13,6 +13,25 @@ from onceflow import wire
 from onceflow.config import Settings
 from onceflow.rules.ledger import LedgerEntry
 
+# ------------------------------------------------------------- values from Kafka records: typed or left out
+# Events, health, alerts and reconciliation results are read from Kafka: untrusted. A field that should be a
+# number is one here or is None; a text field is a string. (The page escapes every value as well.)
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _num(v: Any) -> float | int | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return v if v == v and v not in (float("inf"), float("-inf")) else None
+
+
+def _text(v: Any) -> str | None:
+    return None if v is None else v if isinstance(v, str) else str(v)
+
+
 # ---------------------------------------------------------------------------- Now
 
 
@@ -31,9 +50,16 @@ def now_view(
     progress = status.get("progress") or {}
     batch_since = status.get("batch_started_ms")
     partitions = []
-    for p, info in sorted(((health or {}).get("partitions") or {}).items(), key=lambda kv: int(kv[0])):
+    parts = (health or {}).get("partitions")
+    parts = {p: i for p, i in parts.items() if p.isdigit() and isinstance(i, dict)} if isinstance(parts, dict) else {}
+    for p, info in sorted(parts.items(), key=lambda kv: int(kv[0])):
         partitions.append(
-            {"partition": int(p), "lag": info.get("lag"), "status": info.get("status"), "trend": info.get("trend")}
+            {
+                "partition": int(p),
+                "lag": _int(info.get("lag")),
+                "status": _text(info.get("status")),
+                "trend": _text(info.get("trend")),
+            }
         )
     ours = [t for t in open_txns if t.get("app") == settings.app_id and not t.get("backfill")]
     oldest = min((t["first_ts_ms"] for t in ours if t.get("first_ts_ms")), default=None)
@@ -67,10 +93,10 @@ def now_view(
         if batch_since and status.get("running_batch") is not None
         else None,
         "restarts": status.get("restarts"),
-        "health_restarts": len((health or {}).get("restarts") or []),
-        "health_status": (health or {}).get("status"),
-        "health_problems": (health or {}).get("problems") or [],
-        "health_ts_ms": (health or {}).get("ts_ms"),
+        "health_restarts": len(_list((health or {}).get("restarts"))),
+        "health_status": _text((health or {}).get("status")),
+        "health_problems": [_text(p) for p in _list((health or {}).get("problems"))],
+        "health_ts_ms": _int((health or {}).get("ts_ms")),
         "partitions": partitions,
         "total_lag": sum(p["lag"] or 0 for p in partitions) if partitions else None,
         "open_transaction_age_s": round((now_ms - oldest) / 1000, 1) if oldest else None,
@@ -130,9 +156,10 @@ def late_by_batch(progress_events: Iterable[dict[str, Any]]) -> dict[int, int]:
     no ledger batch: they re-read committed ones)."""
     out: dict[int, int] = {}
     for e in progress_events:
-        if e.get("ledger_batch") is None or e.get("decision") not in (None, "write"):
+        batch = _int(e.get("ledger_batch"))
+        if batch is None or e.get("decision") not in (None, "write"):
             continue
-        out[int(e["ledger_batch"])] = int(e.get("rows_dropped_by_watermark") or 0)
+        out[batch] = _int(e.get("rows_dropped_by_watermark")) or 0
     return out
 
 
@@ -146,7 +173,7 @@ def series(entries: Sequence[LedgerEntry], health: Sequence[dict[str, Any]]) -> 
         if dt > 0:
             throughput.append([cur.commit_time_ms, round(sum(b - a for a, b in cur.ranges.values()) / dt, 1)])
     return {
-        "lag": [[h["ts_ms"], h.get("total_lag", 0)] for h in sorted(health, key=lambda h: h["ts_ms"])],
+        "lag": sorted([h["ts_ms"], _num(h.get("total_lag")) or 0] for h in health if _int(h.get("ts_ms")) is not None),
         "throughput": throughput,
         "txn_ms": [[e.commit_time_ms, e.txn_ms] for e in by_time],
     }
@@ -193,15 +220,15 @@ def transaction_incidents(
             fix = "nothing: the writer replaced its producer and the batch was decided again from what is committed"
         out.append(
             {
-                "ts_ms": e.get("ts_ms"),
+                "ts_ms": _int(e.get("ts_ms")),
                 "kind": kind,
-                "batch": e.get("batch"),
-                "host": e.get("host"),
-                "pid": e.get("pid"),
-                "detail": e.get("error") or e.get("why") or "",
+                "batch": _int(e.get("batch")),
+                "host": _text(e.get("host")),
+                "pid": _int(e.get("pid")),
+                "detail": _text(e.get("error") or e.get("why") or ""),
                 "resolve": fix,
-                "elapsed_ms": e.get("elapsed_ms") or e.get("txn_ms"),
-                "timeout_ms": e.get("timeout_ms"),
+                "elapsed_ms": _num(e.get("elapsed_ms")) or _num(e.get("txn_ms")),
+                "timeout_ms": _num(e.get("timeout_ms")),
             }
         )
     for t in open_txns:
@@ -241,11 +268,31 @@ def transaction_incidents(
     return sorted(out, key=lambda r: -(r.get("ts_ms") or 0))
 
 
+def _list(v: Any) -> list:
+    return v if isinstance(v, list) else []
+
+
+def _alert(a: dict[str, Any]) -> dict[str, Any] | None:
+    """An alert record with its shown fields typed; one without a key or time is left out."""
+    key, ts = _text(a.get("key")), _int(a.get("ts_ms"))
+    if key is None or ts is None:
+        return None
+    return {
+        **{k: _text(a.get(k)) for k in ("status", "severity", "source", "summary", "action")},
+        "key": key,
+        "ts_ms": ts,
+        "one_off": a.get("one_off") is True,
+    }
+
+
 def alert_view(history: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """The alert record: the conditions open now (firing, not resolved since) and the history, newest first."""
     latest: dict[str, dict[str, Any]] = {}
     hist = []
-    for a in history:
+    for raw in history:
+        a = _alert(raw)
+        if a is None:
+            continue
         hist.append(a)
         latest[a["key"]] = a
     open_now = [a for a in latest.values() if a["status"] == "firing" and not a.get("one_off")]
@@ -280,12 +327,13 @@ def savepoint_rows(listed: Iterable[Any]) -> list[dict[str, Any]]:
 def check_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {
-            "name": c["name"],
-            "status": c["status"],
-            "summary": c["summary"],
-            "differences": c.get("differences", [])[:20],
+            "name": _text(c.get("name")),
+            "status": _text(c.get("status")),
+            "summary": _text(c.get("summary")),
+            "differences": _list(c.get("differences"))[:20],
         }
-        for c in result.get("checks", [])
+        for c in _list(result.get("checks"))
+        if isinstance(c, dict)
     ]
 
 
@@ -296,14 +344,14 @@ def reconciliation_runs(results: Iterable[dict[str, Any]]) -> list[dict[str, Any
         cov = r.get("coverage") or {}
         out.append(
             {
-                "run_id": r.get("run_id"),
-                "mode": r.get("mode", "manual"),
-                "verdict": r.get("verdict"),
-                "ok": r.get("ok"),
-                "batches": [r.get("first_batch"), r.get("last_batch")],
-                "commit_time_ms": cov.get("commit_time_ms"),
-                "source_offsets": cov.get("source_offsets"),
-                "finished_ms": r.get("finished_ms"),
+                "run_id": _text(r.get("run_id")),
+                "mode": _text(r.get("mode", "manual")),
+                "verdict": _text(r.get("verdict")),
+                "ok": r.get("ok") is True,
+                "batches": [_int(r.get("first_batch")), _int(r.get("last_batch"))],
+                "commit_time_ms": cov.get("commit_time_ms") if isinstance(cov, dict) else None,
+                "source_offsets": cov.get("source_offsets") if isinstance(cov, dict) else None,
+                "finished_ms": _int(r.get("finished_ms")),
                 "data_docs": bool(r.get("data_docs")),
                 "checks": check_rows(r),
             }
@@ -341,8 +389,8 @@ def backfill_view(
     total: dict[str, int] = {}
     finished: dict[str, bool] = {}
     for ev in events:  # oldest first: the newest run of an id decides
-        if ev.get("type") == wire.BACKFILL_STARTED and ev.get("id"):
-            total[ev["id"]], finished[ev["id"]] = int(ev.get("chunks") or 0), False
+        if ev.get("type") == wire.BACKFILL_STARTED and isinstance(ev.get("id"), str):
+            total[ev["id"]], finished[ev["id"]] = _int(ev.get("chunks")) or 0, False
         elif ev.get("type") == wire.BACKFILL_DONE and ev.get("id"):
             finished[ev["id"]] = True
     for b in by_id.values():
