@@ -8,6 +8,7 @@ coverage checks are plain functions over plain data, tested without a broker.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
@@ -247,9 +248,9 @@ _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
 
 def _typed(cls: type, d: dict[str, Any]) -> dict[str, Any]:
-    """`d`'s values checked against `cls`'s declared field types: int, float (an int is accepted), str, bool, each
-    optional where declared `| None`; fields of other types (ranges) are converted by the caller. A missing field
-    without a default, or an unknown one, fails in the constructor."""
+    """`d`'s values checked against `cls`'s declared field types: int, float (an int is accepted; NaN and Infinity
+    are not), str, bool, each optional where declared `| None`; fields of other types (ranges) are converted by the
+    caller. A missing field without a default, or an unknown one, fails in the constructor."""
     out = dict(d)
     for f in fields(cls):
         if f.name not in d:
@@ -271,6 +272,8 @@ def _typed(cls: type, d: dict[str, Any]) -> dict[str, Any]:
         if not ok:
             want = " or ".join(t for t in declared)
             raise MalformedRecord(f"ledger record field {f.name}: expected {want}, got {v!r:.80}")
+        if isinstance(v, float) and not math.isfinite(v):  # JSON's NaN and Infinity: a number, but no measure
+            raise MalformedRecord(f"ledger record field {f.name}: expected a finite number, got {v!r}")
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import socket
 import threading
 import time
@@ -58,8 +59,9 @@ class Cache:
             loaded = json.loads(self.path.read_text())
         except (OSError, ValueError):
             loaded = {}
-        if isinstance(loaded, dict):
-            self.data.update(list(loaded.items())[-max_entries:])
+        if isinstance(loaded, dict):  # only entries of the shape put() writes (the file may be from any version)
+            ok = [(k, v) for k, v in loaded.items() if isinstance(v, dict) and isinstance(v.get("ts_ms"), int)]
+            self.data.update(ok[-max_entries:])
 
     def put(self, key: str, value: Any) -> None:
         with self.lock:
@@ -100,7 +102,7 @@ def section(
     try:
         if needs_kafka and not broker_answers(settings):
             raise KafkaDown(f"the Kafka broker at {settings.bootstrap_servers} does not answer")
-        value = read()
+        value = _finite(read())
     except Exception as e:  # whatever failed, the operator sees the last known state and why
         last = cache.get(key)
         log.warning("console section %s: %s", key, e)
@@ -113,6 +115,18 @@ def section(
         }
     cache.put(key, value)
     return {"ok": True, "error": None, "stale": False, "as_of_ms": int(time.time() * 1000), "data": value}
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every NaN or Infinity (JSON records may hold them; Python's json reads them) replaced by None:
+    the answer is strict JSON, which the API server cannot otherwise send (and the cache would keep)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 # ---------------------------------------------------------------------------- the readers
@@ -224,7 +238,7 @@ def read_savepoints(settings: Settings) -> dict[str, Any]:
 
 def read_proofs(settings: Settings) -> dict[str, Any]:
     newest = jobctl.status(settings).get("last_batch")
-    chain = recon_chain.status(settings, newest)
+    chain = views.chain_view(recon_chain.status(settings, newest if isinstance(newest, int) else None))
     results = recon_chain.recent_results(settings, limit=500)
     return {"chain": chain, "runs": views.reconciliation_runs(results)[:50]}
 

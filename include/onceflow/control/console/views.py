@@ -337,11 +337,58 @@ def check_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _pair(v: Any) -> list[int] | None:
+    """[first, last] of two integers, or None."""
+    if isinstance(v, list | tuple) and len(v) == 2 and _int(v[0]) is not None and _int(v[1]) is not None:
+        return [v[0], v[1]]
+    return None
+
+
+def _ranges(v: Any) -> dict[str, list[int]] | None:
+    """{partition: [start, end]} with integer offsets (the pairs that are not are left out), or None."""
+    if not isinstance(v, dict):
+        return None
+    return {p: r for p, r in ((p, _pair(r)) for p, r in v.items()) if isinstance(p, str) and p.isdigit() and r}
+
+
+def _brief(r: Any) -> dict[str, Any] | None:
+    if not isinstance(r, dict):
+        return None
+    return {
+        "run_id": _text(r.get("run_id")),
+        "mode": _text(r.get("mode")),
+        "verdict": _text(r.get("verdict")),
+        "batches": [_int(b) for b in (_list(r.get("batches")) + [None, None])[:2]],
+        "finished_ms": _int(r.get("finished_ms")),
+        "failed_checks": [_text(c) for c in _list(r.get("failed_checks"))],
+    }
+
+
+def chain_view(chain: dict[str, Any]) -> dict[str, Any]:
+    """The reconciliation chain's status (onceflow.apps.recon_chain.status, computed from the reconciliation
+    topic's records) with every field typed: batch numbers integers, ranges [first, last] pairs of integers (any
+    other pair left out), texts strings."""
+    return {
+        "app": _text(chain.get("app")),
+        "proven_through": _int(chain.get("proven_through")),
+        "proven_by_run": _text(chain.get("proven_by_run")),
+        "proven_at_ms": _int(chain.get("proven_at_ms")),
+        "newest_committed_batch": _int(chain.get("newest_committed_batch")),
+        "pending": [p for p in map(_pair, _list(chain.get("pending"))) if p],
+        "failed": [p for p in map(_pair, _list(chain.get("failed"))) if p],
+        "last_chain_run": _brief(chain.get("last_chain_run")),
+        "recent_runs": [b for b in map(_brief, _list(chain.get("recent_runs"))) if b],
+    }
+
+
 def reconciliation_runs(results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each run's verdict, coverage and checks (with their exact differences), newest first."""
     out = []
     for r in results:
-        cov = r.get("coverage") or {}
+        if not isinstance(r, dict):
+            continue
+        cov = r.get("coverage")
+        cov = cov if isinstance(cov, dict) else {}
         out.append(
             {
                 "run_id": _text(r.get("run_id")),
@@ -349,8 +396,8 @@ def reconciliation_runs(results: Iterable[dict[str, Any]]) -> list[dict[str, Any
                 "verdict": _text(r.get("verdict")),
                 "ok": r.get("ok") is True,
                 "batches": [_int(r.get("first_batch")), _int(r.get("last_batch"))],
-                "commit_time_ms": cov.get("commit_time_ms") if isinstance(cov, dict) else None,
-                "source_offsets": cov.get("source_offsets") if isinstance(cov, dict) else None,
+                "commit_time_ms": _pair(cov.get("commit_time_ms")),
+                "source_offsets": _ranges(cov.get("source_offsets")),
                 "finished_ms": _int(r.get("finished_ms")),
                 "data_docs": bool(r.get("data_docs")),
                 "checks": check_rows(r),
@@ -391,7 +438,7 @@ def backfill_view(
     for ev in events:  # oldest first: the newest run of an id decides
         if ev.get("type") == wire.BACKFILL_STARTED and isinstance(ev.get("id"), str):
             total[ev["id"]], finished[ev["id"]] = _int(ev.get("chunks")) or 0, False
-        elif ev.get("type") == wire.BACKFILL_DONE and ev.get("id"):
+        elif ev.get("type") == wire.BACKFILL_DONE and isinstance(ev.get("id"), str):
             finished[ev["id"]] = True
     for b in by_id.values():
         b["total_chunks"] = total.get(b["id"])
