@@ -113,6 +113,7 @@ def test_a_child_gets_its_own_roles_credential_and_none_of_airflows_secrets(monk
         "AWS_ACCESS_KEY_ID": "storage",  # the checkpoint's object store: the job's own
         "PYTEST_ONCEFLOW_SESSION": "t1",
         "ONCEFLOW_KAFKA_PASSWORD": "the-launchers-own",
+        "ONCEFLOW_KAFKA_BACKFILL_PASSWORD": "provisioning-secret",  # an admin's, for `onceflow kafka provision`
         "AIRFLOW_CONN_ONCEFLOW_KAFKA_BACKFILL": "kafka://backfill:backfill-secret@h:9093",
         "AIRFLOW__CORE__FERNET_KEY": "fernet",
         "AIRFLOW__API_AUTH__JWT_SECRET": "jwt",
@@ -129,5 +130,5 @@ def test_a_child_gets_its_own_roles_credential_and_none_of_airflows_secrets(monk
     leaked = [k for k in env if k.startswith("AIRFLOW") or k == "DATABASE_URL"]
     assert not leaked, leaked
     text = "\n".join(env.values())
-    for secret in ("backfill-secret", "fernet", "jwt", "db-secret", "the-launchers-own"):
+    for secret in ("backfill-secret", "fernet", "jwt", "db-secret", "the-launchers-own", "provisioning-secret"):
         assert secret not in text, secret

@@ -205,8 +205,18 @@ def child_env(settings: Settings, parent: Mapping[str, str] | None = None) -> di
     """The environment of a child process of `settings`' role: the allow-listed part of `parent` (this process's
     environment by default), then the role's own settings over it."""
     parent = os.environ if parent is None else parent
-    kept = {k: v for k, v in parent.items() if k in CHILD_ENV_NAMES or k.startswith(CHILD_ENV_PREFIXES)}
+    kept = {
+        k: v
+        for k, v in parent.items()
+        if k in CHILD_ENV_NAMES or k.startswith(CHILD_ENV_PREFIXES) and not _another_roles_secret(k)
+    }
     return {**kept, **settings.as_env()}
+
+
+def _another_roles_secret(name: str) -> bool:
+    """An onceflow variable holding a secret the settings did not give this child (ONCEFLOW_KAFKA_PASSWORD comes
+    from the role's own settings; ONCEFLOW_KAFKA_<ROLE>_PASSWORD are an admin's, for provisioning)."""
+    return name.startswith("ONCEFLOW_") and any(w in name for w in ("PASSWORD", "SECRET", "TOKEN"))
 
 
 def submit_env(settings: Settings) -> dict[str, str]:
