@@ -18,8 +18,8 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from onceflow.apps import backfill
 from onceflow.control import orchestration
+from onceflow.operations import backfill
 
 DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minutes=5)}
 

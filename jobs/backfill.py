@@ -9,7 +9,7 @@ import json
 from pyspark.sql import SparkSession
 
 from onceflow import config
-from onceflow.apps import backfill, batch_app
+from onceflow.operations import backfill, batch_app
 from onceflow.rules.backfill import BackfillError, Spec, parse_offsets
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import argparse
 from pyspark.sql import SparkSession
 
 from onceflow import config
-from onceflow.apps import batch_app, reconcile
+from onceflow.operations import batch_app, reconcile
 from onceflow.rules.reconciliation import ReconcileError
 
 if __name__ == "__main__":

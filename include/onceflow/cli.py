@@ -203,7 +203,7 @@ def cmd_show(args, s: config.Settings) -> int:
 
 
 def cmd_audit(args, s: config.Settings) -> int:
-    from onceflow.apps import audit
+    from onceflow.operations import audit
 
     _progress(
         f"auditing app {s.app_id}: a consistent cut of its committed history (reading the source, sink, "
@@ -220,9 +220,9 @@ def cmd_audit(args, s: config.Settings) -> int:
 
 
 def cmd_savepoint(args, s: config.Settings) -> int:
-    from onceflow.apps import savepoints
     from onceflow.control import rotation
     from onceflow.kafka import events as ev
+    from onceflow.operations import savepoints
     from onceflow.runtime import jobctl
 
     if args.action == "create":
@@ -296,8 +296,8 @@ def _need_id(args) -> str:
 
 
 def cmd_reconcile(args, s: config.Settings) -> int:
-    from onceflow.apps import audit, recon_chain
     from onceflow.control import reconciliation
+    from onceflow.operations import audit, recon_chain
 
     if args.action == "status":
         st = recon_chain.status(s, audit.committed_position(s, _source_partitions(s)).batch)
@@ -323,7 +323,7 @@ def cmd_reconcile(args, s: config.Settings) -> int:
     )
     _progress(f"reconciling {what} of app {s.app_id} (Spark; log: {s.log_dir / 'cli.log'}) ...")
     spark = _spark(s, "reconcile")
-    from onceflow.apps import reconcile
+    from onceflow.operations import reconcile
 
     res = (
         reconcile.run_chain(spark, s, with_gx=not args.no_gx)
@@ -370,7 +370,7 @@ def _spark(s: config.Settings, name: str):
 
 
 def cmd_backfill(args, s: config.Settings) -> int:
-    from onceflow.apps import backfill
+    from onceflow.operations import backfill
 
     spec = backfill.spec_from(
         s,
@@ -394,7 +394,7 @@ def cmd_backfill(args, s: config.Settings) -> int:
 
 
 def cmd_quarantine(args, s: config.Settings) -> int:
-    from onceflow.apps import quarantine
+    from onceflow.operations import quarantine
 
     if args.action == "add":
         if args.partition is None or args.offset is None:

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from onceflow.app import registry
+from onceflow.app.declaration import App, AppError
+from onceflow.rules import names
 from onceflow.rules.records import RULES_VERSION
 
 ENV_PREFIX = "ONCEFLOW_"
@@ -41,18 +44,19 @@ class Settings:
     # more than one, an unset bootstrap list names every node (ports spaced by NODE_PORT_STEP from the first), and
     # unset replication settings become 3 and 2 (see `load`).
     brokers: int = 1
-    source_topic: str = "ip_count_source"
-    sink_topic: str = "ip_count_sink"
-    dlq_topic: str = "ip_count_dlq"
-    ledger_topic: str = "ip_count_ledger"
-    events_topic: str = "onceflow_events"  # shared: savepoints, restores, quarantines, backfills
-    # The job's own facts (its driver's and supervisor's events: wire.JOB_EVENTS), per app; only the job's principal
-    # may write it, so nothing else can forge them (docs/security.md).
-    job_events_topic: str = "ip_count_events"
-    alerts_topic: str = "onceflow_alerts"
-    health_topic: str = "onceflow_health"
-    reconciliation_topic: str = "onceflow_reconciliation"
-    backfill_topic: str = "ip_count_backfill"
+    # An app's own topics; empty: named from its app_id (onceflow.rules.names), e.g. <app_id>_source.
+    source_topic: str = ""
+    sink_topic: str = ""
+    dlq_topic: str = ""
+    ledger_topic: str = ""
+    events_topic: str = names.SHARED_TOPICS["events_topic"]  # shared: savepoints, restores, quarantines, backfills
+    # The job's own facts (its driver's and supervisor's events: wire.JOB_EVENTS), per app (<app_id>_events); only
+    # the job's principal may write it, so nothing else can forge them (docs/security.md).
+    job_events_topic: str = ""
+    alerts_topic: str = names.SHARED_TOPICS["alerts_topic"]
+    health_topic: str = names.SHARED_TOPICS["health_topic"]
+    reconciliation_topic: str = names.SHARED_TOPICS["reconciliation_topic"]
+    backfill_topic: str = ""
     source_partitions: int = 4
     sink_partitions: int = 4
     replication_factor: int = 1
@@ -75,7 +79,13 @@ class Settings:
     kafka_ca_file: str = ""
 
     # --- the streaming job ---
-    app_id: str = "ip_count"
+    # The declared app this job runs (onceflow.app: an `onceflow.apps` entry point or app_registry); its
+    # declaration's settings are the defaults of the settings in APP_SETTINGS.
+    app: str = "ip_count"
+    # This instance of the app: its topics, groups, transactional id, checkpoint and files; empty: the app's name.
+    app_id: str = ""
+    # Apps declared outside installed packages: name=package.module:attribute, comma-separated.
+    app_registry: str = ""
     master: str = "local[2]"
     checkpoint_uri: str = ""  # default: <var_dir>/checkpoints/<app_id>
     trigger_interval_s: float = 5.0
@@ -151,7 +161,7 @@ class Settings:
     txn_watch_interval_s: float = 60.0
     reconcile_interval_minutes: float = 60.0
     # The scheduled reconciliation chain proves at most this many committed batches per run; the rest is the
-    # next run's (onceflow.apps.recon_chain).
+    # next run's (onceflow.operations.recon_chain).
     reconcile_max_batches: int = 2000
     spark_conn_id: str = "spark_default"  # Airflow connection: Spark master / deploy mode
     airflow_port: int = 8080
@@ -178,16 +188,28 @@ class Settings:
     # --- fault injection for tests; empty = off (see onceflow.faults) ---
     fault: str = ""
 
+    def __post_init__(self) -> None:
+        # the names left empty follow the app (a frozen dataclass: set once, here)
+        if not self.app_id:
+            object.__setattr__(self, "app_id", self.app)
+        for topic in names.APP_TOPICS:
+            if not getattr(self, topic):
+                object.__setattr__(self, topic, names.app_topic(self.app_id, topic))
+
+    def declared_app(self) -> App:
+        """The declaration of the app this job runs (onceflow.app)."""
+        return declaration(self.app, self.app_registry)
+
     # ------------------------------------------------------------------ derived names
     @property
     def transactional_id(self) -> str:
         """Stable per app: a restarted job fences its predecessor (zombie fencing)."""
-        return f"onceflow.{self.app_id}"
+        return names.transactional_id(self.app_id)
 
     @property
     def group_id(self) -> str:
         """The consumer group whose committed offsets are the job's true position."""
-        return f"onceflow.{self.app_id}"
+        return names.group_id(self.app_id)
 
     @property
     def checkpoint(self) -> str:
@@ -201,7 +223,7 @@ class Settings:
     def reader_group(self) -> str:
         """The group of every read_committed consumer that never commits (onceflow.kafka.clients); Spark's Kafka
         consumers are named under `<it>.spark` (onceflow.spark.kafka_source). The ACLs grant both."""
-        return f"onceflow.reader.{self.app_id}"
+        return names.reader_group(self.app_id)
 
     def kafka_client_security(self) -> dict[str, str]:
         """librdkafka's settings for the cluster's security: nothing on PLAINTEXT; SCRAM over TLS otherwise."""
@@ -300,7 +322,7 @@ class Settings:
 
     def job_config_hash(self) -> str:
         """A hash of the settings that shape the job's results (for savepoints and upgrade checks)."""
-        keys = ("source_topic", "sink_topic", "dlq_topic", "window_s", "watermark_s", "app_id")
+        keys = ("source_topic", "sink_topic", "dlq_topic", "window_s", "watermark_s", "app_id", "app")
         blob = json.dumps({k: getattr(self, k) for k in keys} | {"rules": RULES_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -395,8 +417,10 @@ class Settings:
             f"{ENV_PREFIX}STARTING_OFFSETS must be 'earliest' or 'latest', got {self.starting_offsets!r}",
         )
         need(
-            bool(self.app_id) and all(c.isalnum() or c in "._-" for c in self.app_id),
-            f"{ENV_PREFIX}APP_ID must be non-empty and use only letters, digits, '.', '_', '-'",
+            # no '.': it separates an app's name from the parts of its group and transactional ids, and an app
+            # `a.backfill.x` would fall under app `a`'s backfill prefix (its ACLs, its fencing)
+            bool(self.app_id) and all(c.isalnum() or c in "_-" for c in self.app_id),
+            f"{ENV_PREFIX}APP_ID must be non-empty and use only letters, digits, '_', '-' (got {self.app_id!r})",
         )
         need(
             self.kafka_security_protocol in ("PLAINTEXT", "SASL_SSL"),
@@ -521,10 +545,56 @@ def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     unknown = set(values) - {f.name for f in fields(Settings)}
     if unknown:
         raise ConfigError(f"unknown settings: {sorted(unknown)}")
+    values = app_defaults(values) | values
     values |= topology_defaults(values)
     s = Settings(**values)
     s.validate()
     return s
+
+
+# The settings an app's declaration may set for itself (App.settings): its shape and pace, never where the
+# platform runs nor its credentials.
+APP_SETTINGS = frozenset(
+    {
+        *names.APP_TOPICS,
+        "source_partitions",
+        "sink_partitions",
+        "trigger_interval_s",
+        "close_out_batches",
+        "max_offsets_per_trigger",
+        "shuffle_partitions",
+        "window_s",
+        "watermark_s",
+        "starting_offsets",
+        "transaction_timeout_ms",
+        "max_event_ahead_s",
+        "dlq_max_value_bytes",
+        "driver_memory",
+        "executor_memory",
+        "executor_cores",
+        "cores_max",
+    }
+)
+
+
+def declaration(app: str, app_registry: str = "") -> App:
+    """The declared app `app`, found through the registry (onceflow.app.registry)."""
+    try:
+        return registry.find(app, app_registry)
+    except AppError as e:
+        raise ConfigError(f"{ENV_PREFIX}APP={app}: {e}") from e
+
+
+def app_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The declared app's own settings (App.settings), for the settings not given."""
+    app = declaration(str(given.get("app", Settings.app)), str(given.get("app_registry", "")))
+    wrong = sorted(set(app.settings) - APP_SETTINGS)
+    if wrong:
+        raise ConfigError(
+            f"{ENV_PREFIX}APP={app.name}: its declaration sets {wrong}, which an app may not set for itself; it may set "
+            f"{sorted(APP_SETTINGS)}"
+        )
+    return {k: v for k, v in app.settings.items() if k not in given}
 
 
 def topology_defaults(given: Mapping[str, Any]) -> dict[str, Any]:

@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import cast
 
 from onceflow import config, wire
-from onceflow.apps import audit
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import topics
+from onceflow.operations import audit
 from onceflow.runtime import jobctl, launcher, procs, supervisor
 from onceflow_dev import bench_check, bench_flink, broker, generator
 

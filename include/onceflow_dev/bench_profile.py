@@ -10,7 +10,7 @@ shuffle partitions, state store provider), over the backlog `make bench` writes 
    output computed and dropped (`noop`);
 5. + results to the driver: as 4, with the output streamed to the Python driver (onceflow.spark.partition_stream,
    as Arrow batches as the job does; and once as pickled Rows, as it did before) and dropped there;
-6. + produce and commit: the job itself (`jobs/ip_count.py` under its supervisor), as `make bench` runs it.
+6. + produce and commit: the job itself (`jobs/stream.py` under its supervisor), as `make bench` runs it.
 
 records/s of each rung = backlog records / its wall time (rungs 4-6: first batch start to last commit, as the
 bench measures); the share of a part = the time it adds over the rung before, over the job's time. Rungs 1-3 run
@@ -28,8 +28,8 @@ import time
 from onceflow import config
 from onceflow.kafka import topics
 from onceflow.runtime import launcher
+from onceflow.spark import app_plan, kafka_source, parsing, partition_stream
 from onceflow.spark import ip_count_plan as plan_of
-from onceflow.spark import kafka_source, parsing, partition_stream
 from onceflow_dev import bench
 
 log = logging.getLogger("onceflow_dev.bench")
@@ -80,7 +80,7 @@ def streaming_rung(spark, s: config.Settings, end: dict[int, int], to_driver: st
         marks.append(time.monotonic())
 
     with tempfile.TemporaryDirectory() as cp:
-        frame = plan_of.results_and_dlq(plan_of.source(spark, s.replace(starting_offsets="earliest")), s)
+        frame = plan_of.results_and_dlq(app_plan.source(spark, s.replace(starting_offsets="earliest")), s)
         q = frame.writeStream.foreachBatch(each).option("checkpointLocation", cp).trigger(processingTime="0 seconds")
         query = q.start()
         try:

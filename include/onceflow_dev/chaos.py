@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from onceflow import config, wire
-from onceflow.apps import audit
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import topics
+from onceflow.operations import audit
 from onceflow.rules import invariants
 from onceflow.runtime import jobctl, launcher, procs
 from onceflow_dev import broker, generator
@@ -187,7 +187,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             "secured": bool(spec.secured),
         }
         spark = launcher.local_session(s, "chaos-reconcile")
-        from onceflow.apps import reconcile
+        from onceflow.operations import reconcile
 
         res = reconcile.run(spark, recon, with_gx=False)
         report["reconciliation"] = {c.name: c.status for c in res.checks}

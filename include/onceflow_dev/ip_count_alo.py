@@ -1,4 +1,4 @@
-"""The same Spark query as jobs/ip_count.py, written with Spark's built-in Kafka sink (at-least-once): what a
+"""The same Spark query as the ip_count app's job (jobs/stream.py), written with Spark's built-in Kafka sink (at-least-once): what a
 user would pick instead of onceflow. Used only by `make bench` as the baseline. Progress goes to the status file
 (ONCEFLOW_* settings, like the real job) so the benchmark can time it the same way."""
 
@@ -16,6 +16,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from onceflow import config, wire
 from onceflow.kafka import events as ev
+from onceflow.spark import app_plan
 from onceflow.spark import ip_count_plan as ip_count
 
 
@@ -60,7 +61,7 @@ def main() -> int:
     s = config.load()
     spark = SparkSession.builder.getOrCreate()
     spark.streams.addListener(Progress(s))
-    out = ip_count.results_and_dlq(ip_count.source(spark, s), s)
+    out = ip_count.results_and_dlq(app_plan.source(spark, s), s)
     frame = out.select(
         F.when(F.col("kind") == wire.KIND_RESULT, F.lit(s.sink_topic)).otherwise(F.lit(s.dlq_topic)).alias("topic"),
         F.col("key").cast("binary").alias("key"),

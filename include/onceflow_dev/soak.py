@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from onceflow import config, wire
-from onceflow.apps import audit, recon_chain
 from onceflow.kafka import events as ev
 from onceflow.kafka import topics
+from onceflow.operations import audit, recon_chain
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import airflow_local, broker, chaos, generator
 from onceflow_dev.webhook_receiver import Receiver

@@ -81,7 +81,7 @@ def test_hanging_transaction_is_detected_with_its_age(dagbag, airflow_app, webho
 
 @pytest.mark.integration
 def test_rotation_and_savepoint_actions_of_the_deploy_dag(dagbag, airflow_app, webhook, tmp_path, monkeypatch):
-    from onceflow.apps import savepoints
+    from onceflow.operations import savepoints
 
     s = airflow_app(savepoint_keep=2, checkpoint_size_alert_bytes=1, max_offsets_per_trigger=3000)
     sent = produce(s, tmp_path / "a.csv", count=15_000, event_rate=2000, seed=41)
@@ -131,7 +131,7 @@ def test_rotation_and_savepoint_actions_of_the_deploy_dag(dagbag, airflow_app, w
 def test_the_reconciliation_dag_submits_its_spark_job_and_pages_a_gap(
     dagbag, airflow_app, webhook, tmp_path, monkeypatch
 ):
-    from onceflow.apps import audit
+    from onceflow.operations import audit
 
     s = airflow_app(max_offsets_per_trigger=4000)
     sent = produce(

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from onceflow import config
-from onceflow.apps import audit, recon_chain, savepoints
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import topics
 from onceflow.kafka.events import EventBus
+from onceflow.operations import audit, recon_chain, savepoints
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import airflow_local
 from onceflow_dev.airflow_client import AirflowApiError

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from confluent_kafka.admin import NewTopic
 
-from onceflow.apps import audit
 from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
+from onceflow.operations import audit
 from onceflow.rules import invariants, records
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import credentials, generator

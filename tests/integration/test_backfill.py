@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 
 from onceflow import wire
-from onceflow.apps import audit, backfill
 from onceflow.kafka import reading as kafka_reading
+from onceflow.operations import audit, backfill
 from onceflow.rules import records
 from onceflow.rules.backfill import BackfillError
 from onceflow.runtime import launcher, procs

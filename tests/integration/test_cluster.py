@@ -275,7 +275,7 @@ def _kafka_tool_coordinator(s) -> int:
 
 
 def _entries(s):
-    from onceflow.apps import audit
+    from onceflow.operations import audit
 
     return audit.ledger_entries(s)
 

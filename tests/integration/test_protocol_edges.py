@@ -12,11 +12,11 @@ import pytest
 from confluent_kafka import Producer
 
 from onceflow import wire
-from onceflow.apps import audit, quarantine
 from onceflow.control import alerts, health
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
+from onceflow.operations import audit, quarantine
 from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
 from onceflow.rules import records
 from onceflow.rules.ledger import BatchPlan, Decision
@@ -75,7 +75,7 @@ def test_a_clock_a_year_ahead_is_quarantined_and_everything_late_is_reported(app
     assert rec.late_fraction is not None and rec.late_fraction > s.late_fraction_threshold, rec
     assert f"health:{s.app_id}:late" in {a.key for a in sink.history() if a.status == alerts.FIRING}
     first_late = max(e.batch for e in audit.ledger_entries(s) if e.end == end_offsets(sent)) + 1
-    from onceflow.apps import reconcile
+    from onceflow.operations import reconcile
 
     res = reconcile.run(spark, s, first=first_late, last=audit.ledger_entries(s)[-1].batch, with_gx=False)
     i2 = res.check("I2_accounting")

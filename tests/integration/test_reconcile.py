@@ -7,9 +7,9 @@ import json
 import pytest
 
 from onceflow import wire
-from onceflow.apps import audit, reconcile
 from onceflow.control import reconciliation
 from onceflow.kafka import reading as kafka_reading
+from onceflow.operations import audit, reconcile
 from onceflow.rules.reconciliation import FAIL, PASS
 from onceflow.runtime import jobctl
 from onceflow_dev.generator import KIND_TAIL
@@ -211,7 +211,7 @@ def test_a_running_job_reconciles_green_while_it_commits(app, spark, tmp_path, m
 def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(history, spark):
     """The scheduled chain: slices of at most N batches from the last proven one; a failed run records its result
     and leaves the chain where it was (the next run covers the same batches again); nothing new succeeds."""
-    from onceflow.apps import recon_chain
+    from onceflow.operations import recon_chain
 
     s0, _ = history
     s = s0.replace(

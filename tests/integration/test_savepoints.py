@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from onceflow import wire
-from onceflow.apps import savepoints
 from onceflow.control import deploy
 from onceflow.kafka import events as ev
+from onceflow.operations import savepoints
 from onceflow.rules.savepoints import DATA_DIR, MANIFEST, SavepointError
 from onceflow.runtime import jobctl, procs
 
@@ -89,7 +89,7 @@ def test_savepoint_under_load_then_kill9_and_restore_latest_is_exact(app, tmp_pa
     assert jobctl.stop(s)
     # The whole history reconciles, across the restore: the catch-up batch's late rows are charged to no ledger
     # batch (it wrote nothing), and each progress event names the ledger batch it belongs to.
-    from onceflow.apps import reconcile
+    from onceflow.operations import reconcile
 
     res = reconcile.run(spark, s, with_gx=False)
     assert res.ok, json.dumps([c.__dict__ for c in res.failures()], default=str)

@@ -18,13 +18,13 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 
 from onceflow import config, wire
-from onceflow.apps import backfill, reconcile, savepoints
 from onceflow.config import ConfigError
 from onceflow.control.console import readers
 from onceflow.kafka import acls, security, topics
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import transactional as tw
 from onceflow.kafka.clients import transactional_producer
+from onceflow.operations import backfill, reconcile, savepoints
 from onceflow.protocol.exactly_once import ExactlyOnceSink, TransactionConfigError
 from onceflow.runtime import jobctl, launcher, preflight, procs
 from onceflow_dev import broker, credentials, stack, tls

@@ -636,7 +636,7 @@ def test_hostile_ledger_and_event_records_through_the_endpoints(client, kafka):
 
 
 def test_the_proofs_endpoint_types_reconciliation_batch_numbers(client, monkeypatch):
-    from onceflow.apps import recon_chain
+    from onceflow.operations import recon_chain
     from onceflow.runtime import jobctl
 
     c, s = client

@@ -47,7 +47,7 @@ def _k8s_cluster_mode(**overrides) -> config.Settings:
 def test_kubernetes_cluster_mode_runs_the_image_and_carries_the_settings():
     s = _k8s_cluster_mode(k8s_namespace="streaming", bootstrap_servers="kafka-0.kafka:9092,kafka-1.kafka:9092")
     spec = launcher.submit_spec(s)
-    assert spec["application"] == "local:///opt/onceflow/jobs/ip_count.py"
+    assert spec["application"] == "local:///opt/onceflow/jobs/stream.py"
     assert all(j.startswith("local:///opt/onceflow/var/jvm/") for j in spec["jars"].split(","))
     c = spec["conf"]
     assert c["spark.kubernetes.container.image"] == "registry.example/onceflow:1.0"

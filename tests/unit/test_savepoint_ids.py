@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from onceflow import cli, config
-from onceflow.apps import savepoints
+from onceflow.operations import savepoints
 from onceflow.rules.savepoints import (
     DATA_DIR,
     MANIFEST,

@@ -72,7 +72,7 @@ def preflight_for(settings: Settings, action: str, savepoint_id: str = "latest",
             )
         info |= check_upgrade(settings)
     if action == "restore":
-        from onceflow.apps import savepoints
+        from onceflow.operations import savepoints
 
         info["restore"] = savepoints.check_restore(settings, savepoint_id, allow_rewind).summary()
     return info
@@ -112,7 +112,7 @@ def check_upgrade(settings: Settings) -> dict:
 def upgrade(settings: Settings, argv: Sequence[str] | None = None, wait_s: float = 300.0) -> dict:
     """Stop-with-savepoint, then start the new code and settings from the same checkpoint. The savepoint is the
     point to go back to (action restore) if the new version misbehaves."""
-    from onceflow.apps import savepoints
+    from onceflow.operations import savepoints
 
     check_upgrade(settings)
     m = savepoints.create(settings, stop=True, bus=ev.EventBus(settings))
@@ -130,7 +130,7 @@ def restore(
     settings: Settings, sp_id: str, allow_rewind: bool = False, argv: Sequence[str] | None = None, wait_s: float = 300.0
 ) -> dict:
     """Stop (if running), restore savepoint `sp_id`, start, wait for a committed batch."""
-    from onceflow.apps import savepoints
+    from onceflow.operations import savepoints
 
     savepoints.check_restore(settings, sp_id, allow_rewind)  # refuse before stopping anything
     jobctl.stop(settings)

@@ -25,12 +25,12 @@ from urllib.parse import urlparse
 from confluent_kafka import TopicPartition
 
 from onceflow import wire
-from onceflow.apps import audit
 from onceflow.config import Settings
 from onceflow.control import alerts
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
+from onceflow.operations import audit
 from onceflow.rules import lag
 from onceflow.runtime import jobctl
 

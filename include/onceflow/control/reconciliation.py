@@ -1,4 +1,4 @@
-"""What the reconciliation DAG and `onceflow reconcile` call around the Spark recount (onceflow.apps.reconcile): which
+"""What the reconciliation DAG and `onceflow reconcile` call around the Spark recount (onceflow.operations.reconcile): which
 run it is (a manual range, or the scheduled chain's next slice), submitting it, recording its result, alerting.
 Light: no Spark here, so the DAG file that imports it parses fast."""
 
@@ -9,10 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from onceflow import wire
-from onceflow.apps import recon_chain
 from onceflow.config import REPO_ROOT, Settings
 from onceflow.control import alerts
 from onceflow.kafka import clients as kafka_clients
+from onceflow.operations import recon_chain
 from onceflow.rules import reconciliation as rr
 
 SCRIPT = REPO_ROOT / "jobs" / "reconcile.py"
@@ -20,7 +20,7 @@ SCRIPT = REPO_ROOT / "jobs" / "reconcile.py"
 
 def range_from(first=None, last=None, since=None, until=None) -> dict | None:
     """A manual run's range from its params (batches or commit times), checked before anything runs; None when
-    none is given: then the run is the chain's next slice (onceflow.apps.recon_chain). The timetable's data interval is
+    none is given: then the run is the chain's next slice (onceflow.operations.recon_chain). The timetable's data interval is
     never used: Airflow 3's scheduled runs have zero-length intervals, and the chain covers every batch anyway."""
     if first is None and last is None and since in (None, "") and until in (None, ""):
         return None

@@ -14,10 +14,10 @@ import logging
 import time
 from typing import Any
 
-from onceflow.apps import savepoints
 from onceflow.config import Settings
 from onceflow.control import alerts
 from onceflow.kafka import events as ev
+from onceflow.operations import savepoints
 from onceflow.rules.savepoints import SavepointError
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ from onceflow.control import alerts
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
+from onceflow.rules import names
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,10 @@ def hanging(txns: list[OpenTxn], now_ms: int, timeout_ms: int) -> list[alerts.Co
         if age <= timeout_ms:
             continue
         if t.backfill:
-            who = f"backfill {t.backfill} of app {t.app} (transactional.id onceflow.{t.app}.backfill.{t.backfill})"
+            txn_id = names.backfill_transactional_id(t.app or "?", t.backfill)
+            who = f"backfill {t.backfill} of app {t.app} (transactional.id {txn_id})"
         elif t.app:
-            who = f"app {t.app} (transactional.id onceflow.{t.app}, batch {t.batch})"
+            who = f"app {t.app} (transactional.id {names.transactional_id(t.app)}, batch {t.batch})"
         else:
             who = "a producer that is not onceflow (no onceflow.app header)"
         out.append(
@@ -180,7 +182,7 @@ def event_conditions(events: list[dict]) -> list[alerts.Condition]:
 def new_events(settings: Settings, types: set[str], timeout_s: float = 60.0) -> list[dict]:
     """The job's events of `types` not seen by the watch before (its consumer group remembers the position on the
     job events topic, where the job's transaction events are)."""
-    return ev.read(settings, types, group=f"onceflow.txn_watch.{settings.app_id}", timeout_s=timeout_s)
+    return ev.read(settings, types, group=names.txn_watch_group(settings.app_id), timeout_s=timeout_s)
 
 
 def watch(settings: Settings, sink: alerts.AlertSink, now_ms: int | None = None) -> dict:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onceflow.config import Settings
+from onceflow.rules import names
 
 ROLES = ("job", "backfill", "control", "reconcile")
 ADMIN = "onceflow-admin"  # the embedded stack's super user: creates topics, users and ACLs, never runs the job
@@ -63,7 +64,7 @@ class Acl:
 def username(settings: Settings, role: str) -> str:
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; one of {ROLES}")
-    return f"onceflow.{settings.app_id}.{role}"
+    return names.username(settings.app_id, role)
 
 
 def principal(settings: Settings, role: str) -> str:
@@ -72,7 +73,7 @@ def principal(settings: Settings, role: str) -> str:
 
 def required(settings: Settings, role: str) -> list[Acl]:
     """The ACLs of one role of the app `settings.app_id`: no more than its code uses."""
-    s, who = settings, principal(settings, role)
+    s, app, who = settings, settings.app_id, principal(settings, role)
 
     def topic(name: str, op: str) -> Acl:
         return Acl(who, "TOPIC", name, "LITERAL", op)
@@ -85,7 +86,7 @@ def required(settings: Settings, role: str) -> list[Acl]:
 
     # every role reads committed data with a consumer that never commits (onceflow.kafka.clients); Spark's
     # source consumers are named from the same prefix
-    reader = [group(s.reader_group), group(f"{s.reader_group}.spark", "PREFIXED")]
+    reader = [group(names.reader_group(app)), group(names.spark_group_prefix(app), "PREFIXED")]
     configs = Acl(who, "CLUSTER", "kafka-cluster", "LITERAL", "DESCRIBE_CONFIGS")  # transaction.max.timeout.ms
     if role == "job":
         return [
@@ -97,10 +98,10 @@ def required(settings: Settings, role: str) -> list[Acl]:
             # deploy's preflight: a batch committed recently by a driver elsewhere is another live instance
             topic(s.job_events_topic, "READ"),
             topic(s.dlq_topic, "DESCRIBE_CONFIGS"),  # preflight: a DLQ copy fits the topic's record limit
-            group(s.group_id),
-            group(f"{s.group_id}.ledger"),
+            group(names.group_id(app)),
+            group(names.ledger_group(app)),
             *reader,
-            txn(s.transactional_id),
+            txn(names.transactional_id(app)),
             configs,
         ]
     if role == "backfill":
@@ -111,9 +112,9 @@ def required(settings: Settings, role: str) -> list[Acl]:
             topic(s.backfill_topic, "WRITE"),
             topic(s.backfill_topic, "READ"),
             topic(s.events_topic, "WRITE"),
-            group(f"{s.group_id}.backfill.", "PREFIXED"),
+            group(names.backfill_prefix(app), "PREFIXED"),
             *reader,
-            txn(f"{s.transactional_id}.backfill.", "PREFIXED"),
+            txn(names.backfill_prefix(app), "PREFIXED"),
             configs,
         ]
     if role == "control":
@@ -134,9 +135,9 @@ def required(settings: Settings, role: str) -> list[Acl]:
                 )
             ),
             *(topic(t, "WRITE") for t in (s.alerts_topic, s.health_topic, s.events_topic)),
-            group(s.group_id, op="DESCRIBE"),
-            group(f"{s.group_id}.reconciliation", op="DESCRIBE"),  # the console's proofs: the chain's position
-            group(f"onceflow.txn_watch.{s.app_id}"),
+            group(names.group_id(app), op="DESCRIBE"),
+            group(names.reconciliation_group(app), op="DESCRIBE"),  # the console's proofs: the chain's position
+            group(names.txn_watch_group(app)),
             *reader,
             configs,
         ]
@@ -155,10 +156,10 @@ def required(settings: Settings, role: str) -> list[Acl]:
                 )
             ),
             topic(s.reconciliation_topic, "WRITE"),
-            group(s.group_id, op="DESCRIBE"),
-            group(f"{s.group_id}.reconciliation"),
+            group(names.group_id(app), op="DESCRIBE"),
+            group(names.reconciliation_group(app)),
             *reader,
-            txn(f"{s.transactional_id}.reconciliation"),
+            txn(names.reconciliation_transactional_id(app)),
             configs,
         ]
     raise ValueError(f"unknown role {role!r}; one of {ROLES}")

@@ -46,7 +46,7 @@ from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import transactional as tw
 from onceflow.protocol import ledger_reader
-from onceflow.rules import records
+from onceflow.rules import names, records
 from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, decide, offset_metadata
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class BatchNotCommitted(RuntimeError):
 
 class UndeliverableRecord(RuntimeError):
     """A record the broker refuses every time (fault `undeliverable`, standing in for a permanent delivery error):
-    its batch can never commit until the operator quarantines the source record (onceflow.apps.quarantine)."""
+    its batch can never commit until the operator quarantines the source record (onceflow.operations.quarantine)."""
 
 
 class ExactlyOnceSink:
@@ -134,7 +134,9 @@ class ExactlyOnceSink:
         # The group whose committed offsets are the job's position. It never subscribes: it only supplies
         # group metadata for send_offsets_to_transaction and reads the committed offsets back.
         self.group = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
-        self.ledger_reader = kafka_clients.read_committed_consumer(settings, group_id=f"{settings.group_id}.ledger")
+        self.ledger_reader = kafka_clients.read_committed_consumer(
+            settings, group_id=names.ledger_group(settings.app_id)
+        )
         self.admin = kafka_clients.admin(settings)  # the ledger lookups' (held: one connection, not one per lookup)
 
     # ------------------------------------------------------------------ what is committed

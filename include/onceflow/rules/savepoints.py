@@ -1,6 +1,6 @@
 """What a savepoint is, as pure rules: which checkpoint files belong to a cut at batch N, whether a state store
 can be recovered from a file set, the manifest, compatibility, and the restore decision. No I/O here; the
-copying and the Kafka reads are in onceflow.apps.savepoints.
+copying and the Kafka reads are in onceflow.operations.savepoints.
 
 A savepoint at Spark batch N holds `metadata`, `sources/`, `offsets/` and `commits/` up to N, and the state store
 files up to version N+1 (batch N commits state version N+1). Restoring it behind the sink (the sink committed
@@ -36,7 +36,7 @@ class SavepointError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------- savepoint ids
-# What onceflow.apps.savepoints.new_id generates: sp-<UTC YYYYMMDD>T<HHMMSS><millis>Z-b<ledger batch>. Ids come
+# What onceflow.operations.savepoints.new_id generates: sp-<UTC YYYYMMDD>T<HHMMSS><millis>Z-b<ledger batch>. Ids come
 # from operators (CLI, DAG Params, the console) and are joined to a storage path, so nothing else is accepted.
 # `$(?!\n)`, not `$`: Python's `$` also matches before a trailing newline (jsonschema validates Params with
 # re.search); the lookahead keeps the pattern valid ECMA regex for the Airflow UI.
@@ -277,7 +277,7 @@ def incompatibilities(m: Manifest, rt: Runtime) -> list[str]:
 # ---------------------------------------------------------------------------- restore
 @dataclass(frozen=True)
 class RestoreFacts:
-    """What the world looks like when a restore is asked for (read by onceflow.apps.savepoints)."""
+    """What the world looks like when a restore is asked for (read by onceflow.operations.savepoints)."""
 
     committed: Committed
     ledger_at_savepoint: LedgerEntry | None  # the ledger's record of the savepoint's batch, now

@@ -1,8 +1,8 @@
 """The streaming driver: the Spark query, and the loop that writes each micro-batch exactly once.
 
-`jobs/ip_count.py` (what spark-submit runs) calls `main()`. The driver checks everything before it starts
+`jobs/stream.py` (what spark-submit runs) calls `main()`. The driver checks everything before it starts
 (preflight, the app's lock on this machine, the transactional producer, which fences the previous instance),
-builds the query (onceflow.spark.ip_count_plan), and hands each batch to the protocol
+builds the query (the declared app's, onceflow.spark.app_plan), and hands each batch to the protocol
 (onceflow.protocol.exactly_once) inside `foreachBatch`: decide, collect the batch's output, write it in one
 transaction, record the batch in the status file, then wait for the next batch's turn (close-out pacing). A stop
 (SIGTERM) lands on a batch boundary: never inside a transaction, nor between a Kafka commit and Spark's
@@ -45,8 +45,7 @@ from onceflow.runtime.driver_state import (
     startup_exit_code,
     status_after_batch,
 )
-from onceflow.spark import batch_stats, partition_stream
-from onceflow.spark import ip_count_plan as plan_of
+from onceflow.spark import app_plan, batch_stats, partition_stream
 from onceflow.storage.checkpoint import HadoopFS
 
 log = logging.getLogger("onceflow.job")
@@ -283,7 +282,7 @@ def warm_up(
     shutil.rmtree(where, ignore_errors=True)
     starting = json.dumps({settings.source_topic: {str(p): o for p, o in start.items()}})
     sized = settings.replace(max_offsets_per_trigger=max(1, total // batches))
-    frame = plan_of.results_and_dlq(plan_of.source(spark, sized, starting), settings)
+    frame = app_plan.output(settings.declared_app().transform, app_plan.source(spark, sized, starting), settings)
 
     def drain(df, _batch_id: int) -> None:
         for _ in partition_stream.tuples(df):
@@ -333,6 +332,7 @@ def run(settings: config.Settings) -> int:
         log.info("standby: taking over")
     try:
         t_start = time.monotonic()
+        app = settings.declared_app()
         info = preflight.check_job(settings)
         t_preflight = time.monotonic()
         # a standby's predecessor has just died: the kernel releases its lock as it exits
@@ -358,7 +358,12 @@ def run(settings: config.Settings) -> int:
     quarantine = checkpoint.read_quarantine(fs)  # source offsets an operator quarantined (records go to the DLQ)
     writer = BatchWriter(settings, sink, fs, epoch, status)
     spark.streams.addListener(ProgressListener(bus, status, writer.batches))
-    frame = plan_of.results_and_dlq(plan_of.source(spark, settings), settings, quarantine)
+    frame = app_plan.output(app.transform, app_plan.source(spark, settings), settings, quarantine)
+    try:
+        app_plan.check_deterministic(app, frame)
+    except config.ConfigError as e:
+        sink.close()
+        return _refused(bus, "preflight", e)
     writer.started_at = time.monotonic()
     query = (
         frame.writeStream.foreachBatch(writer)

@@ -15,7 +15,7 @@ from pathlib import Path
 from onceflow.config import ENV_PREFIX, REPO_ROOT, Settings
 from onceflow.runtime import jvm
 
-JOB_SCRIPT = REPO_ROOT / "jobs" / "ip_count.py"
+JOB_SCRIPT = REPO_ROOT / "jobs" / "stream.py"
 RECONCILE_SCRIPT = REPO_ROOT / "jobs" / "reconcile.py"
 BACKFILL_SCRIPT = REPO_ROOT / "jobs" / "backfill.py"
 LOG4J = REPO_ROOT / "conf" / "log4j2-job.properties"

@@ -7,12 +7,13 @@ import json
 from pyspark.sql import DataFrame, SparkSession
 
 from onceflow.config import Settings
+from onceflow.rules import names
 
 
 def kafka_options(settings: Settings) -> dict[str, str]:
     """Options every Spark Kafka reader of the platform sets: the cluster's security (the password inside the JAAS
     setting, which Spark redacts) and consumer groups named under the reader prefix its ACLs allow."""
-    return {"groupIdPrefix": f"{settings.reader_group}.spark"} | {
+    return {"groupIdPrefix": names.spark_group_prefix(settings.app_id)} | {
         f"kafka.{k}": v for k, v in settings.kafka_java_security().items()
     }
 

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from onceflow import wire
-from onceflow.apps import backfill as backfills
-from onceflow.apps import recon_chain, savepoints
 from onceflow.config import Settings
 from onceflow.control import txnwatch
 from onceflow.control.console import views
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading
+from onceflow.operations import backfill as backfills
+from onceflow.operations import recon_chain, savepoints
 from onceflow.rules.ledger import LedgerEntry, MalformedRecord, parse_record
 from onceflow.runtime import jobctl, preflight
 

@@ -365,7 +365,7 @@ def _brief(r: Any) -> dict[str, Any] | None:
 
 
 def chain_view(chain: dict[str, Any]) -> dict[str, Any]:
-    """The reconciliation chain's status (onceflow.apps.recon_chain.status, computed from the reconciliation
+    """The reconciliation chain's status (onceflow.operations.recon_chain.status, computed from the reconciliation
     topic's records) with every field typed: batch numbers integers, ranges [first, last] pairs of integers (any
     other pair left out), texts strings."""
     return {

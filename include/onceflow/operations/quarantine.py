@@ -22,10 +22,10 @@ import logging
 import time
 
 from onceflow import wire
-from onceflow.apps import audit
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
+from onceflow.operations import audit
 from onceflow.protocol import ledger_writes
 from onceflow.rules.checkpoint import QUARANTINE_FILE, render_quarantine
 from onceflow.rules.ledger import QuarantineRange, QuarantineRecord
@@ -40,7 +40,7 @@ class QuarantineError(ValueError):
 
 def current(settings: Settings) -> list[QuarantineRange]:
     """The ranges in force for the job (its checkpoint's copy)."""
-    from onceflow.apps.savepoints import Store
+    from onceflow.operations.savepoints import Store
 
     store = Store(settings.checkpoint)
     if not store.exists(QUARANTINE_FILE):
@@ -55,7 +55,7 @@ def add(
     in) and after fencing every driver of the app anywhere (the app's transactional id), so what is checked cannot
     change before it is written. The checkpoint's copy is written first and the ledger record committed second; if
     the commit fails the copy is put back: the job never runs with a quarantine the ledger does not record."""
-    from onceflow.apps.savepoints import Store
+    from onceflow.operations.savepoints import Store
 
     if not reason.strip():
         raise QuarantineError("say why the records are quarantined (--reason): the ledger keeps it")

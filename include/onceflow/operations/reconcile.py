@@ -21,10 +21,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from onceflow import wire
-from onceflow.apps import audit, recon_chain, sink_quality
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
+from onceflow.operations import audit, recon_chain, sink_quality
 from onceflow.rules import reconciliation as rr
 from onceflow.rules.checkpoint import parse_initial_offsets
 from onceflow.rules.ledger import LedgerEntry, QuarantineRange, check_coverage
@@ -186,7 +186,7 @@ def save_carry(settings: Settings, df: DataFrame, batch: int, keep: tuple[int, .
 
 # ---------------------------------------------------------------------------- the run
 def run_chain(spark: SparkSession, settings: Settings, with_gx: bool = True) -> rr.Result:
-    """The scheduled chain's next slice (onceflow.apps.recon_chain): the batches committed after the last one the chain
+    """The scheduled chain's next slice (onceflow.operations.recon_chain): the batches committed after the last one the chain
     proved, up to the newest in a consistent cut taken now, at most ONCEFLOW_RECONCILE_MAX_BATCHES."""
     t0 = int(time.time() * 1000)
     pos = recon_chain.position(settings)

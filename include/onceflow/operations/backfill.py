@@ -30,6 +30,7 @@ from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka.transactional import TransactionalWriter, TxnError
 from onceflow.rules import backfill as br
+from onceflow.rules import names
 from onceflow.rules.ledger import LedgerEntry
 from onceflow.rules.reconciliation import to_ms
 from onceflow.rules.records import RULES_VERSION
@@ -41,11 +42,11 @@ log = logging.getLogger(__name__)
 
 
 def transactional_id(settings: Settings, backfill_id: str) -> str:
-    return f"{settings.transactional_id}.backfill.{backfill_id}"
+    return names.backfill_transactional_id(settings.app_id, backfill_id)
 
 
 def group_id(settings: Settings, backfill_id: str) -> str:
-    return f"{settings.group_id}.backfill.{backfill_id}"
+    return names.backfill_group(settings.app_id, backfill_id)
 
 
 def registry(settings: Settings) -> Path:

@@ -26,6 +26,7 @@ from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka.transactional import TransactionalWriter
+from onceflow.rules import names
 from onceflow.rules.reconciliation import CHAIN, ChainPosition, ReconcileError, Result, chain_metadata, chain_position
 
 STATUS_TAIL = 2000  # reconciliation records read back for the status (the newest ones)
@@ -36,11 +37,11 @@ def home(settings: Settings) -> Path:
 
 
 def group_id(settings: Settings) -> str:
-    return f"{settings.group_id}.reconciliation"
+    return names.reconciliation_group(settings.app_id)
 
 
 def transactional_id(settings: Settings) -> str:
-    return f"{settings.transactional_id}.reconciliation"
+    return names.reconciliation_transactional_id(settings.app_id)
 
 
 def _partitions(settings: Settings) -> list[int]:

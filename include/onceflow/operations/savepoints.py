@@ -439,7 +439,7 @@ def prune(settings: Settings, now_ms: int | None = None, dry_run: bool = False) 
 
 # ---------------------------------------------------------------------------- restore
 def restore_facts(settings: Settings, m: Manifest) -> RestoreFacts:
-    from onceflow.apps import audit
+    from onceflow.operations import audit
 
     committed, _ = _group_position(settings, m.end_offsets)
     after = committed.batch is not None and m.ledger_batch is not None and committed.batch > m.ledger_batch
@@ -501,7 +501,7 @@ def restore(
     if dry_run:
         return check_restore(settings, sp_id, allow_rewind)
 
-    from onceflow.apps import audit
+    from onceflow.operations import audit
 
     # Fence first: a zombie driver of the app can no longer commit, so the facts read next stay true.
     writer = ledger_writes.app_writer(settings)

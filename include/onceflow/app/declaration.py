@@ -1,0 +1,94 @@
+"""What a team declares to put its own stream on the platform: an App.
+
+An app is a name, a transformation and its own settings. The platform does everything else from that: the Kafka
+source (read_committed, its offsets in the checkpoint), one Kafka transaction per micro-batch carrying the app's
+results, its DLQ records and the ledger record, fencing, the ledger, savepoints, preflight, health, alerts and the
+console (docs/design.md). A declaration never imports Spark at module level: the control plane (the DAGs at
+parse time, the CLI) reads declarations without a JVM; the transformation imports what it needs when it runs.
+
+For the platform's proofs to hold, a transformation must be deterministic: the same source records give the same
+results, whenever and wherever they are computed. No wall-clock time (`current_timestamp()`, `now()`), no
+randomness (`rand()`, `uuid()`), no lookups of anything that changes (a table, a service): event time comes from
+the records, windows close on the watermark, and a replayed batch then writes exactly what its first attempt
+would have.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # types only: this module is read without Spark and below the settings
+    from pyspark.sql import DataFrame
+
+    from onceflow.config import Settings
+
+# An app's name is part of its topics, groups, transactional ids, principals and file names (onceflow.rules.names).
+NAME = re.compile(r"[a-z][a-z0-9_]{0,47}")
+
+
+class AppError(ValueError):
+    """A declaration is invalid or cannot be found; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the platform hands a transformation besides its source: the app's settings (its window, watermark and
+    clock rule among them) and the source records an operator quarantined (each must become a reject with reason
+    `quarantined`: onceflow.operations.quarantine)."""
+
+    settings: Settings
+    quarantine: Sequence[Any] = ()
+
+
+@dataclass(frozen=True)
+class Results:
+    """A transformation's output, both parts computed from one source DataFrame (one transaction carries both).
+
+    rows: the results, columns `key` (string) and `value` (string or binary), written to the app's sink topic.
+    rejects: the source records that are not results and why, columns `value`, `topic`, `partition`, `offset`,
+      `timestamp` (as the Kafka source gives them) and `reason` (a short stable word, e.g. `malformed`); the
+      platform writes each to the DLQ with its provenance (a capped copy of the value, its size and sha256).
+      None: the app rejects nothing.
+    """
+
+    rows: DataFrame
+    rejects: DataFrame | None = None
+
+
+@dataclass(frozen=True)
+class App:
+    """A declared stream.
+
+    name: the app's name; its instances' Kafka names derive from it (onceflow.rules.names).
+    transform: source DataFrame (Spark's Kafka source columns) and Context -> Results; a streaming plan, run by
+      the job per micro-batch, and the same plan the platform can run as a batch.
+    settings: the app's own defaults for the platform's per-app settings (APP_SETTINGS in onceflow.config: its
+      window and watermark, trigger, partitions, topics); the environment still overrides them.
+    reasons: what goes to the DLQ and why, reason -> meaning (the console and docs show it).
+    event_time: whether results are event-time windows closed by a watermark (health judges event-time lag only
+      then).
+    deterministic: the author's word that the transformation is deterministic (see the module's docstring); the
+      platform's proofs of an app that is not are refused.
+    """
+
+    name: str
+    transform: Callable[[DataFrame, Context], Results]
+    description: str = ""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    event_time: bool = True
+    deterministic: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not NAME.fullmatch(self.name):
+            raise AppError(
+                f"an app's name is lower case letters, digits and underscores, starting with a letter (at most 48): "
+                f"got {self.name!r}"
+            )
+        if not callable(self.transform):
+            raise AppError(f"app {self.name}: transform must be a function (source, context) -> Results")
+        if not isinstance(self.settings, Mapping):
+            raise AppError(f"app {self.name}: settings must be a mapping of setting names to values")

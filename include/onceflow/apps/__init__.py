@@ -1,1 +1,0 @@
-"""The batch applications: audit, reconciliation recount, backfill, savepoints, quarantine."""

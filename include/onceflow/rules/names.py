@@ -1,0 +1,104 @@
+"""Every Kafka name of an app, built in one place: its topics, consumer groups, transactional ids and principals.
+
+The settings (onceflow.config) default an app's topics from here, the clients, the backfill, the reconciliation
+chain and the transaction watch take their group and transactional ids from here, and the ACLs
+(onceflow.kafka.acls) grant exactly these names, so a name can never differ between the code that uses it and
+the right that allows it. Pure: strings in, strings out.
+
+An app `<app>` (its instance id, Settings.app_id) owns:
+
+- topics `<app>_source`, `<app>_sink`, `<app>_dlq`, `<app>_ledger`, `<app>_events` (the job's own facts) and
+  `<app>_backfill` (defaults: a setting may name another topic);
+- the job's transactional id and group `onceflow.<app>` (a restarted job fences its predecessor by reusing it);
+- `onceflow.<app>.ledger` (the job reading its ledger back), `onceflow.<app>.reconciliation` (the chain's
+  position and its transactional id), `onceflow.<app>.backfill.<id>` (a backfill's transactional id and group);
+- `onceflow.reader.<app>` for read_committed consumers that never commit, and Spark's source consumers under
+  `onceflow.reader.<app>.spark`;
+- principals `onceflow.<app>.<role>` (job, backfill, control, reconcile).
+
+The topics every app shares (savepoints and restores, alerts, health, reconciliation results) are platform-wide:
+`onceflow_events`, `onceflow_alerts`, `onceflow_health`, `onceflow_reconciliation`.
+"""
+
+from __future__ import annotations
+
+PREFIX = "onceflow"
+
+# an app's own topics: the setting's field -> the suffix of its default name
+APP_TOPICS = {
+    "source_topic": "source",
+    "sink_topic": "sink",
+    "dlq_topic": "dlq",
+    "ledger_topic": "ledger",
+    "job_events_topic": "events",
+    "backfill_topic": "backfill",
+}
+SHARED_TOPICS = {
+    "events_topic": f"{PREFIX}_events",
+    "alerts_topic": f"{PREFIX}_alerts",
+    "health_topic": f"{PREFIX}_health",
+    "reconciliation_topic": f"{PREFIX}_reconciliation",
+}
+
+
+def app_topic(app: str, field: str) -> str:
+    """The default topic of an app's topic setting `field` (one of APP_TOPICS)."""
+    return f"{app}_{APP_TOPICS[field]}"
+
+
+def transactional_id(app: str) -> str:
+    """Stable per app: a restarted job fences its predecessor (zombie fencing)."""
+    return f"{PREFIX}.{app}"
+
+
+def group_id(app: str) -> str:
+    """The consumer group whose committed offsets are the job's true position."""
+    return f"{PREFIX}.{app}"
+
+
+def ledger_group(app: str) -> str:
+    """The job's consumer of its own ledger (read back on start and for a replay)."""
+    return f"{group_id(app)}.ledger"
+
+
+def reader_group(app: str) -> str:
+    """Every read_committed consumer of the app that never commits."""
+    return f"{PREFIX}.reader.{app}"
+
+
+def spark_group_prefix(app: str) -> str:
+    """Spark's Kafka source names its consumers' groups under this prefix."""
+    return f"{reader_group(app)}.spark"
+
+
+def reconciliation_group(app: str) -> str:
+    """The scheduled reconciliation chain's position: the source offsets it has proven."""
+    return f"{group_id(app)}.reconciliation"
+
+
+def reconciliation_transactional_id(app: str) -> str:
+    return f"{transactional_id(app)}.reconciliation"
+
+
+def backfill_prefix(app: str) -> str:
+    """Every backfill's transactional id and group start with this (the ACLs grant the prefix)."""
+    return f"{transactional_id(app)}.backfill."
+
+
+def backfill_transactional_id(app: str, backfill_id: str) -> str:
+    """One backfill's own transactional id: never the live job's, so neither fences the other."""
+    return f"{backfill_prefix(app)}{backfill_id}"
+
+
+def backfill_group(app: str, backfill_id: str) -> str:
+    """One backfill's consumer group, under the same prefix as its transactional id."""
+    return f"{backfill_prefix(app)}{backfill_id}"
+
+
+def txn_watch_group(app: str) -> str:
+    return f"{PREFIX}.txn_watch.{app}"
+
+
+def username(app: str, role: str) -> str:
+    """The principal's name of one role of the app (onceflow.kafka.acls.ROLES)."""
+    return f"{PREFIX}.{app}.{role}"

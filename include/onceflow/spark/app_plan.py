@@ -1,0 +1,113 @@
+"""A declared app's streaming plan as the job runs it: the platform's Kafka source, the app's transformation
+(onceflow.app), and the one shape every batch's output takes on its way into the transaction.
+
+Kafka source (read_committed) -> the app's transform -> its results and its rejects -> one DataFrame of
+OUTPUT_COLUMNS, each row tagged with `kind` (a result or a DLQ record with its provenance), so that one
+foreachBatch call, and so one Kafka transaction, carries both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from onceflow import wire
+from onceflow.app import App, Context, Results
+from onceflow.config import ConfigError, Settings
+from onceflow.rules import records as R
+from onceflow.spark.kafka_source import kafka_options
+
+# the protocol's OutRecord, in order (onceflow.protocol.exactly_once)
+OUTPUT_COLUMNS = [
+    "kind",
+    "key",
+    "value",
+    "src_partition",
+    "src_offset",
+    "src_timestamp_ms",
+    "reason",
+    "src_size",
+    "src_sha256",
+]
+
+
+def source(spark: SparkSession, settings: Settings, starting: str | None = None) -> DataFrame:
+    """The source topic as a stream; `starting`: Spark's JSON of start offsets instead of the setting (the
+    standby's warm-up)."""
+    return (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
+        .options(**kafka_options(settings))
+        .option("subscribe", settings.source_topic)
+        .option("startingOffsets", starting or settings.starting_offsets)
+        .option("failOnDataLoss", "true")
+        .option("kafka.isolation.level", "read_committed")
+        .option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
+        .load()
+    )
+
+
+def dlq_value(reason: Column, value: Column, cap: int) -> tuple[Column, Column, Column]:
+    """The DLQ copy of a record's value, its original size, and its sha256 when the copy holds less than the
+    original: capped at `cap` bytes, so a record near the broker's size limit still fits with its headers, and
+    nothing at all for a quarantined record (its payload is what cannot be delivered)."""
+    size = F.length(value)
+    withheld = reason == R.REASON_QUARANTINED
+    short = withheld | (size > cap)
+    copy = F.when(withheld, F.lit(None).cast("binary")).when(size > cap, F.substring(value, 1, cap)).otherwise(value)
+    return copy, size, F.when(short, F.sha2(value, 256))
+
+
+def output(
+    transform: Callable[[DataFrame, Context], Results], raw: DataFrame, settings: Settings, quarantine: Sequence = ()
+) -> DataFrame:
+    """An app's output of `raw` (Spark's Kafka source columns) through its `transform` (App.transform) as
+    OUTPUT_COLUMNS: its results, then its rejects as DLQ records with their provenance."""
+    out = transform(raw, Context(settings, tuple(quarantine)))
+    results = out.rows.select(
+        F.lit(wire.KIND_RESULT).alias("kind"),
+        F.col("key").cast("string").alias("key"),
+        F.col("value").cast("binary").alias("value"),
+        F.lit(None).cast("int").alias("src_partition"),
+        F.lit(None).cast("bigint").alias("src_offset"),
+        F.lit(None).cast("bigint").alias("src_timestamp_ms"),
+        F.lit(None).cast("string").alias("reason"),
+        F.lit(None).cast("int").alias("src_size"),
+        F.lit(None).cast("string").alias("src_sha256"),
+    )
+    if out.rejects is None:
+        return results
+    copy, size, sha = dlq_value(F.col("reason"), F.col("value"), settings.dlq_max_value_bytes)
+    dlq = out.rejects.select(
+        F.lit(wire.KIND_DLQ).alias("kind"),
+        F.concat_ws("|", F.col("topic"), F.col("partition").cast("string"), F.col("offset").cast("string")).alias(
+            "key"
+        ),
+        copy.alias("value"),
+        F.col("partition").alias("src_partition"),
+        F.col("offset").alias("src_offset"),
+        F.unix_millis(F.col("timestamp")).alias("src_timestamp_ms"),
+        F.col("reason").cast("string").alias("reason"),
+        size.alias("src_size"),
+        sha.alias("src_sha256"),
+    )
+    return results.unionByName(dlq)
+
+
+def check_deterministic(app: App, frame: DataFrame) -> None:
+    """Refuse an app whose results the proofs cannot hold to: declared non-deterministic, or whose plan Spark
+    itself knows to be (rand(), uuid(), a non-deterministic UDF...). A replayed batch must write what its first
+    attempt would have, and a recount must find it (onceflow.app.declaration)."""
+    if not app.deterministic:
+        raise ConfigError(
+            f"app {app.name} is declared non-deterministic (App.deterministic=False): exactly-once replay and the "
+            f"reconciliation need the same records to give the same results; make its transform deterministic"
+        )
+    if not frame._jdf.queryExecution().analyzed().deterministic():
+        raise ConfigError(
+            f"app {app.name}: its transform is not deterministic (Spark's plan holds a non-deterministic expression: "
+            f"rand(), uuid(), monotonically_increasing_id(), a UDF marked non-deterministic...): exactly-once replay "
+            f"and the reconciliation need the same records to give the same results"
+        )

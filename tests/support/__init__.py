@@ -1,0 +1,1 @@
+"""Fixture modules the tests share (declared apps for the registry's tests)."""
