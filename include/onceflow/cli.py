@@ -414,6 +414,44 @@ def cmd_quarantine(args, s: config.Settings) -> int:
     return 0
 
 
+def cmd_app(args, s: config.Settings) -> int:
+    from onceflow.app import registry
+
+    if args.action == "list":
+        out = []
+        for name, where in registry.declared(s.app_registry).items():
+            try:
+                app = registry.find(name, s.app_registry)
+                out.append(
+                    {
+                        "app": name,
+                        "declared_in": where,
+                        "description": app.description,
+                        "event_time": app.event_time,
+                        "deterministic": app.deterministic,
+                        "settings": dict(app.settings),
+                        "dlq_reasons": sorted(app.reasons),
+                    }
+                )
+            except Exception as e:  # one broken declaration does not hide the others
+                out.append({"app": name, "declared_in": where, "error": str(e)})
+        if args.json:
+            _print(out, True)
+        for a in [] if args.json else out:
+            what = a.get("error") or f"{a['description']} (settings {json.dumps(a['settings'])})"
+            print(f"{a['app']:<16} {a['declared_in']:<40} {what}")
+        return 2 if any("error" in a for a in out) else 0
+    app = s.declared_app()
+    _progress(f"validating app {app.name}: its plan in a local Spark session ...")
+    from onceflow.spark import app_plan
+
+    spark = _spark(s.replace(master="local[1]"), "app-validate")
+    frame = app_plan.output(app.transform, app_plan.empty_source(spark), s)
+    app_plan.check_deterministic(app, frame)
+    _print({"app": app.name, "valid": True, "output_columns": frame.columns}, args.json)
+    return 0
+
+
 def cmd_airflow(args, s: config.Settings) -> int:
     airflow_local = _dev("airflow_local")
 
@@ -430,6 +468,12 @@ def cmd_airflow(args, s: config.Settings) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="onceflow", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument(
+        "--app",
+        metavar="NAME",
+        help="the declared app to work on, as its own instance (ONCEFLOW_APP and ONCEFLOW_APP_ID; default: the "
+        "settings', ip_count on the embedded stack)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     st = sub.add_parser("stack", help="the embedded Kafka broker and topics")
@@ -581,6 +625,16 @@ def parser() -> argparse.ArgumentParser:
     jb.add_argument("--wait", type=float, default=0, help="with start: wait this long for a committed batch")
     jb.add_argument("--json", action="store_true")
     jb.set_defaults(fn=cmd_job)
+
+    ap = sub.add_parser("app", help="the declared apps (docs/apps.md)")
+    ap.add_argument(
+        "action",
+        choices=["list", "validate"],
+        help="list: every declared app and where it is declared; validate: load the app (--app, default the "
+        "settings' app), check its settings and build its plan in a local Spark session (determinism included)",
+    )
+    ap.add_argument("--json", action="store_true")
+    ap.set_defaults(fn=cmd_app)
     return p
 
 
@@ -620,7 +674,7 @@ def setup_logging(settings: config.Settings | None, verbose: bool, foreground_jo
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        settings = config.load()
+        settings = config.load(**({"app": args.app, "app_id": args.app} if args.app else {}))
     except config.ConfigError as e:
         print(f"onceflow: {e}", file=sys.stderr)
         return 2

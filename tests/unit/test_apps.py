@@ -109,3 +109,31 @@ def test_ip_counts_plan_is_deterministic(spark):
     s = config.load(env={})
     frame = app_plan.output(s.declared_app().transform, _kafka_rows(spark, [b'{"ip":"1.2.3.4","ts":"x"}']), s)
     app_plan.check_deterministic(s.declared_app(), frame)
+
+
+def test_the_cli_lists_the_declared_apps_and_names_a_broken_one(monkeypatch, capsys, tmp_path):
+    import json
+
+    from onceflow import cli
+
+    monkeypatch.setenv("ONCEFLOW_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("ONCEFLOW_APP_REGISTRY", REG)
+    assert cli.main(["app", "list", "--json"]) == 2  # ghost and wrongname are broken
+    listed = {a["app"]: a for a in json.loads(capsys.readouterr().out)}
+    assert listed["ip_count"]["declared_in"] == "onceflow_apps.ip_count:app"
+    assert listed["upper"]["settings"] == {"window_s": 7, "source_partitions": 2}
+    assert "not an onceflow.app.App" in listed["ghost"]["error"]
+
+
+def test_the_cli_validates_an_app_by_building_its_plan(monkeypatch, capsys, tmp_path, spark):
+    import json
+
+    from onceflow import cli
+
+    monkeypatch.setenv("ONCEFLOW_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("ONCEFLOW_APP_REGISTRY", REG)
+    monkeypatch.setattr(cli, "_spark", lambda s, name: spark)
+    assert cli.main(["--app", "upper", "app", "validate", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["output_columns"][:3] == ["kind", "key", "value"]
+    assert cli.main(["--app", "lucky", "app", "validate"]) == 2
+    assert "not deterministic" in capsys.readouterr().err

@@ -49,6 +49,14 @@ def source(spark: SparkSession, settings: Settings, starting: str | None = None)
     )
 
 
+def empty_source(spark: SparkSession) -> DataFrame:
+    """A source with the Kafka source's columns and no rows: an app's plan built without a broker."""
+    return spark.createDataFrame(
+        [],
+        "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int",
+    )
+
+
 def dlq_value(reason: Column, value: Column, cap: int) -> tuple[Column, Column, Column]:
     """The DLQ copy of a record's value, its original size, and its sha256 when the copy holds less than the
     original: capped at `cap` bytes, so a record near the broker's size limit still fits with its headers, and
