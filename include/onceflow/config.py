@@ -20,13 +20,14 @@ from onceflow.app import registry
 from onceflow.app.declaration import App, AppError
 from onceflow.rules import names
 from onceflow.rules.records import RULES_VERSION
+from onceflow.wire import OnceflowError
 
 ENV_PREFIX = "ONCEFLOW_"
 NODE_PORT_STEP = 10  # the embedded stack's node i listens on the first node's ports + 10 * (i - 1)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-class ConfigError(ValueError):
+class ConfigError(OnceflowError, ValueError):
     """A setting is invalid; the message says which one and what to change."""
 
 

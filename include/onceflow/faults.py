@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from onceflow.wire import OnceflowError
+
 POINTS = (
     "crash_before_produce",
     "crash_after_produce",
@@ -44,11 +46,11 @@ POINTS = (
 STALLS = ("stall_in_txn", "stall_before_chunks", "stall_before_fence")
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(OnceflowError):
     """An error raised on purpose (fault injection), not a crash."""
 
 
-class FaultSpecError(ValueError):
+class FaultSpecError(OnceflowError, ValueError):
     pass
 
 

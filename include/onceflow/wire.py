@@ -8,6 +8,8 @@ on these names; changing one is a breaking change of the platform's contract (do
 
 from __future__ import annotations
 
+import enum
+
 
 class OnceflowError(RuntimeError):
     """The base of onceflow's own errors: each says what happened and what to change."""
@@ -87,22 +89,39 @@ JOB_EVENTS = frozenset(
 # Emitted by the job and by backfills, each on its own topic (a test's injected fault).
 ANY_ROLE_EVENTS = frozenset({FAULT_INJECTED})
 
+
 # ---------------------------------------------------------------------------- the streaming job's exit codes
 # The supervisor sees the driver's code through spark-submit's JVM, so none may be one the JVM uses itself: 3 is
 # -XX:+ExitOnOutOfMemoryError's (a crash, restarted), above 128 a death by signal (a lost process).
-EXIT_OK = 0  # stopped on request
-EXIT_FAILED = 1  # a crash: the supervisor restarts it after a fixed delay
-EXIT_CONFIG = 2  # a misconfiguration: the message says what to change
-JVM_OUT_OF_MEMORY = 3  # not ours: the driver JVM's exit on OutOfMemoryError
-EXIT_DIVERGENT = 4  # the checkpoint and the committed history disagree (or cannot be proven to agree)
-EXIT_LOCKED = 5  # another instance holds the app's lock on this machine
-EXIT_FENCED = 6  # fenced by a newer instance of the app
+class ExitCode(enum.IntEnum):
+    """The streaming job's exit code, with what the supervisor does after it: restart (after the fixed delay) or
+    not, and why not (a restart would not help)."""
 
-# Exit codes after which the supervisor does not restart the job, and why (a restart would not help).
-NO_RESTART = {
-    EXIT_OK: "stopped",
-    EXIT_CONFIG: "misconfiguration",
-    EXIT_FENCED: "fenced by a newer instance",
-    EXIT_DIVERGENT: "divergent history",
-    EXIT_LOCKED: "another instance holds the app's lock on this machine",
-}
+    restart: bool
+    why: str
+
+    def __new__(cls, value: int, restart: bool, why: str) -> ExitCode:
+        code = int.__new__(cls, value)
+        code._value_ = value
+        code.restart = restart
+        code.why = why
+        return code
+
+    OK = 0, False, "stopped"  # stopped on request
+    FAILED = 1, True, "a crash"  # restarted after a fixed delay
+    CONFIG = 2, False, "misconfiguration"  # the message says what to change
+    DIVERGENT = 4, False, "divergent history"  # checkpoint and committed history disagree (or cannot be proven to)
+    LOCKED = 5, False, "another instance holds the app's lock on this machine"
+    FENCED = 6, False, "fenced by a newer instance"  # of the app
+
+
+EXIT_OK = ExitCode.OK
+EXIT_FAILED = ExitCode.FAILED
+EXIT_CONFIG = ExitCode.CONFIG
+JVM_OUT_OF_MEMORY = 3  # not ours: the driver JVM's exit on OutOfMemoryError (a crash, restarted)
+EXIT_DIVERGENT = ExitCode.DIVERGENT
+EXIT_LOCKED = ExitCode.LOCKED
+EXIT_FENCED = ExitCode.FENCED
+
+# Exit codes after which the supervisor does not restart the job, and why: derived from ExitCode.
+NO_RESTART: dict[int, str] = {code: code.why for code in ExitCode if not code.restart}

@@ -11,8 +11,10 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+from onceflow.wire import OnceflowError
 
-class AirflowApiError(RuntimeError):
+
+class AirflowApiError(OnceflowError):
     def __init__(self, status: int, body: str, what: str):
         super().__init__(f"{what}: HTTP {status}: {body[:1000]}")
         self.status, self.body = status, body

@@ -31,6 +31,7 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.rules import records
 from onceflow.runtime import jvm, procs
+from onceflow.wire import OnceflowError
 from onceflow_dev.bench_check import Expected
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ JAVA_OPENS = [
 _COMPLETED = re.compile(r"Completed checkpoint (\d+) for job")
 
 
-class FlinkBuildError(RuntimeError):
+class FlinkBuildError(OnceflowError):
     pass
 
 

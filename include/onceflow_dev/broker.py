@@ -21,6 +21,7 @@ from pathlib import Path
 from onceflow.config import Settings
 from onceflow.kafka import acls
 from onceflow.runtime import jvm, procs
+from onceflow.wire import OnceflowError
 from onceflow_dev.private_files import write_private
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ logger.coordinator.level = info
 """
 
 
-class BrokerError(RuntimeError):
+class BrokerError(OnceflowError):
     pass
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.rules import records
+from onceflow.wire import OnceflowError
 
 log = logging.getLogger(__name__)
 KIND_OK = "ok"
@@ -30,7 +31,7 @@ KIND_TAIL = "tail"
 _MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
 
 
-class GeneratorError(ValueError):
+class GeneratorError(OnceflowError, ValueError):
     pass
 
 

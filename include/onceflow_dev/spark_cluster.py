@@ -13,13 +13,14 @@ from urllib.parse import urlparse
 
 from onceflow.config import Settings
 from onceflow.runtime import launcher, procs
+from onceflow.wire import OnceflowError
 
 log = logging.getLogger(__name__)
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
 
-class SparkClusterError(RuntimeError):
+class SparkClusterError(OnceflowError):
     pass
 
 

@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 from onceflow.config import Settings
+from onceflow.wire import OnceflowError
 from onceflow_dev.private_files import write_private
 
 BROKER_DN = "CN=onceflow-kafka"
@@ -22,7 +23,7 @@ BROKER_PRINCIPAL = f"User:{BROKER_DN}"
 SAN = "SAN=dns:localhost,ip:127.0.0.1,ip:0:0:0:0:0:0:0:1"
 
 
-class TlsError(RuntimeError):
+class TlsError(OnceflowError):
     pass
 
 

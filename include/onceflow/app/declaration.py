@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from onceflow.wire import OnceflowError
+
 if TYPE_CHECKING:  # types only: this module is read without Spark and below the settings
     from pyspark.sql import DataFrame
 
@@ -29,7 +31,7 @@ if TYPE_CHECKING:  # types only: this module is read without Spark and below the
 NAME = re.compile(r"[a-z][a-z0-9_]{0,47}")
 
 
-class AppError(ValueError):
+class AppError(OnceflowError, ValueError):
     """A declaration is invalid or cannot be found; the message says what to change."""
 
 

@@ -14,11 +14,12 @@ from urllib.parse import urlparse
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.runtime import jobctl, preflight, supervisor
+from onceflow.wire import OnceflowError
 
 ACTIONS = ("start", "stop", "restart", "upgrade", "restore")
 
 
-class DeployError(RuntimeError):
+class DeployError(OnceflowError):
     pass
 
 

@@ -33,6 +33,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from onceflow import wire
+from onceflow.wire import OnceflowError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ TIMEOUT_SHARE = 0.95  # a transaction this close to transaction.timeout.ms was a
 RETRY_PAUSE_S = 0.2  # between tries of a retriable init or commit
 
 
-class TxnError(RuntimeError):
+class TxnError(OnceflowError):
     def __init__(
         self, message: str, error: KafkaError | None = None, phase: str | None = None, elapsed_ms: float | None = None
     ):

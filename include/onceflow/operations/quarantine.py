@@ -30,11 +30,12 @@ from onceflow.protocol import ledger_writes
 from onceflow.rules.checkpoint import QUARANTINE_FILE, render_quarantine
 from onceflow.rules.ledger import QuarantineRange, QuarantineRecord
 from onceflow.runtime import jobctl
+from onceflow.wire import OnceflowError
 
 log = logging.getLogger(__name__)
 
 
-class QuarantineError(ValueError):
+class QuarantineError(OnceflowError, ValueError):
     """The quarantine is refused; nothing was written. The message says why."""
 
 

@@ -48,16 +48,17 @@ from onceflow.kafka import transactional as tw
 from onceflow.protocol import ledger_reader
 from onceflow.rules import names, records
 from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, decide, offset_metadata
+from onceflow.wire import OnceflowError
 
 log = logging.getLogger(__name__)
 H_APP, H_BATCH = wire.H_APP, wire.H_BATCH  # headers of every record the job writes
 
 
-class ZombieFenced(RuntimeError):
+class ZombieFenced(OnceflowError):
     """Another instance with the same transactional.id took over: this one must stop, not restart."""
 
 
-class TransactionTimedOut(RuntimeError):
+class TransactionTimedOut(OnceflowError):
     """The coordinator aborted our transaction after transaction.timeout.ms: restart and replay the batch."""
 
 
@@ -85,12 +86,12 @@ class BatchOutcome:
     txn_ms: float = 0.0
 
 
-class BatchNotCommitted(RuntimeError):
+class BatchNotCommitted(OnceflowError):
     """The batch's commit had an unknown outcome and turned out not to have landed, and its streamed output cannot
     be read again: fail the query, and the replay after the restart writes it."""
 
 
-class UndeliverableRecord(RuntimeError):
+class UndeliverableRecord(OnceflowError):
     """A record the broker refuses every time (fault `undeliverable`, standing in for a permanent delivery error):
     its batch can never commit until the operator quarantines the source record (onceflow.operations.quarantine)."""
 
@@ -375,7 +376,7 @@ class ExactlyOnceSink:
         self.writer.close()
 
 
-class TransactionConfigError(RuntimeError):
+class TransactionConfigError(OnceflowError):
     pass
 
 

@@ -25,12 +25,13 @@ from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.rules.ledger import DivergentHistory, LedgerEntry, parse_record
+from onceflow.wire import OnceflowError
 
 CHUNK = 1000  # records read per step backwards
 MAX_SCAN = 1_000_000  # records read per lookup at most
 
 
-class LedgerNotVisible(RuntimeError):
+class LedgerNotVisible(OnceflowError):
     """An open transaction of another producer hides the ledger's newest records for longer than allowed."""
 
 

@@ -16,10 +16,12 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from onceflow.wire import OnceflowError
+
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-class BackfillError(ValueError):
+class BackfillError(OnceflowError, ValueError):
     """Bad parameters, refused before anything is written; the message says what to change."""
 
 

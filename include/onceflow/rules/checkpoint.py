@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from onceflow.rules.ledger import BatchPlan, QuarantineRange
+from onceflow.wire import OnceflowError
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(OnceflowError):
     pass
 
 

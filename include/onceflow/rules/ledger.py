@@ -15,11 +15,12 @@ from enum import Enum
 from typing import Any
 
 from onceflow import wire
+from onceflow.wire import OnceflowError
 
 Offsets = Mapping[int, int]  # partition -> offset
 
 
-class DivergentHistory(RuntimeError):
+class DivergentHistory(OnceflowError):
     """What Spark's checkpoint says and what the sink has committed disagree. Never skipped silently."""
 
 
@@ -212,7 +213,7 @@ class QuarantineRecord:
 _ENTRY_FIELDS = {f.name for f in fields(LedgerEntry)}
 
 
-class MalformedRecord(ValueError):
+class MalformedRecord(OnceflowError, ValueError):
     """A ledger record that is not what the platform writes: not JSON, a field missing, or a field of the wrong
     type (a string where a number belongs). Records are read from Kafka: untrusted input, checked field by field."""
 

@@ -18,12 +18,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from onceflow.rules.ledger import CoverageReport, LedgerEntry
+from onceflow.wire import OnceflowError
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
 MANUAL, CHAIN = "manual", "chain"
 
 
-class ReconcileError(ValueError):
+class ReconcileError(OnceflowError, ValueError):
     """Bad parameters or an impossible range; raised before anything runs."""
 
 

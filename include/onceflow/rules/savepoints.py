@@ -19,6 +19,7 @@ from typing import Any
 
 from onceflow.rules.checkpoint import Epoch
 from onceflow.rules.ledger import Committed, LedgerEntry, RestoreRecord
+from onceflow.wire import OnceflowError
 
 MANIFEST = "_manifest.json"
 DATA_DIR = "checkpoint"
@@ -31,7 +32,7 @@ _STATE_FILE = re.compile(r"^\.?(\d+)(?:_[^.]+)?\.(delta|snapshot|zip|changelog)(
 _FULL, _INCREMENT = {"snapshot", "zip"}, {"delta", "changelog"}
 
 
-class SavepointError(RuntimeError):
+class SavepointError(OnceflowError):
     """A savepoint cannot be taken, verified or restored; the message says why and what to do."""
 
 

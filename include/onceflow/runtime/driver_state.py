@@ -14,9 +14,10 @@ from onceflow.protocol.exactly_once import TransactionConfigError, ZombieFenced
 from onceflow.rules import pacing
 from onceflow.rules.ledger import BatchPlan, Decision, DivergentHistory
 from onceflow.runtime import preflight
+from onceflow.wire import OnceflowError
 
 
-class StopRequested(RuntimeError):
+class StopRequested(OnceflowError):
     """Raised in foreachBatch when a stop was requested before the batch began: the batch is not written and
     Spark does not commit it (it is replayed by the next run)."""
 

@@ -15,9 +15,10 @@ from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.runtime import jvm, launcher, preflight, procs, standby, supervisor
+from onceflow.wire import OnceflowError
 
 
-class JobControlError(RuntimeError):
+class JobControlError(OnceflowError):
     pass
 
 

@@ -15,12 +15,13 @@ import subprocess
 from pathlib import Path
 
 from onceflow.config import REPO_ROOT, Settings
+from onceflow.wire import OnceflowError
 
 log = logging.getLogger(__name__)
 POM_DIR = REPO_ROOT / "jvm"
 
 
-class JvmResolveError(RuntimeError):
+class JvmResolveError(OnceflowError):
     pass
 
 

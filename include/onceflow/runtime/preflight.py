@@ -9,9 +9,10 @@ from confluent_kafka.admin import ConfigResource, ResourceType
 from onceflow.config import ConfigError, Settings, check_transaction_timeout
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import topics
+from onceflow.wire import OnceflowError
 
 
-class PreflightError(RuntimeError):
+class PreflightError(OnceflowError):
     pass
 
 

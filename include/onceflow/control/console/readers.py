@@ -29,13 +29,14 @@ from onceflow.operations import backfill as backfills
 from onceflow.operations import recon_chain, savepoints
 from onceflow.rules.ledger import LedgerEntry, MalformedRecord, parse_record
 from onceflow.runtime import jobctl, preflight
+from onceflow.wire import OnceflowError
 
 log = logging.getLogger(__name__)
 PAGE_SCAN = 20_000  # records scanned at most for one page of one topic
 CHART_POINTS = 300  # batches and health runs a chart shows
 
 
-class KafkaDown(RuntimeError):
+class KafkaDown(OnceflowError):
     """The broker does not answer: the console shows the last known state."""
 
 
