@@ -465,9 +465,19 @@ def cmd_airflow(args, s: config.Settings) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("onceflow")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="onceflow", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--version", action="version", version=f"onceflow {_version()}")
     p.add_argument(
         "--app",
         metavar="NAME",
