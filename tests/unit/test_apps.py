@@ -137,14 +137,3 @@ def test_the_cli_validates_an_app_by_building_its_plan(monkeypatch, capsys, tmp_
     assert json.loads(capsys.readouterr().out)["output_columns"][:3] == ["kind", "key", "value"]
     assert cli.main(["--app", "lucky", "app", "validate"]) == 2
     assert "not deterministic" in capsys.readouterr().err
-
-
-def test_the_cli_says_its_version(capsys):
-    from importlib import metadata
-
-    from onceflow import cli
-
-    with pytest.raises(SystemExit) as e:
-        cli.main(["--version"])
-    assert e.value.code == 0
-    assert capsys.readouterr().out.strip() == f"onceflow {metadata.version('onceflow')}"

@@ -20,11 +20,7 @@ def test_every_exception_the_platform_defines_is_an_onceflow_error():
     for package in (onceflow, onceflow_dev):
         for module in _modules(package):
             for name, obj in vars(module).items():
-                if (
-                    inspect.isclass(obj)
-                    and issubclass(obj, BaseException)
-                    and obj.__module__ == module.__name__
-                ):
+                if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == module.__name__:
                     seen += 1
                     if not issubclass(obj, OnceflowError):
                         strays.append(f"{module.__name__}.{name}")
