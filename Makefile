@@ -50,7 +50,7 @@ format: setup
 test: lint test-unit test-integration
 
 test-unit: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/test_dag_integrity.py tests/unit  # the DAG files parse first (seconds)
 
 test-integration: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests/integration tests/airflow

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import timedelta
 
 import pytest
 from confluent_kafka import Producer
@@ -21,31 +20,6 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.runtime import jobctl, procs
 from tests.integration.helpers import assert_exact, copy_topic, events, produce, wait_drained
-
-DAGS = (
-    "ip_count_deploy",
-    "ip_count_health",
-    "ip_count_txn_watch",
-    "ip_count_checkpoint_rotation",
-    "ip_count_reconciliation",
-    "ip_count_backfill",
-)
-
-
-def test_dags_import_with_owners_retries_tags_and_docs(dagbag):
-    assert dagbag.import_errors == {}
-    for dag_id in DAGS:
-        d = dagbag.dags[dag_id]
-        assert d.owner == "onceflow" and "retries" in d.default_args
-        assert "onceflow" in d.tags and d.doc_md and len(d.doc_md) > 100
-        # backfills of disjoint ranges may run side by side (overlaps are refused in validation)
-        assert d.max_active_runs == (4 if dag_id == "ip_count_backfill" else 1) and not d.catchup
-    deploy = dagbag.dags["ip_count_deploy"]
-    assert deploy.schedule is None or str(deploy.timetable.summary) in ("None", "")
-    assert deploy.params.get_param("action").schema["enum"] == ["start", "stop", "restart", "upgrade", "restore"]
-    assert deploy.params.get_param("allow_rewind").schema["type"] == "boolean"
-    assert dagbag.dags["ip_count_checkpoint_rotation"].schedule == timedelta(minutes=60)
-
 
 def _run(dagbag, dag_id, **conf):
     dr = dagbag.dags[dag_id].test(run_conf=conf or None)
