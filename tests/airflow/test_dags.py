@@ -21,6 +21,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.runtime import jobctl, procs
 from tests.integration.helpers import assert_exact, copy_topic, events, produce, wait_drained
 
+
 def _run(dagbag, dag_id, **conf):
     dr = dagbag.dags[dag_id].test(run_conf=conf or None)
     return dr.state, {ti.task_id: ti.state for ti in dr.get_task_instances()}
