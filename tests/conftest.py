@@ -18,8 +18,7 @@ import uuid
 from pathlib import Path
 
 # Every process this session starts inherits the token (children of children too, detached or not).
-SESSION_ENV = "PYTEST_ONCEFLOW_SESSION"
-os.environ[SESSION_ENV] = uuid.uuid4().hex
+os.environ["PYTEST_ONCEFLOW_SESSION"] = uuid.uuid4().hex  # tests.support.session.SESSION_ENV
 
 # Airflow reads its home at import time: give the test session its own, before anything imports airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="onceflow-airflow-"))
@@ -30,10 +29,9 @@ import pytest
 
 from onceflow import config
 from onceflow.kafka import topics
-from onceflow.runtime import jobctl, jvm, procs
+from onceflow.runtime import jobctl, jvm
 from onceflow_dev import broker
-
-free_port = procs.free_port  # tests import it from here
+from tests.support.session import free_port, session_processes
 
 # `make test-secured` runs the exactly-once suite on a SASL_SSL broker with ACLs (ONCEFLOW_TEST_KAFKA_SECURITY):
 # the harness (creating topics, producing the input, reading the truth back) is the stack's admin, each app's job
@@ -106,7 +104,7 @@ def stop_apps(apps: list[config.Settings]) -> None:
 def app(kafka, request):
     """Settings for one test's own app: its own topics, checkpoint and transactional id on the shared broker. The
     app's job is stopped when the test ends, whatever the test did. On the secured broker: the app's principals
-    and ACLs are created, and the settings are the job's principal (tests.integration.helpers.harness is the
+    and ACLs are created, and the settings are the job's principal (tests.support.harness.harness is the
     admin's view)."""
     base = kafka
     created: list[config.Settings] = []
@@ -138,26 +136,6 @@ def app(kafka, request):
 
     yield make
     stop_apps(created)
-
-
-def session_processes() -> list[tuple[int, str]]:
-    """Live processes (not this one) whose environment carries this session's token."""
-    token = f"{SESSION_ENV}={os.environ[SESSION_ENV]}".encode()
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid() or not procs.pid_alive(int(entry)):
-            continue
-        pid = int(entry)
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if token not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:300]
-        except OSError:
-            continue
-        out.append((pid, cmd))
-    return out
 
 
 @pytest.fixture(scope="session", autouse=True)

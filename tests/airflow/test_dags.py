@@ -19,7 +19,7 @@ from onceflow import wire
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.runtime import jobctl, procs
-from tests.integration.helpers import assert_exact, copy_topic, events, produce, wait_drained
+from tests.support.harness import assert_exact, copy_topic, events, produce, wait_drained
 
 
 def _run(dagbag, dag_id, **conf):

@@ -32,7 +32,7 @@ from onceflow.runtime import jobctl, procs
 from onceflow_dev import airflow_local
 from onceflow_dev.airflow_client import AirflowApiError
 from onceflow_dev.webhook_receiver import Receiver
-from tests.integration.helpers import harness, produce
+from tests.support.harness import harness, produce
 
 pytestmark = pytest.mark.integration
 
@@ -527,7 +527,7 @@ def test_no_kafka_password_where_airflow_and_the_platform_write(platform):
         pytest.skip("a plaintext broker has no passwords (make test-secured runs this)")
     from onceflow.kafka import acls
     from onceflow_dev import credentials
-    from tests.conftest import session_processes
+    from tests.support.session import session_processes
 
     written = [json.dumps(api.get(f"/onceflow/api/{view}"), default=str) for view in CONSOLE_VIEWS]
     written += [Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") for pid, _ in session_processes()]
@@ -555,7 +555,7 @@ def test_nothing_the_platform_starts_listens_beyond_loopback(platform):
     scheduler, dag-processor, triggerer and their task processes, the job's supervisor, spark-submit, driver JVM and
     Python workers, the broker) listens on anything but loopback (ONCEFLOW_LISTEN_HOST would open them)."""
     s, _, _, _ = platform
-    from tests.conftest import session_processes
+    from tests.support.session import session_processes
 
     procs.wait_until(lambda: jobctl.status(s)["running"], 300, interval=2, what="the job to run")
     # (and their descendants: a process renamed by setproctitle, as Airflow's api-server is, loses the session's

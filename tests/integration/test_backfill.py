@@ -17,8 +17,7 @@ from onceflow.rules import records
 from onceflow.rules.backfill import BackfillError
 from onceflow.runtime import launcher, procs
 from onceflow_dev.generator import KIND_MALFORMED
-
-from .helpers import end_offsets, produce
+from tests.support.harness import end_offsets, produce
 
 pytestmark = pytest.mark.integration
 
@@ -161,7 +160,7 @@ def test_two_runs_of_one_backfill_never_write_a_chunk_twice(app, spark, tmp_path
 
     A runs as if on another machine (its own var dir): on one machine the registry of running backfills refuses
     B before it starts, so only two hosts (two Airflow workers, say) can race like this."""
-    from .helpers import wait_event
+    from tests.support.harness import wait_event
 
     s = app()
     sent = produce(s, tmp_path / "m.csv", count=6000, event_rate=1000, distinct_ips=200, seed=62)

@@ -20,7 +20,7 @@ from onceflow.kafka import cluster, topics
 from onceflow.kafka import reading as kafka_reading
 from onceflow.runtime import jobctl, launcher, preflight, procs, supervisor
 from onceflow_dev import broker, spark_cluster, stack
-from tests.integration.helpers import assert_exact, produce, wait_drained
+from tests.support.harness import assert_exact, produce, wait_drained
 
 pytestmark = pytest.mark.integration
 
@@ -285,7 +285,7 @@ def _listening_beyond_loopback() -> list[str]:
     session (tests.conftest's `spark` fixture, the harness: alive when an earlier module started it)."""
     import pyspark
 
-    from tests.conftest import session_processes
+    from tests.support.session import session_processes
 
     harness = getattr(getattr(pyspark.SparkContext._active_spark_context, "_gateway", None), "proc", None)
     pids = procs.with_descendants(pid for pid, _ in session_processes()) - {harness.pid if harness else -1}

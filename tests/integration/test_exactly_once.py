@@ -15,8 +15,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord, TransactionConfigError, ZombieFenced
 from onceflow.rules.ledger import BatchPlan, Decision
 from onceflow.runtime import jobctl, launcher, supervisor
-
-from .helpers import (
+from tests.support.harness import (
     assert_exact,
     audit,
     events,
@@ -245,7 +244,7 @@ def test_bad_configuration_fails_at_start_with_a_clear_message(app):
     with pytest.raises(preflight.PreflightError, match=missing):
         jobctl.start(s.replace(source_topic="nope.source"))
     # 3. an unreachable broker
-    from tests.conftest import free_port
+    from tests.support.session import free_port
 
     with pytest.raises(preflight.PreflightError, match="cannot reach the Kafka broker"):
         jobctl.start(s.replace(bootstrap_servers=f"127.0.0.1:{free_port()}"))

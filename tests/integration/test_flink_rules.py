@@ -7,7 +7,7 @@ import pytest
 from onceflow import config
 from onceflow.rules import records as R
 from onceflow_dev import bench_flink
-from tests.unit.test_parsing_spark import corpus
+from tests.support.records import corpus
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,7 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from onceflow.control import alerts, health
 from onceflow.kafka import clients as kafka_clients
 from onceflow.runtime import jobctl, procs
-
-from .helpers import assert_exact, produce, wait_drained
+from tests.support.harness import assert_exact, produce, wait_drained
 
 pytestmark = pytest.mark.integration
 

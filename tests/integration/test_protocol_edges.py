@@ -23,8 +23,7 @@ from onceflow.rules.ledger import BatchPlan, Decision
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import broker
 from onceflow_dev.generator import KIND_MALFORMED, KIND_OK, Sent
-
-from .helpers import assert_exact, end_offsets, events, produce, wait_drained, wait_event
+from tests.support.harness import assert_exact, end_offsets, events, produce, wait_drained, wait_event
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,7 @@ from onceflow.operations import audit, reconcile
 from onceflow.rules.reconciliation import FAIL, PASS
 from onceflow.runtime import jobctl
 from onceflow_dev.generator import KIND_TAIL
-
-from .helpers import copy_topic, produce, wait_drained
+from tests.support.harness import copy_topic, produce, wait_drained
 
 pytestmark = pytest.mark.integration
 

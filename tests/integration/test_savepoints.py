@@ -13,8 +13,7 @@ from onceflow.kafka import events as ev
 from onceflow.operations import savepoints
 from onceflow.rules.savepoints import DATA_DIR, MANIFEST, SavepointError
 from onceflow.runtime import jobctl, procs
-
-from .helpers import assert_exact, audit, events, produce, wait_drained
+from tests.support.harness import assert_exact, audit, events, produce, wait_drained
 
 pytestmark = pytest.mark.integration
 

@@ -28,9 +28,8 @@ from onceflow.operations import backfill, reconcile, savepoints
 from onceflow.protocol.exactly_once import ExactlyOnceSink, TransactionConfigError
 from onceflow.runtime import jobctl, launcher, preflight, procs
 from onceflow_dev import broker, credentials, stack, tls
-from tests.conftest import free_port, session_processes
-
-from .helpers import assert_exact, events, now_ms, produce, wait_drained
+from tests.support.harness import assert_exact, events, now_ms, produce, wait_drained
+from tests.support.session import free_port, session_processes
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ import threading
 
 from onceflow import wire
 from onceflow.runtime import jobctl, procs, standby
-from tests.integration.helpers import assert_exact, events, now_ms, produce, wait_drained
+from tests.support.harness import assert_exact, events, now_ms, produce, wait_drained
 
 
 def _standby_ready(s) -> dict:

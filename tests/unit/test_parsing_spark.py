@@ -8,67 +8,7 @@ import pytest
 
 from onceflow.rules import records as R
 from onceflow.spark import parsing
-from onceflow_dev import generator
-
-CORNER = [
-    b'203.0.113.9 - - [21/Nov/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8.5"',
-    b'2001:db8::7 - - [21/nov/2026:22:00:01 -0530] "GET /a\\"b HTTP/1.1" 200 - "-" "x"',
-    b'fe80::1%eth0 - - [21/Nov/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 1 "-" "x"',
-    b'1.2.3.4 - - [31/Feb/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 1 "-" "x"',
-    b'{"ts": 1795303741123, "ip": "10.0.0.1"}',
-    b'{"ts": "2026-11-21T22:00:01.5Z", "ip": "2001:DB8::1"}',
-    b'{"ts": "2026-11-21T22:00:01+01:00", "ip": "::ffff:1.2.3.4"}',
-    b'{"ts": 1.5, "ip": "10.0.0.1"}',
-    b'{"ts": 1, "ip": "1.2.3.4"} junk',
-    b'{"ts": 1, "ip": "1.2.3.4"}\n',
-    b'{"ts":1,"ip":"1.2.3.4"}}',
-    b"{'ts': 1, 'ip': '1.2.3.4'}",
-    b'{"ts": 1, "ip": "1.2.3.4", "ts": 2}',
-    b'{"ts": -5, "ip": "1.2.3.4"}',
-    b'{"ts": "2026-11-21T22:00:01.1234567Z", "ip": "1.2.3.4"}',
-    b'{"ts": 1e3, "ip": "1.2.3.4"}',
-    b'{"ts": {"a": 1}, "ip": "1.2.3.4"}',
-    b'{"ts": 1, "ip": 5}',
-    b"{}",
-    b"[1, 2]",
-    b"",
-    b"\xff\xfe",
-    b'  {"ts":"0005", "ip":"1.2.3.4"}  ',
-    b'{"ts": 99999999999999, "ip": "::1"}',
-    b"x" * 70000,
-    b'{"ts": 4102444799999, "ip": "::1"}',
-    b'{"ts": 4102444800000, "ip": "::1"}',
-    b'{"ts": 1795298400000, "ip": "1.1.1.1"}',
-    b'{"ts": 1795298404999, "ip": "1.1.1.1"}',
-]
-
-
-def _mutate(rng: random.Random, b: bytes) -> bytes:
-    b = bytearray(b)
-    for _ in range(rng.randrange(1, 4)):
-        op = rng.randrange(3)
-        i = rng.randrange(len(b) + 1)
-        if op == 0 and b:
-            del b[min(i, len(b) - 1)]
-        elif op == 1:
-            b[i:i] = bytes([rng.choice(b'{}[]":, .-+Z:T0123456789abcdef\\\n/')])
-        elif b:
-            b[min(i, len(b) - 1)] = rng.randrange(32, 127)
-    return bytes(b)
-
-
-def corpus(n=1500, seed=11):
-    rng = random.Random(seed)
-    base = []
-    for _ in range(200):
-        ip = rng.choice(
-            ["10.0.%d.%d" % (rng.randrange(256), rng.randrange(256)), "2001:db8::%x" % rng.randrange(1 << 16)]
-        )
-        ts = 1795298400000 + rng.randrange(10**7)
-        base.append(generator._json_record(ip, ts, rng)[0])
-        base.append(generator._combined_line(ip, ts, rng)[0])
-        base.append(generator._malformed(ip, ts, rng))
-    return CORNER + base + [_mutate(rng, rng.choice(base)) for _ in range(n)]
+from tests.support.records import corpus
 
 
 def test_spark_matches_reference_on_corpus(spark):
@@ -191,7 +131,7 @@ def test_the_clock_and_quarantine_rules_agree_with_the_reference(spark):
 
 
 def test_spark_counts_every_ip_spelling_under_the_reference_key(spark):
-    from tests.unit.test_records import random_addresses, spellings
+    from tests.support.records import random_addresses, spellings
 
     rng, values = random_addresses(n=1500, seed=9)
     texts = [t for v in values for t in spellings(rng, v)]

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from onceflow.rules import records as R
+from tests.support.records import random_addresses, spellings
 
 LINE = '203.0.113.9 - - [21/Nov/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8.5"'
 T0 = 1795298401 * 1_000_000  # 2026-11-21T22:00:01Z in microseconds
@@ -157,35 +158,6 @@ def test_an_event_time_too_far_ahead_of_its_record_is_quarantined():
     # the rule judges valid records only; a malformed one keeps its own reason
     assert R.parse(b'{"ts": 1895298460001, "ip": "999.1.1.1"}', 1795298400000, 60_000).reason == R.REASON_BAD_IP
     assert R.parse(v, 1795298400000, 60_000, quarantined=True).reason == R.REASON_QUARANTINED
-
-
-def spellings(rng, v: int) -> list[str]:
-    """Several texts of the 128-bit address v: full, zero-padded, upper-case, compressed at another run, with an
-    embedded dotted IPv4."""
-    g = [(v >> (112 - 16 * i)) & 0xFFFF for i in range(8)]
-    out = [":".join(f"{x:x}" for x in g), ":".join(f"{x:04X}" for x in g)]
-    zeros = [i for i, x in enumerate(g) if x == 0]
-    if zeros:
-        i = rng.choice(zeros)
-        j = i
-        while j + 1 < 8 and g[j + 1] == 0 and rng.random() < 0.7:
-            j += 1
-        out.append(":".join(f"{x:x}" for x in g[:i]) + "::" + ":".join(f"{x:x}" for x in g[j + 1 :]))
-    out.append(":".join(f"{x:x}" for x in g[:6]) + f":{g[6] >> 8}.{g[6] & 255}.{g[7] >> 8}.{g[7] & 255}")
-    return out
-
-
-def random_addresses(n=3000, seed=7):
-    import random
-
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        g = [rng.choice([0, 0, 0, 1, 0xFFFF, rng.randrange(1 << 16)]) for _ in range(8)]
-        if rng.random() < 0.1:
-            g[:6] = [0, 0, 0, 0, 0, 0xFFFF]
-        out.append(sum(x << (112 - 16 * i) for i, x in enumerate(g)))
-    return rng, out
 
 
 def test_every_spelling_of_an_address_is_one_key():
