@@ -7,6 +7,8 @@ USER airflow
 COPY --chown=airflow requirements.txt constraints.txt pyproject.toml /opt/onceflow/
 # the runtime package only: development tooling (include/onceflow_dev) stays out of the image
 COPY --chown=airflow include/onceflow /opt/onceflow/include/onceflow
+# the apps that ship with onceflow (found through their `onceflow.apps` entry points once installed)
+COPY --chown=airflow include/onceflow_apps /opt/onceflow/include/onceflow_apps
 COPY --chown=airflow jobs /opt/onceflow/jobs
 COPY --chown=airflow jvm /opt/onceflow/jvm
 COPY --chown=airflow conf /opt/onceflow/conf
