@@ -36,7 +36,7 @@ DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minu
         "backfill_id": Param(
             "backfill-1",
             type="string",
-            pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+            pattern=backfill.ID_PATTERN,
             description="re-running the same id resumes it and writes nothing twice",
         ),
         "start_offsets": Param(

@@ -151,6 +151,7 @@ def test_backfill_params_are_checked_before_any_write():
     br.check_params(spec(), protected)
     for kw, why in [
         (dict(id="a b"), "backfill id"),
+        (dict(id="b.reconciliation"), "backfill id"),  # no "." in a part of a group or transactional id
         (dict(chunk_size=0), "chunk size"),
         (dict(start={}, end={}), "either by offsets"),
         (dict(since_ms=1, until_ms=2), "either"),

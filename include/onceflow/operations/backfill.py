@@ -40,6 +40,8 @@ from onceflow.spark.ip_count_plan import result_key_value
 
 log = logging.getLogger(__name__)
 
+ID_PATTERN = br.ID_RE.pattern  # the DAG's Param checks the id in the form, before any run
+
 
 def transactional_id(settings: Settings, backfill_id: str) -> str:
     return names.backfill_transactional_id(settings.app_id, backfill_id)

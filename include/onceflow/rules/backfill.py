@@ -18,7 +18,9 @@ from typing import Any
 
 from onceflow.wire import OnceflowError
 
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# No '.': an id is the last part of the backfill's group and transactional id (onceflow.rules.names), and '.'
+# separates those parts.
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 class BackfillError(OnceflowError, ValueError):
@@ -95,7 +97,7 @@ def parse_offsets(text: str | dict[Any, Any] | None) -> dict[int, int]:
 def check_params(spec: Spec, protected_topics: dict[str, str], resolved: bool = False) -> None:
     """What can be said from the parameters alone (`resolved`: a time range already carries its offsets)."""
     if not ID_RE.match(spec.id):
-        raise BackfillError(f"backfill id {spec.id!r}: use 1-64 letters, digits, '.', '_', '-'")
+        raise BackfillError(f"backfill id {spec.id!r}: use 1-64 letters, digits, '_', '-'")
     if spec.chunk_size < 1:
         raise BackfillError(f"chunk size must be >= 1, got {spec.chunk_size}")
     by_offsets = bool(spec.start or spec.end)
