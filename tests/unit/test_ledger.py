@@ -37,6 +37,19 @@ def test_first_batch_writes():
     assert decide(plan(0, [0, 0], [5, 7]), Committed({}, None), None) is Decision.WRITE
 
 
+def test_a_checkpoint_past_batch_0_with_nothing_committed_anywhere_never_writes():
+    # a fresh checkpoint, and a restored one (epoch 2): the ledger topic was deleted or recreated and the group
+    # expired; writing would start a second history under the first one's batch ids
+    for epoch in (0, 2):
+        p = BatchPlan(batch=812, topic="src", start={0: 5}, end={0: 9}, epoch=epoch)
+        with pytest.raises(DivergentHistory, match="neither the group nor the ledger"):
+            decide(p, Committed({}, None), None, None)
+    # batch 0 of a restored checkpoint (a savepoint taken before the first commit) still starts the history
+    assert decide(BatchPlan(batch=0, topic="src", start={0: 0}, end={0: 9}, epoch=1), Committed({}, None), None) is (
+        Decision.WRITE
+    )
+
+
 def test_next_batch_writes_when_contiguous():
     assert decide(plan(3, [5, 7], [9, 9]), committed(2, [5, 7]), None) is Decision.WRITE
 

@@ -369,11 +369,15 @@ def decide(
             raise DivergentHistory(f"batch {n}: committed offsets without a batch id")
         if entry is not None:
             raise DivergentHistory(f"batch {n}: the ledger has batch {n} but the group has no committed offsets")
-        if n != 0 and plan.epoch == 0:
+        # A restored checkpoint (epoch > 0) is no exception: its history was committed before the restore, so an
+        # empty group and ledger mean the ledger was deleted or recreated, and writing would start a second history.
+        if n != 0:
+            restored = f" (restored, epoch {plan.epoch})" if plan.epoch else ""
             raise DivergentHistory(
                 f"batch {n}: neither the group nor the ledger has any committed batch, but "
-                f"Spark's checkpoint is at batch {n}: the ledger or the checkpoint belongs to "
-                f"another history"
+                f"Spark's checkpoint{restored} is at batch {n}: the ledger or the checkpoint belongs to "
+                f"another history (was the ledger topic deleted or recreated?); restore a savepoint of this "
+                f"history, or start the app under a new app id"
             )
         return Decision.WRITE
     if committed.batch == n:
