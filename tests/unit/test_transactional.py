@@ -322,6 +322,40 @@ def test_a_streamed_batch_is_not_read_twice_after_an_unknown_outcome():
     assert written == [rows]  # asked for once
 
 
+def test_a_commit_of_unknown_outcome_that_landed_is_reported_as_a_committed_batch():
+    """The commit timed out but had landed: decided again, the batch is committed. It was written once, by this
+    attempt: reported as every committed batch is (batch_committed, with the ledger's counts), not as a replay."""
+    from onceflow.protocol import exactly_once as eo
+    from onceflow.rules.ledger import BatchPlan, Decision, LedgerEntry
+
+    emitted = []
+
+    class Bus:
+        def emit(self, type_, *a, **k):
+            emitted.append((type_, k))
+            return {}
+
+    sink = eo.ExactlyOnceSink.__new__(eo.ExactlyOnceSink)
+    sink.bus, sink.s = Bus(), type("S", (), {"transactional_id": "onceflow.app"})()
+    plan = BatchPlan(batch=3, topic="src", start={0: 0}, end={0: 5})
+    attempts = []
+
+    def write(plan, rows):
+        attempts.append(list(rows))
+        raise t.OutcomeUnknown("commit timed out", phase="commit")
+
+    sink._write = write
+    sink.decide = lambda plan: Decision.SKIP  # the group holds batch 3 and the ledger its record: it landed
+    sink.ledger_entry = lambda n: LedgerEntry.for_plan("app", plan, 4, 1, 12.5, 0, "onceflow.app")
+    out = sink.write_batch(plan, iter([eo.OutRecord(wire.KIND_RESULT, "k", b"v")]), Decision.WRITE)
+    assert (out.decision, out.outputs, out.dlq) == (Decision.WRITE, 4, 1)
+    assert len(attempts) == 1  # written once
+    types = [e for e, _ in emitted]
+    assert types == [wire.TRANSACTION_OUTCOME_UNKNOWN, wire.BATCH_COMMITTED], types
+    committed = emitted[-1][1]
+    assert committed["batch"] == 3 and committed["outputs"] == 4 and committed["settled_after_unknown_outcome"]
+
+
 def test_send_offsets_that_hangs_past_its_timeout_replaces_the_wedged_producer():
     """librdkafka #5456: send_offsets_to_transaction can block for good once the group coordinator's broker died.
     The writer does not wait with it: past timeout + grace the producer is dropped (never closed: the call is still

@@ -218,6 +218,8 @@ class ExactlyOnceSink:
                     action="the producer was replaced; the batch is decided again from what is committed",
                 )
                 decision = self.decide(plan)
+                if decision is Decision.SKIP:  # the commit had landed: the batch was written, by this attempt
+                    return self._landed(plan)
                 if decision is Decision.WRITE and isinstance(rows, Iterator):
                     # The batch is not committed, and its output was streamed from Spark once: it is not asked
                     # for twice (that would run the stateful operator again). The query fails; Spark replays the
@@ -318,17 +320,7 @@ class ExactlyOnceSink:
         finally:
             warn.cancel()
         txn_ms = (time.monotonic() - started) * 1000
-        self.bus.emit(
-            wire.BATCH_COMMITTED,
-            batch=plan.batch,
-            spark_batch=plan.spark_batch,
-            outputs=outputs,
-            dlq=dlq,
-            txn_ms=round(txn_ms, 1),
-            records=plan.records,
-            watermark_ms=plan.watermark_ms,
-            end_offsets=plan.end,
-        )
+        self._committed(plan, outputs, dlq, txn_ms)
         if txn_ms >= self.timeout_ms * self.s.near_timeout_fraction and not self._warned:
             self.bus.emit(
                 wire.TRANSACTION_NEAR_TIMEOUT,
@@ -342,6 +334,30 @@ class ExactlyOnceSink:
             )
         self._fault("crash_after_commit", plan.batch)
         self._fault("raise_after_commit", plan.batch)
+        return BatchOutcome(plan.batch, Decision.WRITE, outputs, dlq, txn_ms)
+
+    def _committed(self, plan: BatchPlan, outputs: int, dlq: int, txn_ms: float, **extra: Any) -> None:
+        self.bus.emit(
+            wire.BATCH_COMMITTED,
+            batch=plan.batch,
+            spark_batch=plan.spark_batch,
+            outputs=outputs,
+            dlq=dlq,
+            txn_ms=round(txn_ms, 1),
+            records=plan.records,
+            watermark_ms=plan.watermark_ms,
+            end_offsets=plan.end,
+            **extra,
+        )
+
+    def _landed(self, plan: BatchPlan) -> BatchOutcome:
+        """A commit whose outcome was unknown and that is found committed (the group holds the batch, the ledger its
+        record): the batch was written once, by this attempt, and is reported as every committed batch is (so the
+        checks that follow commits, such as Spark's late count against the DLQ's, see it), with the counts the
+        ledger recorded."""
+        entry = self.ledger_entry(plan.batch)
+        outputs, dlq, txn_ms = (entry.outputs, entry.dlq, entry.txn_ms) if entry is not None else (0, 0, 0.0)
+        self._committed(plan, outputs, dlq, txn_ms, settled_after_unknown_outcome=True)
         return BatchOutcome(plan.batch, Decision.WRITE, outputs, dlq, txn_ms)
 
     # ------------------------------------------------------------------ helpers
