@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RUN_RATE ?= 200
 RUN_SECONDS ?= 3600
 
-.PHONY: setup run stop status lint format test test-unit test-integration test-secured bench bench-writer bench-profile bench-sweep chaos soak clean
+.PHONY: setup run stop status lint format docs test test-unit test-integration test-secured bench bench-writer bench-profile bench-sweep chaos soak clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +40,10 @@ lint: setup
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+
+## docs: the generated reference pages (docs/configuration.md from onceflow.config)
+docs: setup
+	$(BIN)/python -m onceflow_dev.config_reference > docs/configuration.md
 
 format: setup
 	$(BIN)/ruff check --fix $(LINTED)
