@@ -49,8 +49,12 @@ def cmd_stack(args, s: config.Settings) -> int:
     # `topics` and `provision` work on any cluster, from a production image without the development tooling:
     # only the embedded stack's actions load it
 
+    if args.action == "down":
+        # everything the stack started, whatever this shell exported: its remembered topology wins here
+        s = config.load(env={**os.environ, **config.remembered_stack(s.var_dir)}, **_app_overrides(args))
     if args.brokers and args.brokers != s.brokers:
-        s = config.load(brokers=args.brokers)  # the topology's defaults apply (bootstrap list, replication)
+        # the topology's defaults apply (bootstrap list, replication)
+        s = config.load(env=config.with_remembered_stack(os.environ), brokers=args.brokers, **_app_overrides(args))
     if args.spark_workers and not s.master.startswith("spark://"):
         s = s.replace(master=f"spark://127.0.0.1:{_dev('stack').DEFAULT_SPARK_MASTER_PORT}")
     if args.secured:
@@ -80,7 +84,7 @@ def cmd_stack(args, s: config.Settings) -> int:
     elif args.action == "down":
         _print(_dev("stack").down(s), args.json)
     else:
-        st = _dev("stack").status(s)
+        st = _dev("stack").status(s) | {"remembered": config.remembered_stack(s.var_dir)}
         _print(st, args.json)
         return 0 if st["broker"]["running"] else 1
     return 0
@@ -465,6 +469,11 @@ def cmd_airflow(args, s: config.Settings) -> int:
     return 0
 
 
+def _app_overrides(args) -> dict:
+    """--app NAME: that app, as its own instance."""
+    return {"app": args.app, "app_id": args.app} if getattr(args, "app", None) else {}
+
+
 def _version() -> str:
     from importlib import metadata
 
@@ -684,7 +693,8 @@ def setup_logging(settings: config.Settings | None, verbose: bool, foreground_jo
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        settings = config.load(**({"app": args.app, "app_id": args.app} if args.app else {}))
+        # the shell's environment over the embedded stack's remembered topology (`stack up` wrote it under var/)
+        settings = config.load(env=config.with_remembered_stack(os.environ), **_app_overrides(args))
     except config.ConfigError as e:
         print(f"onceflow: {e}", file=sys.stderr)
         return 2

@@ -598,6 +598,29 @@ def app_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in app.settings.items() if k not in given}
 
 
+# The embedded stack remembers how it was started (onceflow_dev.stack.up writes it under its var dir), as a compose
+# project does: the CLI's later commands use it, whatever the shell exported (docs/operations.md).
+STACK_FILE = "stack.json"
+
+
+def remembered_stack(var_dir: Path) -> dict[str, str]:
+    """The settings the embedded stack under `var_dir` was started with, as ONCEFLOW_* variables ({} if none)."""
+    try:
+        got = json.loads((var_dir / STACK_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    got = got.get("settings") if isinstance(got, dict) else None
+    if not isinstance(got, dict):
+        return {}
+    return {k: v for k, v in got.items() if isinstance(k, str) and k.startswith(ENV_PREFIX) and isinstance(v, str)}
+
+
+def with_remembered_stack(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` over the remembered stack of its var dir: what the shell sets wins, the stack fills in the rest."""
+    var_dir = Path(env.get(ENV_PREFIX + "VAR_DIR") or Settings.var_dir)
+    return {**remembered_stack(var_dir), **env}
+
+
 def topology_defaults(given: Mapping[str, Any]) -> dict[str, Any]:
     """What a multi-node embedded stack implies for the settings not given: a bootstrap list of every node (so a
     client still finds the cluster when one node is down), replication 3 with min.insync.replicas 2 (one node may

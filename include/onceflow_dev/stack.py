@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from onceflow.config import Settings
+import json
+from pathlib import Path
+
+from onceflow.config import ENV_PREFIX, STACK_FILE, Settings
 from onceflow.kafka import topics
 from onceflow.runtime import jvm
 from onceflow_dev import broker, spark_cluster
@@ -11,15 +14,46 @@ DEFAULT_SPARK_MASTER_PORT = 7077
 
 
 def up(settings: Settings, spark_workers: int = 0) -> dict:
-    """Kafka and the topics; with spark_workers, a Spark standalone master at settings.master and its workers."""
+    """Kafka and the topics; with spark_workers, a Spark standalone master at settings.master and its workers. The
+    topology is remembered under the var dir first (remember), so a later command, or `down`, finds all of it even if
+    this one fails halfway."""
     if spark_workers:
         spark_cluster.master_address(settings)  # a clear error before anything starts
+    remember(settings, spark_workers)
     jvm.spark_kafka_jars(settings)  # resolve and cache the Spark connector now, not at first job start
     info = broker.start(settings)
     info["topics_created"] = topics.ensure(provision(settings) if settings.secured else settings)
     if spark_workers:
         spark_cluster.start(settings, workers=spark_workers)
     return status(settings) | {"topics_created": info["topics_created"]}
+
+
+# What the stack was started with: the settings other commands must share with it (exports), and the brokers' own.
+REMEMBERED = (
+    "CONTROLLER_PORT",
+    "LISTEN_HOST",
+    "BROKER_HEAP",
+    "BROKER_TXN_ABORT_CHECK_INTERVAL_MS",
+    "BROKER_TRANSACTION_MAX_TIMEOUT_MS",
+)
+
+
+def remember(settings: Settings, spark_workers: int = 0) -> Path:
+    """Write the stack's topology to <var_dir>/stack.json (config.remembered_stack reads it)."""
+    env = settings.as_env()
+    topology = exports(settings) | {ENV_PREFIX + k: env[ENV_PREFIX + k] for k in REMEMBERED}
+    if not spark_workers:
+        topology.pop(ENV_PREFIX + "MASTER", None)  # no cluster of its own: the settings' master stays the shell's
+    path = settings.var_dir / STACK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"settings": topology, "spark_workers": spark_workers}, indent=2, sort_keys=True))
+    tmp.replace(path)
+    return path
+
+
+def forget(settings: Settings) -> None:
+    (settings.var_dir / STACK_FILE).unlink(missing_ok=True)
 
 
 def provision(settings: Settings) -> Settings:
@@ -43,6 +77,7 @@ def down(settings: Settings) -> dict:
     if gen:
         procs.stop_process(gen["pid"], 10)
     stopped_job = jobctl.stop(settings)
+    forget(settings)
     return {
         "airflow_stopped": airflow_stopped,
         "generator_stopped": bool(gen),

@@ -48,11 +48,41 @@ def topology(tmp_path_factory):
     )
     assert (base.replication_factor, base.min_insync_replicas) == (3, 2)
     try:
-        stack.up(base, spark_workers=2)  # what `onceflow stack up --brokers 3 --spark-workers 2` runs
+        # as a user brings it up: the command in a shell (free ports, and the brokers' transaction settings for the
+        # tests' short timeouts, passed as the variables a user would export)
+        up = _onceflow(
+            var,
+            "stack",
+            "up",
+            "--brokers",
+            "3",
+            "--spark-workers",
+            "2",
+            ONCEFLOW_BOOTSTRAP_SERVERS=boot,
+            ONCEFLOW_CONTROLLER_PORT=str(base.controller_port),
+            ONCEFLOW_MASTER=base.master,
+            ONCEFLOW_BROKER_TXN_ABORT_CHECK_INTERVAL_MS=str(base.broker_txn_abort_check_interval_ms),
+            ONCEFLOW_BROKER_TRANSACTION_MAX_TIMEOUT_MS=str(base.broker_transaction_max_timeout_ms),
+        )
+        assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-3000:]
         yield base
     finally:
-        spark_cluster.stop(base)
+        spark_cluster.stop(base)  # whatever the last test's `stack down` left (none: it checks)
         broker.stop(base)
+
+
+def _onceflow(var, *args: str, **env: str):
+    """`onceflow ...` in a fresh shell: nothing exported but the var dir (a user's checkout has var/ already) and
+    what `env` adds; the test session's token, so nothing it starts can outlive the session unnoticed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    keep = ("PATH", "HOME", "LANG", "JAVA_HOME", "PYTEST_ONCEFLOW_SESSION")
+    shell = {k: os.environ[k] for k in keep if k in os.environ} | {"ONCEFLOW_VAR_DIR": str(var)} | env
+    exe = Path(sys.executable).parent / "onceflow"
+    return subprocess.run([str(exe), *args], env=shell, capture_output=True, text=True, timeout=900)
 
 
 def app_of(base: config.Settings, name: str, **kw) -> config.Settings:
@@ -290,3 +320,25 @@ def _listening_beyond_loopback() -> list[str]:
     harness = getattr(getattr(pyspark.SparkContext._active_spark_context, "_gateway", None), "proc", None)
     pids = procs.with_descendants(pid for pid, _ in session_processes()) - {harness.pid if harness else -1}
     return [f"pid {x.pid} ({procs.describe(x.pid)}) listens on {x.host}:{x.port}" for x in procs.beyond_loopback(pids)]
+
+
+def test_a_fresh_shell_sees_the_cluster_and_stack_down_stops_all_it_started(topology):
+    """Last in this module. After `onceflow stack up --brokers 3 --spark-workers 2` (the fixture), what anyone types
+    next, in a shell that exported nothing but the var dir: `stack status` sees the three brokers and the Spark
+    cluster (the stack remembers its topology under var/), and `stack down` stops every process it started."""
+    var = topology.var_dir
+    st = _onceflow(var, "stack", "status", "--json")
+    assert st.returncode == 0, st.stdout[-2000:] + st.stderr[-2000:]
+    got = json.loads(st.stdout)
+    assert [n["running"] for n in got["broker"]["nodes"]] == [True, True, True], got["broker"]
+    assert got["spark_cluster"]["alive_workers"] == 2 and got["spark_cluster"]["master"] == topology.master
+    started = [int(procs.read_pidfile(n.pidfile)["pid"]) for n in broker.nodes(topology)]
+    started += [pid for pid in spark_cluster.status(topology)["processes"].values() if pid]
+    assert len(started) == 6, started  # three nodes, a master and two workers
+
+    down = _onceflow(var, "stack", "down", "--json")
+    assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
+    procs.wait_until(
+        lambda: not [p for p in started if procs.pid_alive(p)], 120, interval=0.5, what="the stack's processes to end"
+    )
+    assert not (var / config.STACK_FILE).exists()
