@@ -226,7 +226,7 @@ def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(his
     assert reconciliation.record(s, first)["chain_moved"]
     assert recon_chain.position(s).batch == entries[2].batch
     # the group's committed offsets are the end of the proven batch: lag tools show what is left to prove
-    assert audit.committed_offsets(s.replace(app_id=s.app_id + ".reconciliation"), entries[2].end) == {
+    assert audit.committed_offsets(s, entries[2].end, group=recon_chain.group_id(s)) == {
         p: o for p, o in entries[2].end.items()
     }
     # a run that fails (a duplicate slipped into the sink) is recorded but does not move the chain

@@ -45,9 +45,10 @@ def quarantined(recs: Iterable) -> list[QuarantineRange]:
     return [r for q in recs if isinstance(q, QuarantineRecord) for r in q.ranges]
 
 
-def committed_position(settings: Settings, partitions: Iterable[int]) -> Committed:
-    """The group's committed offsets with the batch their metadata names."""
-    c = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
+def committed_position(settings: Settings, partitions: Iterable[int], group: str | None = None) -> Committed:
+    """The group's committed offsets on the source with the batch their metadata names (`group`: another of the
+    app's groups than the job's, e.g. the reconciliation chain's)."""
+    c = kafka_clients.read_committed_consumer(settings, group_id=group or settings.group_id)
     try:
         got = kafka_reading.committed(c, [TopicPartition(settings.source_topic, p) for p in partitions])
         return Committed.from_partitions(
@@ -57,8 +58,8 @@ def committed_position(settings: Settings, partitions: Iterable[int]) -> Committ
         c.close()
 
 
-def committed_offsets(settings: Settings, partitions: Iterable[int]) -> dict[int, int]:
-    return committed_position(settings, partitions).offsets
+def committed_offsets(settings: Settings, partitions: Iterable[int], group: str | None = None) -> dict[int, int]:
+    return committed_position(settings, partitions, group).offsets
 
 
 @dataclass
