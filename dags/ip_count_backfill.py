@@ -89,7 +89,7 @@ def ip_count_backfill():
         print(f"backfill {spec['id']}: {report}")
         return report
 
-    run(validate())
+    run(validate())  # type: ignore[arg-type]  # TaskFlow: the XComArg is the spec at run time
 
 
 ip_count_backfill()

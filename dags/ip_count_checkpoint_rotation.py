@@ -79,7 +79,7 @@ def ip_count_checkpoint_rotation():
         return out
 
     taken = savepoint()
-    report(taken, retention(taken))
+    report(taken, retention(taken))  # type: ignore[arg-type]  # TaskFlow: XComArgs are the dicts at run time
 
 
 ip_count_checkpoint_rotation()

@@ -85,7 +85,7 @@ def ip_count_deploy():
             return deploy.restore(s, params["savepoint_id"], params["allow_rewind"], argv, wait_s=wait)
         return deploy.start(s, argv, wait_s=wait)
 
-    launch(stop(preflight()))
+    launch(stop(preflight()))  # type: ignore[arg-type]  # TaskFlow: each XComArg is its task's dict at run time
 
 
 ip_count_deploy()
