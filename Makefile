@@ -43,7 +43,7 @@ lint: setup
 
 ## docs: the generated reference pages (docs/configuration.md from onceflow.config)
 docs: setup
-	$(BIN)/python -m onceflow_dev.config_reference > docs/configuration.md
+	$(BIN)/python -m onceflow_dev.config_reference --out docs/configuration.md
 
 format: setup
 	$(BIN)/ruff check --fix $(LINTED)

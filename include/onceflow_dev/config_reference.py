@@ -1,19 +1,24 @@
 """docs/configuration.md, generated from onceflow.config: every setting with its environment variable, type,
-default and what it does (the comments above each field in config.py), by section.
+default and what it does (the comments above each field in config.py), by section (the `# --- ... ---` comments).
 
     python -m onceflow_dev.config_reference > docs/configuration.md     (make docs)
+    python -m onceflow_dev.config_reference --out docs/configuration.md
 
 tests/unit/test_config_reference.py fails when the file differs from what this prints, so a setting cannot be
-added without its line in the reference, nor without a comment that says what it does.
+added without its line in the reference, nor without something that says what it does. The output depends on the
+source only: no environment, no path of this machine (defaults under the repository are shown relative to it).
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import inspect
+import io
 import re
 import sys
+import tokenize
 from pathlib import Path
 from typing import Any
 
@@ -32,58 +37,101 @@ SHARED_COMMENT = {
     "txn_watch_interval_s": "health_interval_s",
     "reconcile_interval_minutes": "health_interval_s",
 }
-# Fields whose name says it all, and nothing in config.py comments them.
+# What a setting is, where its comment in config.py gives only its default, a reason or the group it belongs to:
+# put before that comment.
+LEAD = {
+    "source_topic": "The topic the job reads.",
+    "sink_topic": "The topic the job commits its results to.",
+    "dlq_topic": "Malformed records, with their provenance in headers.",
+    "ledger_topic": "One record per committed batch (its source offset ranges): what a replay is decided from.",
+    "backfill_topic": "Where backfills write their windows.",
+    "events_topic": "The events of everyone but the job,",
+    "checkpoint_uri": "The job's Spark checkpoint (any Hadoop-compatible URI: file://, hdfs://, s3a://);",
+    "savepoint_uri": "Where savepoints are kept;",
+    "max_offsets_per_trigger": "The most source records one micro-batch reads (Spark's maxOffsetsPerTrigger).",
+    "transaction_timeout_ms": "transaction.timeout.ms of the job's transactional producer: the coordinator aborts a "
+    "transaction open longer (the batch is then replayed).",
+    "producer_linger_ms": "linger.ms of the job's transactional producer.",
+    "producer_batch_messages": "batch.num.messages of the job's transactional producer.",
+    "state_store_provider": "Spark's state store provider (spark.sql.streaming.stateStore.providerClass).",
+    "health_interval_s": "How often the health DAG runs.",
+    "txn_watch_interval_s": "How often the transaction-watch DAG runs.",
+    "reconcile_interval_minutes": "How often the reconciliation DAG proves the next slice of its chain.",
+    "alert_channels": "Where alerts go besides the alerts topic,",
+    "health_progress_threshold_s": "Health:",
+    "health_restart_attempts": "Health:",
+    "health_batch_grace_s": "Health:",
+    "savepoint_keep": "Rotation:",
+    "savepoint_max_age_s": "Rotation:",
+    "savepoint_incomplete_grace_s": "Rotation:",
+}
+# Fields that nothing in config.py comments: what they do, as the code that reads them uses them.
 FALLBACK = {
-    "bootstrap_servers": "The Kafka bootstrap list (host:port, comma-separated).",
-    "controller_port": "The embedded stack's KRaft controller port (node i: + 10 * (i - 1)).",
-    "events_topic": "Shared by every app: savepoints, restores, quarantines, backfills.",
+    "bootstrap_servers": "The Kafka bootstrap list (host:port, comma-separated); any reachable broker serves.",
+    "controller_port": "The embedded stack's KRaft controller port (node i: this + 10 * (i - 1)).",
     "alerts_topic": "Shared by every app: alert records (raised and resolved).",
     "health_topic": "Shared by every app: the health checks' records.",
     "reconciliation_topic": "Shared by every app: the reconciliation runs' results.",
-    "source_partitions": "Partitions of the source topic the platform creates.",
-    "sink_partitions": "Partitions of the sink topic the platform creates.",
-    "replication_factor": "Replication of the topics the platform creates (3 on a multi-node embedded stack).",
-    "min_insync_replicas": "min.insync.replicas of those topics (2 on a multi-node embedded stack).",
-    "broker_heap": "Heap of each embedded Kafka node's JVM.",
-    "kafka_sasl_mechanism": "The SASL mechanism on a SASL_SSL cluster.",
-    "kafka_username": "The principal's name on a SASL_SSL cluster (or the login of the Airflow connection).",
+    "source_partitions": "Partitions of the source topic the platform creates (and preflight expects).",
+    "sink_partitions": "Partitions of the sink topic the platform creates (and preflight expects).",
+    "replication_factor": "Replication of the topics the platform creates (min(3, brokers) on a multi-node "
+    "embedded stack, unless set).",
+    "min_insync_replicas": "min.insync.replicas of those topics (min(2, brokers) on a multi-node embedded stack, "
+    "unless set); at most replication_factor.",
+    "broker_heap": "Heap (-Xmx, -Xms) of each embedded Kafka node's JVM.",
+    "kafka_sasl_mechanism": "The SASL mechanism on a SASL_SSL cluster: SCRAM-SHA-512 or SCRAM-SHA-256.",
+    "kafka_username": "The principal's name on a SASL_SSL cluster (in Airflow: the login of the role's connection).",
     "master": "Spark's master: local[N], spark://host:port, k8s://..., yarn.",
-    "shuffle_partitions": "spark.sql.shuffle.partitions of the job (fixed by its checkpoint).",
-    "min_batches_to_retain": "spark.sql.streaming.minBatchesToRetain: checkpoint batches kept.",
-    "window_s": "The length of an event-time window (ip_count: tumbling).",
-    "watermark_s": "How late an event may be (event time behind the watermark) before its window is final.",
-    "starting_offsets": "Where a new app starts reading its source: earliest or latest.",
-    "near_timeout_fraction": "A transaction open this share of its timeout is reported as near its timeout.",
-    "driver_memory": "The Spark driver's memory.",
+    "shuffle_partitions": "spark.sql.shuffle.partitions of the job: the aggregation's partitions, fixed by the "
+    "checkpoint when the query first starts; two of them must fit the driver's heap (docs/cluster.md).",
+    "min_batches_to_retain": "spark.sql.streaming.minBatchesToRetain: the checkpoint batches Spark keeps.",
+    "window_s": "The length of an event-time window (ip_count: tumbling, aligned to the epoch).",
+    "watermark_s": "The watermark delay: the watermark trails the largest event time seen by this much; a window "
+    "is emitted once the watermark passes its end, and a record whose window ended at or before the previous "
+    "batch's watermark is late.",
+    "starting_offsets": "Where a query with a new checkpoint starts reading its source: earliest or latest.",
+    "near_timeout_fraction": "A transaction open this share of its timeout is reported (transaction_near_timeout) "
+    "while still open.",
+    "driver_memory": "The Spark driver's memory (spark.driver.memory).",
     "executor_memory": "Each Spark executor's memory (on a cluster).",
     "executor_cores": "Each Spark executor's cores (on a cluster).",
-    "rotation_interval_minutes": "How often the rotation DAG takes a savepoint and prunes old ones.",
+    "rotation_interval_minutes": "How often the rotation DAG takes a savepoint, verifies it and prunes old ones.",
     "checkpoint_size_alert_bytes": "The checkpoint's size above which rotation alerts.",
-    "restart_attempts": "Restarts of a crashed job by its supervisor before it gives up.",
+    "restart_attempts": "Restarts of a failed job by its supervisor in a row (a batch committed in between resets "
+    "the count) before it gives up.",
     "restart_delay_s": "The supervisor's fixed delay before a restart.",
-    "airflow_port": "The embedded Airflow's api-server port.",
-    "alert_webhook_conn_id": "The Airflow connection of the webhook alert channel.",
-    "alert_slack_conn_id": "The Airflow connection of the Slack alert channel.",
+    "airflow_port": "The embedded Airflow's api-server port (its UI: http://localhost:<port>).",
+    "alert_webhook_conn_id": "The Airflow connection of the webhook alert channel (HTTP; JSON POST).",
+    "alert_slack_conn_id": "The Airflow connection of the Slack alert channel (an incoming webhook).",
     "alert_smtp_conn_id": "The Airflow connection of the e-mail alert channel.",
-    "alert_email_to": "Where e-mail alerts go (comma-separated addresses).",
-    "health_restart_window_s": "The window over which health counts its restarts.",
+    "alert_email_to": "Where e-mail alerts go (comma-separated addresses); needed when smtp is a channel.",
+    "health_restart_window_s": "Health: the window over which it counts its restarts.",
+    "checkpoint_freshness_threshold_s": "Health: the checkpoint's commit log not written for this long while input "
+    "waits is stale.",
     "k8s_namespace": "Kubernetes cluster mode: the namespace.",
-    "k8s_service_account": "Kubernetes cluster mode: the driver's service account.",
-    "k8s_kafka_secret_mount": "Kubernetes cluster mode: where the Kafka secret is mounted.",
+    "k8s_service_account": "Kubernetes cluster mode: the driver's service account (allowed to create executor pods).",
+    "k8s_kafka_secret_mount": "Kubernetes cluster mode: where the Kafka secret (the CA) is mounted.",
     "app_root_in_image": "Kubernetes cluster mode: where onceflow is installed in the image.",
-    "savepoint_uri": "Where savepoints go; empty: <var_dir>/savepoints/<app_id>.",
-    "var_dir": "Where runtime state lives: checkpoints, savepoints, pid, status and log files, the embedded stack.",
-    "trigger_interval_s": "The micro-batch trigger (with close-out batches, the pace between batches that close no window).",
-    "checkpoint_freshness_threshold_s": "Health: the checkpoint not written for this long while the job runs is stale.",
-    "fault": "Fault injection for tests (onceflow.faults); empty: off.",
+    "var_dir": "Where runtime state lives: checkpoints, savepoints, pid, status and log files, Airflow's home, "
+    "the embedded stack's data.",
+    "trigger_interval_s": "The micro-batch trigger; with close-out batches on, the pace between batches that close "
+    "no window.",
+    "fault": "Fault injection for tests (onceflow.faults): point@batch[:seconds], comma-separated "
+    "(docs/testing.md); empty: off.",
 }
 
 
 def _comments(source: str) -> tuple[dict[str, str], dict[str, str]]:
-    """Each field's comment (the contiguous comment lines right above it, then its inline comment) and its
-    section."""
+    """Each field of Settings: its comment (the contiguous comment lines right above it, then its inline
+    comment) and its section (the last `# --- name ---` above it)."""
     lines = source.splitlines()
     cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == config.Settings.__name__)
+    # line number -> the comment that ends it (tokenize: a '#' inside a string is not a comment)
+    inline = {
+        tok.start[0]: tok.string
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    }
     comments: dict[str, str] = {}
     sections: dict[str, str] = {}
     section = ""
@@ -101,26 +149,42 @@ def _comments(source: str) -> tuple[dict[str, str], dict[str, str]]:
                 above.append(t.lstrip("#").strip())
             else:
                 above = []
-        inline = lines[node.lineno - 1].split("#", 1)[1].strip() if "#" in lines[node.lineno - 1] else ""
-        comments[node.target.id] = " ".join([*above, inline]).strip()
+        end = node.end_lineno or node.lineno
+        tail = inline.get(end, "") if not lines[end - 1].strip().startswith("#") else ""
+        comments[node.target.id] = " ".join([*above, tail.lstrip("#").strip()]).strip()
         sections[node.target.id] = section
-        last_end = node.end_lineno or node.lineno
+        last_end = end
     return comments, sections
+
+
+def _what(name: str, comments: dict[str, str]) -> str:
+    said = comments.get(name) or comments.get(SHARED_COMMENT.get(name, ""), "") or FALLBACK.get(name, "")
+    return " ".join(x for x in (LEAD.get(name, ""), said) if x)
+
+
+def _md(text: str) -> str:
+    """Text for a table cell: `|` escaped; `<...>` outside code spans escaped (Markdown would take it for HTML)."""
+    parts = text.replace("|", "\\|").split("`")
+    for i in range(0, len(parts), 2):  # outside code spans
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
 
 
 def _default(f: dataclasses.Field) -> str:
     value: Any = f.default if f.default is not dataclasses.MISSING else None
     if f.name == "kafka_password":
-        return "(secret; never written anywhere)"
+        return "(empty; secret: never written anywhere)"
     if f.name in names.APP_TOPICS:
-        return f"`<app_id>_{names.APP_TOPICS[f.name]}`"
+        return f"`{names.app_topic('<app_id>', f.name)}`"
     if f.name == "app_id":
-        return "the app's name"
+        return "(empty: the app's name)"
     if isinstance(value, Path):
         try:
-            return f"`{value.relative_to(config.REPO_ROOT)}`"
+            return f"`{value.relative_to(config.REPO_ROOT).as_posix()}`"
         except ValueError:
             return f"`{value}`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
     if value == "":
         return "(empty)"
     return f"`{value}`"
@@ -130,11 +194,16 @@ def _type(f: dataclasses.Field) -> str:
     return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
 
 
+def _doc(fn: Any) -> str:
+    return " ".join((inspect.getdoc(fn) or "").split())
+
+
 def render() -> str:
     comments, sections = _comments(inspect.getsource(config))
     by_section: dict[str, list[dataclasses.Field]] = {}
     for f in dataclasses.fields(config.Settings):
         by_section.setdefault(sections.get(f.name, ""), []).append(f)
+    p = config.ENV_PREFIX
     out = [
         "# Configuration reference",
         "",
@@ -142,38 +211,50 @@ def render() -> str:
         "comments there, not this file -->",
         "",
         "Every setting of onceflow lives in one typed place, `onceflow.config.Settings`, shared by the CLI, the job",
-        "and the DAGs. Each is read from the environment variable `ONCEFLOW_<NAME>` (upper case); an app's",
-        "declaration may give its own defaults for the settings in `APP_SETTINGS` (docs/apps.md), under the",
-        "environment's. Values are checked when they are loaded: a misconfiguration fails at start with a message",
-        "that says what to change (docs/troubleshooting.md).",
+        f"and the DAGs. Each is read from the environment variable `{p}<NAME>` (the setting's name in upper case).",
+        "What wins: an explicit value, then the environment, then the declared app's own default for the settings",
+        "an app may set (marked below; [apps.md](apps.md)), then the default here. A multi-node embedded stack",
+        f"(`{p}BROKERS` above 1) fills in the bootstrap list and the replication settings left unset, and the CLI",
+        "takes what the shell does not export from the embedded stack's remembered topology (`var/stack.json`,",
+        "[cluster.md](cluster.md)). In Airflow, the Kafka endpoint and credentials come from the connections",
+        "([security.md](security.md)). Values are checked when they are loaded: a misconfiguration fails at start",
+        "with a message that says what to change ([troubleshooting.md](troubleshooting.md#a-setting-is-refused)).",
+        "Booleans take `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`); integers may use `_` (`500_000`).",
         "",
     ]
     for section, fs in by_section.items():
         out += [f"## {section[0].upper() + section[1:] if section else 'Other'}", ""]
         out += ["| setting | environment | type | default | what it does |", "|---|---|---|---|---|"]
         for f in fs:
-            what = comments.get(f.name) or comments.get(SHARED_COMMENT.get(f.name, ""), "") or FALLBACK.get(f.name, "")
+            what = _what(f.name, comments)
             if f.name in config.APP_SETTINGS:
                 what += " An app may set its own default."
-            what = what.replace("|", "\\|").strip()
-            env = config.ENV_PREFIX + f.name.upper()
-            out.append(f"| `{f.name}` | `{env}` | `{_type(f)}` | {_default(f)} | {what} |")
+            env = p + f.name.upper()
+            out.append(f"| `{f.name}` | `{env}` | `{_type(f)}` | {_default(f)} | {_md(what.strip())} |")
         out.append("")
+    app = "<app_id>"
     out += [
         "## Derived names",
         "",
-        "Not settings: built from the app id by `onceflow.rules.names` (the ACLs grant exactly these).",
+        "Not settings: built from the app id by `onceflow.rules.names` (the ACLs grant exactly these); the first five",
+        "are properties of `Settings`.",
         "",
-        "| name | value |",
-        "|---|---|",
-        f"| transactional id, consumer group | `{names.transactional_id('<app_id>')}` |",
-        f"| read_committed readers' group | `{names.reader_group('<app_id>')}` |",
-        f"| the ledger's reader | `{names.ledger_group('<app_id>')}` |",
-        f"| the reconciliation chain | `{names.reconciliation_group('<app_id>')}` |",
-        f"| a backfill | `{names.backfill_transactional_id('<app_id>', '<id>')}` |",
-        f"| principals | `{names.username('<app_id>', '<role>')}` |",
-        "| checkpoint | `<var_dir>/checkpoints/<app_id>` (or `checkpoint_uri`) |",
-        "| savepoints | `<var_dir>/savepoints/<app_id>` (or `savepoint_uri`) |",
+        "| name | value | what it is |",
+        "|---|---|---|",
+        f"| `transactional_id` | `{names.transactional_id(app)}` | {_md(_doc(names.transactional_id))} |",
+        f"| `group_id` | `{names.group_id(app)}` | {_md(_doc(names.group_id))} |",
+        f"| `reader_group` | `{names.reader_group(app)}` | {_md(_doc(names.reader_group))} Spark's Kafka consumers: "
+        f"`{names.spark_group_prefix(app)}...` |",
+        f"| `checkpoint` | `checkpoint_uri`, else `<var_dir>/checkpoints/{app}` (`var/checkpoints/{app}`) | The job's "
+        "Spark checkpoint, as a URI. |",
+        f"| `savepoints` | `savepoint_uri`, else `<var_dir>/savepoints/{app}` (`var/savepoints/{app}`) | The root under "
+        "which each savepoint is a directory. |",
+        f"| the ledger's reader | `{names.ledger_group(app)}` | {_md(_doc(names.ledger_group))} |",
+        f"| the reconciliation chain | `{names.reconciliation_group(app)}` | {_md(_doc(names.reconciliation_group))} |",
+        f"| a backfill | `{names.backfill_transactional_id(app, '<id>')}` | {_md(_doc(names.backfill_transactional_id))} "
+        "Its group has the same name. |",
+        f"| the transaction watch | `{names.txn_watch_group(app)}` | The transaction-watch DAG's consumer group. |",
+        f"| principals | `{names.username(app, '<role>')}` | {_md(_doc(names.username))} |",
         "",
     ]
     return "\n".join(out)
@@ -182,12 +263,20 @@ def render() -> str:
 def undocumented() -> list[str]:
     """Settings with nothing that says what they do."""
     comments, _ = _comments(inspect.getsource(config))
-    return [
-        f.name
-        for f in dataclasses.fields(config.Settings)
-        if not (comments.get(f.name) or comments.get(SHARED_COMMENT.get(f.name, "")) or FALLBACK.get(f.name))
-    ]
+    return [f.name for f in dataclasses.fields(config.Settings) if not _what(f.name, comments)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, help="write the reference to this file instead of stdout")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.out:
+        args.out.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 if __name__ == "__main__":
-    sys.stdout.write(render())
+    sys.exit(main())
