@@ -2,9 +2,10 @@
 ### ip_count_backfill
 
 Manual only. Recomputes the 5 s windows per IP over a source range with a Spark batch job (`jobs/backfill.py`,
-submitted through the Spark provider) and writes them exactly once to the target topic (default
-`ip_count_backfill`, never the live sink): one Kafka transaction per chunk of `chunk_size` windows, with a
-ledger record (kind `backfill`) and the backfill group's offsets carrying the chunk number. Re-running or
+submitted through the Spark provider, detached) and writes them exactly once to the target topic (default
+`ip_count_backfill`, never the live sink). The `run` task waits for it in Airflow's triggerer (no worker slot
+held) and shows its progress in its log: chunk k of n, records, rate, ETA. One Kafka transaction per chunk of
+`chunk_size` windows, with a ledger record (kind `backfill`) and the backfill group's offsets carrying the chunk number. Re-running or
 resuming the same `backfill_id` continues after the last committed chunk and never writes a chunk twice; the
 same id with other parameters is refused. Every parameter is checked before anything is written (range order,
 offsets within the source's retention, topics exist, no overlap with a running backfill). `dry_run` reports what
@@ -18,10 +19,11 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from onceflow.control import orchestration
+from onceflow.control import orchestration, task_defaults
+from onceflow.control.operators import WaitForBatchJob
 from onceflow.operations import backfill
 
-DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minutes=5)}
+DEFAULT_ARGS = task_defaults.default_args(timedelta(hours=7))  # the job itself is stopped at 6 h
 
 
 @dag(
@@ -77,7 +79,7 @@ def ip_count_backfill():
         return spec.as_dict() | {"spec_hash": spec.spec_hash()}
 
     @task
-    def run(spec: dict) -> dict:
+    def submit(spec: dict) -> dict:
         ctx = get_current_context()
         s = orchestration.settings(role="backfill")
         spec.pop("spec_hash", None)
@@ -85,11 +87,15 @@ def ip_count_backfill():
         argv = orchestration.batch_submit_argv(
             s, backfill.SCRIPT, ["--spec", json.dumps(spec, default=str), "--out", str(out)]
         )
-        report = backfill.submitted(s, argv, out)
-        print(f"backfill {spec['id']}: {report}")
+        return backfill.submit(s, argv, out)
+
+    @task
+    def report(report: dict) -> dict:
+        print(f"backfill {report['id']}: {report}")
         return report
 
-    run(validate())  # type: ignore[arg-type]  # TaskFlow: the XComArg is the spec at run time
+    run = WaitForBatchJob(task_id="run", handle=submit(validate()))  # type: ignore[arg-type]
+    report(run.output)  # type: ignore[arg-type]  # TaskFlow: each XComArg is a dict at run time
 
 
 ip_count_backfill()

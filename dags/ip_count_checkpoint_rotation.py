@@ -20,10 +20,10 @@ from datetime import timedelta
 from airflow.sdk import Param, dag, get_current_context, task
 
 from onceflow import config
-from onceflow.control import orchestration, rotation
+from onceflow.control import orchestration, rotation, task_defaults
 from onceflow.rules.savepoints import SAVEPOINT_REF_PATTERN
 
-DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minutes=5)}
+DEFAULT_ARGS = task_defaults.default_args(timedelta(minutes=30))
 
 
 @dag(

@@ -5,7 +5,8 @@ Start, stop, restart, upgrade or restore the exactly-once `ip_count` streaming j
 
 * **start**: preflight (broker reachable, topics present, transaction timeouts consistent, checkpoint writable,
   no other live driver), then launch through the Spark provider (`spark_default`), detached under the
-  onceflow supervisor. Green only once the job has committed a batch.
+  onceflow supervisor. Green only once the job has committed a batch: the wait for it (`first_commit`) runs in
+  Airflow's triggerer, not in a worker slot.
 * **stop**: stop at a batch boundary.
 * **restart**: stop at a batch boundary, then start from the same checkpoint.
 * **upgrade**: stop-with-savepoint (the job stops at a batch boundary and the savepoint is its final state),
@@ -25,10 +26,11 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from onceflow.control import deploy, orchestration
+from onceflow.control import deploy, orchestration, task_defaults
+from onceflow.control.operators import WaitForFirstCommit
 from onceflow.rules.savepoints import SAVEPOINT_REF_PATTERN
 
-DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(seconds=30)}
+DEFAULT_ARGS = task_defaults.default_args(timedelta(hours=2))  # a stop, a savepoint, up to an hour of wait
 
 
 @dag(
@@ -80,12 +82,13 @@ def ip_count_deploy():
             return {"launched": False}
         argv, wait = orchestration.spark_submit_argv(s), params["wait_timeout_s"]
         if action == "upgrade":
-            return deploy.upgrade(s, argv, wait_s=wait)
+            return deploy.upgrade(s, argv, wait_s=wait, wait=False)
         if action == "restore":
-            return deploy.restore(s, params["savepoint_id"], params["allow_rewind"], argv, wait_s=wait)
-        return deploy.start(s, argv, wait_s=wait)
+            return deploy.restore(s, params["savepoint_id"], params["allow_rewind"], argv, wait_s=wait, wait=False)
+        return deploy.start(s, argv, wait_s=wait, wait=False)
 
-    launch(stop(preflight()))  # type: ignore[arg-type]  # TaskFlow: each XComArg is its task's dict at run time
+    launched = launch(stop(preflight()))  # type: ignore[arg-type]  # TaskFlow: each XComArg is a dict at run time
+    WaitForFirstCommit(task_id="first_commit", launched=launched)
 
 
 ip_count_deploy()

@@ -15,9 +15,9 @@ from datetime import timedelta
 from airflow.sdk import dag, task
 
 from onceflow import config
-from onceflow.control import health, orchestration
+from onceflow.control import health, orchestration, task_defaults
 
-DEFAULT_ARGS = {"owner": "onceflow", "retries": 1, "retry_delay": timedelta(seconds=20)}
+DEFAULT_ARGS = task_defaults.default_args(timedelta(minutes=10), retries=1, retry_delay=timedelta(seconds=20))
 
 
 @dag(

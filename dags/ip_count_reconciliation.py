@@ -21,7 +21,8 @@ trigger runs the chain's next slice.
 * a **Great Expectations** suite on the sink records of the range (Data Docs under `var/reconciliation/<app>/gx`).
 
 The recount runs as a Spark batch job (`jobs/reconcile.py`) submitted through the Spark provider
-(`spark_default`). Each result goes to the `onceflow_reconciliation` topic (a chain run's in one transaction with
+(`spark_default`), detached; the `recount` task waits for it in Airflow's triggerer (no worker slot held) and shows
+its progress in its log. Each result goes to the `onceflow_reconciliation` topic (a chain run's in one transaction with
 the chain's move) and a JSON file; a failed check fails the run and alerts with the precise difference.
 """
 
@@ -32,9 +33,11 @@ from datetime import timedelta
 from airflow.sdk import Param, dag, get_current_context, task
 
 from onceflow import config
-from onceflow.control import orchestration, reconciliation
+from onceflow.control import orchestration, reconciliation, task_defaults
+from onceflow.control.operators import WaitForBatchJob
 
-DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minutes=5)}
+RECOUNT_TIMEOUT_S = 3600.0  # past it the recount is stopped and the run fails (the next run covers the same batches)
+DEFAULT_ARGS = task_defaults.default_args(timedelta(hours=2))  # the recount itself is stopped at 1 h
 
 
 @dag(
@@ -62,18 +65,27 @@ DEFAULT_ARGS = {"owner": "onceflow", "retries": 0, "retry_delay": timedelta(minu
 )
 def ip_count_reconciliation():
     @task
-    def reconcile() -> dict:
+    def submit() -> dict:
         ctx = get_current_context()
         s = orchestration.settings(role="reconcile")
-        return reconciliation.run_for_dag(
+        return reconciliation.submit_for_dag(
             s,
             ctx["params"],
             ctx["run_id"],
             lambda args: orchestration.batch_submit_argv(s, reconciliation.SCRIPT, args),
-            orchestration.alert_sink(orchestration.settings(), ctx),  # alerts are the control plane's to write
+            timeout_s=RECOUNT_TIMEOUT_S,
         )
 
-    reconcile()
+    @task
+    def record(result: dict, handle: dict) -> dict:
+        ctx = get_current_context()
+        # the alerts are the control plane's to write
+        sink = orchestration.alert_sink(orchestration.settings(), ctx)
+        return reconciliation.finish_for_dag(orchestration.settings(role="reconcile"), result, handle, sink)
+
+    handle = submit()
+    recount = WaitForBatchJob(task_id="recount", handle=handle)
+    record(recount.output, handle)  # type: ignore[arg-type]  # TaskFlow: each XComArg is a dict at run time
 
 
 ip_count_reconciliation()

@@ -15,9 +15,9 @@ from datetime import timedelta
 from airflow.sdk import dag, task
 
 from onceflow import config
-from onceflow.control import orchestration, txnwatch
+from onceflow.control import orchestration, task_defaults, txnwatch
 
-DEFAULT_ARGS = {"owner": "onceflow", "retries": 1, "retry_delay": timedelta(seconds=15)}
+DEFAULT_ARGS = task_defaults.default_args(timedelta(minutes=10), retries=1, retry_delay=timedelta(seconds=15))
 
 
 @dag(

@@ -182,6 +182,8 @@ class Settings:
     health_event_time_lag_threshold_s: float = 3600.0
     alert_channels: str = ""  # comma-separated: webhook, slack, smtp
     alert_webhook_conn_id: str = "onceflow_webhook"
+    # The path the webhook channel posts to, under its connection's host (the HTTP provider's endpoint)
+    alert_webhook_endpoint: str = ""
     alert_slack_conn_id: str = "onceflow_slack"
     alert_smtp_conn_id: str = "smtp_default"
     alert_email_to: str = ""

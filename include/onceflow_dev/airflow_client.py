@@ -104,6 +104,16 @@ class AirflowClient:
         )
         return got.get("value")
 
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """A task try's whole log as the UI shows it (the worker's lines and the triggerer's), one event a line."""
+        got = self.get(
+            f"/api/v2/dags/{dag_id}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances/"
+            f"{task_id}/logs/{try_number}",
+            full_content="true",
+        )
+        content = got.get("content") or []
+        return "\n".join(c if isinstance(c, str) else str(c.get("event", "")) for c in content)
+
     def wait_run(self, dag_id: str, run_id: str, timeout: float = 600.0, interval: float = 3.0) -> dict:
         """Until the run is finished (success or failed); returns it."""
         deadline = time.monotonic() + timeout

@@ -182,13 +182,13 @@ def client(s: Settings) -> AirflowClient:
 def down(s: Settings) -> bool:
     """Stop Airflow (its whole process group), then the batch jobs its tasks had started, which run in process
     groups of their own."""
-    from onceflow.runtime import launcher
+    from onceflow.runtime import batch_jobs
 
     info = procs.read_pidfile(pidfile(s))
     if info:
         procs.stop_process(info["pid"], 60)
         pidfile(s).unlink(missing_ok=True)
-    launcher.stop_batch_jobs(s)
+    batch_jobs.stop_all(s)
     return bool(info)
 
 

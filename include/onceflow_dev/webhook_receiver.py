@@ -38,7 +38,6 @@ class Receiver:
             "host": "127.0.0.1",
             "port": self.port,
             "schema": "http",
-            "extra": {"endpoint": "/alerts"},
         }
 
     def close(self) -> None:

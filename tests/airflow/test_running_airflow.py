@@ -275,15 +275,25 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
     assert done["bad"]["state"] == "failed"
     assert api.task_instances("ip_count_backfill", done["bad"]["dag_run_id"])["validate"] == "failed"
     assert not [e for e in audit.ledger_records(s) if getattr(e, "backfill_id", None) == "e2e-bad"]
+    # and paged, through the task's on_failure_callback (task_defaults.TaskFailureNotifier), with the reason
+    [page] = procs.wait_until(lambda: webhook.alerts("task:ip_count_backfill:validate"), 60, what="the task's page")
+    assert done["bad"]["dag_run_id"] in page["summary"] and page["severity"] == "critical", page
     # the good one wrote every window of the range once
     assert done["good"]["state"] == "success", api.task_instances("ip_count_backfill", done["good"]["dag_run_id"])
     report = api.xcom("ip_count_backfill", done["good"]["dag_run_id"], "run")
     out = kafka_reading.read_topic(s, s.backfill_topic)
     assert report["written_records"] == report["windows"] == len(out) == len({m.key for m in out}) > 0
+    # it was waited for in the triggerer, which put the job's progress into the task's log as it came
+    log = api.task_log("ip_count_backfill", done["good"]["dag_run_id"], "run")
+    assert "in the triggerer" in log, log[-3000:]
+    n = report["chunks"]
+    assert [f"chunk {k} of {n}," in log for k in range(1, n + 1)] == [True] * n, log[-3000:]
     # the reconciliation by range, recorded beside the chain
     assert done["recon"]["state"] == "success"
     manual = [r for r in recon_chain.recent_results(s) if r.get("mode") == "manual"]
     assert manual and (manual[-1]["first_batch"], manual[-1]["last_batch"]) == (a, b) and manual[-1]["ok"]
+    log = api.task_log("ip_count_reconciliation", done["recon"]["dag_run_id"], "recount")
+    assert f"reconciliation of batches {a}..{b}: step 4 of 4 done" in log, log[-3000:]
 
     # deploy: a second start refuses to launch a second driver; restart, then upgrade (stop-with-savepoint, start)
     pid = jobctl.status(s)["job_pid"]
@@ -302,6 +312,10 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
             ),
         )
         assert run["state"] == "success", (action, api.task_instances("ip_count_deploy", run["dag_run_id"]))
+        first = api.xcom("ip_count_deploy", run["dag_run_id"], "first_commit")
+        assert "first_batch" in first and "in the triggerer" in api.task_log(
+            "ip_count_deploy", run["dag_run_id"], "first_commit"
+        )
         st = jobctl.status(s)
         assert st["running"] and st["job_pid"] != pid and st["desired_state"] == "running"
     assert [m for m in savepoints.list_all(s) if m.mode == "stop"], "the upgrade's stop-with-savepoint"

@@ -79,16 +79,16 @@ def preflight_for(settings: Settings, action: str, savepoint_id: str = "latest",
     return info
 
 
-def start(settings: Settings, argv: Sequence[str] | None = None, wait_s: float = 300.0) -> dict:
-    """Launch detached and return once the job has committed a batch, or runs with nothing to read."""
+def start(settings: Settings, argv: Sequence[str] | None = None, wait_s: float = 300.0, wait: bool = True) -> dict:
+    """Launch detached and return once the job has committed a batch, or runs with nothing to read. With
+    `wait=False`, return at once with what to wait on (`wait`: a jobctl.CommitWait), for the deploy DAG, which
+    waits in the triggerer (onceflow.control.operators.WaitForFirstCommit)."""
     t0 = int(time.time() * 1000)
-    info = jobctl.start(settings, argv=argv)
+    info = jobctl.start(settings, argv=argv) | {"launched": True, "log": str(supervisor.job_log(settings))}
+    if not wait:
+        return info | {"wait": jobctl.CommitWait.of(settings, t0, wait_s, or_idle=True).as_dict()}
     st = jobctl.wait_for_commit(settings, after_ms=t0, timeout=wait_s, or_idle=True)
-    return info | {
-        "job_pid": jobctl.status(settings)["job_pid"],
-        "first_batch": st.get("last_batch"),
-        "log": str(supervisor.job_log(settings)),
-    }
+    return info | {"job_pid": jobctl.status(settings)["job_pid"], "first_batch": st.get("last_batch")}
 
 
 def stop(settings: Settings, timeout: float = 120.0) -> dict:
@@ -110,7 +110,7 @@ def check_upgrade(settings: Settings) -> dict:
     return {"job_config_hash": new_hash}
 
 
-def upgrade(settings: Settings, argv: Sequence[str] | None = None, wait_s: float = 300.0) -> dict:
+def upgrade(settings: Settings, argv: Sequence[str] | None = None, wait_s: float = 300.0, wait: bool = True) -> dict:
     """Stop-with-savepoint, then start the new code and settings from the same checkpoint. The savepoint is the
     point to go back to (action restore) if the new version misbehaves."""
     from onceflow.operations import savepoints
@@ -124,11 +124,16 @@ def upgrade(settings: Settings, argv: Sequence[str] | None = None, wait_s: float
             f"{'; '.join(v.problems + v.incompatibilities)}. The job is stopped; start the previous "
             f"version, or restore another savepoint"
         )
-    return {"savepoint": m.id, "savepoint_batch": m.ledger_batch} | start(settings, argv, wait_s)
+    return {"savepoint": m.id, "savepoint_batch": m.ledger_batch} | start(settings, argv, wait_s, wait)
 
 
 def restore(
-    settings: Settings, sp_id: str, allow_rewind: bool = False, argv: Sequence[str] | None = None, wait_s: float = 300.0
+    settings: Settings,
+    sp_id: str,
+    allow_rewind: bool = False,
+    argv: Sequence[str] | None = None,
+    wait_s: float = 300.0,
+    wait: bool = True,
 ) -> dict:
     """Stop (if running), restore savepoint `sp_id`, start, wait for a committed batch."""
     from onceflow.operations import savepoints
@@ -136,4 +141,4 @@ def restore(
     savepoints.check_restore(settings, sp_id, allow_rewind)  # refuse before stopping anything
     jobctl.stop(settings)
     plan = savepoints.restore(settings, sp_id, allow_rewind=allow_rewind, bus=ev.EventBus(settings))
-    return {"restore": plan.summary()} | start(settings, argv, wait_s)
+    return {"restore": plan.summary()} | start(settings, argv, wait_s, wait)

@@ -1,74 +1,43 @@
-"""Alert channels as Airflow notifiers, configured through Airflow connections.
+"""Alert channels as the Airflow providers' own notifiers, configured through Airflow connections:
 
-- `webhook`: POST the alert as JSON to an HTTP connection (host, port, schema, optional path in the
-  `endpoint` extra, optional bearer token in the password);
-- `slack`: a Slack incoming webhook, the URL in an HTTP connection (host + `endpoint` extra, or the password);
-- `smtp`: the SMTP provider's SmtpNotifier with its `smtp_default`-style connection.
-`ONCEFLOW_ALERT_CHANNELS` (comma-separated) chooses which are used. Each notifier is a real Airflow
-`BaseNotifier` (usable as a DAG or task callback); `as_alert_callable` adapts it to `AlertSink`.
+- `webhook`: the HTTP provider's `HttpNotifier`, a JSON POST `{"alert": {...}, "text": "..."}` to the HTTP
+  connection `ONCEFLOW_ALERT_WEBHOOK_CONN_ID` (its host, port and schema; its login and password as basic auth;
+  its extra as headers) at `ONCEFLOW_ALERT_WEBHOOK_ENDPOINT`;
+- `slack`: the Slack provider's `SlackWebhookNotifier` with the `slackwebhook` connection
+  `ONCEFLOW_ALERT_SLACK_CONN_ID` (the incoming webhook's URL in its password);
+- `smtp`: the SMTP provider's `SmtpNotifier` with its `smtp_default`-style connection.
+
+`ONCEFLOW_ALERT_CHANNELS` (comma-separated) chooses which are used. The checks' alerts (health, transaction watch,
+rotation, reconciliation) go through them (`airflow_notify`), and so does every task that fails, times out or dies
+(onceflow.control.task_defaults).
 """
 
 from __future__ import annotations
 
 import json
-import urllib.request
 from typing import cast
 
-from airflow.sdk import BaseHook, BaseNotifier, Context
+from airflow.sdk import BaseNotifier, Context
 
 from onceflow.config import Settings
 from onceflow.control.alerts import Alert
 
 
-def _url(conn) -> str:
-    extra = conn.extra_dejson
-    if extra.get("url"):
-        return extra["url"]
-    scheme = conn.schema or "http"
-    port = f":{conn.port}" if conn.port else ""
-    path = extra.get("endpoint", "")
-    return f"{scheme}://{conn.host}{port}/{path.lstrip('/')}"
+def _webhook(settings: Settings, alert: Alert) -> BaseNotifier:
+    from airflow.providers.http.notifications import HttpNotifier
 
-
-def _post(url: str, payload: dict, token: str | None = None, timeout: float = 10.0) -> None:
-    req = urllib.request.Request(
-        url,
-        data=json.dumps(payload, default=str).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})},
+    return HttpNotifier(
+        http_conn_id=settings.alert_webhook_conn_id,
+        endpoint=settings.alert_webhook_endpoint or None,
+        json={"alert": json.loads(alert.to_json()), "text": alert.text()},
+        extra_options={"timeout": 10},  # the hook waits forever by default; a dead receiver must not hang the task
     )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        if resp.status >= 300:
-            raise RuntimeError(f"webhook answered {resp.status}")
 
 
-class WebhookNotifier(BaseNotifier):
-    """POST {"alert": {...}, "text": "..."} to the connection's URL."""
+def _slack(settings: Settings, alert: Alert) -> BaseNotifier:
+    from airflow.providers.slack.notifications.slack_webhook import SlackWebhookNotifier
 
-    template_fields = ("text",)
-
-    def __init__(self, conn_id: str, text: str = "{{ ti.task_id }} failed", alert: dict | None = None):
-        super().__init__()
-        self.conn_id, self.text, self.alert = conn_id, text, alert
-
-    def notify(self, context) -> None:
-        conn = BaseHook.get_connection(self.conn_id)
-        _post(_url(conn), {"alert": self.alert, "text": self.text}, conn.password or None)
-
-
-class SlackWebhookNotifier(BaseNotifier):
-    """A Slack incoming webhook: {"text": ...}."""
-
-    template_fields = ("text",)
-
-    def __init__(self, conn_id: str, text: str = "{{ ti.task_id }} failed"):
-        super().__init__()
-        self.conn_id, self.text = conn_id, text
-
-    def notify(self, context) -> None:
-        conn = BaseHook.get_connection(self.conn_id)
-        url = conn.password if conn.password and conn.password.startswith("http") else _url(conn)
-        _post(url, {"text": self.text})
+    return SlackWebhookNotifier(slack_webhook_conn_id=settings.alert_slack_conn_id, text=alert.text())
 
 
 def _smtp(settings: Settings, alert: Alert) -> BaseNotifier:
@@ -78,29 +47,31 @@ def _smtp(settings: Settings, alert: Alert) -> BaseNotifier:
         to=settings.alert_email_to,
         smtp_conn_id=settings.alert_smtp_conn_id,
         subject=f"[onceflow {alert.severity}] {alert.summary[:120]}",
-        html_content="<pre>" + alert.text().replace("<", "&lt;") + "</pre>",
+        html_content="<pre>" + alert.text().replace("&", "&amp;").replace("<", "&lt;") + "</pre>",
     )
 
 
+def channels(settings: Settings) -> list[str]:
+    """The configured channels, in order (the settings refuse an unknown one when they load)."""
+    return [c.strip() for c in settings.alert_channels.split(",") if c.strip()]
+
+
 def channel_notifiers(settings: Settings, alert: Alert) -> list[BaseNotifier]:
-    out: list[BaseNotifier] = []
-    for ch in [c.strip() for c in settings.alert_channels.split(",") if c.strip()]:
-        if ch == "webhook":
-            out.append(WebhookNotifier(settings.alert_webhook_conn_id, alert.text(), json.loads(alert.to_json())))
-        elif ch == "slack":
-            out.append(SlackWebhookNotifier(settings.alert_slack_conn_id, alert.text()))
-        elif ch == "smtp":
-            out.append(_smtp(settings, alert))
-        else:
-            raise ValueError(f"unknown alert channel {ch!r} in ONCEFLOW_ALERT_CHANNELS (webhook, slack, smtp)")
-    return out
+    make = {"webhook": _webhook, "slack": _slack, "smtp": _smtp}
+    return [make[ch](settings, alert) for ch in channels(settings)]
+
+
+def send(notifier: BaseNotifier, context: Context) -> None:
+    # A notifier's fields are templates; the alert's text comes from Kafka and from exceptions, so it is never
+    # rendered as one (a "{{" in a record would be evaluated): notify() sends the fields as they are.
+    notifier.notify(context)
 
 
 def airflow_notify(settings: Settings, context: Context | None = None):
-    """An AlertSink notifier that sends each alert through every configured Airflow notifier."""
+    """An AlertSink notifier that sends each alert through every configured channel."""
 
-    def send(alert: Alert) -> None:
+    def to_channels(alert: Alert) -> None:
         for n in channel_notifiers(settings, alert):
-            n.notify(context or cast(Context, {}))
+            send(n, context or cast(Context, {}))
 
-    return send
+    return to_channels

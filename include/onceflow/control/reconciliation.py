@@ -47,16 +47,16 @@ def args_for(rng: dict | None, with_gx: bool = True) -> list[str]:
     return out + ([] if with_gx else ["--no-gx"])
 
 
-def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float = 3600.0) -> rr.Result:
-    """Run jobs/reconcile.py through `argv` (spark-submit, e.g. built by the Spark provider's hook) and read
-    its result back."""
-    from onceflow.runtime import launcher
+def log_file(settings: Settings) -> Path:
+    return recon_chain.home(settings) / "reconcile.log"
 
-    return rr.Result.from_dict(
-        launcher.run_batch(
-            settings, "reconciliation", argv, out, recon_chain.home(settings) / "reconcile.log", timeout_s
-        )
-    )
+
+def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float = 3600.0) -> rr.Result:
+    """Run jobs/reconcile.py through `argv` (spark-submit, e.g. built by the Spark provider's hook) here, relaying
+    its progress, and read its result back."""
+    from onceflow.runtime import batch_jobs
+
+    return rr.Result.from_dict(batch_jobs.run(settings, "reconciliation", argv, out, log_file(settings), timeout_s))
 
 
 def record(settings: Settings, res: rr.Result, sink: alerts.AlertSink | None = None) -> dict:
@@ -111,23 +111,26 @@ def summary(res: rr.Result, info: dict) -> dict:
     }
 
 
-def run_for_dag(
-    settings: Settings,
-    params: dict,
-    run_id: str,
-    submit_argv: Callable[[list[str]], list[str]],
-    sink: alerts.AlertSink | None,
+def submit_for_dag(
+    settings: Settings, params: dict, run_id: str, submit_argv: Callable[[list[str]], list[str]], timeout_s: float
 ) -> dict:
-    """The reconciliation DAG's task: a range given in the params is a manual run; none (every scheduled run,
-    and a manual trigger without a range) is the chain's next slice. Submits, records, alerts; raises when a
-    check failed, after the result is recorded."""
+    """The reconciliation DAG's first step: a range given in the params is a manual run; none (every scheduled run,
+    and a manual trigger without a range) is the chain's next slice. Starts the recount detached and returns its
+    handle (onceflow.runtime.batch_jobs), which the DAG waits on in the triggerer."""
+    from onceflow.runtime import batch_jobs
+
     rng = range_from(params.get("first_batch"), params.get("last_batch"), params.get("since"), params.get("until"))
     out = recon_chain.home(settings) / "runs" / f"pending-{run_id.replace(':', '_').replace('+', '_')}.json"
-    res = submitted(
-        settings, submit_argv(args_for(rng, params.get("great_expectations", True)) + ["--out", str(out)]), out
-    )
+    argv = submit_argv(args_for(rng, params.get("great_expectations", True)) + ["--out", str(out)])
+    return batch_jobs.start(settings, "reconciliation", argv, out, log_file(settings), timeout_s).as_dict()
+
+
+def finish_for_dag(settings: Settings, result: dict, handle: dict, sink: alerts.AlertSink | None) -> dict:
+    """The DAG's last step, on the recount's result: record, alert; raise when a check failed, after the result
+    is recorded."""
+    res = rr.Result.from_dict(result)
     info = record(settings, res, sink)
-    out.unlink(missing_ok=True)
+    Path(handle["out"]).unlink(missing_ok=True)
     brief = summary(res, info)
     print(
         f"reconciliation {res.mode} run {res.run_id}: {res.verdict}, batches {res.first_batch}..{res.last_batch}"

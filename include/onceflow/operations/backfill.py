@@ -32,6 +32,8 @@ from onceflow.kafka.transactional import TransactionalWriter, TxnError
 from onceflow.rules import backfill as br
 from onceflow.rules import names
 from onceflow.rules.ledger import LedgerEntry
+from onceflow.rules.progress import report as say
+from onceflow.rules.progress import step
 from onceflow.rules.reconciliation import to_ms
 from onceflow.rules.records import RULES_VERSION
 from onceflow.runtime import procs
@@ -238,6 +240,13 @@ def _run(spark, settings: Settings, spec: br.Spec, writer: ChunkWriter | None, i
     bus.emit(wire.BACKFILL_STARTED, flush=True, id=spec.id, chunks=n, from_chunk=first, windows=total, pid=os.getpid())
     injector.hit("stall_before_chunks", 0)
     written = records = 0
+    started = time.monotonic()
+
+    def wrote(chunk: int, n_rows: int) -> None:
+        bus.emit(wire.BACKFILL_CHUNK, id=spec.id, chunk=chunk, records=n_rows)
+        say(step(f"backfill {spec.id}", chunk + 1, n, "chunk", records, time.monotonic() - started, first))
+
+    say(f"backfill {spec.id}: {total} windows in {n} chunks, from chunk {first}")
     try:
         chunk, rows = first, []
         # a partition at a time, in order, as Arrow batches
@@ -247,12 +256,13 @@ def _run(spark, settings: Settings, spec: br.Spec, writer: ChunkWriter | None, i
             rows.append((key, value))
             if len(rows) == spec.chunk_size:
                 writer.write(chunk, rows, injector)
-                bus.emit(wire.BACKFILL_CHUNK, id=spec.id, chunk=chunk, records=len(rows))
-                written, records, chunk, rows = written + 1, records + len(rows), chunk + 1, []
+                written, records = written + 1, records + len(rows)
+                wrote(chunk, len(rows))
+                chunk, rows = chunk + 1, []
         if rows:
             writer.write(chunk, rows, injector)
-            bus.emit(wire.BACKFILL_CHUNK, id=spec.id, chunk=chunk, records=len(rows))
             written, records = written + 1, records + len(rows)
+            wrote(chunk, len(rows))
     finally:
         reg.unlink(missing_ok=True)
         out.unpersist()
@@ -370,10 +380,20 @@ def spec_from(
 SCRIPT = REPO_ROOT / "jobs" / "backfill.py"
 
 
-def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float = 6 * 3600.0) -> dict:
-    """Run jobs/backfill.py through `argv` (spark-submit) and read its report back."""
-    from onceflow.runtime import launcher
+def log_file(settings: Settings) -> Path:
+    return settings.log_dir / f"{settings.app_id}.backfill.log"
 
-    return launcher.run_batch(
-        settings, "backfill", argv, out, settings.log_dir / f"{settings.app_id}.backfill.log", timeout_s
-    )
+
+def submit(settings: Settings, argv: list[str], out: Path, timeout_s: float = 6 * 3600.0) -> dict:
+    """Start jobs/backfill.py through `argv` (spark-submit) detached; its handle (onceflow.runtime.batch_jobs), for
+    the DAG to wait on in the triggerer."""
+    from onceflow.runtime import batch_jobs
+
+    return batch_jobs.start(settings, "backfill", argv, out, log_file(settings), timeout_s).as_dict()
+
+
+def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float = 6 * 3600.0) -> dict:
+    """Run jobs/backfill.py through `argv` (spark-submit) here, relaying its progress, and read its report back."""
+    from onceflow.runtime import batch_jobs
+
+    return batch_jobs.run(settings, "backfill", argv, out, log_file(settings), timeout_s)

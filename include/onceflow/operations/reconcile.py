@@ -25,6 +25,7 @@ from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit, recon_chain, sink_quality
+from onceflow.rules import progress
 from onceflow.rules import reconciliation as rr
 from onceflow.rules.checkpoint import parse_initial_offsets
 from onceflow.rules.ledger import LedgerEntry, QuarantineRange, check_coverage
@@ -254,12 +255,19 @@ def run(
         res.finished_ms = int(time.time() * 1000)
         return res
     a, b = selected[0].batch, selected[-1].batch
+    steps = 5 if with_gx else 4
+
+    def stage(k: int, text: str) -> None:
+        took = time.time() - t0 / 1000
+        progress.report(f"reconciliation of batches {a}..{b}: step {k} of {steps} done ({text}), {took:.0f} s")
+
     src = classified_source(spark, settings, selected, entries, quarantine).cache()
     totals = src.agg(
         F.count(F.lit(1)).alias("total"),
         F.sum(F.col("reason").isNotNull().cast("long")).alias("malformed"),
         F.sum(F.col("late").cast("long")).alias("late"),
     ).first()
+    stage(1, f"read {totals['total'] if totals else 0} source records of {len(selected)} batches")
     # Spark drops late rows after its partial aggregation and the shuffle's partial merge: what it counts in
     # numRowsDroppedByWatermark is one row per late (window, ip) of the batch.
     late_groups = {
@@ -296,6 +304,7 @@ def run(
         "from_range",
     )
 
+    stage(2, "recounted every (window, ip)")
     sink_raw = _bounded(spark, settings, settings.sink_topic, selected, entries).cache()
     sink = (
         sink_raw.select(
@@ -311,9 +320,12 @@ def run(
         expected, sink, selected, totals, late_groups, pending, settings, dlq_check.figures["dlq_records"]
     )
     res.checks.append(dlq_check)
+    stage(3, "I2 and I3: the sink against the recount, the DLQ")
     res.checks.append(_visibility(spark, settings, sink_raw, selected, entries))
+    stage(4, "I4: read_committed against read_uncommitted")
     if with_gx:
         res.checks.append(_gx(sink, settings, res))  # everything the sink holds for the range, ours or not
+        stage(5, "the Great Expectations suite")
     src.unpersist()
     keys.unpersist()
     sink.unpersist()

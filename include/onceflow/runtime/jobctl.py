@@ -10,6 +10,8 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from onceflow import wire
 from onceflow.config import Settings
@@ -159,24 +161,59 @@ def start(settings: Settings, argv=None) -> dict:
     return {"supervisor_pid": proc.pid, "log": str(supervisor.job_log(settings))}
 
 
-def wait_for_commit(settings: Settings, after_ms: int = 0, timeout: float = 180.0, or_idle: bool = False) -> dict:
-    """Until the job commits a batch after `after_ms` (with `or_idle`: or reports that its query runs with no
-    input waiting, as a job that restarts on a drained source does); fails at once if its supervisor has given
-    up."""
+@dataclass(frozen=True)
+class CommitWait:
+    """What "the job has committed a batch after `after_ms`" is checked against: plain data, so the check can run
+    anywhere the files are (the deploy DAG hands it to the triggerer: onceflow.control.triggers)."""
 
-    def committed():
-        st = ev.read_status(settings.status_file) or {}
-        if int(st.get("last_commit_ms") or 0) > after_ms:
+    app_id: str
+    status_file: str
+    supervisor_pidfile: str
+    job_log: str
+    after_ms: int
+    or_idle: bool
+    deadline: float  # wall-clock seconds
+
+    @classmethod
+    def of(cls, settings: Settings, after_ms: int, timeout: float, or_idle: bool = False) -> CommitWait:
+        return cls(
+            settings.app_id,
+            str(settings.status_file),
+            str(supervisor.supervisor_pidfile(settings)),
+            str(supervisor.job_log(settings)),
+            after_ms,
+            or_idle,
+            time.time() + timeout,
+        )
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CommitWait:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+    def check(self) -> dict | None:
+        """The status once the job committed after `after_ms` (with `or_idle`: or reports that its query runs
+        with no input waiting, as a job that restarts on a drained source does); None until then; raises at once
+        if its supervisor has given up."""
+        st = ev.read_status(Path(self.status_file)) or {}
+        if int(st.get("last_commit_ms") or 0) > self.after_ms:
             return st
-        if or_idle and int(st.get("last_idle_ms") or 0) > after_ms and int(st.get("started_ms") or 0) > after_ms:
+        idle = int(st.get("last_idle_ms") or 0) > self.after_ms and int(st.get("started_ms") or 0) > self.after_ms
+        if self.or_idle and idle:
             return st
-        if not procs.read_pidfile(supervisor.supervisor_pidfile(settings)):
-            log = supervisor.job_log(settings)
+        if not procs.read_pidfile(Path(self.supervisor_pidfile)):
+            log = Path(self.job_log)
             tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
-            raise JobControlError(f"the job of app {settings.app_id} is not running (see {log}):\n" + "\n".join(tail))
+            raise JobControlError(f"the job of app {self.app_id} is not running (see {log}):\n" + "\n".join(tail))
         return None
 
-    return procs.wait_until(committed, timeout, interval=0.5, what=f"a committed batch of {settings.app_id}")
+
+def wait_for_commit(settings: Settings, after_ms: int = 0, timeout: float = 180.0, or_idle: bool = False) -> dict:
+    """Until the job commits a batch after `after_ms` (CommitWait.check), here."""
+    w = CommitWait.of(settings, after_ms, timeout, or_idle)
+    return procs.wait_until(w.check, timeout, interval=0.5, what=f"a committed batch of {settings.app_id}")
 
 
 def wait_running(settings: Settings, after_ms: int = 0, timeout: float = 180.0) -> dict:

@@ -1,0 +1,60 @@
+"""What every DAG's tasks share: no automatic retries unless a DAG says so, a bound on each task, and a page when a
+task fails, times out or is killed (`TaskFailureNotifier`, each task's `on_failure_callback`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from airflow.sdk import BaseNotifier, Context
+
+from onceflow.control import alerts, notifiers, orchestration
+from onceflow.control.alerts import CRITICAL, FIRING, Alert
+
+log = logging.getLogger(__name__)
+
+
+def default_args(execution_timeout: timedelta, **more) -> dict:
+    """A DAG's `default_args`: retries 0 (each DAG's own logic decides what is safe to repeat), `execution_timeout`,
+    and the failure page."""
+    return {
+        "owner": "onceflow",
+        "retries": 0,
+        "execution_timeout": execution_timeout,
+        "on_failure_callback": [TaskFailureNotifier()],
+    } | more
+
+
+class TaskFailureNotifier(BaseNotifier):
+    """A DAG's `on_failure_callback`: a task that failed, timed out or was killed pages through the configured
+    channels, and is recorded on the alerts topic (the console shows it). One-off: a later success does not
+    resolve it; the next failure pages again."""
+
+    def notify(self, context: Context) -> None:
+        s = orchestration.settings()
+        ti = context.get("ti") or context.get("task_instance")
+        dag_id, task_id = getattr(ti, "dag_id", "?"), getattr(ti, "task_id", "?")
+        run_id = getattr(ti, "run_id", "?")
+        error = context.get("exception")
+        alert = Alert(
+            key=f"task:{dag_id}:{task_id}",
+            status=FIRING,
+            severity=CRITICAL,
+            summary=f"task {task_id} of {dag_id} failed (run {run_id}): {str(error)[:300] or 'no error given'}",
+            action=f"read the task's log in the Airflow UI ({dag_id} > {run_id} > {task_id}); docs/troubleshooting.md",
+            app=s.app_id,
+            source="airflow",
+            ts_ms=int(time.time() * 1000),
+            details={"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "try": getattr(ti, "try_number", None)},
+            one_off=True,
+        )
+        for n in notifiers.channel_notifiers(s, alert):  # first: a page must not wait on Kafka
+            try:
+                notifiers.send(n, context)
+            except Exception as e:  # one broken channel must not hide the failure from the others
+                log.error("notifier %s failed for %s: %s", type(n).__name__, alert.key, e)
+        try:
+            alerts.AlertSink(s).publish([alert])
+        except Exception as e:  # the broker may be what failed the task
+            log.error("the failure of %s.%s could not be recorded on the alerts topic: %s", dag_id, task_id, e)
