@@ -112,8 +112,9 @@ def test_how_a_refused_start_ends(err, code):
 def test_which_ends_a_warm_standby_replaces_at_once(rc, lost):
     s = config.Settings(restart_delay_s=7.0, standby=True)
     assert supervisor.driver_lost(rc) is lost
-    assert supervisor.restart_delay(s, rc, standby_alive=True) == (0.0 if lost else 7.0)
-    assert supervisor.restart_delay(s, rc, standby_alive=False) == 7.0  # no standby: the fixed delay, always
+    assert supervisor.restart_delay(s, rc, standby_ready=True) == (0.0 if lost else 7.0)
+    # no standby, or one still warming up (its takeover would wait for the warm-up): the fixed delay, always
+    assert supervisor.restart_delay(s, rc, standby_ready=False) == 7.0
 
 
 def test_no_exit_code_of_the_driver_is_one_the_jvm_or_a_signal_uses():
@@ -126,3 +127,36 @@ def test_no_exit_code_of_the_driver_is_one_the_jvm_or_a_signal_uses():
 def test_a_standby_needs_client_mode():
     with pytest.raises(config.ConfigError, match="STANDBY needs"):
         config.Settings(standby=True, master="k8s://https://k:6443", deploy_mode="cluster", k8s_image="i").validate()
+
+
+def test_a_lock_refusal_after_a_relaunch_is_retried_and_only_then(tmp_path):
+    # the predecessor's Python driver may outlive its JVM for seconds after a takeover or a relaunch (review N-8)
+    assert not supervisor.ends_for_good(wire.EXIT_LOCKED, relaunched=True)
+    assert supervisor.ends_for_good(wire.EXIT_LOCKED, relaunched=False)  # the first launch: a real second instance
+    assert supervisor.ends_for_good(wire.EXIT_FENCED, relaunched=True)
+    assert supervisor.ends_for_good(wire.EXIT_CONFIG, relaunched=True)
+    assert not supervisor.ends_for_good(wire.EXIT_FAILED, relaunched=False)
+
+
+def test_a_standby_counts_as_ready_only_once_its_session_is_up(tmp_path):
+    import subprocess
+    import sys
+
+    from onceflow.kafka import events as ev
+    from onceflow.runtime import standby
+
+    s = config.Settings(var_dir=tmp_path, standby=True)
+    launches = supervisor.Launches(s, [], {})
+    assert not launches.standby_ready()  # none
+    launches.standby = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert not launches.standby_ready()  # alive, still warming up
+        standby.ready_file(s).parent.mkdir(parents=True, exist_ok=True)
+        ev.write_status(standby.ready_file(s), {"pgid": launches.standby.pid + 1, "ready_ms": 1})
+        assert not launches.standby_ready()  # another launch's word
+        ev.write_status(standby.ready_file(s), {"pgid": launches.standby.pid, "ready_ms": 1})
+        assert launches.standby_ready()
+    finally:
+        launches.standby.kill()
+        launches.standby.wait()
+    assert not launches.standby_ready()  # dead

@@ -220,3 +220,15 @@ def test_everything_late_fails_i2_though_the_books_balance():
     assert ok.status == rr.PASS and ok.figures["late_fraction"] == round(5 / 90, 4)
     bad = rr.accounting_check(100, 0, 85, 10, 5, None, {}, late_threshold=0.5)
     assert bad.status == rr.FAIL and bad.differences[0]["kind"] == "late_fraction" and "94%" in bad.summary
+
+
+def test_batches_under_other_parse_rules_are_not_judged_and_do_not_move_the_chain():
+    from dataclasses import replace
+
+    same = [replace(_e(b), rules=2) for b in range(3)] + [_e(3)]  # an entry from before versions were recorded
+    assert rr.rules_check(same, 2, chain=False) is None
+    older = [replace(_e(b), rules=1) for b in range(2)] + [replace(_e(b), rules=2) for b in range(2, 4)]
+    manual = rr.rules_check(older, 2, chain=False)
+    assert manual is not None and manual.status == rr.SKIP and "batches 0..1" in manual.summary
+    chain = rr.rules_check(older, 2, chain=True)
+    assert chain is not None and chain.status == rr.FAIL and "version [1]" in chain.summary

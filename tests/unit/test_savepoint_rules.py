@@ -291,3 +291,13 @@ def test_a_catch_up_under_another_skew_limit_is_refused():
         plan_restore(manifest(), rt, replace(facts(9, [90, 95]), catch_up_skews=frozenset({120_000})))
     # at the sink's batch nothing is re-read: any setting goes
     assert plan_restore(manifest(), rt, replace(facts(5, [50, 60]), catch_up_skews=frozenset({120_000})))
+
+
+def test_a_catch_up_under_other_parse_rules_is_refused():
+    """Likewise the parse rules' version each batch records (protocol review N-10): a rollback to code with older
+    rules, then a restore, would rebuild state under rules the batches after the savepoint did not use."""
+    rt = replace(RT, rules_version=2)
+    assert plan_restore(manifest(), rt, replace(facts(9, [90, 95]), catch_up_rules=frozenset({2}))).catch_up
+    assert plan_restore(manifest(), rt, replace(facts(9, [90, 95]), catch_up_rules=frozenset({None}))).catch_up
+    with pytest.raises(SavepointError, match=r"parse rules version \[2, 3\].*classifies with version 2"):
+        plan_restore(manifest(), rt, replace(facts(9, [90, 95]), catch_up_rules=frozenset({2, 3})))

@@ -63,9 +63,10 @@ def add(
     if end <= start:
         raise QuarantineError(f"the range [{start}, {end}) is empty")
     with jobctl.start_lock(settings):
-        if jobctl.status(settings)["running"]:
+        running = jobctl.still_running(settings)
+        if running:
             raise QuarantineError(
-                f"app {settings.app_id} is running: stop it first (`onceflow job stop`); the job "
+                f"app {settings.app_id} is running ({running}): stop it first (`onceflow job stop`); the job "
                 f"reads the quarantine when it starts"
             )
         wm = kafka_reading.watermarks(settings, settings.source_topic) or {}

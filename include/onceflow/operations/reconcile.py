@@ -29,6 +29,7 @@ from onceflow.rules import progress
 from onceflow.rules import reconciliation as rr
 from onceflow.rules.checkpoint import parse_initial_offsets
 from onceflow.rules.ledger import LedgerEntry, QuarantineRange, check_coverage
+from onceflow.rules.records import RULES_VERSION
 from onceflow.spark import kafka_source, parsing
 from onceflow.spark.ip_count_plan import ISO_MS
 from onceflow.storage.checkpoint import LocalFS
@@ -211,7 +212,7 @@ def run_chain(spark: SparkSession, settings: Settings, with_gx: bool = True) -> 
         )
         res.finished_ms = int(time.time() * 1000)
         return res
-    res = run(spark, settings, first=rng[0], last=rng[1], with_gx=with_gx, snap=snap)
+    res = run(spark, settings, first=rng[0], last=rng[1], with_gx=with_gx, snap=snap, chain=True)
     res.mode, res.proven_before = rr.CHAIN, pos.batch
     return res
 
@@ -225,6 +226,7 @@ def run(
     until_ms: int | None = None,
     with_gx: bool = True,
     snap: audit.Snapshot | None = None,
+    chain: bool = False,
 ) -> rr.Result:
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     t0 = int(time.time() * 1000)
@@ -252,6 +254,11 @@ def run(
     )
     if not selected:
         res.checks.append(rr.Check("range", rr.SKIP, "no committed batch in the requested range"))
+        res.finished_ms = int(time.time() * 1000)
+        return res
+    other_rules = rr.rules_check(selected, RULES_VERSION, chain)
+    if other_rules is not None:
+        res.checks.append(other_rules)
         res.finished_ms = int(time.time() * 1000)
         return res
     a, b = selected[0].batch, selected[-1].batch

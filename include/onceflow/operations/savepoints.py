@@ -39,6 +39,7 @@ from onceflow.rules.checkpoint import (
     render_quarantine,
 )
 from onceflow.rules.ledger import Committed, LedgerEntry, RestoreRecord
+from onceflow.rules.records import RULES_VERSION
 from onceflow.rules.savepoints import (
     DATA_DIR,
     MANIFEST,
@@ -155,6 +156,7 @@ def runtime(settings: Settings) -> Runtime:
         job_config_hash=settings.job_config_hash(),
         shuffle_partitions=settings.shuffle_partitions,
         max_event_ahead_ms=settings.max_event_ahead_ms,
+        rules_version=RULES_VERSION,
     )
 
 
@@ -444,6 +446,15 @@ def restore_facts(settings: Settings, m: Manifest) -> RestoreFacts:
     committed, _ = _group_position(settings, m.end_offsets)
     after = committed.batch is not None and m.ledger_batch is not None and committed.batch > m.ledger_batch
     records = audit.ledger_records(settings)
+    catch_up = [
+        e
+        for e in records
+        if after
+        and committed.batch is not None
+        and isinstance(e, LedgerEntry)
+        and e.kind == wire.LEDGER_STREAM
+        and m.ledger_batch < e.batch <= committed.batch
+    ]
     return RestoreFacts(
         committed=committed,
         ledger_at_savepoint=_ledger_entry(settings, m.ledger_batch),
@@ -456,15 +467,8 @@ def restore_facts(settings: Settings, m: Manifest) -> RestoreFacts:
         source_low=_source_low(settings, committed.offsets or m.end_offsets),
         last_epoch=max((r.epoch for r in records if isinstance(r, RestoreRecord)), default=0),
         now_ms=int(time.time() * 1000),
-        catch_up_skews=frozenset(
-            e.max_event_ahead_ms
-            for e in records
-            if after
-            and committed.batch is not None
-            and isinstance(e, LedgerEntry)
-            and e.kind == wire.LEDGER_STREAM
-            and m.ledger_batch < e.batch <= committed.batch
-        ),
+        catch_up_skews=frozenset(e.max_event_ahead_ms for e in catch_up),
+        catch_up_rules=frozenset(e.rules for e in catch_up),
     )
 
 
@@ -487,9 +491,15 @@ def restore(
     moved next to it (`<checkpoint>.replaced-<time>`). The restore is recorded in the ledger, in a transaction
     of the app's transactional id (which also fences any driver of the app that is still alive somewhere)."""
     check_id(sp_id, allow_latest=True)  # before anything is looked at or fenced
-    if jobctl.status(settings)["running"]:
+    with jobctl.start_lock(settings):  # no start here can slip in while the checkpoint is swapped
+        return _restore(settings, sp_id, allow_rewind, dry_run, bus)
+
+
+def _restore(settings: Settings, sp_id: str, allow_rewind: bool, dry_run: bool, bus: ev.EventBus | None) -> RestorePlan:
+    running = jobctl.still_running(settings)
+    if running:
         raise SavepointError(
-            f"app {settings.app_id} is running: stop it first (`onceflow job stop`, or the "
+            f"app {settings.app_id} is running ({running}): stop it first (`onceflow job stop`, or the "
             f"deploy DAG's restore action, which stops, restores and starts)"
         )
     other = jobctl.live_elsewhere(settings)

@@ -4,10 +4,12 @@ action checked can change under it, and the record is committed exactly once or 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
-from onceflow.kafka.transactional import TransactionalWriter, TxnError
+from onceflow.kafka.transactional import OutcomeUnknown, TransactionalWriter, TxnError
 
 
 def app_writer(settings: Settings) -> TransactionalWriter:
@@ -20,8 +22,18 @@ def app_writer(settings: Settings) -> TransactionalWriter:
     )
 
 
-def commit_record(writer: TransactionalWriter, settings: Settings, value: bytes, kind: str) -> None:
-    """One ledger record (key: the app id) in its own transaction."""
+def commit_record(
+    writer: TransactionalWriter,
+    settings: Settings,
+    value: bytes,
+    kind: str,
+    landed: Callable[[Settings, bytes], bool] | None = None,
+) -> None:
+    """One ledger record (key: the app id) in its own transaction. Returns once it is committed; raises when it is
+    not. A commit whose outcome is unknown is read back first (`landed`): the writer's replaced producer settled it
+    either way, and a caller that undid a record which did commit (a quarantine, a restore) would leave the ledger
+    saying what the checkpoint no longer holds."""
+    landed = landed or record_landed
     writer.begin()
     try:
         writer.produce(
@@ -31,8 +43,20 @@ def commit_record(writer: TransactionalWriter, settings: Settings, value: bytes,
             [(wire.H_APP, settings.app_id.encode()), (wire.H_KIND, kind.encode())],
         )
         writer.commit()
+    except OutcomeUnknown:
+        if landed(settings, value):
+            return
+        raise
     except TxnError:
         raise  # the writer aborted already
     except BaseException:
         writer.abort()
         raise
+
+
+def record_landed(settings: Settings, value: bytes) -> bool:
+    """Is this exact record committed on the app's ledger (read_committed)?"""
+    from onceflow.kafka import reading as kafka_reading
+
+    key = settings.app_id.encode()
+    return any(m.key == key and m.value == value for m in kafka_reading.read_topic(settings, settings.ledger_topic))

@@ -162,6 +162,23 @@ def chain_position(metadatas: Iterable[str | None]) -> ChainPosition:
     return ChainPosition(b, run, ts)
 
 
+def rules_check(selected: Sequence[LedgerEntry], current: int, chain: bool) -> Check | None:
+    """Batches classified with other parse rules than this code's (each ledger entry records its version) cannot be
+    judged by a recount under this code's rules: it would report differences that are not there (protocol review
+    N-10). A manual run says so and judges nothing (SKIP); the chain must not move past them, so it FAILs (and
+    pages) with the same words."""
+    other = sorted({e.rules for e in selected if e.rules is not None and e.rules != current})
+    if not other:
+        return None
+    batches = [e.batch for e in selected if e.rules in other]
+    return Check(
+        "rules",
+        FAIL if chain else SKIP,
+        f"batches {batches[0]}..{batches[-1]} were classified with parse rules version {other}; this code "
+        f"classifies with version {current} and cannot judge them: reconcile them with the code that wrote them",
+    )
+
+
 def chain_range(proven: int | None, entries: Sequence[LedgerEntry], max_batches: int) -> tuple[int, int] | None:
     """The next slice of the chain: from the batch after the last proven one up to the newest committed batch in
     the cut, at most `max_batches` batches (the rest is the next run's); None when nothing new was committed."""

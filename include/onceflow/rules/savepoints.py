@@ -249,6 +249,7 @@ class Runtime:
     job_config_hash: str
     shuffle_partitions: int
     max_event_ahead_ms: int | None = None  # the skew rule the job would classify records with
+    rules_version: int | None = None  # the parse rules' version the job would classify records with
 
 
 def incompatibilities(m: Manifest, rt: Runtime) -> list[str]:
@@ -289,6 +290,8 @@ class RestoreFacts:
     now_ms: int
     # the skew rules batches after the savepoint were classified with
     catch_up_skews: frozenset[int | None] = frozenset()
+    # ... and the parse rules' versions
+    catch_up_rules: frozenset[int | None] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -434,6 +437,14 @@ def plan_restore(m: Manifest, rt: Runtime, facts: RestoreFacts, allow_rewind: bo
                 f"{rt.max_event_ahead_ms // 1000} s (ONCEFLOW_MAX_EVENT_AHEAD_S): the rebuilt state would not be "
                 f"the one their results came from. Restore with the setting those batches used; change it "
                 f"afterwards (an upgrade applies it to new batches only)"
+            )
+        versions = {v for v in facts.catch_up_rules if v is not None}
+        if rt.rules_version is not None and versions and versions != {rt.rules_version}:
+            raise SavepointError(
+                f"the committed batches {m.ledger_batch + 1}..{c.batch} were classified with parse rules version "
+                f"{sorted(versions)}, and this code classifies with version {rt.rules_version}: the rebuilt state "
+                f"would not be the one their results came from. Restore with the code those batches ran (the "
+                f"version that wrote them), then upgrade"
             )
         catch_up = CatchUp(
             spark_batch=nxt,

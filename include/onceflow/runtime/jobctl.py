@@ -139,6 +139,21 @@ def start_lock(settings: Settings):
         os.close(fd)
 
 
+def still_running(settings: Settings) -> str | None:
+    """What of the app still runs here, if anything: the job, its supervisor (which relaunches it after its restart
+    delay), or a standby (which takes over). An action that changes the checkpoint under the job (a restore, a
+    quarantine) needs all three stopped, and holds `start_lock` so that no start slips in while it works."""
+    st = status(settings)
+    if st["running"]:
+        return f"the job (pid {st['job_pid']})"
+    if st["supervisor_pid"]:
+        return f"its supervisor (pid {st['supervisor_pid']}), which would relaunch the job"
+    sb = procs.read_pidfile(standby.pidfile(settings))
+    if sb:
+        return f"a standby driver (pid {sb['pid']}), which would take over"
+    return None
+
+
 def start(settings: Settings, argv=None) -> dict:
     """Preflight, then launch the supervisor detached. Refuses if an instance already runs here.
     `argv`: the spark-submit command line to run (default: onceflow.runtime.launcher.submit_argv)."""

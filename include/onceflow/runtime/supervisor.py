@@ -78,8 +78,20 @@ def driver_lost(rc: int) -> bool:
     return rc < 0 or rc > 128
 
 
-def restart_delay(settings: Settings, rc: int, standby_alive: bool) -> float:
-    return 0.0 if standby_alive and driver_lost(rc) else settings.restart_delay_s
+def restart_delay(settings: Settings, rc: int, standby_ready: bool) -> float:
+    """No delay only when a lost driver has a standby whose session is up: a standby still warming up would make the
+    takeover wait for its warm-up anyway, so the fixed delay stands (protocol review N-8)."""
+    return 0.0 if standby_ready and driver_lost(rc) else settings.restart_delay_s
+
+
+def ends_for_good(rc: int, relaunched: bool) -> bool:
+    """Whether the launch's exit code ends the job (wire.NO_RESTART). One exception: "another instance holds the
+    lock" from a launch this supervisor made after a failure (a relaunch, a takeover). The instance holding it is
+    then most likely the dead launch's own Python driver outliving its JVM for a few seconds; a new try after the
+    restart delay finds the lock free (bounded by the restart attempts like any other failure)."""
+    if rc == wire.EXIT_LOCKED and relaunched:
+        return False
+    return rc in wire.NO_RESTART
 
 
 class Launches:
@@ -96,6 +108,11 @@ class Launches:
         self.active = procs.spawn_detached(self.argv, job_log(self.s), env=self.env)
         self._active_pidfile(restarts)
         self._standby_later()
+
+    def standby_ready(self) -> bool:
+        """A standby is alive and its session is up."""
+        sb = self.standby
+        return sb is not None and sb.poll() is None and standby.ready(self.s, sb.pid) is not None
 
     def take_over(self, restarts: int) -> bool:
         """Hand the job to the standby; False if there is none alive."""
@@ -180,7 +197,7 @@ def supervise(settings: Settings, bus: ev.EventBus | None = None) -> int:
                 stopping.wait(POLL_S)
             if stopping.is_set():
                 return _ended(settings, 0, "stopped")
-            if rc in wire.NO_RESTART:
+            if ends_for_good(rc, relaunched=restarts > 0):
                 if rc != 0:
                     bus.emit(
                         wire.SUPERVISOR_GAVE_UP,
@@ -204,7 +221,7 @@ def supervise(settings: Settings, bus: ev.EventBus | None = None) -> int:
                 )
                 return _ended(settings, rc, "restart attempts exhausted")
             restarts += 1
-            warm = launches.standby is not None and launches.standby.poll() is None
+            warm = launches.standby_ready()
             delay = restart_delay(settings, rc, warm)
             bus.emit(
                 wire.SUPERVISOR_RESTART,
