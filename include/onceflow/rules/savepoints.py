@@ -277,6 +277,15 @@ def incompatibilities(m: Manifest, rt: Runtime) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- restore
+_NOT_THEIR_STATE = "the rebuilt state would not be the one their results came from."
+
+
+def _differs(recorded: frozenset[int | None], now: int | None) -> list[int]:
+    """The values batches recorded (those that recorded one), when they are not all the job's value now."""
+    known = {v for v in recorded if v is not None}
+    return sorted(known) if now is not None and known and known != {now} else []
+
+
 @dataclass(frozen=True)
 class RestoreFacts:
     """What the world looks like when a restore is asked for (read by onceflow.operations.savepoints)."""
@@ -429,21 +438,23 @@ def plan_restore(m: Manifest, rt: Runtime, facts: RestoreFacts, allow_rewind: bo
                 f"deleted part of that range (partition: (needed from, earliest left) {gone}); restore a newer "
                 f"savepoint"
             )
-        skews = {s for s in facts.catch_up_skews if s is not None}
-        if rt.max_event_ahead_ms is not None and skews and skews != {rt.max_event_ahead_ms}:
+        # The catch-up rebuilds state from committed batches with the job's classification now: the skew limit
+        # and the parse rules each batch recorded must be the job's, or the state is not the one their results
+        # came from.
+        batches = f"the committed batches {m.ledger_batch + 1}..{c.batch}"
+        skews = _differs(facts.catch_up_skews, rt.max_event_ahead_ms)
+        if skews and rt.max_event_ahead_ms is not None:
             raise SavepointError(
-                f"the committed batches {m.ledger_batch + 1}..{c.batch} were classified with an event-time skew "
-                f"limit of {sorted(x // 1000 for x in skews)} s, and the job would rebuild their state with "
-                f"{rt.max_event_ahead_ms // 1000} s (ONCEFLOW_MAX_EVENT_AHEAD_S): the rebuilt state would not be "
-                f"the one their results came from. Restore with the setting those batches used; change it "
-                f"afterwards (an upgrade applies it to new batches only)"
+                f"{batches} were classified with an event-time skew limit of {sorted(x // 1000 for x in skews)} s, "
+                f"and the job would rebuild their state with {rt.max_event_ahead_ms // 1000} s "
+                f"(ONCEFLOW_MAX_EVENT_AHEAD_S): {_NOT_THEIR_STATE} Restore with the setting those batches used; "
+                f"change it afterwards (an upgrade applies it to new batches only)"
             )
-        versions = {v for v in facts.catch_up_rules if v is not None}
-        if rt.rules_version is not None and versions and versions != {rt.rules_version}:
+        versions = _differs(facts.catch_up_rules, rt.rules_version)
+        if versions:
             raise SavepointError(
-                f"the committed batches {m.ledger_batch + 1}..{c.batch} were classified with parse rules version "
-                f"{sorted(versions)}, and this code classifies with version {rt.rules_version}: the rebuilt state "
-                f"would not be the one their results came from. Restore with the code those batches ran (the "
+                f"{batches} were classified with parse rules version {versions}, and this code classifies with "
+                f"version {rt.rules_version}: {_NOT_THEIR_STATE} Restore with the code those batches ran (the "
                 f"version that wrote them), then upgrade"
             )
         catch_up = CatchUp(
