@@ -166,6 +166,9 @@ class Settings:
     reconcile_max_batches: int = 2000
     spark_conn_id: str = "spark_default"  # Airflow connection: Spark master / deploy mode
     airflow_port: int = 8080
+    # The embedded Airflow's metadata database: postgres (Debian's PostgreSQL server, started under var/ on
+    # loopback, as Airflow recommends beyond a trial: onceflow_dev.postgres) or sqlite (a file; one writer at a time)
+    airflow_db: str = "postgres"
     # The address the embedded stack's servers (Airflow's api-server, the Spark standalone master and workers
     # and their web UIs) and a Spark driver on this machine (local[...] or a loopback spark:// master) bind: an
     # IP address. Loopback by default; 0.0.0.0 (or ::) opens them to the network (docs/security.md).
@@ -390,6 +393,10 @@ class Settings:
         need(self.restart_attempts >= 0, f"{ENV_PREFIX}RESTART_ATTEMPTS must be >= 0")
         need(self.health_restart_attempts >= 0, f"{ENV_PREFIX}HEALTH_RESTART_ATTEMPTS must be >= 0")
         need(self.health_progress_threshold_s > 0, f"{ENV_PREFIX}HEALTH_PROGRESS_THRESHOLD_S must be > 0")
+        need(
+            self.airflow_db in ("postgres", "sqlite"),
+            f"{ENV_PREFIX}AIRFLOW_DB takes postgres or sqlite, got {self.airflow_db!r}",
+        )
         channels = {c.strip() for c in self.alert_channels.split(",") if c.strip()}
         need(
             channels <= {"webhook", "slack", "smtp"},

@@ -1,4 +1,5 @@
-"""The embedded Airflow: `airflow standalone` with AIRFLOW_HOME under var/, the project's DAGs and plugins,
+"""The embedded Airflow: `airflow standalone` with AIRFLOW_HOME under var/, its metadata database on the embedded
+PostgreSQL (onceflow_dev.postgres; ONCEFLOW_AIRFLOW_DB=sqlite for a file), the project's DAGs and plugins,
 connections to the embedded Kafka and Spark, the control-plane DAGs unpaused and the deploy DAG triggered."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from onceflow.config import REPO_ROOT, Settings
 from onceflow.runtime import procs
+from onceflow_dev import postgres
 from onceflow_dev.airflow_client import AirflowApiError, AirflowClient
 from onceflow_dev.private_files import write_private
 
@@ -38,6 +40,7 @@ def env(s: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
     ports for tests) last. Kafka credentials only in the connections (kafka_env): never the caller's own."""
     h = home(s)
     bin_dir = str(Path(sys.executable).parent)
+    db = postgres.sql_alchemy_conn(s)  # None: Airflow's default, SQLite under its home
     return {
         **os.environ,
         **s.without_kafka_credentials().as_env(),
@@ -56,6 +59,7 @@ def env(s: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(h / "passwords.json"),
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
         "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "30",
+        **({"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db} if db else {}),
         **(extra or {}),
     }
 
@@ -132,6 +136,8 @@ def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env
     with the connections to the embedded Kafka and Spark, every onceflow DAG unpaused, and (by default) the deploy
     DAG triggered to start the job."""
     pw = password(s)
+    if s.airflow_db == "postgres":
+        postgres.up(s)  # before anything reads env(s): it carries the connection string
     if not procs.read_pidfile(pidfile(s)):
         _airflow(s, "db", "migrate", timeout=300, extra=extra_env)
         conns = {
@@ -189,6 +195,7 @@ def down(s: Settings) -> bool:
         procs.stop_process(info["pid"], 60)
         pidfile(s).unlink(missing_ok=True)
     batch_jobs.stop_all(s)
+    postgres.down(s)  # after Airflow: its processes hold connections to it
     return bool(info)
 
 

@@ -30,7 +30,7 @@ from onceflow.kafka import topics
 from onceflow.kafka.events import EventBus
 from onceflow.operations import audit, recon_chain, savepoints
 from onceflow.runtime import jobctl, procs
-from onceflow_dev import airflow_local
+from onceflow_dev import airflow_local, postgres
 from onceflow_dev.airflow_client import AirflowApiError
 from onceflow_dev.webhook_receiver import Receiver
 from tests.support.harness import harness, produce
@@ -110,6 +110,7 @@ def platform(kafka, tmp_path_factory):
         feeder.join(60)
         airflow_local.down(s)
         jobctl.stop(s, timeout=60)
+        postgres.remove(s)  # its cluster may live under /var/tmp (onceflow_dev.postgres): nothing left behind
         webhook.close()
 
 
@@ -560,12 +561,23 @@ def test_no_kafka_password_where_airflow_and_the_platform_write(platform):
         written += [repr(m) for m in kafka_reading.read_topic(s, topic)]
     store = credentials.path(s)
     files = [f for f in s.var_dir.rglob("*") if f.is_file() and f != store and "tls" not in f.parts]
-    assert any(f.suffix == ".log" for f in files) and any(f.name == "airflow.db" for f in files), files[:20]
+    assert any(f.suffix == ".log" for f in files), files[:20]
     written += [f.read_bytes().decode(errors="replace") for f in files]
+    written.append(postgres.dump_text(s))  # Airflow's metadata database, every row of every table
     text = "\n".join(written)
     known = credentials.ensure(s)
     for role in acls.ROLES:
         assert known[acls.username(s, role)] not in text, f"the {role}'s Kafka password is written somewhere"
+
+
+def test_airflow_keeps_its_metadata_in_the_embedded_postgresql(platform):
+    """As `make run` sets it up: Airflow's runs are rows of the PostgreSQL server under var/, not of a SQLite file."""
+    s, api, _, _ = platform
+    dags = {d for (d,) in postgres.query(s, "SELECT dag_id FROM dag")}
+    assert set(airflow_local.ALL_DAGS) <= dags, dags
+    runs = postgres.query(s, "SELECT count(*) FROM dag_run")[0][0]
+    assert runs >= len(api.runs("ip_count_health")) > 0
+    assert not (airflow_local.home(s) / "airflow.db").exists()
 
 
 def test_nothing_the_platform_starts_listens_beyond_loopback(platform):
@@ -581,7 +593,7 @@ def test_nothing_the_platform_starts_listens_beyond_loopback(platform):
     pids = procs.with_descendants(pid for pid, _ in session_processes()) - _harness_jvm()
     found = procs.listening_sockets(pids)
     # the listing sees the platform: the api-server, the broker, the job's driver JVM (spark-submit's)
-    assert {s.airflow_port, s.bootstrap_host_port[1]} <= {x.port for x in found}, found
+    assert {s.airflow_port, s.bootstrap_host_port[1], postgres.state(s)["port"]} <= {x.port for x in found}, found
     assert any("org.apache.spark.deploy.SparkSubmit" in procs.cmdline(x.pid) for x in found), found
     beyond = [
         f"pid {x.pid} ({procs.describe(x.pid)}) listens on {x.host}:{x.port}" for x in procs.beyond_loopback(pids)
@@ -628,3 +640,4 @@ def test_the_jobs_processes_hold_their_own_role_and_none_of_airflows_secrets(pla
         assert env.get("ONCEFLOW_APP_ID") == s.app_id, procs.describe(pid)
         for role, password in others.items():
             assert password not in raw, f"pid {pid} ({procs.describe(pid)}) holds the {role}'s password"
+        assert postgres.state(s)["password"] not in raw, f"pid {pid} holds Airflow's database password"

@@ -69,3 +69,33 @@ def test_cli_stack_status_json(kafka):
 def test_missing_topic_is_reported(app):
     s = app().replace(sink_topic="no_such_topic")
     assert any("no_such_topic is missing" in p for p in topics.check(s))
+
+
+def test_the_embedded_postgresql_is_private_to_loopback_and_airflow(tmp_path):
+    """Airflow's metadata database (onceflow_dev.postgres): Debian's server, a cluster of its own under var/ (or
+    /var/tmp when the server's user cannot reach var/), listening on one loopback port and no Unix socket, its
+    password in a 0600 file; stopped and started again with its data; removed without a trace."""
+    import stat
+
+    from onceflow import config
+    from onceflow.runtime import procs
+    from onceflow_dev import postgres
+
+    s = config.load(env={}, var_dir=tmp_path / "var")
+    try:
+        url = postgres.up(s)
+        info = postgres.state(s)
+        assert url.startswith("postgresql+psycopg2://airflow:") and f"@127.0.0.1:{info['port']}/airflow" in url
+        assert stat.S_IMODE((s.var_dir / "postgres.json").stat().st_mode) == 0o600
+        pids = procs.with_descendants([postgres.server_pid(s)])
+        assert {(x.host, x.port) for x in procs.listening_sockets(pids)} == {("127.0.0.1", info["port"])}
+        assert not list(postgres.home(s).resolve().rglob(".s.PGSQL.*"))  # no Unix socket
+        postgres.query(s, "CREATE TABLE kept (n int)")
+        postgres.query(s, "INSERT INTO kept VALUES (7) RETURNING n")
+        assert postgres.down(s) and not postgres.running(s)
+        assert postgres.up(s) == url  # the same cluster, port and password
+        assert postgres.query(s, "SELECT n FROM kept") == [(7,)]
+    finally:
+        target = postgres.home(s).resolve()
+        postgres.remove(s)
+    assert not target.exists() and not postgres.running(s)

@@ -124,3 +124,10 @@ def test_a_topic_named_by_two_settings_is_refused_at_start(kw):
     ((field, value),) = kw.items()
     with pytest.raises(config.ConfigError, match=f"{value}.*{config.ENV_PREFIX}{field.upper()}"):
         config.load(env={}, **kw)
+
+
+def test_the_airflow_database_is_postgres_or_sqlite():
+    assert config.load(env={}).airflow_db == "postgres"
+    assert config.load(env={"ONCEFLOW_AIRFLOW_DB": "sqlite"}).airflow_db == "sqlite"
+    with pytest.raises(config.ConfigError, match="ONCEFLOW_AIRFLOW_DB takes postgres or sqlite, got 'mysql'"):
+        config.load(env={"ONCEFLOW_AIRFLOW_DB": "mysql"})
