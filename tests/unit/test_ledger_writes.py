@@ -4,12 +4,14 @@ caller undoes anything: a record that landed is committed, not undone (protocol 
 import pytest
 
 from onceflow import config
-from onceflow.kafka.transactional import OutcomeUnknown
+from onceflow.kafka.transactional import OutcomeUnknown, TransactionalWriter
 from onceflow.protocol import ledger_writes
 
 
 class Writer:
     """The TransactionalWriter's surface commit_record uses; the commit times out (the producer was replaced)."""
+
+    transaction = TransactionalWriter.transaction  # the writer's own, on this stub's begin/commit/abort
 
     def __init__(self):
         self.calls = []

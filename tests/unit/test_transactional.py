@@ -425,3 +425,32 @@ def test_a_fatal_produce_without_a_known_cause_is_fatal():
     w.begin()
     with pytest.raises(t.FatalProducerError):
         w.produce("sink", b"k", b"v")
+
+
+def test_the_transaction_block_commits_on_return_and_aborts_on_anything_else():
+    w, calls, _ = writer([{}])
+    with w.transaction():
+        w.produce("sink", b"k", b"v")
+    assert [m for _, m in calls][1:] == ["begin_transaction", "produce", "commit_transaction"]
+
+    w, calls, _ = writer([{}])
+    with pytest.raises(ZeroDivisionError):
+        with w.transaction():
+            w.produce("sink", b"k", b"v")
+            raise ZeroDivisionError("a crash point, a bad record: the body raises")
+    assert [m for _, m in calls][1:] == ["begin_transaction", "produce", "abort_transaction"]
+
+
+def test_the_transaction_block_lets_a_settled_txn_error_pass_without_a_second_abort():
+    # an abortable produce error: the writer aborted already; the block must not abort again
+    w, calls, _ = writer([{"produce": [kerr(KafkaError._STATE, abortable=True)]}])
+    with pytest.raises(t.Aborted):
+        with w.transaction():
+            w.produce("sink", b"k", b"v")
+    assert [m for _, m in calls].count("abort_transaction") == 1
+    # a commit that times out: the producer is replaced, nothing is aborted by the block
+    w, calls, made = writer([{"commit_transaction": [kerr(KafkaError._TIMED_OUT, retriable=True)] * 50}, {}])
+    with pytest.raises(t.OutcomeUnknown):
+        with w.transaction():
+            w.produce("sink", b"k", b"v")
+    assert len(made) == 2 and "abort_transaction" not in [m for _, m in calls]

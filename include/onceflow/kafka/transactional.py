@@ -24,10 +24,11 @@ quix-streams' internal producer (typed exceptions, named retry bounds).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -184,6 +185,22 @@ class TransactionalWriter:
             raise type(d)(f"the producer of {self.transactional_id} is unusable: {d}", d.error, d.phase)
 
     # ------------------------------------------------------------------ the transaction
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[TransactionalWriter]:
+        """One transaction around the body: begin, and commit when the body returns. A TxnError has settled the
+        transaction already (the writer aborted it, replaced its producer after an unknown outcome, or gave a
+        fenced or fatal producer up) and passes as it is; anything else the body raises (a crash point, a record
+        the broker refuses, a signal) aborts the transaction first."""
+        self.begin()
+        try:
+            yield self
+            self.commit()
+        except TxnError:
+            raise
+        except BaseException:
+            self.abort()
+            raise
+
     def begin(self) -> None:
         self._check()
         self._failed_delivery, self._delivery_error = None, None

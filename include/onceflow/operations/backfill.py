@@ -28,7 +28,7 @@ from onceflow.faults import Injector
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
-from onceflow.kafka.transactional import TransactionalWriter, TxnError
+from onceflow.kafka.transactional import TransactionalWriter
 from onceflow.rules import backfill as br
 from onceflow.rules import names
 from onceflow.rules.ledger import LedgerEntry
@@ -294,8 +294,8 @@ class ChunkWriter:
             (wire.H_CHUNK, str(chunk).encode()),
         ]
         w = self.writer
-        w.begin()
-        try:
+        # a TxnError leaves the chunk aborted, or its producer replaced (an unknown outcome: a re-run settles it)
+        with w.transaction():
             for key, value in rows:
                 w.produce(self.spec.target_topic, key.encode(), value, headers)
             if injector.faults:  # tests: the crash then leaves the chunk's records in the open transaction
@@ -330,12 +330,6 @@ class ChunkWriter:
                 ],
                 self.group.consumer_group_metadata(),
             )
-            w.commit()
-        except TxnError:
-            raise  # aborted, or the producer replaced (a commit whose outcome is unknown: a re-run settles it)
-        except BaseException:
-            w.abort()
-            raise
         injector.hit("crash_after_chunk", chunk)
 
     def close(self) -> None:

@@ -86,8 +86,7 @@ def commit(settings: Settings, res: Result) -> dict:
                 f"proved these batches; this result is not recorded as the chain's"
             )
         moves = res.ok and res.last_batch is not None
-        writer.begin()
-        try:
+        with writer.transaction():
             writer.produce(
                 settings.reconciliation_topic,
                 settings.app_id.encode(),
@@ -102,10 +101,6 @@ def commit(settings: Settings, res: Result) -> dict:
                     [TopicPartition(settings.source_topic, p, ends[p], meta) for p in sorted(ends)],
                     consumer.consumer_group_metadata(),
                 )
-            writer.commit()
-        except Exception:
-            writer.abort()
-            raise
         return {"chain_moved": moves, "proven_through": res.last_batch if moves else now.batch}
     finally:
         consumer.close()

@@ -240,48 +240,49 @@ class ExactlyOnceSink:
         )
         warn.daemon = True
         try:
-            self.writer.begin()
-            warn.start()
-            outputs = dlq = 0
-            headers = [(wire.H_APP, self.s.app_id.encode()), (wire.H_BATCH, str(plan.batch).encode())]
-            for r in rows:
-                if r.kind == wire.KIND_RESULT:
-                    self.writer.produce(self.s.sink_topic, r.key.encode(), r.value, headers)
-                    outputs += 1
-                else:
-                    if (
-                        self.faults is not None
-                        and r.value is not None
-                        and self.faults.undeliverable(r.src_partition, r.src_offset)
-                    ):
-                        raise UndeliverableRecord(
-                            f"the broker refuses the DLQ copy of {plan.topic}[{r.src_partition}] "
-                            f"offset {r.src_offset} (injected fault): the batch cannot commit; "
-                            f"quarantine the record (onceflow quarantine add)"
+            with self.writer.transaction():  # commits when the body returns; aborts when it raises
+                warn.start()
+                outputs = dlq = 0
+                headers = [(wire.H_APP, self.s.app_id.encode()), (wire.H_BATCH, str(plan.batch).encode())]
+                for r in rows:
+                    if r.kind == wire.KIND_RESULT:
+                        self.writer.produce(self.s.sink_topic, r.key.encode(), r.value, headers)
+                        outputs += 1
+                    else:
+                        if (
+                            self.faults is not None
+                            and r.value is not None
+                            and self.faults.undeliverable(r.src_partition, r.src_offset)
+                        ):
+                            raise UndeliverableRecord(
+                                f"the broker refuses the DLQ copy of {plan.topic}[{r.src_partition}] "
+                                f"offset {r.src_offset} (injected fault): the batch cannot commit; "
+                                f"quarantine the record (onceflow quarantine add)"
+                            )
+                        self.writer.produce(
+                            self.s.dlq_topic, r.key.encode(), r.value, headers + dlq_headers(plan.topic, r)
                         )
-                    self.writer.produce(self.s.dlq_topic, r.key.encode(), r.value, headers + dlq_headers(plan.topic, r))
-                    dlq += 1
-            self._fault("crash_after_produce", plan.batch)
-            txn_ms = (time.monotonic() - started) * 1000
-            entry = LedgerEntry.for_plan(
-                self.s.app_id,
-                plan,
-                outputs,
-                dlq,
-                txn_ms,
-                int(time.time() * 1000),
-                self.s.transactional_id,
-                records.RULES_VERSION,
-                self.s.max_event_ahead_ms,
-            )
-            self.writer.produce(self.s.ledger_topic, self.s.app_id.encode(), entry.to_json(), headers)
-            offsets = [
-                TopicPartition(plan.topic, p, off, offset_metadata(plan.batch, plan.epoch))
-                for p, off in sorted(plan.end.items())
-            ]
-            self.writer.send_offsets(offsets, self.group.consumer_group_metadata())
-            self._fault("stall_in_txn", plan.batch)
-            self.writer.commit()
+                        dlq += 1
+                self._fault("crash_after_produce", plan.batch)
+                txn_ms = (time.monotonic() - started) * 1000
+                entry = LedgerEntry.for_plan(
+                    self.s.app_id,
+                    plan,
+                    outputs,
+                    dlq,
+                    txn_ms,
+                    int(time.time() * 1000),
+                    self.s.transactional_id,
+                    records.RULES_VERSION,
+                    self.s.max_event_ahead_ms,
+                )
+                self.writer.produce(self.s.ledger_topic, self.s.app_id.encode(), entry.to_json(), headers)
+                offsets = [
+                    TopicPartition(plan.topic, p, off, offset_metadata(plan.batch, plan.epoch))
+                    for p, off in sorted(plan.end.items())
+                ]
+                self.writer.send_offsets(offsets, self.group.consumer_group_metadata())
+                self._fault("stall_in_txn", plan.batch)
         except tw.Fenced as e:
             self.bus.emit(
                 wire.FENCED,
@@ -312,11 +313,6 @@ class ExactlyOnceSink:
             ) from e
         except tw.TxnConfigError as e:
             raise config_error(e, self.timeout_ms) from e
-        except tw.TxnError:
-            raise  # the writer has aborted (or replaced its producer) already
-        except BaseException:
-            self.writer.abort()
-            raise
         finally:
             warn.cancel()
         txn_ms = (time.monotonic() - started) * 1000

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
-from onceflow.kafka.transactional import OutcomeUnknown, TransactionalWriter, TxnError
+from onceflow.kafka.transactional import OutcomeUnknown, TransactionalWriter
 
 
 def app_writer(settings: Settings) -> TransactionalWriter:
@@ -34,23 +34,17 @@ def commit_record(
     either way, and a caller that undid a record which did commit (a quarantine, a restore) would leave the ledger
     saying what the checkpoint no longer holds."""
     landed = landed or record_landed
-    writer.begin()
     try:
-        writer.produce(
-            settings.ledger_topic,
-            settings.app_id.encode(),
-            value,
-            [(wire.H_APP, settings.app_id.encode()), (wire.H_KIND, kind.encode())],
-        )
-        writer.commit()
+        with writer.transaction():
+            writer.produce(
+                settings.ledger_topic,
+                settings.app_id.encode(),
+                value,
+                [(wire.H_APP, settings.app_id.encode()), (wire.H_KIND, kind.encode())],
+            )
     except OutcomeUnknown:
         if landed(settings, value):
             return
-        raise
-    except TxnError:
-        raise  # the writer aborted already
-    except BaseException:
-        writer.abort()
         raise
 
 
