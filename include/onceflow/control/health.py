@@ -122,7 +122,7 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
     now = time.time()
     st = jobctl.status(settings)
     ends = _end_offsets(settings)
-    committed = audit.committed_offsets(settings, ends)
+    committed = audit.consumed_position(settings, ends).offsets  # the ledger's, when the group has expired
     parts: dict[str, dict[str, Any]] = {}
     run_start = st.get("started_ms")
     for p, end in sorted(ends.items()):

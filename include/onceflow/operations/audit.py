@@ -17,6 +17,7 @@ from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
+from onceflow.protocol import ledger_reader
 from onceflow.protocol.ledger_reader import LedgerNotVisible
 from onceflow.rules import invariants, records
 from onceflow.rules.ledger import Committed, LedgerEntry, QuarantineRange, QuarantineRecord, RestoreRecord, parse_record
@@ -60,6 +61,26 @@ def committed_position(settings: Settings, partitions: Iterable[int], group: str
 
 def committed_offsets(settings: Settings, partitions: Iterable[int], group: str | None = None) -> dict[int, int]:
     return committed_position(settings, partitions, group).offsets
+
+
+def consumed_position(settings: Settings, partitions: Iterable[int]) -> Committed:
+    """How far the job has consumed: its group's committed position, or, when the group holds nothing, the
+    ledger's newest batch. Kafka deletes a group's offsets `offsets.retention.minutes` (7 days by default) after
+    its last commit, so an idle week would read as "nothing consumed": the whole topic as lag, a stalled job, a
+    savepoint of "another history" (protocol review N-4). The ledger is kept forever and says the same: each
+    batch's end offsets were committed with its record, in one transaction."""
+    parts = list(partitions)
+    got = committed_position(settings, parts)
+    if got.offsets:
+        return got
+    c = kafka_clients.read_committed_consumer(settings)
+    try:
+        newest = ledger_reader.newest_entry(c, settings)
+    finally:
+        c.close()
+    if newest is None:
+        return got  # nothing committed anywhere: nothing consumed, truly
+    return Committed(offsets={p: o for p, o in newest.end.items() if p in parts}, batch=newest.batch)
 
 
 @dataclass

@@ -443,7 +443,7 @@ def prune(settings: Settings, now_ms: int | None = None, dry_run: bool = False) 
 def restore_facts(settings: Settings, m: Manifest) -> RestoreFacts:
     from onceflow.operations import audit
 
-    committed, _ = _group_position(settings, m.end_offsets)
+    committed = audit.consumed_position(settings, m.end_offsets)  # the ledger's, when the group has expired
     after = committed.batch is not None and m.ledger_batch is not None and committed.batch > m.ledger_batch
     records = audit.ledger_records(settings)
     catch_up = [
