@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 
 from onceflow import wire
+from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit, backfill
 from onceflow.rules import records
@@ -135,6 +136,9 @@ def test_backfill_validates_resumes_after_kill9_and_writes_each_window_once(app,
     assert len(written(s, s.backfill_topic)) == 3 * 200
     assert len(written(s, s.backfill_topic, "read_uncommitted")) > 3 * 200  # chunk 3 was open when it died
 
+    # and a week passes: Kafka deletes the backfill group's offsets (deleting the group stands in for it); the
+    # resume takes its progress from the ledger's chunk records, and writes no committed chunk again (N-2)
+    kafka_clients.admin(s).delete_consumer_groups([backfill.group_id(s, "bf1")])[backfill.group_id(s, "bf1")].result(30)
     resumed = backfill.run(spark, s, spec())
     assert resumed["already_committed_chunks"] == 3 and resumed["written_chunks"] == dry["chunks"] - 3
     again = backfill.run(spark, s, spec())
@@ -147,7 +151,10 @@ def test_backfill_validates_resumes_after_kill9_and_writes_each_window_once(app,
     assert sorted(e.batch for e in backfill_ledger(s)) == list(range(dry["chunks"]))
     assert {e.backfill_id for e in backfill_ledger(s)} == {"bf1"}
     assert all(m.headers[wire.H_BACKFILL] == b"bf1" for m in out)
-    # the same id with other parameters is a different backfill: refused
+    # the same id with other parameters is a different backfill: refused, also once the group has expired
+    with pytest.raises(BackfillError, match="other parameters"):
+        backfill.validate(s, spec(chunk_size=300))
+    kafka_clients.admin(s).delete_consumer_groups([backfill.group_id(s, "bf1")])[backfill.group_id(s, "bf1")].result(30)
     with pytest.raises(BackfillError, match="other parameters"):
         backfill.validate(s, spec(chunk_size=300))
     assert not procs.read_pidfile(backfill.registry(s) / "bf1.json")

@@ -146,12 +146,37 @@ def read_progress(consumer, topic: str, partitions) -> Progress:
 
 
 def progress(settings: Settings, spec: br.Spec) -> Progress:
-    """The last chunk this backfill committed (None: none), from its group's offset metadata."""
+    """The last chunk this backfill committed (None: none), from its group's offset metadata, or from the ledger
+    when the group holds nothing."""
     c = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings, spec.id))
     try:
-        return read_progress(c, spec.source_topic, spec.start or topic_facts(settings, spec.source_topic).high)
+        got = read_progress(c, spec.source_topic, spec.start or topic_facts(settings, spec.source_topic).high)
     finally:
         c.close()
+    return got if got.chunk is not None else ledger_progress(settings, spec.id)
+
+
+def ledger_progress(settings: Settings, backfill_id: str) -> Progress:
+    """The same facts from the ledger's backfill records, which are kept forever: Kafka deletes the group's offsets
+    `offsets.retention.minutes` after its last commit, and a resume that trusted only them would start at chunk 0
+    and write every committed chunk again, with its "same id, other parameters" guard gone (protocol review N-2).
+    Each chunk's record was committed in the same transaction as the group's offsets, so the two agree."""
+    from onceflow.operations import audit
+
+    mine = [
+        e
+        for e in audit.ledger_records(settings)
+        if isinstance(e, LedgerEntry) and e.kind == wire.LEDGER_BACKFILL and e.backfill_id == backfill_id
+    ]
+    if not mine:
+        return Progress()
+    last = max(mine, key=lambda e: e.batch)
+    return Progress(
+        last.batch,
+        last.spec_hash,
+        {p: a for p, (a, _) in last.ranges.items()},
+        {p: b for p, (_, b) in last.ranges.items()},
+    )
 
 
 # ---------------------------------------------------------------------------- the computation
@@ -286,7 +311,10 @@ class ChunkWriter:
         self.group = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings, spec.id))
 
     def write(self, chunk: int, rows: list[tuple[str, bytes]], injector: Injector) -> None:
-        br.check_next_chunk(chunk, read_progress(self.group, self.spec.source_topic, self.spec.end).chunk, self.spec.id)
+        done = read_progress(self.group, self.spec.source_topic, self.spec.end).chunk
+        if done is None and chunk > 0:  # the group's offsets expired: its first new commit restores them
+            done = ledger_progress(self.s, self.spec.id).chunk
+        br.check_next_chunk(chunk, done, self.spec.id)
         started = time.monotonic()
         headers = [
             (wire.H_APP, self.s.app_id.encode()),
