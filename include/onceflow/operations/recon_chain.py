@@ -52,14 +52,28 @@ def _partitions(settings: Settings) -> list[int]:
 
 
 def position(settings: Settings, consumer=None) -> ChainPosition:
-    """The last batch the chain has proven (from its group's committed offsets)."""
+    """The last batch the chain has proven: from its group's committed offsets, or, when the group holds nothing,
+    from the newest chain result that moved it."""
     c = consumer or kafka_clients.read_committed_consumer(settings, group_id=group_id(settings))
     try:
         got = kafka_reading.committed(c, [TopicPartition(settings.source_topic, p) for p in _partitions(settings)])
-        return chain_position(tp.metadata for tp in got if tp.offset >= 0)
+        pos = chain_position(tp.metadata for tp in got if tp.offset >= 0)
     finally:
         if consumer is None:
             c.close()
+    return pos if pos.batch is not None else position_from_results(settings)
+
+
+def position_from_results(settings: Settings) -> ChainPosition:
+    """The chain's position as its own records say: the newest chain result that proved batches (each was committed
+    in one transaction with the move of the group's offsets). Kafka deletes the group's offsets
+    `offsets.retention.minutes` after its last commit; a chain that trusted only them would start again at the
+    ledger's first batch, need source records retention has deleted, and fail every run (protocol review N-3). The
+    results are kept 90 days: a chain idle longer starts from the first batch the ledger still proves."""
+    for r in reversed(recent_results(settings, limit=None)):
+        if r.get("mode") == CHAIN and r.get("ok") and r.get("last_batch") is not None:
+            return ChainPosition(int(r["last_batch"]), r.get("run_id"), r.get("finished_ms"))
+    return ChainPosition()
 
 
 def commit(settings: Settings, res: Result) -> dict:
@@ -107,9 +121,9 @@ def commit(settings: Settings, res: Result) -> dict:
         writer.close()
 
 
-def recent_results(settings: Settings, limit: int = STATUS_TAIL) -> list[dict]:
+def recent_results(settings: Settings, limit: int | None = STATUS_TAIL) -> list[dict]:
     """The app's newest reconciliation results (chain and manual), oldest first, from the last `limit` records
-    of the reconciliation topic (a bounded read)."""
+    of the reconciliation topic (a bounded read; None: all it holds)."""
     wm = kafka_reading.watermarks(settings, settings.reconciliation_topic)
     if not wm:
         return []
@@ -118,7 +132,8 @@ def recent_results(settings: Settings, limit: int = STATUS_TAIL) -> list[dict]:
     key = settings.app_id.encode()
     out = []
     try:
-        for m in kafka_reading.read_range(c, settings.reconciliation_topic, 0, max(low, high - limit), high):
+        first = low if limit is None else max(low, high - limit)
+        for m in kafka_reading.read_range(c, settings.reconciliation_topic, 0, first, high):
             if m.key() != key or m.value() is None:
                 continue
             try:
