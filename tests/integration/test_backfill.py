@@ -11,14 +11,13 @@ from collections import Counter
 import pytest
 
 from onceflow import wire
-from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit, backfill
 from onceflow.rules import records
 from onceflow.rules.backfill import BackfillError
 from onceflow.runtime import launcher, procs
 from onceflow_dev.generator import KIND_MALFORMED
-from tests.support.harness import end_offsets, produce
+from tests.support.harness import end_offsets, expire_group, produce
 
 pytestmark = pytest.mark.integration
 
@@ -138,7 +137,7 @@ def test_backfill_validates_resumes_after_kill9_and_writes_each_window_once(app,
 
     # and a week passes: Kafka deletes the backfill group's offsets (deleting the group stands in for it); the
     # resume takes its progress from the ledger's chunk records, and writes no committed chunk again (N-2)
-    kafka_clients.admin(s).delete_consumer_groups([backfill.group_id(s, "bf1")])[backfill.group_id(s, "bf1")].result(30)
+    expire_group(s, backfill.group_id(s, "bf1"))
     resumed = backfill.run(spark, s, spec())
     assert resumed["already_committed_chunks"] == 3 and resumed["written_chunks"] == dry["chunks"] - 3
     again = backfill.run(spark, s, spec())
@@ -154,7 +153,7 @@ def test_backfill_validates_resumes_after_kill9_and_writes_each_window_once(app,
     # the same id with other parameters is a different backfill: refused, also once the group has expired
     with pytest.raises(BackfillError, match="other parameters"):
         backfill.validate(s, spec(chunk_size=300))
-    kafka_clients.admin(s).delete_consumer_groups([backfill.group_id(s, "bf1")])[backfill.group_id(s, "bf1")].result(30)
+    expire_group(s, backfill.group_id(s, "bf1"))
     with pytest.raises(BackfillError, match="other parameters"):
         backfill.validate(s, spec(chunk_size=300))
     assert not procs.read_pidfile(backfill.registry(s) / "bf1.json")

@@ -10,7 +10,7 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from onceflow.control import alerts, health
 from onceflow.kafka import clients as kafka_clients
 from onceflow.runtime import jobctl, procs
-from tests.support.harness import assert_exact, produce, wait_drained
+from tests.support.harness import assert_exact, expire_group, produce, wait_drained
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ def test_health_leaves_a_long_first_batch_alone_and_a_failed_restart_keeps_the_i
     # it). Health takes the position from the ledger and sees a drained job, not the whole topic as lag (N-4).
     from onceflow.operations import audit
 
-    kafka_clients.admin(s).delete_consumer_groups([s.group_id])[s.group_id].result(30)
+    expire_group(s, s.group_id)
     parts = sorted(int(p) for p in health.collect(s, None).partitions)
     assert audit.committed_offsets(s, parts) == {}
     assert {p: v["lag"] for p, v in health.collect(s, None).partitions.items()} == {str(p): 0 for p in parts}

@@ -8,13 +8,12 @@ import pytest
 
 from onceflow import wire
 from onceflow.control import reconciliation
-from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit, reconcile
 from onceflow.rules.reconciliation import FAIL, PASS
 from onceflow.runtime import jobctl
 from onceflow_dev.generator import KIND_TAIL
-from tests.support.harness import copy_topic, produce, wait_drained
+from tests.support.harness import copy_topic, expire_group, produce, wait_drained
 
 pytestmark = pytest.mark.integration
 
@@ -266,7 +265,7 @@ def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(his
     # Kafka deletes the chain group's offsets after offsets.retention.minutes (deleting the group stands in for
     # it): the position comes from the newest chain result that moved it, and the chain does not start over (N-3)
     gid = recon_chain.group_id(s)
-    kafka_clients.admin(s).delete_consumer_groups([gid])[gid].result(30)
+    expire_group(s, gid)
     assert audit.committed_offsets(s, entries[-1].end, group=gid) == {}
     assert recon_chain.position(s).batch == entries[-1].batch
     again = reconcile.run_chain(spark, s, with_gx=False)

@@ -169,3 +169,11 @@ def copy_topic(s, src: str, dst: str, keep=lambda m: True, change=lambda m: m, e
                 headers=list(m.headers.items()),
             )
     assert p.flush(30) == 0
+
+
+def expire_group(s: Settings, group_id: str) -> None:
+    """What Kafka does to a group `offsets.retention.minutes` after its last commit: its offsets are gone. Deleting
+    the group stands in for the expiry. (The admin client is held until its future resolves: one dropped at once
+    leaves the future unanswered.)"""
+    admin = kafka_clients.admin(s)
+    admin.delete_consumer_groups([group_id], request_timeout=30)[group_id].result(30)
