@@ -98,9 +98,22 @@ def state(s: Settings) -> dict | None:
         return None
 
 
+def _server_env() -> dict[str, str]:
+    """The server's environment: the system's basics only (launcher.CHILD_ENV_NAMES, locale), none of the caller's
+    settings or credentials: it holds no Kafka role, and its own password is in its data, not its environment."""
+    from onceflow.runtime.launcher import CHILD_ENV_NAMES
+
+    return {k: v for k, v in os.environ.items() if k in CHILD_ENV_NAMES or k.startswith("LC_")}
+
+
 def _pg(s: Settings, tool: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     out = subprocess.run(
-        [*_run_as(), str(bin_dir() / tool), *args], capture_output=True, text=True, timeout=timeout, cwd="/"
+        [*_run_as(), str(bin_dir() / tool), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd="/",
+        env=_server_env(),
     )
     if out.returncode != 0:
         raise PostgresError(

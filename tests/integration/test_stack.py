@@ -76,6 +76,7 @@ def test_the_embedded_postgresql_is_private_to_loopback_and_airflow(tmp_path):
     /var/tmp when the server's user cannot reach var/), listening on one loopback port and no Unix socket, its
     password in a 0600 file; stopped and started again with its data; removed without a trace."""
     import stat
+    from pathlib import Path
 
     from onceflow import config
     from onceflow.runtime import procs
@@ -90,6 +91,8 @@ def test_the_embedded_postgresql_is_private_to_loopback_and_airflow(tmp_path):
         pids = procs.with_descendants([postgres.server_pid(s)])
         assert {(x.host, x.port) for x in procs.listening_sockets(pids)} == {("127.0.0.1", info["port"])}
         assert not list(postgres.home(s).resolve().rglob(".s.PGSQL.*"))  # no Unix socket
+        env = (Path("/proc") / str(postgres.server_pid(s)) / "environ").read_bytes().split(b"\0")
+        assert not [e for e in env if e.startswith(b"ONCEFLOW_")], "the server holds none of the caller's settings"
         postgres.query(s, "CREATE TABLE kept (n int)")
         postgres.query(s, "INSERT INTO kept VALUES (7) RETURNING n")
         assert postgres.down(s) and not postgres.running(s)
