@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RUN_RATE ?= 200
 RUN_SECONDS ?= 3600
 
-.PHONY: setup run stop status lint format docs test test-unit test-integration test-secured bench bench-writer bench-profile bench-sweep chaos soak clean
+.PHONY: setup run stop status lint format docs test test-unit test-integration test-secured bench bench-writer bench-profile bench-sweep chaos chaos-seeds soak clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -50,14 +50,16 @@ format: setup
 	$(BIN)/ruff format $(LINTED)
 
 ## test: lint, unit tests (no broker), then integration tests against a real broker, real Spark and Airflow
-## (started and stopped by the tests); each step stops the run on a failure.
+## (started and stopped by the tests) on two pytest-xdist workers, slowest modules first; each step stops the run
+## on a failure.
 test: lint test-unit test-integration
 
 test-unit: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/test_dag_integrity.py tests/unit  # the DAG files parse first (seconds)
 
 test-integration: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests/integration tests/airflow
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -n 2 --dist loadfile --no-loadscope-reorder \
+		tests/integration tests/airflow
 
 ## test-secured: the exactly-once suite and the running-Airflow tests again, on a SASL/SCRAM + TLS broker with ACLs:
 ## each job on its least-privileged principal, the DAGs on theirs through Airflow connections, and no password
@@ -93,9 +95,16 @@ bench-sweep: setup
 ## CHAOS_STANDBY (default 1), CHAOS_SECURED=1 (SASL/SCRAM over TLS with ACLs, the job as its own principal).
 ## CHAOS_TOPOLOGY=cluster: three brokers and a Spark master with two workers; kill -9 of the sink's leader, of the
 ## transaction coordinator mid-transaction, of a Spark worker, of the driver, one broker down for minutes
-## (CHAOS_BROKER_DOWN_S, CHAOS_LEADER_KILLS, CHAOS_COORDINATOR_KILLS, CHAOS_WORKER_KILLS; CHAOS_SECURED=1 too).
+## (CHAOS_BROKER_DOWN_S, CHAOS_LEADER_KILLS, CHAOS_COORDINATOR_KILLS, CHAOS_WORKER_KILLS; CHAOS_SECURED=1 too;
+## CHAOS_DOUBLE_FAULT=1: a second node killed inside the outage, on purpose). Liveness per fault against
+## CHAOS_COMMIT_BOUND_S (120) and CHAOS_LAG_BOUND_S (300); a planned fault not injected fails the run.
 chaos: setup
 	$(BIN)/python -m onceflow_dev.$(if $(filter cluster,$(CHAOS_TOPOLOGY)),chaos_cluster,chaos)
+
+## chaos-seeds: `make chaos` once per seed (CHAOS_SEEDS, default "1 2 3 4 4711"; CHAOS_TOPOLOGY=cluster too), one
+## table of the verdicts and liveness figures (var/chaos-seeds/<topology>.md). ~12 min per seed.
+chaos-seeds: setup
+	$(BIN)/python -m onceflow_dev.chaos_seeds
 
 ## soak: ~35 min of the embedded platform with Airflow, input flowing, short schedules and faults at random times;
 ## every scheduled run green (or failed under a fault and followed by a green one), the chain proves every batch

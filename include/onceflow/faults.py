@@ -10,6 +10,8 @@ ONCEFLOW_FAULT is a comma-separated list of `point@batch[:seconds]`:
                             broker can never accept, every time (not once) while it carries a payload: a poison
                             record, for the quarantine procedure
 - `stall_in_txn@N:S`:       hold batch N's transaction open for S seconds before committing
+- `stall_in_txn@armed:S`:   hold the first transaction after the fault is armed (`arm()`, by a chaos run that wants
+                            a transaction open when it kills a broker) open for S seconds; fires once per arming
 - `crash_in_chunk@N`:       (backfill) die with chunk N's records in an open transaction
 - `crash_after_chunk@N`:    (backfill) die right after chunk N's transaction committed
 - `stall_before_chunks@N:S`: (backfill) wait S seconds after reading its progress and computing, before its first
@@ -44,6 +46,7 @@ POINTS = (
     "undeliverable",
 )
 STALLS = ("stall_in_txn", "stall_before_chunks", "stall_before_fence")
+ARMED = -1  # the batch of a fault that fires when armed (`arm`), not at a planned batch
 
 
 class InjectedFault(OnceflowError):
@@ -71,11 +74,13 @@ def parse(spec: str) -> list[Fault]:
         try:
             point, rest = item.split("@", 1)
             batch_s, _, secs = rest.partition(":")
-            f = Fault(point, int(batch_s), float(secs) if secs else 0.0)
+            f = Fault(point, ARMED if batch_s == "armed" else int(batch_s), float(secs) if secs else 0.0)
         except ValueError:
             raise FaultSpecError(f"bad fault {item!r}: expected point@batch[:seconds]") from None
         if f.point not in POINTS:
             raise FaultSpecError(f"unknown fault point {f.point!r}; known: {', '.join(POINTS)}")
+        if f.batch == ARMED and f.point != "stall_in_txn":
+            raise FaultSpecError(f"{item!r}: only stall_in_txn can be armed")
         if f.point in STALLS and f.seconds <= 0:
             raise FaultSpecError(f"{item!r}: {f.point} needs seconds, e.g. {f.point}@3:20")
         out.append(f)
@@ -99,10 +104,17 @@ class Injector:
 
     def hit(self, point: str, batch: int) -> None:
         for f in self.faults:
-            if f.point != point or f.batch != batch or self._fired(f).exists():
+            if f.batch == ARMED and f.point == point:
+                try:
+                    armed_path(self.marker_dir, point).unlink()  # once per arming, whoever armed it
+                except FileNotFoundError:
+                    continue
+                f = Fault(point, batch, f.seconds)  # reported with the batch it held
+            elif f.point != point or f.batch != batch or self._fired(f).exists():
                 continue
-            self.marker_dir.mkdir(parents=True, exist_ok=True)
-            self._fired(f).write_text(str(time.time()))
+            else:
+                self.marker_dir.mkdir(parents=True, exist_ok=True)
+                self._fired(f).write_text(str(time.time()))
             if self.on_fire:
                 self.on_fire(f)
             if point in STALLS:
@@ -111,3 +123,14 @@ class Injector:
                 raise InjectedFault(f"injected error after the commit of batch {batch}")
             else:
                 os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def armed_path(marker_dir: Path, point: str) -> Path:
+    return marker_dir / f"fault.{point}.armed"
+
+
+def arm(marker_dir: Path, point: str = "stall_in_txn") -> None:
+    """Arm the job's `point@armed` fault: its next batch holds its transaction open (the chaos runs' way to find a
+    transaction open when they kill its coordinator)."""
+    marker_dir.mkdir(parents=True, exist_ok=True)
+    armed_path(marker_dir, point).write_text(str(time.time()))

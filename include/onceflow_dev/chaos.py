@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import signal
 import sys
 import threading
@@ -28,7 +27,7 @@ from onceflow.kafka import topics
 from onceflow.operations import audit
 from onceflow.rules import invariants
 from onceflow.runtime import jobctl, launcher, procs
-from onceflow_dev import broker, generator
+from onceflow_dev import broker, chaos_plan, generator
 from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL
 
 log = logging.getLogger("onceflow_dev.chaos")
@@ -55,16 +54,10 @@ class ChaosSpec:
     ips: int = 5000
 
 
-def plan(spec: ChaosSpec) -> list[tuple[float, str, float]]:
-    """The seeded schedule: (seconds from the start, kind, duration). Faults land between 5 % and 85 % of the run,
-    so the last part of the input is processed by a job that is left alone."""
-    rng = random.Random(spec.seed)
-    events = [(rng.uniform(0.05, 0.85) * spec.seconds, "kill_job", 0.0) for _ in range(spec.job_kills)]
-    events += [
-        (rng.uniform(0.1, 0.8) * spec.seconds, "restart_broker", rng.uniform(2, 8)) for _ in range(spec.broker_restarts)
-    ]
-    events += [(rng.uniform(0.05, 0.85) * spec.seconds, "pause_driver", rng.uniform(2, 12)) for _ in range(spec.pauses)]
-    return sorted(events)
+def plan(spec: ChaosSpec) -> list[chaos_plan.Step]:
+    """The seeded schedule (chaos_plan.single_node_plan). Faults land between 5 % and 85 % of the run, so the last
+    part of the input is processed by a job that is left alone; broker restarts one at a time."""
+    return chaos_plan.single_node_plan(spec.seed, spec.seconds, spec.job_kills, spec.broker_restarts, spec.pauses)
 
 
 def stall_batches(spec: ChaosSpec) -> list[int]:
@@ -116,9 +109,10 @@ def run(spec: ChaosSpec, var_dir) -> dict:
 
         observer = stack.provision(s)
         job, recon = credentials.as_role(s, "job"), credentials.as_role(s, "reconcile")
-    counts = {"kill_job": 0, "restart_broker": 0, "pause_driver": 0, "stall_in_txn": 0}
+    outcome = chaos_plan.Outcome()
     t0 = time.monotonic()
     manifest = var_dir / "chaos-manifest.csv"
+    sampler = None
     try:
         topics.ensure(observer)
         fed: dict = {}
@@ -143,42 +137,78 @@ def run(spec: ChaosSpec, var_dir) -> dict:
 
         jobctl.start(job)
         jobctl.wait_running(job, timeout=300)
+        sampler = LagSampler(observer)
+        sampler.start()
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
-        last_restart_ms = 0
-        for at, kind, dur in plan(spec):
-            time.sleep(max(0.0, at - (time.monotonic() - t0)))
+        last_kill_ms = 0
+        steps = plan(spec)
+        for st in steps:
+            time.sleep(max(0.0, st.at - (time.monotonic() - t0)))
             # a transaction held open must reach its timeout: no other fault until the coordinator aborted it
             _wait_stall_over(observer, stall_s)
-            if kind == "pause_driver":
-                # a fault for a job that is still coming back would hit nothing: wait for its query to run
-                jobctl.wait_running(job, after_ms=last_restart_ms, timeout=300)
-            if kind == "kill_job" and spec.standby and counts["kill_job"] % 2 == 0:
-                _wait_standby(job)  # every other kill lands on a warm standby (a takeover), the rest maybe not
-            if kind == "kill_job" and kill_running_job(job, after_ms=last_restart_ms):
-                counts[kind] += 1
-                last_restart_ms = int(time.time() * 1000)
-            elif kind == "restart_broker":
+            if st.kind == "kill_job":
+                if not wait_commit_since(observer, last_kill_ms, 300):
+                    outcome.miss(st, "no batch committed since the previous job kill within 300 s")
+                    continue
+                if spec.standby and outcome.counts().get("kill_job", 0) % 2 == 0:
+                    _wait_standby(job)  # every other kill lands on a warm standby (a takeover), the rest maybe not
+                at = int(time.time() * 1000)
+                if not kill_running_job(job, after_ms=last_kill_ms):
+                    outcome.miss(st, "no running job to kill within 300 s")
+                    continue
+                last_kill_ms = int(time.time() * 1000)
+                outcome.injected.append(chaos_plan.Injected("kill_job", at, at))
+            elif st.kind == "restart_broker":
+                at = int(time.time() * 1000)
                 broker.kill(base)
-                time.sleep(dur)
+                time.sleep(st.duration)
                 broker.start(base)
-                counts[kind] += 1
-            elif kind == "pause_driver":
+                # one node: nothing commits while it is down, by nature; figures from its return
+                outcome.injected.append(chaos_plan.Injected(st.kind, at, int(time.time() * 1000), from_end=True))
+            elif st.kind == "pause_driver":
+                # a fault for a job that is still coming back would hit nothing: wait for its query to run
+                try:
+                    jobctl.wait_running(job, after_ms=last_kill_ms, timeout=300)
+                except TimeoutError:
+                    outcome.miss(st, "no running job to pause within 300 s")
+                    continue
                 pid = (ev.read_status(s.status_file) or {}).get("pid")
-                if pid and procs.pid_alive(pid):
-                    os.kill(pid, signal.SIGSTOP)
-                    time.sleep(dur)
-                    os.kill(pid, signal.SIGCONT)
-                    counts[kind] += 1
-            log.info("t=%.0fs %s (%s)", time.monotonic() - t0, kind, counts)
+                if not (pid and procs.pid_alive(pid)):
+                    outcome.miss(st, "the running job's driver pid was not in its status file")
+                    continue
+                at = int(time.time() * 1000)
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(st.duration)
+                os.kill(pid, signal.SIGCONT)
+                outcome.injected.append(chaos_plan.Injected(st.kind, at, int(time.time() * 1000), from_end=True))
+            log.info("t=%.0fs %s (%s)", time.monotonic() - t0, st.kind, outcome.counts())
         feeder.join(spec.seconds * 3 + 300)
         sent = generator.read_manifest(manifest)
         wait_drained(observer, sent, timeout=max(600.0, spec.seconds))
+        lag = sampler.stop()
         jobctl.stop(job)
-        counts["stall_in_txn"] = len(events_of(observer, wire.FAULT_INJECTED))
+        # the job's own stalls (transactions held past their timeout), as they happened
+        stalls = events_of(observer, wire.FAULT_INJECTED)
+        outcome.injected += [
+            chaos_plan.Injected("stall_in_txn", e["ts_ms"], e["ts_ms"] + int(stall_s * 1000)) for e in stalls
+        ]
+        for b in stall_batches(spec)[len(stalls) :]:
+            outcome.miss(chaos_plan.Step(0.0, "stall_in_txn"), f"batch {b} was never held (the run had fewer batches)")
+        live = chaos_plan.liveness(
+            outcome.injected,
+            commit_times(observer),
+            lag,
+            bounds(),
+            lag_slack=int(5 * spec.records / spec.seconds),
+        )
         report = verify(observer, sent)
+        counts = {"kill_job": 0, "restart_broker": 0, "pause_driver": 0, "stall_in_txn": 0} | outcome.counts()
         report |= {
+            "plan": [vars(st) for st in steps],
             "faults": counts,
+            "missed": outcome.missed,
+            "liveness": live,
             "restarts": len(restarts := events_of(observer, wire.SUPERVISOR_RESTART)),
             "standby_takeovers": sum(1 for e in restarts if e.get("standby") and e.get("delay_s") == 0),
             "transaction_timeouts": len(events_of(observer, wire.TRANSACTION_TIMEOUT)),
@@ -198,11 +228,82 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             and report["dlq_complete"]
             and res.ok
             and report["transaction_timeouts"] >= counts["stall_in_txn"]
+            and not outcome.missed
+            and not live["violations"]
         )
         return report
     finally:
+        if sampler is not None:
+            sampler.stopping.set()
         jobctl.stop(job, timeout=30)
         broker.stop(base)
+
+
+class LagSampler(threading.Thread):
+    """The job's lag (records in the source past its committed position), sampled every `every_s` while a run
+    lasts: (epoch ms, lag). A sample the cluster cannot answer (a coordinator down) is skipped."""
+
+    def __init__(self, s, every_s: float = 1.0):
+        super().__init__(daemon=True, name="chaos-lag")
+        self.s, self.every_s = s, every_s
+        self.samples: list[tuple[int, int]] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.every_s):
+            try:
+                wm = kafka_reading.watermarks(self.s, self.s.source_topic) or {}
+                done = audit.committed_offsets(self.s, list(wm))
+                lag = sum(hi - max(lo, done.get(p, 0)) for p, (lo, hi) in wm.items())
+            except Exception as e:  # a fault under way: the next sample will do
+                log.debug("lag sample skipped: %s", e)
+                continue
+            self.samples.append((int(time.time() * 1000), lag))
+
+    def stop(self) -> list[tuple[int, int]]:
+        self.stopping.set()
+        self.join(30)
+        return list(self.samples)
+
+
+def bounds() -> chaos_plan.Bounds:
+    """The liveness bounds of a run (CHAOS_COMMIT_BOUND_S, CHAOS_LAG_BOUND_S)."""
+    d = chaos_plan.Bounds()
+    return chaos_plan.Bounds(env_or("CHAOS_COMMIT_BOUND_S", d.commit_s), env_or("CHAOS_LAG_BOUND_S", d.lag_s))
+
+
+def commit_times(s) -> list[int]:
+    return [e["ts_ms"] for e in events_of(s, wire.BATCH_COMMITTED)]
+
+
+def wait_commit_since(s, since_ms: int, timeout: float) -> bool:
+    """A batch committed after `since_ms`, within `timeout` seconds: a job kill lands on a job that has made
+    progress since the last one (a kill before that tests a restart loop, not recovery)."""
+    try:
+
+        def committed() -> bool:
+            return any(e["ts_ms"] > since_ms for e in ev.read(s, {wire.BATCH_COMMITTED}, since_ms=since_ms))
+
+        procs.wait_until(committed, timeout, interval=1.0, what="a commit")
+        return True
+    except TimeoutError:
+        return False
+
+
+def liveness_lines(live: dict) -> str:
+    """The liveness figures per fault kind, for the printed report."""
+    rows = []
+    for kind, k in live["by_kind"].items():
+        rows.append(
+            f"  {kind:<17} n={k['n']:<3} next commit median {k['to_commit_median_s']} s, worst "
+            f"{k['to_commit_worst_s']} s; lag back median {k['to_lag_median_s']} s, worst {k['to_lag_worst_s']} s"
+        )
+    b = live["bounds"]
+    rows.append(
+        f"  bounds: a commit within {b['commit_s']:.0f} s, the lag back within {b['lag_s']:.0f} s of each fault"
+    )
+    rows += [f"  VIOLATION {v}" for v in live["violations"]]
+    return "\n".join(rows)
 
 
 def events_of(s, type_: str) -> list[dict]:
@@ -316,6 +417,9 @@ def main() -> int:
 stack             {"secured: SASL/SCRAM over TLS, ACLs; the job as its own principal" if report["secured"] else "plaintext"}
 records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late)
 faults injected   {f["kill_job"]} kill -9 of the job, {f["restart_broker"]} broker kill+restart, {f["pause_driver"]} driver SIGSTOP/SIGCONT, {f["stall_in_txn"]} transactions held past their timeout ({report["transaction_timeouts"]} timeouts reported)
+not injected      {report["missed"] or "none"}
+liveness (seconds from each fault; from its end for a broker restart and a pause)
+{liveness_lines(report["liveness"])}
 restarts          {report["restarts"]} (supervisor; {report["standby_takeovers"]} by the warm standby)
 lost              {report["lost"]}
 duplicated        {report["duplicated"]}

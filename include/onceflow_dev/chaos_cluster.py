@@ -5,14 +5,21 @@ standalone master with two workers; the job runs on the workers in client mode. 
 CHAOS_RECORDS records over CHAOS_SECONDS, a seeded schedule injects:
 
 - kill -9 of the broker that leads the sink's first partition (restarted after a few seconds);
-- kill -9 of the app's transaction coordinator in the middle of a transaction (the job holds a few transactions
-  open for 3 s, below the timeout: the coordinator dies while each is open, and comes back);
+- kill -9 of the app's transaction coordinator in the middle of a transaction (the run arms the job's stall, which
+  holds its next transaction open for 3 s, below the timeout: the coordinator dies while it is open, and comes
+  back; no transaction within 60 s is tried again, three times, then the run fails);
 - one broker down for CHAOS_BROKER_DOWN_S (default 120 s) while the job goes on committing (counted);
 - kill -9 of a Spark worker in the middle of the job (its executor goes with it; tasks are retried on the other);
 - kill -9 of the job's driver (its supervisor restarts it).
 
+Broker faults come one at a time, each after the cluster is fully in sync again: three nodes with min ISR 2
+tolerate one down (onceflow_dev.chaos_plan). CHAOS_DOUBLE_FAULT=1 adds a second node killed inside the outage on
+purpose; the report says so and checks that commits resume once a node is back.
+
 Then the job drains the input and the whole history is verified against the generator's manifest, as `make
-chaos` does (onceflow_dev.chaos.verify): lost 0, duplicated 0, the DLQ complete, I1-I4 exact.
+chaos` does (onceflow_dev.chaos.verify): lost 0, duplicated 0, the DLQ complete, I1-I4 exact. And liveness, per
+fault: the time to the next committed batch and to the lag back at its level, against CHAOS_COMMIT_BOUND_S and
+CHAOS_LAG_BOUND_S. A planned fault that was not injected fails the run, named with its reason.
 """
 
 from __future__ import annotations
@@ -20,17 +27,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onceflow import config, wire
+from onceflow import config, faults, wire
+from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import cluster, topics
+from onceflow.kafka import events as ev
 from onceflow.runtime import jobctl, procs
-from onceflow_dev import broker, chaos, generator, spark_cluster
+from onceflow_dev import broker, chaos, chaos_plan, generator, spark_cluster
 
 log = logging.getLogger("onceflow_dev.chaos")
 
@@ -45,29 +53,45 @@ class ClusterChaosSpec:
     worker_kills: int = field(default_factory=lambda: chaos.env_or("CHAOS_WORKER_KILLS", 2))
     broker_down_s: float = field(default_factory=lambda: chaos.env_or("CHAOS_BROKER_DOWN_S", 120.0))
     seed: int = field(default_factory=lambda: chaos.env_or("CHAOS_SEED", 1))
+    # CHAOS_DOUBLE_FAULT=1: one more node killed inside the outage, on purpose (chaos_plan.DOUBLE_FAULT_NOTE)
+    double_fault: int = field(default_factory=lambda: chaos.env_or("CHAOS_DOUBLE_FAULT", 0))
     # CHAOS_SECURED=1: every node SASL/SCRAM over TLS with ACLs, the job on its least-privileged principal
     secured: int = field(default_factory=lambda: chaos.env_or("CHAOS_SECURED", 0))
     ips: int = 5000
 
 
-def plan(spec: ClusterChaosSpec) -> list[tuple[float, str, float]]:
-    """(seconds from the start, kind, duration), seeded. The long broker outage starts at 20 % of the run; the
-    other faults land between 5 % and 85 %."""
-    rng = random.Random(spec.seed)
-    out = [(rng.uniform(0.05, 0.85) * spec.seconds, "kill_job", 0.0) for _ in range(spec.job_kills)]
-    out += [
-        (rng.uniform(0.05, 0.85) * spec.seconds, "kill_leader", rng.uniform(3, 10)) for _ in range(spec.leader_kills)
-    ]
-    out += [
-        (rng.uniform(0.05, 0.85) * spec.seconds, "kill_worker", rng.uniform(5, 15)) for _ in range(spec.worker_kills)
-    ]
-    out.append((0.2 * spec.seconds, "broker_down", spec.broker_down_s))
-    return sorted(out)
+SETTLE_S = 30.0  # a restarted node's catch-up, planned between broker faults (the run also waits for full ISR)
+IN_SYNC_TIMEOUT_S = 240.0
+COORDINATOR_STALL_S = 3  # a transaction held open this long (below its timeout) for its coordinator to die in it
+TXN_WAIT_S = 60.0  # how long a coordinator kill waits for the transaction it armed, per try
+TXN_TRIES = 3
 
 
-def coordinator_stalls(spec: ClusterChaosSpec) -> list[int]:
-    """The batches whose transaction is held open 3 s (below the timeout) for the coordinator to be killed in it."""
-    return [2 + 3 * i for i in range(spec.coordinator_kills)]
+def plan(spec: ClusterChaosSpec) -> list[chaos_plan.Step]:
+    """The seeded schedule (chaos_plan.cluster_plan): the long outage at 20 % of the run, the other faults between
+    5 % and 85 %, broker faults one at a time."""
+    return chaos_plan.cluster_plan(
+        spec.seed,
+        spec.seconds,
+        spec.job_kills,
+        spec.leader_kills,
+        spec.coordinator_kills,
+        spec.worker_kills,
+        spec.broker_down_s,
+        double_fault=bool(spec.double_fault),
+        settle_s=SETTLE_S,
+    )
+
+
+def fully_in_sync(s: config.Settings) -> bool:
+    """Every partition of every topic (the internal ones too: the transaction state, the group offsets) has all
+    its replicas in sync: the cluster tolerates its next node down."""
+    md = kafka_clients.admin(s).list_topics(timeout=10)
+    if len(md.brokers) < s.brokers:
+        return False
+    return all(
+        set(p.isrs) == set(p.replicas) for t in md.topics.values() if t.error is None for p in t.partitions.values()
+    )
 
 
 def settings_for(var_dir: Path, spec: ClusterChaosSpec) -> config.Settings:
@@ -87,7 +111,6 @@ def settings_for(var_dir: Path, spec: ClusterChaosSpec) -> config.Settings:
         broker_heap="512m",
         kafka_security_protocol="SASL_SSL" if spec.secured else "PLAINTEXT",
     )
-    stall = ",".join(f"stall_in_txn@{b}:3" for b in coordinator_stalls(spec))
     return base.replace(
         app_id="chaos",
         **{
@@ -101,22 +124,136 @@ def settings_for(var_dir: Path, spec: ClusterChaosSpec) -> config.Settings:
         transaction_timeout_ms=30_000,
         restart_attempts=1000,
         restart_delay_s=1.0,
-        fault=stall,
+        # a coordinator kill arms this and waits for the transaction it holds open (onceflow.faults.arm)
+        fault=f"stall_in_txn@armed:{COORDINATOR_STALL_S}",
     )
+
+
+class Runner:
+    """Carries out a plan on the running cluster: each step's fault starts at its time (never before), and what it
+    stopped is started again `duration` later; what happened is recorded (chaos_plan.Outcome)."""
+
+    def __init__(self, s: config.Settings, job: config.Settings, t0: float):
+        self.s, self.job, self.t0 = s, job, t0
+        self.outcome = chaos_plan.Outcome()
+        self.last_kill_ms = 0
+        self.down_windows: list[tuple[int, int]] = []  # the tolerated outage (commits must go on)
+        self.double_windows: list[tuple[int, int]] = []  # the deliberate double fault (commits stall)
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+    def carry_out(self, steps: list[chaos_plan.Step]) -> None:
+        """Each step starts at its time, in order (a step may wait: for full ISR, for a commit, for a transaction);
+        what it stopped is started again by a timer `duration` later, whatever the steps after it are waiting
+        for (a deliberate double fault starts while the outage's node is still down)."""
+        timers: list[threading.Timer] = []
+        for st in steps:
+            time.sleep(max(0.0, st.at - (time.monotonic() - self.t0)))
+            ended = self.start(st)
+            if ended is not None:
+                timer = threading.Timer(st.duration, self.end, args=(st, *ended))
+                timer.start()
+                timers.append(timer)
+            log.info("t=%.0fs %s (%s)", time.monotonic() - self.t0, st.kind, self.outcome.counts())
+        for timer in timers:
+            timer.join()
+
+    def start(self, st: chaos_plan.Step) -> tuple | None:
+        s = self.s
+        if st.kind in chaos_plan.BROKER_FAULTS and not st.deliberate_overlap:
+            try:
+                procs.wait_until(lambda: fully_in_sync(s), IN_SYNC_TIMEOUT_S, interval=2.0, what="full ISR")
+            except TimeoutError:
+                self.outcome.miss(st, f"the cluster was not fully in sync within {IN_SYNC_TIMEOUT_S:.0f} s")
+                return None
+        if st.kind == "kill_job":
+            if not chaos.wait_commit_since(self.job, self.last_kill_ms, 300):
+                self.outcome.miss(st, "no batch committed since the previous job kill within 300 s")
+                return None
+            at = self.now_ms()
+            if not chaos.kill_running_job(self.job, after_ms=self.last_kill_ms):
+                self.outcome.miss(st, "no running job to kill within 300 s")
+                return None
+            self.last_kill_ms = self.now_ms()
+            self.outcome.injected.append(chaos_plan.Injected("kill_job", at, at))
+            return None
+        if st.kind == "kill_worker":
+            i = 1 + self.outcome.counts().get("kill_worker", 0) % 2
+            at = self.now_ms()
+            if not spark_cluster.kill_worker(s, i):
+                self.outcome.miss(st, f"Spark worker {i} was not running")
+                return None
+            return (at, i)
+        if st.kind == "kill_coordinator":
+            return self._kill_coordinator(st)
+        # kill_leader, broker_down: a node, killed now
+        node = 3 if st.kind == "broker_down" else cluster.describe(s)["topics"][s.sink_topic]["0"]["leader"]
+        at = self.now_ms()
+        if node is None or node < 0 or not broker.kill(s, node):
+            self.outcome.miss(st, f"node {node} (the sink's leader) was not running")
+            return None
+        return (at, node)
+
+    def _kill_coordinator(self, st: chaos_plan.Step) -> tuple | None:
+        """Arm the job's stall, wait for the transaction it holds open, kill that transaction's coordinator in it.
+        No transaction in time is a reason to try again, not to skip the fault."""
+        s = self.s
+        marker_dir = s.run_dir / "faults" / s.app_id
+        for _ in range(TXN_TRIES):
+            armed_ms = self.now_ms()
+            faults.arm(marker_dir)
+            if not self._stalled_since(armed_ms):
+                continue
+            node = (cluster.describe(s).get("transaction_coordinator") or {}).get("broker")
+            at = self.now_ms()
+            if node is not None and node >= 0 and broker.kill(s, node):
+                return (at, node)
+        faults.armed_path(marker_dir, "stall_in_txn").unlink(missing_ok=True)
+        self.outcome.miss(st, f"no transaction open within {TXN_WAIT_S:.0f} s, {TXN_TRIES} tries")
+        return None
+
+    def _stalled_since(self, armed_ms: int) -> bool:
+        def held() -> bool:
+            return any(e["ts_ms"] >= armed_ms for e in ev.read(self.s, {wire.FAULT_INJECTED}, since_ms=armed_ms))
+
+        try:
+            procs.wait_until(held, TXN_WAIT_S, interval=0.3, what="an armed transaction")
+            return True
+        except TimeoutError:
+            return False
+
+    def end(self, st: chaos_plan.Step, at: int, target: int) -> None:
+        try:
+            if st.kind == "kill_worker":
+                spark_cluster.start(self.s, workers=2)
+            else:
+                broker.start_node(self.s, target)
+        except Exception as e:  # recorded: the run fails on it
+            log.error("t=%.0fs starting %s %s again failed: %s", time.monotonic() - self.t0, st.kind, target, e)
+            self.outcome.miss(st, f"{st.kind}: starting {target} again failed: {e}")
+            return
+        end = self.now_ms()
+        log.info("t=%.0fs %s over: %s back after %.0f s", time.monotonic() - self.t0, st.kind, target, st.duration)
+        if st.kind == "broker_down":
+            self.down_windows.append((at, end))
+        if st.deliberate_overlap:
+            self.double_windows.append((at, end))
+        self.outcome.injected.append(
+            chaos_plan.Injected(st.kind, at, end, from_end=st.deliberate_overlap, note=st.note)
+        )
 
 
 def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
     s = settings_for(var_dir, spec)
     var_dir.mkdir(parents=True, exist_ok=True)
-    counts = {"kill_job": 0, "kill_leader": 0, "kill_coordinator": 0, "kill_worker": 0, "broker_down": 0}
-    down_windows: list[tuple[int, int]] = []  # (from, to) epoch ms of each long outage
     t0 = time.monotonic()
     manifest = var_dir / "chaos-manifest.csv"
-    stop = threading.Event()
-    lock = threading.Lock()  # one broker fault at a time: two nodes down would stop the cluster (min ISR 2)
+    steps = plan(spec)
     # the job as itself; the producer, the fault plan's lookups and the checks as the admin (on a secured stack; all
     # the same on a plain one)
     job = s
+    sampler = None
     try:
         broker.start(s)
         if spec.secured:
@@ -127,28 +264,6 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
         topics.ensure(s)
         jobctl.start(job)
         jobctl.wait_running(job, timeout=300)
-
-        def coordinator_killer() -> None:
-            seen = 0
-            while not stop.is_set() and seen < len(coordinator_stalls(spec)):
-                stalls = chaos.events_of(s, wire.FAULT_INJECTED)
-                if len(stalls) > seen:
-                    seen = len(stalls)
-                    with lock:
-                        node = (cluster.describe(s).get("transaction_coordinator") or {}).get("broker")
-                        if node and broker.kill(s, node):  # the transaction is open now, held 3 s
-                            counts["kill_coordinator"] += 1
-                            time.sleep(5)
-                            broker.start_node(s, node)
-                            log.info(
-                                "t=%.0fs killed the transaction coordinator (node %s) mid-transaction",
-                                time.monotonic() - t0,
-                                node,
-                            )
-                stop.wait(0.2)
-
-        killer = threading.Thread(target=coordinator_killer, daemon=True)
-        killer.start()
         feeder = threading.Thread(
             target=lambda: generator.generate(
                 s,
@@ -168,60 +283,59 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
             ),
             daemon=True,
         )
+        sampler = chaos.LagSampler(s)
+        sampler.start()
         feeder.start()
-        last_kill_ms = 0
-        for at, kind, dur in plan(spec):
-            time.sleep(max(0.0, at - (time.monotonic() - t0)))
-            if kind == "kill_job":
-                if chaos.kill_running_job(job, after_ms=last_kill_ms):
-                    counts[kind] += 1
-                    last_kill_ms = int(time.time() * 1000)
-            elif kind in ("kill_leader", "broker_down"):
-                with lock:
-                    node = cluster.describe(s)["topics"][s.sink_topic]["0"]["leader"] if kind == "kill_leader" else 3
-                    down_ms = int(time.time() * 1000)
-                    broker.kill(s, node)
-                    time.sleep(dur)
-                    if kind == "broker_down":
-                        down_windows.append((down_ms, int(time.time() * 1000)))
-                    broker.start_node(s, node)
-                    counts[kind] += 1
-            elif kind == "kill_worker":
-                i = 1 + counts[kind] % 2
-                if spark_cluster.kill_worker(s, i):
-                    counts[kind] += 1
-                    time.sleep(dur)
-                    spark_cluster.start(s, workers=2)
-            log.info("t=%.0fs %s (%s)", time.monotonic() - t0, kind, counts)
+        runner = Runner(s, job, t0)
+        runner.carry_out(steps)
         feeder.join(spec.seconds * 3 + 300)
-        stop.set()
-        killer.join(60)
         sent = generator.read_manifest(manifest)
         chaos.wait_drained(s, sent, timeout=max(900.0, spec.seconds))
+        lag = sampler.stop()
         jobctl.stop(job)
         report = chaos.verify(s, sent)
-        commits = [e["ts_ms"] for e in chaos.events_of(s, wire.BATCH_COMMITTED)]
-        down_commits = [sum(1 for t in commits if a <= t <= b) for a, b in down_windows]
+        commits = chaos.commit_times(s)
+        outcome = runner.outcome
+        live = chaos_plan.liveness(
+            outcome.injected, commits, lag, chaos.bounds(), lag_slack=int(5 * spec.records / spec.seconds)
+        )
+
+        def committed_in(windows: list[tuple[int, int]]) -> list[int]:
+            return [sum(1 for t in commits if a <= t <= b) for a, b in windows]
+
         report |= {
             "topology": "3 KRaft nodes (RF 3, min ISR 2), Spark master + 2 workers",
-            "faults": counts,
-            "batches_committed_while_a_broker_was_down": down_commits,
+            "plan": [vars(st) for st in steps],
+            "faults": outcome.counts(),
+            "missed": outcome.missed,
+            "liveness": live,
+            "batches_committed_while_a_broker_was_down": committed_in(runner.down_windows),
+            "double_fault": [
+                {"window_ms": w, "committed_during": n, "why": chaos_plan.DOUBLE_FAULT_NOTE}
+                for w, n in zip(runner.double_windows, committed_in(runner.double_windows), strict=True)
+            ],
             "restarts": len(chaos.events_of(s, wire.SUPERVISOR_RESTART)),
             "transaction_timeouts": len(chaos.events_of(s, wire.TRANSACTION_TIMEOUT)),
             "wall_s": round(time.monotonic() - t0, 1),
             "seed": spec.seed,
             "secured": bool(spec.secured),
         }
+        # the outage is tolerated (one node of three): commits go on through it, except while the deliberate
+        # double fault has a second node down
+        outage_ok = all(n > 0 for n in report["batches_committed_while_a_broker_was_down"]) or bool(spec.double_fault)
         report["ok"] = (
             report["lost"] == 0
             and report["duplicated"] == 0
             and report["dlq_complete"]
             and report["invariants_ok"]
-            and all(n > 0 for n in down_commits)
+            and outage_ok
+            and not outcome.missed
+            and not live["violations"]
         )
         return report
     finally:
-        stop.set()
+        if sampler is not None:
+            sampler.stopping.set()
         jobctl.stop(job, timeout=30)
         spark_cluster.stop(s)
         broker.stop(s)
@@ -235,8 +349,10 @@ def main() -> int:
     print(f"""
 topology          {report["topology"]}{"; SASL/SCRAM over TLS, ACLs, the job as its own principal" if report["secured"] else ""}
 records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late)
-faults injected   {report["faults"]}
+faults injected   {report["faults"]}; not injected: {report["missed"] or "none"}
 while a broker was down for minutes: {report["batches_committed_while_a_broker_was_down"]} batches committed
+{"".join(f"double fault      {d['committed_during']} batches committed while two nodes were down ({d['why']})" + chr(10) for d in report["double_fault"])}liveness (seconds from each fault)
+{chaos.liveness_lines(report["liveness"])}
 restarts          {report["restarts"]} (supervisor); transaction timeouts {report["transaction_timeouts"]}
 lost              {report["lost"]}
 duplicated        {report["duplicated"]}

@@ -34,6 +34,7 @@ from onceflow.kafka import topics
 from onceflow.operations import audit, recon_chain
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import airflow_local, broker, chaos, generator
+from onceflow_dev.chaos_plan import Injected
 from onceflow_dev.webhook_receiver import Receiver
 
 log = logging.getLogger("onceflow_dev.soak")
@@ -55,14 +56,6 @@ class SoakSpec:
     reconcile_interval_minutes: float = 2.0
 
 
-@dataclass(frozen=True)
-class Fault:
-    kind: str
-    start_ms: int
-    end_ms: int
-    detail: str = ""
-
-
 def plan(spec: SoakSpec) -> list[tuple[float, str, float]]:
     """(seconds from the start, kind, duration), seeded; faults between 10 % and 80 % of the run."""
     rng = random.Random(spec.seed)
@@ -75,7 +68,7 @@ def plan(spec: SoakSpec) -> list[tuple[float, str, float]]:
     return sorted(out)
 
 
-def explained(run: dict, faults: list[Fault], grace_ms: int) -> Fault | None:
+def explained(run: dict, faults: list[Injected], grace_ms: int) -> Injected | None:
     """The injected fault a failed DAG run overlaps (from its start to its end, the fault widened by the grace)."""
     start = _ms(run.get("start_date") or run.get("run_after"))
     end = _ms(run.get("end_date") or run.get("run_after"))
@@ -144,7 +137,7 @@ def run(spec: SoakSpec, var_dir) -> dict:
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(procs.free_port()),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(procs.free_port()),
     }
-    faults: list[Fault] = []
+    faults: list[Injected] = []
     manifest = var_dir / "soak-manifest.csv"
     t0 = time.monotonic()
     broker.start(base)
@@ -198,13 +191,15 @@ def run(spec: SoakSpec, var_dir) -> dict:
                 if jobctl.kill(s, with_supervisor=whole_tree) is None:
                     continue
                 faults.append(
-                    Fault(kind, start_ms, int(time.time() * 1000), "job and supervisor" if whole_tree else "job")
+                    Injected(
+                        kind, start_ms, int(time.time() * 1000), note="job and supervisor" if whole_tree else "job"
+                    )
                 )
             elif kind == "restart_broker":
                 broker.kill(base)
                 time.sleep(dur)
                 broker.start(base)
-                faults.append(Fault(kind, start_ms, int(time.time() * 1000), f"down {dur:.0f} s"))
+                faults.append(Injected(kind, start_ms, int(time.time() * 1000), note=f"down {dur:.0f} s"))
             elif kind == "pause_driver":
                 pid = (ev.read_status(s.status_file) or {}).get("pid")
                 if not (pid and procs.pid_alive(pid)):
@@ -212,8 +207,8 @@ def run(spec: SoakSpec, var_dir) -> dict:
                 os.kill(pid, signal.SIGSTOP)
                 time.sleep(dur)
                 os.kill(pid, signal.SIGCONT)
-                faults.append(Fault(kind, start_ms, int(time.time() * 1000), f"{dur:.0f} s"))
-            log.info("t=%.0fs %s %s", time.monotonic() - t0, kind, faults[-1].detail)
+                faults.append(Injected(kind, start_ms, int(time.time() * 1000), note=f"{dur:.0f} s"))
+            log.info("t=%.0fs %s %s", time.monotonic() - t0, kind, faults[-1].note)
         feeder.join(spec.seconds * 2 + 600)
         sent = generator.read_manifest(manifest)
         chaos.wait_drained(s, sent, timeout=max(900.0, spec.seconds / 2))
@@ -237,7 +232,7 @@ def run(spec: SoakSpec, var_dir) -> dict:
         receiver.close()
 
 
-def judge(s, spec: SoakSpec, runs: dict[str, list[dict]], faults: list[Fault], sent, last_batch: int) -> dict:
+def judge(s, spec: SoakSpec, runs: dict[str, list[dict]], faults: list[Injected], sent, last_batch: int) -> dict:
     grace_ms = int(spec.grace_s * 1000)
     dag_report, unexplained = {}, []
     for dag_id, rs in runs.items():

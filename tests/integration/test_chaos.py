@@ -1,5 +1,6 @@
 """The short variant of `make chaos`: its own broker (it is killed and restarted), fewer faults, less data; the
-same exact verification (nothing lost, nothing duplicated, the DLQ complete, reconciliation green)."""
+same exact verification (nothing lost, nothing duplicated, the DLQ complete, reconciliation green) and the same
+liveness figures and bounds (every planned fault injected; after each, a commit and the lag back in bound)."""
 
 import pytest
 
@@ -17,3 +18,8 @@ def test_short_chaos_run_loses_nothing_and_duplicates_nothing(tmp_path):
     assert rep["transaction_timeouts"] >= 1 and rep["restarts"] >= 3  # the timeout and both kills
     assert rep["standby_takeovers"] >= 1  # kills that landed on a warm standby (ChaosSpec.standby)
     assert set(rep["reconciliation"].values()) == {"pass"}
+    # liveness as figures: every fault was followed by a commit and the lag back at its level, within the bounds
+    live = rep["liveness"]
+    assert rep["missed"] == [] and live["violations"] == [], (rep["missed"], live["violations"])
+    assert len(live["faults"]) == 5 and all(f["to_commit_s"] is not None for f in live["faults"]), live["faults"]
+    assert set(live["by_kind"]) == {"kill_job", "restart_broker", "pause_driver", "stall_in_txn"}

@@ -80,6 +80,22 @@ def test_fault_fires_once(tmp_path):
     assert len(fired) == 1
 
 
+def test_an_armed_fault_fires_once_per_arming_at_the_batch_that_meets_it(tmp_path):
+    fired = []
+    inj = faults.Injector("stall_in_txn@armed:0.01", tmp_path, on_fire=fired.append)
+    inj.hit("stall_in_txn", 5)  # not armed: nothing
+    faults.arm(tmp_path)
+    inj.hit("crash_after_commit", 6)  # another point does not take the arming
+    inj.hit("stall_in_txn", 6)
+    inj.hit("stall_in_txn", 7)
+    assert [f.name for f in fired] == ["stall_in_txn@6"]
+    faults.arm(tmp_path)
+    inj.hit("stall_in_txn", 9)
+    assert [f.name for f in fired] == ["stall_in_txn@6", "stall_in_txn@9"]
+    with pytest.raises(faults.FaultSpecError, match="only stall_in_txn"):
+        faults.parse("crash_after_commit@armed")
+
+
 def test_a_multi_node_stack_names_every_node_and_replicates_three_ways():
     s = config.load(env={"ONCEFLOW_BROKERS": "3"})
     assert s.bootstrap_servers == "127.0.0.1:9092,127.0.0.1:9102,127.0.0.1:9112"

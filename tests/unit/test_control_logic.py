@@ -219,6 +219,9 @@ def test_everything_late_and_a_watermark_off_the_clock_alert():
     assert [c.key for c in late] == ["health:a:late"] and "90%" in late[0].summary
     ahead = health.assess(record(ts_ms=now, watermark_ms=now + 365 * 86_400_000), s)
     assert [c.key for c in ahead] == ["health:a:watermark_ahead"]
+    # what it advises can work: a restore inherits the jump (review N-1); a backfill or a new app id does not
+    assert "backfill" in ahead[0].action and "new app id" in ahead[0].action
+    assert "restore a savepoint" not in ahead[0].action
     assert health.assess(record(ts_ms=now, watermark_ms=now + 60_000), s) == []  # within the allowed skew
     behind = health.assess(record(ts_ms=now, watermark_ms=now - 2 * 3600_000), s)
     assert [c.key for c in behind] == ["health:a:event_time_lag"] and behind[0].severity == alerts.WARNING

@@ -7,8 +7,8 @@ from onceflow_dev import soak
 def test_a_failed_run_is_explained_only_by_a_fault_it_overlaps():
     t0 = soak._ms("2026-11-23T00:00:00Z")
     faults = [
-        soak.Fault("restart_broker", t0 + 100_000, t0 + 110_000),
-        soak.Fault("kill_job", t0 + 500_000, t0 + 500_100),
+        soak.Injected("restart_broker", t0 + 100_000, t0 + 110_000),
+        soak.Injected("kill_job", t0 + 500_000, t0 + 500_100),
     ]
 
     def iso(ms):

@@ -294,8 +294,12 @@ def _event_time(rec: HealthRecord, settings: Settings, now_ms: int) -> list[aler
                     alerts.CRITICAL,
                     f"the watermark is {ahead_ms / 1000:.0f} s ahead of wall-clock time (allowed {allowed_ms / 1000:.0f} "
                     f"s): every record with a correct clock is dropped as late",
-                    "a producer stamps records (Kafka timestamp and event time alike) with a clock ahead: fix it; "
-                    "then restore a savepoint taken before the jump (docs/savepoints.md)",
+                    "a producer stamps records with a clock ahead (Kafka timestamp and event time alike: a source "
+                    "topic on CreateTime cannot tell; the platform creates its sources on LogAppendTime): fix its "
+                    "clock. A watermark never moves back without emitting windows twice, and a savepoint restore "
+                    "does not undo the jump (its catch-up batch re-reads the jumped records). The records dropped "
+                    "since are in the source: recount their range with a backfill (docs/backfill.md), or start "
+                    "the stream again under a new app id (docs/operations.md#event-time-and-bad-clocks)",
                     {"ahead_ms": ahead_ms},
                 )
             )

@@ -19,6 +19,7 @@ from onceflow.control import alerts
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
+from onceflow.protocol.exactly_once import timeout_advice
 from onceflow.rules import names
 
 
@@ -158,7 +159,7 @@ def event_conditions(events: list[dict]) -> list[alerts.Condition]:
                     summary=f"transaction of {e.get('transactional_id')} (batch {e.get('batch')}) was aborted by the "
                     f"coordinator after {e.get('elapsed_ms')} ms (timeout {e.get('timeout_ms')} ms); the job "
                     f"restarts and replays the batch",
-                    action=e.get("action", "raise ONCEFLOW_TRANSACTION_TIMEOUT_MS or make batches smaller"),
+                    action=e.get("action", timeout_advice()),
                     details=e,
                 )
             )

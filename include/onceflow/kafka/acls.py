@@ -98,6 +98,7 @@ def required(settings: Settings, role: str) -> list[Acl]:
             # deploy's preflight: a batch committed recently by a driver elsewhere is another live instance
             topic(s.job_events_topic, "READ"),
             topic(s.dlq_topic, "DESCRIBE_CONFIGS"),  # preflight: a DLQ copy fits the topic's record limit
+            topic(s.source_topic, "DESCRIBE_CONFIGS"),  # preflight: who stamps the source's records
             group(names.group_id(app)),
             group(names.ledger_group(app)),
             *reader,

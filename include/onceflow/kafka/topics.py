@@ -28,7 +28,14 @@ def specs(settings: Settings) -> list[TopicSpec]:
         "unclean.leader.election.enable": "false",
     }
     return [
-        TopicSpec(settings.source_topic, settings.source_partitions, {**common, "retention.ms": WEEK_MS}),
+        # Stamped by the broker: the skew rule judges event times against the broker's clock, not the producer's
+        # (a producer whose clock runs ahead would otherwise pass its own records); the stamp is stored, so
+        # replays, backfills and reconciliation judge alike (docs/operations.md).
+        TopicSpec(
+            settings.source_topic,
+            settings.source_partitions,
+            {**common, "retention.ms": WEEK_MS, "message.timestamp.type": "LogAppendTime"},
+        ),
         TopicSpec(settings.sink_topic, settings.sink_partitions, {**common, "retention.ms": WEEK_MS}),
         # DLQ and ledger are the audit trail: kept until an operator decides otherwise.
         TopicSpec(settings.dlq_topic, 1, {**common, "retention.ms": KEEP_FOREVER}),

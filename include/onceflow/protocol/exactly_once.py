@@ -304,9 +304,7 @@ class ExactlyOnceSink:
                 timeout_ms=self.timeout_ms,
                 transactional_id=self.s.transactional_id,
                 error=str(e),
-                action="the batch is replayed after the restart; if this repeats, raise "
-                "ONCEFLOW_TRANSACTION_TIMEOUT_MS or make batches smaller "
-                "(ONCEFLOW_MAX_OFFSETS_PER_TRIGGER)",
+                action=timeout_advice(elapsed_ms),
             )
             raise TransactionTimedOut(
                 f"transaction aborted by the coordinator after {elapsed_ms:.0f} ms (timeout {self.timeout_ms} ms): {e}"
@@ -390,6 +388,18 @@ class ExactlyOnceSink:
 
 class TransactionConfigError(OnceflowError):
     pass
+
+
+def timeout_advice(elapsed_ms: float | None = None) -> str:
+    """What to do about a transaction the coordinator aborted. The batch is replayed with the range Spark planned
+    for it, so only a longer timeout gets it through: a smaller ONCEFLOW_MAX_OFFSETS_PER_TRIGGER sizes batches not
+    yet planned, never this one."""
+    above = f" above the {elapsed_ms:.0f} ms this one took" if elapsed_ms is not None else ""
+    return (
+        f"the batch is replayed with the same range after the restart and times out again until the timeout covers "
+        f"it: raise ONCEFLOW_TRANSACTION_TIMEOUT_MS{above} (at most the broker's transaction.max.timeout.ms) and "
+        f"restart the job"
+    )
 
 
 def config_error(e: tw.TxnConfigError, timeout_ms: int) -> TransactionConfigError:

@@ -13,7 +13,6 @@ tells the supervisor what to do (onceflow.wire.NO_RESTART).
 from __future__ import annotations
 
 import fcntl
-import itertools
 import logging
 import os
 import signal
@@ -21,7 +20,6 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -167,23 +165,23 @@ class BatchWriter:
             decision = self.sink.decide(plan)
             self.batches[batch_id] = {"ledger_batch": plan.batch, "epoch": plan.epoch, "decision": decision.value}
             t1 = time.monotonic()
-            rows: Iterable[OutRecord]
             if decision is Decision.WRITE:
-                # Streamed into the transaction a partition at a time (the next one computed meanwhile): the driver
-                # never holds the batch's whole output, however many windows close in it (partition_stream, not
-                # toLocalIterator, which keeps every served partition in the driver JVM), moved as Arrow batches
-                # (4 to 9 times the rows/s of pickled Rows, docs/performance.md). The first row is taken before the
-                # transaction opens: the batch's heavy stage (read, parse, shuffle) runs outside it.
-                stream = (OutRecord(*r) for r in partition_stream.tuples(df))
-                first = next(stream, None)
-                rows = itertools.chain([first], stream) if first is not None else iter(())
+                # The batch's output is computed and stored by Spark first (read, parse, shuffle, the DLQ branch),
+                # then streamed into the transaction a partition at a time: only producing runs inside it (a
+                # timed-out batch is replayed with the same range, so compute inside it would time out again on
+                # every replay), and the driver never holds the batch's whole output, however many windows close
+                # in it (partition_stream, not toLocalIterator, which keeps every served partition in the driver
+                # JVM), moved as Arrow batches (4 to 9 times the rows/s of pickled Rows, docs/performance.md).
+                with partition_stream.materialised(df):
+                    t2 = time.monotonic()
+                    rows = (OutRecord(*r) for r in partition_stream.tuples(df))
+                    outcome = self.sink.write_batch(plan, rows, decision)
             else:  # committed already: run the batch only to advance Spark's state store
                 df.write.format("noop").mode("overwrite").save()
-                rows = []
-            t2 = time.monotonic()
-            outcome = self.sink.write_batch(plan, rows, decision)
+                t2 = time.monotonic()
+                outcome = self.sink.write_batch(plan, [], decision)
             self.last_written = batch_id
-            # compute and produce overlap now (the output is streamed): "txn_ms" is both, from the first row
+            # compute_ms: the batch computed and stored; txn_ms: producing it and committing
             timings = {
                 "decide_ms": round((t1 - t0) * 1000),
                 "compute_ms": round((t2 - t1) * 1000),
@@ -285,8 +283,9 @@ def warm_up(
     frame = app_plan.output(settings.declared_app().transform, app_plan.source(spark, sized, starting), settings)
 
     def drain(df, _batch_id: int) -> None:
-        for _ in partition_stream.tuples(df):
-            pass
+        with partition_stream.materialised(df):
+            for _ in partition_stream.tuples(df):
+                pass
 
     query = (
         frame.writeStream.foreachBatch(drain)
@@ -334,6 +333,10 @@ def run(settings: config.Settings) -> int:
         t_start = time.monotonic()
         app = settings.declared_app()
         info = preflight.check_job(settings)
+        if info["source_timestamp_type"] != "LogAppendTime":
+            log.warning(
+                preflight.CREATE_TIME_ADVICE.format(topic=settings.source_topic, servers=settings.bootstrap_servers)
+            )
         t_preflight = time.monotonic()
         # a standby's predecessor has just died: the kernel releases its lock as it exits
         InstanceLock.acquire(settings, wait_s=10.0 if spark is not None else 0.0)

@@ -7,6 +7,7 @@ downloads and copies nothing.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import re
@@ -36,12 +37,28 @@ def maven(pom: Path, *goals: str, timeout: float = 1800) -> subprocess.Completed
 
 
 def resolve(name: str, settings: Settings) -> Path:
-    """Return the directory holding the resolved jars of `jvm/<name>/pom.xml`."""
+    """Return the directory holding the resolved jars of `jvm/<name>/pom.xml`. Processes resolving the same set at
+    once (two test workers, a CLI command beside the job on a fresh machine) take turns: the first resolves, the
+    others find its stamp."""
     pom = POM_DIR / name / "pom.xml"
     out = settings.jvm_dir / name
-    stamp = out / ".pom.sha256"
-    if stamp.exists() and stamp.read_text() == _stamp(pom) and any(out.glob("*.jar")):
+    if _resolved(pom, out):
         return out
+    settings.jvm_dir.mkdir(parents=True, exist_ok=True)
+    with open(settings.jvm_dir / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if _resolved(pom, out):
+            return out
+        return _resolve(name, pom, out)
+
+
+def _resolved(pom: Path, out: Path) -> bool:
+    stamp = out / ".pom.sha256"
+    return stamp.exists() and stamp.read_text() == _stamp(pom) and any(out.glob("*.jar"))
+
+
+def _resolve(name: str, pom: Path, out: Path) -> Path:
+    stamp = out / ".pom.sha256"
     if shutil.which("mvn") is None:
         raise JvmResolveError("Maven (mvn) is needed to fetch the JVM artifacts: apt-get install maven")
     tmp = out.with_name(name + ".tmp")

@@ -161,6 +161,24 @@ def dlq_fits(settings: Settings, timeout: float = 10.0) -> None:
         )
 
 
+def source_timestamp_type(settings: Settings, timeout: float = 10.0) -> str:
+    """How the source topic stamps its records: `LogAppendTime` (the broker's clock; the platform creates its
+    source topics so) or `CreateTime` (each producer's own clock). The skew rule judges an event time against this
+    timestamp, so on CreateTime a producer whose clock runs ahead stamps both alike and passes it (docs/operations.md)."""
+    admin = kafka_clients.admin(settings)  # held: a collected client fails its pending futures
+    res = ConfigResource(ResourceType.TOPIC, settings.source_topic)
+    return str(admin.describe_configs([res])[res].result(timeout)["message.timestamp.type"].value)
+
+
+CREATE_TIME_ADVICE = (
+    "the source topic {topic} keeps its producers' timestamps (message.timestamp.type=CreateTime): a producer "
+    "whose clock runs ahead stamps its records and their event times alike, the skew rule cannot see it, and its "
+    "records move the watermark ahead of every honest one. Judge them against the broker's clock: "
+    "kafka-configs.sh --bootstrap-server {servers} --alter --entity-type topics --entity-name {topic} "
+    "--add-config message.timestamp.type=LogAppendTime (docs/operations.md)"
+)
+
+
 def check_job(settings: Settings) -> dict:
     """Everything the streaming job needs before it may start; raises PreflightError/ConfigError."""
     broker_reachable(settings)
@@ -171,7 +189,7 @@ def check_job(settings: Settings) -> dict:
     dlq_fits(settings)
     broker_max = broker_transaction_max_timeout_ms(settings)
     check_transaction_timeout(settings.transaction_timeout_ms, broker_max)
-    return {"broker_transaction_max_timeout_ms": broker_max}
+    return {"broker_transaction_max_timeout_ms": broker_max, "source_timestamp_type": source_timestamp_type(settings)}
 
 
 __all__ = ["PreflightError", "BrokerUnreachable", "ConfigError", "check_job", "broker_reachable"]

@@ -12,7 +12,25 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
+
+
+@contextmanager
+def materialised(df: Any) -> Iterator[int]:
+    """Compute every partition of `df` now, into the executors' block stores (memory, spilling to disk), and yield
+    its row count; streaming it afterwards (`tuples`, `rows`) only reads the stored partitions. The exactly-once
+    writer opens its transaction inside this block, so that the batch's compute (read, parse, shuffle, both
+    branches of a union) runs before the transaction and only producing runs against its timeout. A lost block
+    (a worker gone) is recomputed from the lineage, as any Spark task is. The blocks are dropped when the block
+    ends."""
+    from pyspark import StorageLevel
+
+    df.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        yield df.count()
+    finally:
+        df.unpersist(blocking=False)
 
 
 def rows(df: Any) -> Iterator[Any]:

@@ -1,0 +1,203 @@
+"""The chaos runs' pure parts: a fault plan within what the topology tolerates, and liveness as figures.
+
+A run is only a proof of liveness if its verdict does not depend on the seed. So:
+- broker faults never overlap: each one's node must be back and caught up before the next (the runner also waits
+  for every partition to be fully in sync); a topology of three nodes with min ISR 2 tolerates one node down, and
+  a second one down is a deliberate step of its own, which says so (`Step.note`), never an accident of the seed;
+- every planned step is injected, or the run fails and names the step and why (`Outcome.missed`);
+- liveness is measured per fault: the time to the next committed batch and the time until the lag is back at its
+  level before the fault, each against a stated bound (`Bounds`), with the median and the worst per kind.
+
+Everything here is pure (no broker, no clock): `onceflow_dev.chaos` and `onceflow_dev.chaos_cluster` run it.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+# the faults that take a broker node down (its partitions lose a replica until it is back and caught up)
+BROKER_FAULTS = frozenset({"kill_leader", "kill_coordinator", "broker_down", "restart_broker"})
+# the faults the platform must ride through while they last: the committed batches go on (or resume within the
+# bound) from the moment they start. The others stop the job's progress by their nature (a paused driver, every
+# replica of a partition gone): their figures run from the moment they end.
+DOUBLE_FAULT_NOTE = (
+    "deliberate double fault: a second node killed inside the outage, so two of three are down and min ISR 2 "
+    "refuses every write until one is back; commits stall, by design, and must resume once a node is back"
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    at: float  # seconds from the run's start
+    kind: str
+    duration: float = 0.0  # how long what it stops stays stopped
+    note: str = ""  # why this step overlaps another, when that is its point
+
+    @property
+    def deliberate_overlap(self) -> bool:
+        return bool(self.note)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What liveness means for a run, in seconds: a fault is followed by a committed batch within `commit_s`, and
+    the lag is back at its level before the fault within `lag_s`."""
+
+    commit_s: float = 120.0
+    lag_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Injected:
+    """A fault as it happened: when it began and when what it stopped was started again (epoch ms)."""
+
+    kind: str
+    start_ms: int
+    end_ms: int
+    from_end: bool = False  # figures run from its end (a fault that stops progress by its nature)
+    note: str = ""
+
+    @property
+    def from_ms(self) -> int:
+        return self.end_ms if self.from_end else self.start_ms
+
+
+@dataclass
+class Outcome:
+    """What a run's faults did: each injected one with its figures, each planned one that was not, and why."""
+
+    injected: list[Injected] = field(default_factory=list)
+    missed: list[dict[str, Any]] = field(default_factory=list)
+
+    def miss(self, step: Step, why: str) -> None:
+        self.missed.append({"at_s": round(step.at, 1), "kind": step.kind, "why": why})
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for f in self.injected:
+            out[f.kind] = out.get(f.kind, 0) + 1
+        return out
+
+
+def spread(rng: random.Random, n: int, lo: float, hi: float, seconds: float) -> list[float]:
+    return [rng.uniform(lo, hi) * seconds for _ in range(n)]
+
+
+def serialise(steps: list[Step], settle_s: float) -> list[Step]:
+    """Broker faults one after another: a broker fault that would start while another one's node is down, or
+    within `settle_s` of its return (catching up), moves to after that. Steps with a note (a deliberate overlap)
+    stay where they are. Other kinds are left alone."""
+    out: list[Step] = []
+    busy_until = float("-inf")
+    for st in sorted(steps, key=lambda x: x.at):
+        if st.kind in BROKER_FAULTS and not st.deliberate_overlap:
+            if st.at < busy_until:
+                st = Step(busy_until, st.kind, st.duration, st.note)
+            busy_until = st.at + st.duration + settle_s
+        out.append(st)
+    return sorted(out, key=lambda x: x.at)
+
+
+def cluster_plan(
+    seed: int,
+    seconds: float,
+    job_kills: int,
+    leader_kills: int,
+    coordinator_kills: int,
+    worker_kills: int,
+    broker_down_s: float,
+    double_fault: bool = False,
+    settle_s: float = 30.0,
+) -> list[Step]:
+    """The cluster run's schedule. The long outage starts at 20 % of the run; the other faults land between 5 % and
+    85 %, the broker faults serialised around it. With `double_fault`, one more node is killed a third of the way
+    into the outage, for 20 s."""
+    rng = random.Random(seed)
+    steps = [Step(t, "kill_job") for t in spread(rng, job_kills, 0.05, 0.85, seconds)]
+    steps += [Step(t, "kill_leader", rng.uniform(3, 10)) for t in spread(rng, leader_kills, 0.05, 0.85, seconds)]
+    steps += [Step(t, "kill_coordinator", 5.0) for t in spread(rng, coordinator_kills, 0.05, 0.85, seconds)]
+    steps += [Step(t, "kill_worker", rng.uniform(5, 15)) for t in spread(rng, worker_kills, 0.05, 0.85, seconds)]
+    outage = Step(0.2 * seconds, "broker_down", broker_down_s)
+    steps.append(outage)
+    if double_fault:
+        steps.append(Step(outage.at + broker_down_s / 3, "kill_leader", 20.0, DOUBLE_FAULT_NOTE))
+    return serialise(steps, settle_s)
+
+
+def single_node_plan(
+    seed: int, seconds: float, job_kills: int, broker_restarts: int, pauses: int, settle_s: float = 15.0
+) -> list[Step]:
+    """The one-node run's schedule: faults between 5 % and 85 % of the run (the rest is a job left alone), broker
+    restarts one at a time."""
+    rng = random.Random(seed)
+    steps = [Step(t, "kill_job") for t in spread(rng, job_kills, 0.05, 0.85, seconds)]
+    steps += [Step(t, "restart_broker", rng.uniform(2, 8)) for t in spread(rng, broker_restarts, 0.1, 0.8, seconds)]
+    steps += [Step(t, "pause_driver", rng.uniform(2, 12)) for t in spread(rng, pauses, 0.05, 0.85, seconds)]
+    return serialise(steps, settle_s)
+
+
+def lag_at(samples: list[tuple[int, int]], ms: int) -> int | None:
+    """The last lag sample at or before `ms` (samples are (epoch ms, lag) in time order)."""
+    before = [lag for t, lag in samples if t <= ms]
+    return before[-1] if before else None
+
+
+def liveness(
+    injected: list[Injected], commits_ms: list[int], lag: list[tuple[int, int]], bounds: Bounds, lag_slack: int
+) -> dict[str, Any]:
+    """Per fault: seconds from it (its start, or its end for a fault that stops progress by its nature) to the next
+    committed batch, and to the lag back at its level before the fault (plus `lag_slack` records: a batch's worth
+    of the input's pace, the lag's own noise). A figure that is missing (no commit, lag never back) or over its
+    bound is a violation. Per kind: the median and the worst of each figure."""
+    commits = sorted(commits_ms)
+    samples = sorted(lag)
+    faults: list[dict[str, Any]] = []
+    violations: list[str] = []
+    for f in sorted(injected, key=lambda x: x.start_ms):
+        nxt = next((c for c in commits if c > f.from_ms), None)
+        to_commit = None if nxt is None else (nxt - f.from_ms) / 1000
+        before = lag_at(samples, f.start_ms)
+        to_lag = None
+        if before is not None:
+            level = before + lag_slack
+            back = next((t for t, n in samples if t > f.from_ms and n <= level), None)
+            to_lag = None if back is None else (back - f.from_ms) / 1000
+        row = {
+            "kind": f.kind,
+            "at_ms": f.start_ms,
+            "down_s": round((f.end_ms - f.start_ms) / 1000, 1),
+            "measured_from": "end" if f.from_end else "start",
+            "to_commit_s": None if to_commit is None else round(to_commit, 1),
+            "lag_before": before,
+            "to_lag_s": None if to_lag is None else round(to_lag, 1),
+        }
+        if f.note:
+            row["note"] = f.note
+        faults.append(row)
+        what = f"{f.kind} at {f.start_ms}"
+        if to_commit is None or to_commit > bounds.commit_s:
+            violations.append(f"{what}: no committed batch within {bounds.commit_s:.0f} s (got {row['to_commit_s']})")
+        if before is not None and (to_lag is None or to_lag > bounds.lag_s):
+            violations.append(f"{what}: lag not back at {before} (+{lag_slack}) within {bounds.lag_s:.0f} s")
+    by_kind: dict[str, dict[str, Any]] = {}
+    for kind in sorted({str(r["kind"]) for r in faults}):
+        rows = [r for r in faults if r["kind"] == kind]
+        by_kind[kind] = {"n": len(rows), **_spread("to_commit_s", rows), **_spread("to_lag_s", rows)}
+    return {
+        "bounds": {"commit_s": bounds.commit_s, "lag_s": bounds.lag_s, "lag_slack": lag_slack},
+        "faults": faults,
+        "by_kind": by_kind,
+        "violations": violations,
+    }
+
+
+def _spread(key: str, rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    vals = [r[key] for r in rows if r[key] is not None]
+    name = key.removesuffix("_s")
+    return {
+        f"{name}_median_s": round(statistics.median(vals), 1) if vals else None,
+        f"{name}_worst_s": max(vals) if vals else None,
+    }

@@ -1,0 +1,101 @@
+"""The chaos runs' fault plan and liveness figures (onceflow_dev.chaos_plan), without a broker."""
+
+from onceflow_dev import chaos_plan as cp
+from onceflow_dev.chaos_plan import Bounds, Injected, Step
+
+
+def _overlaps(steps: list[Step], settle_s: float) -> list[tuple[Step, Step]]:
+    broker = [s for s in steps if s.kind in cp.BROKER_FAULTS and not s.deliberate_overlap]
+    return [(a, b) for a, b in zip(broker, broker[1:], strict=False) if b.at < a.at + a.duration + settle_s]
+
+
+def test_no_seed_plans_two_broker_faults_at_once():
+    """The seed decides when faults land, never whether the cluster can stay writable: seed 4711 put a leader kill
+    inside the 120 s outage (two of three nodes down, min ISR 2: no commit possible)."""
+    for seed in range(200):
+        steps = cp.cluster_plan(seed, 600, 5, 3, 2, 2, 120.0, settle_s=30.0)
+        assert not _overlaps(steps, 30.0), seed
+        kinds = [s.kind for s in steps]
+        assert (kinds.count("kill_job"), kinds.count("kill_leader"), kinds.count("kill_coordinator")) == (5, 3, 2)
+        assert kinds.count("kill_worker") == 2 and kinds.count("broker_down") == 1
+        assert not any(s.note for s in steps)
+    one = cp.single_node_plan(4711, 600, 20, 3, 3)
+    assert not _overlaps(one, 15.0) and len(one) == 26
+
+
+def test_the_double_fault_is_a_step_of_its_own_and_says_so():
+    steps = cp.cluster_plan(4711, 600, 5, 3, 2, 2, 120.0, double_fault=True)
+    outage = next(s for s in steps if s.kind == "broker_down")
+    double = [s for s in steps if s.deliberate_overlap]
+    assert len(double) == 1 and double[0].kind == "kill_leader"
+    assert outage.at < double[0].at < outage.at + outage.duration  # inside the outage, on purpose
+    assert "two of three are down" in double[0].note and "resume once a node is back" in double[0].note
+    assert not _overlaps(steps, 30.0)  # every other broker fault still one at a time
+
+
+def test_serialise_moves_a_broker_fault_past_the_previous_ones_return():
+    got = cp.serialise([Step(100, "broker_down", 120), Step(150, "kill_leader", 5), Step(160, "kill_job")], 30)
+    assert [(s.at, s.kind) for s in got] == [(100, "broker_down"), (160, "kill_job"), (250, "kill_leader")]
+
+
+def test_liveness_figures_per_fault_and_per_kind():
+    s = 1000  # ms
+    lag = [(t * s, n) for t, n in [(0, 100), (10, 100), (11, 900), (20, 2000), (40, 500), (45, 120), (60, 90)]]
+    commits = [5 * s, 9 * s, 31 * s, 50 * s]
+    job = Injected("kill_job", 10 * s, 10 * s)
+    pause = Injected("pause_driver", 46 * s, 48 * s, from_end=True)
+    out = cp.liveness([job, pause], commits, lag, Bounds(commit_s=30, lag_s=40), lag_slack=50)
+    first, second = out["faults"]
+    assert (first["to_commit_s"], first["lag_before"], first["to_lag_s"]) == (21.0, 100, 35.0)
+    # the pause is measured from its end: the next commit 2 s later, the lag already back
+    assert (second["measured_from"], second["to_commit_s"], second["lag_before"], second["to_lag_s"]) == (
+        "end",
+        2.0,
+        120,
+        12.0,
+    )
+    assert out["violations"] == []
+    assert out["by_kind"]["kill_job"] == {
+        "n": 1,
+        "to_commit_median_s": 21.0,
+        "to_commit_worst_s": 21.0,
+        "to_lag_median_s": 35.0,
+        "to_lag_worst_s": 35.0,
+    }
+
+
+def test_a_fault_never_followed_by_a_commit_or_a_lag_back_in_bound_fails_the_run():
+    s = 1000
+    lag = [(0, 10), (10 * s, 10), (20 * s, 5000), (200 * s, 5000)]
+    out = cp.liveness([Injected("broker_down", 10 * s, 130 * s)], [1 * s], lag, Bounds(), lag_slack=100)
+    assert out["faults"][0]["to_commit_s"] is None and out["faults"][0]["to_lag_s"] is None
+    assert len(out["violations"]) == 2
+    assert "no committed batch within 120 s" in out["violations"][0]
+    late = cp.liveness([Injected("kill_job", 10 * s, 10 * s)], [200 * s], lag, Bounds(commit_s=120), lag_slack=0)
+    assert "no committed batch within 120 s (got 190.0)" in late["violations"][0]
+
+
+def test_a_missed_step_is_named_with_its_reason():
+    out = cp.Outcome()
+    out.miss(Step(61.23, "kill_coordinator", 5), "no transaction open within 60 s, 3 tries")
+    out.injected.append(Injected("kill_job", 1, 2))
+    assert out.missed == [{"at_s": 61.2, "kind": "kill_coordinator", "why": "no transaction open within 60 s, 3 tries"}]
+    assert out.counts() == {"kill_job": 1}
+
+
+def test_the_seeds_table_has_a_row_per_seed_and_fault_kind():
+    from onceflow_dev import chaos_seeds
+
+    live = cp.liveness(
+        [Injected("kill_job", 10_000, 10_000), Injected("broker_down", 20_000, 140_000)],
+        [15_000, 25_000],
+        [(0, 5), (30_000, 5)],
+        Bounds(),
+        lag_slack=10,
+    )
+    rep = {"seed": 4711, "ok": True, "records": 600_004, "lost": 0, "duplicated": 0, "missed": [], "liveness": live}
+    out = chaos_seeds.table("cluster", [rep, rep | {"seed": 2, "ok": False, "missed": [{"kind": "kill_job"}]}])
+    rows = [line for line in out.splitlines() if line.startswith("| ")][1:]  # after the header
+    assert rows[0].startswith("| 4711 | PASS | 600,004 | 0 | 0 | 0 | broker_down | 1 | 5.0 / 5.0 |")
+    assert rows[1].startswith("| | | | | | | kill_job | 1 | 5.0 / 5.0 |")
+    assert rows[2].startswith("| 2 | FAIL |") and " 1 | broker_down " in rows[2]
