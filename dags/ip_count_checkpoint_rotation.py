@@ -38,7 +38,7 @@ DEFAULT_ARGS = task_defaults.default_args(timedelta(minutes=30))
         "action": Param(
             "rotate",
             type="string",
-            enum=["rotate", "verify"],
+            enum=[a.value for a in rotation.Action],
             description="rotate: savepoint + verify + retention + report; verify: one savepoint",
         ),
         "savepoint_id": Param(
@@ -54,7 +54,7 @@ def ip_count_checkpoint_rotation():
     def savepoint() -> dict:
         p = get_current_context()["params"]
         s = orchestration.settings()
-        if p["action"] == "verify":
+        if p["action"] == rotation.Action.VERIFY:
             out = rotation.verify_savepoint(s, p["savepoint_id"])
         else:
             out = rotation.take_savepoint(s, orchestration.alert_sink(s))
@@ -63,7 +63,7 @@ def ip_count_checkpoint_rotation():
 
     @task
     def retention(taken: dict) -> dict:
-        if taken.get("action") == "verify":
+        if taken.get("action") == rotation.Action.VERIFY:
             return {"skipped": "a verification run keeps every savepoint"}
         out = rotation.apply_retention(orchestration.settings())
         print(f"retention: {out}")
@@ -74,7 +74,7 @@ def ip_count_checkpoint_rotation():
         s = orchestration.settings()
         out = rotation.report_checkpoint(s, orchestration.alert_sink(s))
         print(f"checkpoint: {out}")
-        if taken["status"] == "failed":  # after retention and the report, so both still ran
+        if taken["status"] == rotation.Result.FAILED:  # after retention and the report, so both still ran
             raise RuntimeError(f"the savepoint failed: {taken['error']}")
         return out
 

@@ -69,7 +69,7 @@ def ip_count_deploy():
 
     @task
     def stop(checked: dict) -> dict:
-        if checked["action"] in ("start", "upgrade", "restore"):
+        if not deploy.Action(checked["action"]).stops_first:
             return {"skipped": True, "why": "start does not stop; upgrade and restore stop in the launch step"}
         return deploy.stop(orchestration.settings(role="job"))
 
@@ -77,13 +77,13 @@ def ip_count_deploy():
     def launch(stopped: dict) -> dict:
         params = get_current_context()["params"]
         s = orchestration.settings(role="job")
-        action = params["action"]
-        if action == "stop":
+        action = deploy.Action(params["action"])
+        if action == deploy.Action.STOP:
             return {"launched": False}
         argv, wait = orchestration.spark_submit_argv(s), params["wait_timeout_s"]
-        if action == "upgrade":
+        if action == deploy.Action.UPGRADE:
             return deploy.upgrade(s, argv, wait_s=wait, wait=False)
-        if action == "restore":
+        if action == deploy.Action.RESTORE:
             return deploy.restore(s, params["savepoint_id"], params["allow_rewind"], argv, wait_s=wait, wait=False)
         return deploy.start(s, argv, wait_s=wait, wait=False)
 

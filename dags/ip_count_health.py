@@ -45,9 +45,9 @@ def ip_count_health():
             "action": rec.action,
         }
         print(f"ip_count health: {summary}")
-        if rec.action == "gave up":
+        if rec.action == health.Action.GAVE_UP:
             raise RuntimeError(f"the job is down and restarts are exhausted: {rec.problems}")
-        if rec.action == "restart failed":
+        if rec.action == health.Action.RESTART_FAILED:
             raise RuntimeError(f"restarting the job failed (it is retried on the next runs): {rec.restart_error}")
         return summary
 

@@ -90,6 +90,23 @@ JOB_EVENTS = frozenset(
 ANY_ROLE_EVENTS = frozenset({FAULT_INJECTED})
 
 
+# ---------------------------------------------------------------------------- the job's state and its operator's intent
+class JobState(enum.StrEnum):
+    """The `state` of the job's status file (`onceflow job status` shows it)."""
+
+    STARTING = "starting"  # launched; its driver has not written its own status yet
+    RUNNING = "running"
+    STOPPED = "stopped"  # on request
+    FAILED = "failed"  # ended by an error (its exit code says what the supervisor does)
+
+
+class Intent(enum.StrEnum):
+    """What the operator asked for last (the desired-state file): the health check restarts only a job meant to run."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
 # ---------------------------------------------------------------------------- the streaming job's exit codes
 # The supervisor sees the driver's code through spark-submit's JVM, so none may be one the JVM uses itself: 3 is
 # -XX:+ExitOnOutOfMemoryError's (a crash, restarted), above 128 a death by signal (a lost process).

@@ -6,7 +6,7 @@ CHAOS_RECORDS records over CHAOS_SECONDS, a seeded schedule injects:
 
 - kill -9 of the broker that leads the sink's first partition (restarted after a few seconds);
 - kill -9 of the app's transaction coordinator in the middle of a transaction (the run arms the job's stall, which
-  holds its next transaction open for 3 s, below the timeout: the coordinator dies while it is open, and comes
+  holds its next transaction open for 8 s, below the timeout: the coordinator dies while it is open, and comes
   back; no transaction within 60 s is tried again, three times, then the run fails);
 - one broker down for CHAOS_BROKER_DOWN_S (default 120 s) while the job goes on committing (counted);
 - kill -9 of a Spark worker in the middle of the job (its executor goes with it; tasks are retried on the other);
@@ -62,7 +62,7 @@ class ClusterChaosSpec:
 
 SETTLE_S = 30.0  # a restarted node's catch-up, planned between broker faults (the run also waits for full ISR)
 IN_SYNC_TIMEOUT_S = 240.0
-COORDINATOR_STALL_S = 3  # a transaction held open this long (below its timeout) for its coordinator to die in it
+COORDINATOR_STALL_S = 8  # a transaction held open this long (below its timeout) for its coordinator to die in it
 TXN_WAIT_S = 60.0  # how long a coordinator kill waits for the transaction it armed, per try
 TXN_TRIES = 3
 

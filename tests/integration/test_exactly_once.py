@@ -189,7 +189,7 @@ def test_running_job_fenced_by_newer_instance_stops_without_restart(app, tmp_pat
     control = role(s, "control")  # as the health DAG runs it
     sink = alerts.AlertSink(control)
     rec = health.check(control, sink, start_fn=jobctl.start)
-    assert rec.action == "none" and not jobctl.status(s)["running"], rec
+    assert rec.action == health.Action.NONE and not jobctl.status(s)["running"], rec
     assert [a.key for a in sink.history()] == [f"health:{s.app_id}:not_restartable"]
     newer.close()
     newer.bus.close()

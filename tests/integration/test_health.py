@@ -27,7 +27,7 @@ def _dlq_limit(s, value: str | None) -> None:
 
 
 def firing(sink) -> set[str]:
-    return {k for k, v in sink.state().items() if v == alerts.FIRING}
+    return {k for k, v in sink.state().items() if v == alerts.Status.FIRING}
 
 
 def test_health_leaves_a_long_first_batch_alone_and_a_failed_restart_keeps_the_intent(app, tmp_path):
@@ -47,7 +47,7 @@ def test_health_leaves_a_long_first_batch_alone_and_a_failed_restart_keeps_the_i
     )
     procs.wait_until(lambda: time.time() * 1000 - st["batch_started_ms"] > 8000, 30, what="batch 0 to pass 5 s")
     rec = health.check(s, sink, start_fn=jobctl.start)
-    assert rec.action == "none" and rec.batch_running_s > s.health_progress_threshold_s, rec
+    assert rec.action == health.Action.NONE and rec.batch_running_s > s.health_progress_threshold_s, rec
     assert not firing(sink), sink.state()
     wait_drained(s, sent)
 
@@ -56,13 +56,13 @@ def test_health_leaves_a_long_first_batch_alone_and_a_failed_restart_keeps_the_i
     jobctl.kill(s, with_supervisor=True)
     _dlq_limit(s, "1000")
     rec = health.check(s, sink, start_fn=jobctl.start)
-    assert rec.action == "restart failed" and "max.message.bytes" in rec.restart_error, rec
+    assert rec.action == health.Action.RESTART_FAILED and "max.message.bytes" in rec.restart_error, rec
     assert jobctl.desired_state(s) == "running"  # a restart by health never records a stop
     assert firing(sink) == {f"health:{s.app_id}:down", f"health:{s.app_id}:restart_failed"}
     # The operator fixes the topic; the next health run restarts the job (the budget allows it), and it finishes.
     _dlq_limit(s, None)
     rec = health.check(s, sink, start_fn=jobctl.start)
-    assert rec.action == "restarted" and len(rec.restarts) == 2, rec
+    assert rec.action == health.Action.RESTARTED and len(rec.restarts) == 2, rec
     jobctl.wait_running(s, after_ms=rec.ts_ms, timeout=180)
     more = produce(
         s,

@@ -88,7 +88,7 @@ def test_a_clock_a_year_ahead_is_quarantined_and_everything_late_is_reported(app
     wait_drained(s, sent + behind)
     rec = health.check(s, sink)
     assert rec.late_fraction is not None and rec.late_fraction > s.late_fraction_threshold, rec
-    assert f"health:{s.app_id}:late" in {a.key for a in sink.history() if a.status == alerts.FIRING}
+    assert f"health:{s.app_id}:late" in {a.key for a in sink.history() if a.status == alerts.Status.FIRING}
     first_late = max(e.batch for e in audit.ledger_entries(s) if e.end == end_offsets(sent)) + 1
     from onceflow.operations import reconcile
 

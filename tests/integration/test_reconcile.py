@@ -10,7 +10,7 @@ from onceflow import wire
 from onceflow.control import reconciliation
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit, reconcile
-from onceflow.rules.reconciliation import FAIL, PASS
+from onceflow.rules.reconciliation import Status
 from onceflow.runtime import jobctl
 from onceflow_dev.generator import KIND_TAIL
 from tests.support.harness import copy_topic, expire_group, produce, wait_drained
@@ -72,7 +72,7 @@ def test_a_clean_history_reconciles_green_in_chained_runs_and_in_one(history, sp
     second = reconcile.run(spark, s, first=mid + 1, last=entries[-1].batch)  # carries the open windows of the first
     whole = reconcile.run(spark, s, with_gx=False)
     for res in (first, second, whole):
-        assert res.ok and set(status(res).values()) == {PASS}, json.dumps(res.as_dict(), indent=1, default=str)
+        assert res.ok and set(status(res).values()) == {Status.PASS}, json.dumps(res.as_dict(), indent=1, default=str)
     i2 = whole.check("I2_accounting").figures
     assert i2["source_records"] == len(sent) and i2["late"] > 0 and i2["malformed_in_dlq"] > 0
     assert i2["pending"] == sum(1 for r in sent if r.kind == KIND_TAIL)  # only the tail's own windows are open
@@ -101,11 +101,13 @@ def test_a_duplicate_key_written_outside_any_transaction_is_caught(history, spar
     copy_topic(s, s.sink_topic, s.sink_topic + ".dup", extra=[injected])
     res = reconcile.run(spark, s.replace(sink_topic=s.sink_topic + ".dup"))
     i3 = res.check("I3_results")
-    assert i3.status == FAIL and [d["key"] for d in i3.differences if d["kind"] == "duplicate"] == [victim.key.decode()]
+    assert i3.status == Status.FAIL and [d["key"] for d in i3.differences if d["kind"] == "duplicate"] == [
+        victim.key.decode()
+    ]
     assert i3.figures["foreign_records"] == 1 and i3.figures["sink_records"] == i3.figures["ledger_outputs"]
     gx = res.check("gx_suite")
-    assert gx.status == FAIL and gx.differences[0]["expectation"] == "expect_column_values_to_be_unique"
-    assert status(res)["I1_coverage"] == PASS and status(res)["I2_dlq"] == PASS
+    assert gx.status == Status.FAIL and gx.differences[0]["expectation"] == "expect_column_values_to_be_unique"
+    assert status(res)["I1_coverage"] == Status.PASS and status(res)["I2_dlq"] == Status.PASS
 
 
 def test_a_removed_ledger_record_is_a_gap_with_exact_offsets(history, spark):
@@ -118,7 +120,7 @@ def test_a_removed_ledger_record_is_a_gap_with_exact_offsets(history, spark):
     res = reconcile.run(spark, s.replace(ledger_topic=s.ledger_topic + ".gap"), with_gx=False)
     i1 = res.check("I1_coverage")
     gaps = {(d["partition"], d["start"], d["end"]) for d in i1.differences if d["kind"] == "gap"}
-    assert i1.status == FAIL and gaps == {(p, a, b) for p, (a, b) in gone.ranges.items() if b > a}
+    assert i1.status == Status.FAIL and gaps == {(p, a, b) for p, (a, b) in gone.ranges.items() if b > a}
 
 
 def test_a_sink_record_rewritten_with_another_value_is_a_wrong_count(history, spark):
@@ -136,7 +138,7 @@ def test_a_sink_record_rewritten_with_another_value_is_a_wrong_count(history, sp
     copy_topic(s, s.sink_topic, s.sink_topic + ".wrong", change=change)
     res = reconcile.run(spark, s.replace(sink_topic=s.sink_topic + ".wrong"), with_gx=False)
     i3 = res.check("I3_results")
-    assert i3.status == FAIL
+    assert i3.status == Status.FAIL
     assert [(d["key"], d["expected"], d["count"]) for d in i3.differences] == [
         (victim.key.decode(), v["count"], v["count"] + 1)
     ]
@@ -149,9 +151,9 @@ def test_a_missing_dlq_record_is_named(history, spark):
     res = reconcile.run(spark, s.replace(dlq_topic=s.dlq_topic + ".less"), with_gx=False)
     dlq = res.check("I2_dlq")
     where = (int(victim.headers[wire.H_SOURCE_PARTITION]), int(victim.headers[wire.H_SOURCE_OFFSET]))
-    assert dlq.status == FAIL
+    assert dlq.status == Status.FAIL
     assert [(d["partition"], d["offset"]) for d in dlq.differences if d["kind"] == "dlq_missing"] == [where]
-    assert res.check("I2_accounting").status == FAIL  # one record unaccounted for
+    assert res.check("I2_accounting").status == Status.FAIL  # one record unaccounted for
 
 
 def test_a_running_job_reconciles_green_while_it_commits(app, spark, tmp_path, monkeypatch):
@@ -200,7 +202,7 @@ def test_a_running_job_reconciles_green_while_it_commits(app, spark, tmp_path, m
     for _ in range(2):
         before = audit.ledger_entries(s)[-1].batch
         res = reconcile.run(spark, s, with_gx=False)
-        assert res.ok and set(status(res).values()) == {PASS}, json.dumps(res.as_dict(), indent=1, default=str)
+        assert res.ok and set(status(res).values()) == {Status.PASS}, json.dumps(res.as_dict(), indent=1, default=str)
         assert audit.ledger_entries(s)[-1].batch > before, "the job committed while the reconciliation ran"
     done.set()
     feeder.join(30)
@@ -270,3 +272,29 @@ def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(his
     assert recon_chain.position(s).batch == entries[-1].batch
     again = reconcile.run_chain(spark, s, with_gx=False)
     assert again.verdict == "nothing new" and again.proven_before == entries[-1].batch
+
+
+def test_a_lost_carry_reads_only_batches_whose_windows_can_still_be_open(history, spark, tmp_path):
+    """A reconciliation with no carry file (a lost var/, the first run) rebuilds the carry-in from the batches that
+    can still count in an open window, not from the ledger's first batch, whose source records retention may have
+    deleted. Runs last: it extends the module's history by a later stretch of event time, then deletes the source
+    records of every batch before the ones the carry needs."""
+    from onceflow.rules import reconciliation as rr
+    from tests.support.harness import START_MS, delete_records_before
+
+    s0, _ = history
+    later = START_MS + 10 * 60_000  # ten minutes of event time after the first stretch: its windows are all closed
+    sent = produce(s0, tmp_path / "later.csv", count=18_000, event_rate=3000, start_ms=later, tail_s=30, seed=52)
+    jobctl.start(s0)
+    try:
+        wait_drained(s0, sent)
+    finally:
+        jobctl.stop(s0)
+    entries = audit.ledger_entries(s0)
+    last = entries[-1].batch
+    needed = rr.carry_sources(entries, last, s0.window_s * 1000, s0.watermark_s * 1000)
+    assert needed and needed[0].batch > entries[0].batch, [(e.batch, e.watermark_ms) for e in entries]
+    delete_records_before(s0, s0.source_topic, {p: lo for p, (lo, _) in needed[0].ranges.items()})
+    s = s0.replace(var_dir=tmp_path / "fresh")  # no carry kept
+    res = reconcile.run(spark, s, first=last, last=last, with_gx=False)
+    assert res.ok, json.dumps(res.as_dict(), indent=1)

@@ -177,3 +177,15 @@ def expire_group(s: Settings, group_id: str) -> None:
     leaves the future unanswered.)"""
     admin = kafka_clients.admin(s)
     admin.delete_consumer_groups([group_id], request_timeout=30)[group_id].result(30)
+
+
+def delete_records_before(s: Settings, topic: str, offsets: dict[int, int]) -> None:
+    """What retention does to a topic's oldest records: the log starts at `offsets` per partition."""
+    from confluent_kafka import TopicPartition
+
+    admin = kafka_clients.admin(s)
+    futures = admin.delete_records(
+        [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())], request_timeout=30
+    )
+    for f in futures.values():
+        f.result(30)

@@ -12,51 +12,53 @@ def samples(pairs, t0=0, step=60_000, commit_ts=None):
 
 
 def test_burrow_rules():
-    assert lag.evaluate(samples([(10, 10), (20, 30), (30, 50)])) == lag.OK  # lag was zero in the window
-    assert lag.evaluate(samples([(10, 20), (20, 40), (30, 70)])) == lag.WARN  # moving, lag grows
-    assert lag.evaluate(samples([(10, 20), (20, 25), (30, 32)])) == lag.OK  # moving, lag shrinks
-    assert lag.evaluate(samples([(10, 20), (10, 25), (10, 30)])) == lag.STALL  # stuck with lag
-    assert lag.evaluate(samples([(10, 20), (10, 25), (10, 30)], commit_ts=-(10**9))) == lag.STOP
-    assert lag.evaluate(samples([(10, 20), (5, 25), (12, 30)])) == lag.REWIND
-    assert lag.evaluate(samples([(10, 20), (10, 25)])) == lag.OK  # too few samples to judge
+    assert lag.evaluate(samples([(10, 10), (20, 30), (30, 50)])) == lag.Level.OK  # lag was zero in the window
+    assert lag.evaluate(samples([(10, 20), (20, 40), (30, 70)])) == lag.Level.WARN  # moving, lag grows
+    assert lag.evaluate(samples([(10, 20), (20, 25), (30, 32)])) == lag.Level.OK  # moving, lag shrinks
+    assert lag.evaluate(samples([(10, 20), (10, 25), (10, 30)])) == lag.Level.STALL  # stuck with lag
+    assert lag.evaluate(samples([(10, 20), (10, 25), (10, 30)], commit_ts=-(10**9))) == lag.Level.STOP
+    assert lag.evaluate(samples([(10, 20), (5, 25), (12, 30)])) == lag.Level.REWIND
+    assert lag.evaluate(samples([(10, 20), (10, 25)])) == lag.Level.OK  # too few samples to judge
     # a restart starts a new window, and falling behind is judged from the run's first commit on: the growth while
     # the job was down, starting and committing its first batch is the restart's
     restarted = samples([(10, 20), (20, 40), (20, 70), (20, 90), (60, 140), (90, 175)])
-    assert lag.evaluate(restarted) == lag.WARN
+    assert lag.evaluate(restarted) == lag.Level.WARN
     run = restarted[2].ts_ms
-    assert lag.evaluate(restarted, since_ms=run) == lag.OK
+    assert lag.evaluate(restarted, since_ms=run) == lag.Level.OK
     behind = restarted + samples([(120, 210)], t0=restarted[-1].ts_ms + 60_000)
-    assert lag.evaluate(behind, since_ms=run) == lag.WARN  # three samples since its first commit, growing
-    assert lag.evaluate(restarted[:4], since_ms=run) == lag.OK  # two samples of this run: too few
-    assert lag.evaluate(restarted[:4] + samples([(20, 99)], t0=10**6), since_ms=run) == lag.STALL  # run never commits
-    assert lag.evaluate(restarted, since_ms=restarted[-1].ts_ms + 1) == lag.OK  # nothing in this run yet
-    assert lag.evaluate(samples([(10, 20), (5, 25), (12, 30)]), since_ms=10**9) == lag.REWIND  # across runs too
+    assert lag.evaluate(behind, since_ms=run) == lag.Level.WARN  # three samples since its first commit, growing
+    assert lag.evaluate(restarted[:4], since_ms=run) == lag.Level.OK  # two samples of this run: too few
+    assert (
+        lag.evaluate(restarted[:4] + samples([(20, 99)], t0=10**6), since_ms=run) == lag.Level.STALL
+    )  # run never commits
+    assert lag.evaluate(restarted, since_ms=restarted[-1].ts_ms + 1) == lag.Level.OK  # nothing in this run yet
+    assert lag.evaluate(samples([(10, 20), (5, 25), (12, 30)]), since_ms=10**9) == lag.Level.REWIND  # across runs too
     assert lag.trend(samples([(0, 5), (0, 9)])) is lag.Trend.GROWING
-    assert lag.worst([lag.OK, lag.WARN, lag.STALL]) == lag.STALL
+    assert lag.worst([lag.Level.OK, lag.Level.WARN, lag.Level.STALL]) == lag.Level.STALL
 
 
 def cond(key, one_off=False):
-    return alerts.Condition(key, alerts.CRITICAL, f"summary {key}", "do something", one_off=one_off)
+    return alerts.Condition(key, alerts.Severity.CRITICAL, f"summary {key}", "do something", one_off=one_off)
 
 
 def test_alerts_fire_once_while_a_condition_persists_and_resolve_once():
     state = {}
     first = alerts.transitions([cond("h:down")], state, "app", "health", "h:")
-    assert [(a.key, a.status) for a in first] == [("h:down", alerts.FIRING)]
+    assert [(a.key, a.status) for a in first] == [("h:down", alerts.Status.FIRING)]
     state = alerts.fold_state(first)
     assert alerts.transitions([cond("h:down")], state, "app", "health", "h:") == []
     resolved = alerts.transitions([], state, "app", "health", "h:")
-    assert [(a.key, a.status) for a in resolved] == [("h:down", alerts.RESOLVED)]
+    assert [(a.key, a.status) for a in resolved] == [("h:down", alerts.Status.RESOLVED)]
     state = alerts.fold_state(first + resolved)
     assert alerts.transitions([], state, "app", "health", "h:") == []
     again = alerts.transitions([cond("h:down")], state, "app", "health", "h:")
-    assert [a.status for a in again] == [alerts.FIRING]
+    assert [a.status for a in again] == [alerts.Status.FIRING]
 
 
 def test_a_check_resolves_only_its_own_conditions():
-    state = {"h:down": alerts.FIRING, "t:hanging:x": alerts.FIRING}
+    state = {"h:down": alerts.Status.FIRING, "t:hanging:x": alerts.Status.FIRING}
     out = alerts.transitions([], state, "app", "txn_watch", "t:")
-    assert [(a.key, a.status) for a in out] == [("t:hanging:x", alerts.RESOLVED)]
+    assert [(a.key, a.status) for a in out] == [("t:hanging:x", alerts.Status.RESOLVED)]
 
 
 def test_the_same_condition_twice_in_one_evaluation_is_one_alert():
@@ -96,7 +98,7 @@ def test_timeout_event_absorbs_its_near_timeout_warning():
     ]
     out = txnwatch.event_conditions(evs)
     assert [c.key.split(":")[2] for c in out] == ["timeout", "near_timeout"]
-    assert not out[0].one_off and out[1].one_off and out[0].severity == alerts.CRITICAL
+    assert not out[0].one_off and out[1].one_off and out[0].severity == alerts.Severity.CRITICAL
     # the timeout stays open until the job commits that batch (or a later one) after it
     timeout = dict(evs[1], ts_ms=5_000)
     commit = dict(base, type=wire.BATCH_COMMITTED)
@@ -138,10 +140,10 @@ def test_a_timeout_and_its_replay_between_two_watch_runs_give_one_alert_and_its_
         monkeypatch.setattr(txnwatch, "new_events", lambda settings, types, evs=evs: evs)
         txnwatch.watch(s, sink, now_ms=10_000)
     assert [(a.key.split(":")[-1], a.status) for a in sink.record] == [
-        ("3", alerts.FIRING),
-        ("3", alerts.RESOLVED),
-        ("9", alerts.FIRING),
-        ("9", alerts.RESOLVED),
+        ("3", alerts.Status.FIRING),
+        ("3", alerts.Status.RESOLVED),
+        ("9", alerts.Status.FIRING),
+        ("9", alerts.Status.RESOLVED),
     ]
 
 
@@ -165,16 +167,16 @@ def test_health_assessment():
     s = config.load(env={}, app_id="a")
     assert health.assess(record(), s) == []
     down = health.assess(rec := record(running=False, job_pid=None), s)
-    assert [c.key for c in down] == ["health:a:down"] and rec.status == health.FAILING
+    assert [c.key for c in down] == ["health:a:down"] and rec.status == health.State.FAILING
     stopped = health.assess(rec := record(running=False, job_pid=None, desired="stopped", total_lag=50), s)
-    assert stopped == [] and rec.status == health.STOPPED  # stopped on purpose: not restarted, not alerted
+    assert stopped == [] and rec.status == health.State.STOPPED  # stopped on purpose: not restarted, not alerted
     assert health.assess(record(running=False, job_pid=None, desired=None), s) == []  # never deployed
     stalled = health.assess(record(total_lag=500, progress_age_s=999.0), s)
     assert [c.key for c in stalled] == ["health:a:stalled"]
     idle = health.assess(record(total_lag=0, progress_age_s=9999.0, checkpoint_age_s=9999.0), s)
     assert idle == []  # no input waiting: an idle job is healthy
-    warn = health.assess(rec := record(partitions={"0": {"status": lag.WARN, "lag": 9, "trend": "growing"}}), s)
-    assert [c.severity for c in warn] == [alerts.WARNING] and rec.status == health.DEGRADED
+    warn = health.assess(rec := record(partitions={"0": {"status": lag.Level.WARN, "lag": 9, "trend": "growing"}}), s)
+    assert [c.severity for c in warn] == [alerts.Severity.WARNING] and rec.status == health.State.DEGRADED
 
 
 def test_a_job_that_just_started_or_runs_a_long_batch_is_not_stalled():
@@ -224,7 +226,7 @@ def test_everything_late_and_a_watermark_off_the_clock_alert():
     assert "restore a savepoint" not in ahead[0].action
     assert health.assess(record(ts_ms=now, watermark_ms=now + 60_000), s) == []  # within the allowed skew
     behind = health.assess(record(ts_ms=now, watermark_ms=now - 2 * 3600_000), s)
-    assert [c.key for c in behind] == ["health:a:event_time_lag"] and behind[0].severity == alerts.WARNING
+    assert [c.key for c in behind] == ["health:a:event_time_lag"] and behind[0].severity == alerts.Severity.WARNING
     # a backlog explains an old watermark
     assert (
         health.assess(record(ts_ms=now, watermark_ms=now - 2 * 3600_000, total_lag=10**7, progress_age_s=1.0), s) == []
@@ -239,7 +241,7 @@ def test_remediation_is_bounded_and_never_changes_the_operators_intent(tmp_path)
     s = config.load(env={}, app_id="a", var_dir=tmp_path, health_restart_attempts=2, health_restart_window_s=600)
     jobctl._set_desired(s, "running")
     started = []
-    lagging = record(partitions={"0": {"status": lag.WARN, "lag": 9, "trend": "growing"}})
+    lagging = record(partitions={"0": {"status": lag.Level.WARN, "lag": 9, "trend": "growing"}})
     assert health.remediate(lagging, health.assess(lagging, s), s, 1_000_000, started.append) == []
     assert started == [] and lagging.action == "none"  # lag alone is alerted, not restarted
 
@@ -250,12 +252,12 @@ def test_remediation_is_bounded_and_never_changes_the_operators_intent(tmp_path)
     found = health.assess(rec, s)
     paged = health.remediate(rec, found, s, 1_000_000, failing_start)
     assert [c.key for c in paged] == ["health:a:restart_failed"] and "cannot reach" in paged[0].summary
-    assert rec.action == "restart failed" and rec.restarts == [1_000_000]
+    assert rec.action == health.Action.RESTART_FAILED and rec.restarts == [1_000_000]
     assert jobctl.desired_state(s) == "running"  # the operator's intent is untouched
-    assert health.remediate(rec, found, s, 1_100_000, started.append) == [] and rec.action == "restarted"
+    assert health.remediate(rec, found, s, 1_100_000, started.append) == [] and rec.action == health.Action.RESTARTED
     assert jobctl.desired_state(s) == "running" and len(started) == 1
     paged = health.remediate(rec, found, s, 1_200_000, started.append)  # two attempts (one failed) used up
-    assert [c.key for c in paged] == ["health:a:gave_up"] and len(started) == 1 and rec.action == "gave up"
+    assert [c.key for c in paged] == ["health:a:gave_up"] and len(started) == 1 and rec.action == health.Action.GAVE_UP
     # outside the window the budget is back
     assert health.remediate(rec, found, s, 1_000_000 + 700_000 + 600_000, started.append) == []
     assert len(started) == 2
@@ -314,7 +316,7 @@ def test_a_job_its_supervisor_is_restarting_is_not_down():
     restart would stop the supervisor's. A supervisor that has not brought the job back within the threshold is."""
     s = config.load(env={}, app_id="a", health_progress_threshold_s=120)
     restarting = record(running=False, job_pid=None, supervised=True, progress_age_s=15.0, total_lag=500)
-    assert health.assess(restarting, s) == [] and restarting.status == health.RESTARTING
+    assert health.assess(restarting, s) == [] and restarting.status == health.State.RESTARTING
     assert restarting.problems == ["the supervisor is restarting the job"]
     started = []
     assert health.remediate(restarting, [], s, 1_000_000, started.append) == [] and started == []

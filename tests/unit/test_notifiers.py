@@ -25,7 +25,9 @@ def receiver(monkeypatch):
 
 
 def alert(summary="consumer lag 12 batches", key="health:lag"):
-    return alerts.Alert(key, alerts.FIRING, alerts.CRITICAL, summary, "look", "ip_count", "health", 1, {"n": 1})
+    return alerts.Alert(
+        key, alerts.Status.FIRING, alerts.Severity.CRITICAL, summary, "look", "ip_count", "health", 1, {"n": 1}
+    )
 
 
 def test_webhook_and_slack_channels_post_through_the_providers(receiver):

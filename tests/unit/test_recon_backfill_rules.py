@@ -50,18 +50,38 @@ def test_emission_is_the_first_batch_whose_watermark_reaches_the_window_end():
     assert em.batch(0) == 0
 
 
+def test_a_lost_carry_reads_only_the_batches_that_can_count_in_a_window_still_open():
+    """Window 5 s, delay 5 s: a record read in batch j ends a window at most 10 s past the watermark of batch j+1;
+    a window is open after batch a-1 only above a-1's watermark."""
+    wms = [0, 0, 10_000, 20_000, 30_000, 40_000, 40_000]
+    entries = [entry(n, {0: (n * 10, n * 10 + 10)}, wm) for n, wm in enumerate(wms)]
+    pick = [e.batch for e in rr.carry_sources(entries, 6, 5000, 5000)]
+    # open after batch 5 means ending above 40 s; batch 3 (next watermark 30 s) reaches 40 s at most, batch 4 50 s
+    assert pick == [4, 5]
+    assert [e.batch for e in rr.carry_sources(entries, 3, 5000, 5000)] == [1, 2]
+    assert rr.carry_sources(entries, 0, 5000, 5000) == []
+    # a run past the newest batch: the last one has no successor to bound it, so it is always read
+    assert [e.batch for e in rr.carry_sources(entries, 7, 5000, 5000)] == [4, 5, 6]
+    # a recorded watermark below an earlier one counts as the highest seen before it, as emission does
+    dipped = entries[:5] + [entry(5, {0: (50, 60)}, 5_000)] + entries[6:]
+    assert [e.batch for e in rr.carry_sources(dipped, 6, 5000, 5000)] == [3, 4, 5]
+
+
 def test_verdicts_list_precise_differences():
     cov = rr.coverage_check(check_coverage([ENTRIES[0], ENTRIES[2]], {0: 25, 1: 9}))
-    assert cov.status == rr.FAIL and {
+    assert cov.status == rr.Status.FAIL and {
         (d["kind"], d["partition"], d["start"], d["end"]) for d in cov.differences if d["kind"] == "gap"
     } == {("gap", 0, 10, 20)}
     ok = rr.accounting_check(100, 80, 5, 10, 5, {2: 3}, {2: 3})
-    assert ok.status == rr.PASS
+    assert ok.status == rr.Status.PASS
     off = rr.accounting_check(100, 79, 5, 10, 5, {2: 4}, {2: 3})
-    assert off.status == rr.FAIL and [d["kind"] for d in off.differences] == ["unbalanced", "late_vs_spark"]
+    assert off.status == rr.Status.FAIL and [d["kind"] for d in off.differences] == ["unbalanced", "late_vs_spark"]
     i3 = rr.results_check(3, 4, [{"key": "k", "times": 2}], [], [{"key": "j", "expected": 2, "count": 3}], [], [], 3)
-    assert i3.status == rr.FAIL and "1 duplicate key(s), 1 wrong count(s), 4 sink records vs 3" in i3.summary
-    assert rr.visibility_check(5, 7, 0, 0).status == rr.PASS and rr.visibility_check(5, 7, 1, 0).status == rr.FAIL
+    assert i3.status == rr.Status.FAIL and "1 duplicate key(s), 1 wrong count(s), 4 sink records vs 3" in i3.summary
+    assert (
+        rr.visibility_check(5, 7, 0, 0).status == rr.Status.PASS
+        and rr.visibility_check(5, 7, 1, 0).status == rr.Status.FAIL
+    )
     res = rr.Result("app", "r1", 1, 3, {0: (10, 30)}, 1, 2, [ok, i3])
     again = rr.Result.from_dict(res.as_dict())
     assert again.as_dict() == res.as_dict() and not again.ok and [c.name for c in again.failures()] == ["I3_results"]
@@ -126,7 +146,7 @@ def test_results_are_json_all_the_way_down():
         [
             rr.Check(
                 "I2",
-                rr.PASS,
+                rr.Status.PASS,
                 "ok",
                 {"n": decimal.Decimal("12"), "share": decimal.Decimal("0.5"), "by_batch": {1: 3}},
                 [{"batches": (1, 2)}],
@@ -137,7 +157,7 @@ def test_results_are_json_all_the_way_down():
     assert json.loads(json.dumps(d)) == d  # no default=str needed: nothing is a repr
     assert d["checks"][0]["figures"] == {"n": 12, "share": 0.5, "by_batch": {"1": 3}}
     assert d["verdict"] == "ok" and rr.Result.from_dict(d).as_dict() == d
-    chain_idle = rr.Result("app", "r2", None, None, {}, 1, mode=rr.CHAIN)
+    chain_idle = rr.Result("app", "r2", None, None, {}, 1, mode=rr.Mode.CHAIN)
     assert chain_idle.verdict == "nothing new"
 
 
@@ -217,9 +237,9 @@ def test_each_chunk_follows_the_groups_last_committed_chunk():
 
 def test_everything_late_fails_i2_though_the_books_balance():
     ok = rr.accounting_check(100, 80, 5, 10, 5, None, {}, late_threshold=0.5)
-    assert ok.status == rr.PASS and ok.figures["late_fraction"] == round(5 / 90, 4)
+    assert ok.status == rr.Status.PASS and ok.figures["late_fraction"] == round(5 / 90, 4)
     bad = rr.accounting_check(100, 0, 85, 10, 5, None, {}, late_threshold=0.5)
-    assert bad.status == rr.FAIL and bad.differences[0]["kind"] == "late_fraction" and "94%" in bad.summary
+    assert bad.status == rr.Status.FAIL and bad.differences[0]["kind"] == "late_fraction" and "94%" in bad.summary
 
 
 def test_batches_under_other_parse_rules_are_not_judged_and_do_not_move_the_chain():
@@ -229,6 +249,6 @@ def test_batches_under_other_parse_rules_are_not_judged_and_do_not_move_the_chai
     assert rr.rules_check(same, 2, chain=False) is None
     older = [replace(_e(b), rules=1) for b in range(2)] + [replace(_e(b), rules=2) for b in range(2, 4)]
     manual = rr.rules_check(older, 2, chain=False)
-    assert manual is not None and manual.status == rr.SKIP and "batches 0..1" in manual.summary
+    assert manual is not None and manual.status == rr.Status.SKIP and "batches 0..1" in manual.summary
     chain = rr.rules_check(older, 2, chain=True)
-    assert chain is not None and chain.status == rr.FAIL and "version [1]" in chain.summary
+    assert chain is not None and chain.status == rr.Status.FAIL and "version [1]" in chain.summary

@@ -261,21 +261,21 @@ def test_init_errors():
 @pytest.mark.parametrize(
     "code, flags, phase, elapsed, expected",
     [
-        (KafkaError.INVALID_TRANSACTION_TIMEOUT, {"fatal": True}, "init", None, t.CONFIG),
-        (KafkaError.TOPIC_AUTHORIZATION_FAILED, {}, "produce", 10, t.CONFIG),
-        (KafkaError._TIMED_OUT, {"retriable": True}, "commit", 10, t.OUTCOME_UNKNOWN),
-        (KafkaError._TIMED_OUT, {"retriable": True}, "abort", None, t.OUTCOME_UNKNOWN),
-        (KafkaError._TIMED_OUT, {"retriable": True}, "send_offsets", 10, t.RETRIABLE),
-        (KafkaError._FENCED, {"fatal": True}, "commit", 10, t.FENCED),
-        (KafkaError._FENCED, {"fatal": True}, "commit", 59_000, t.COORDINATOR_TIMEOUT),
-        (KafkaError.INVALID_PRODUCER_EPOCH, {"abortable": True}, "produce", 57_001, t.COORDINATOR_TIMEOUT),
-        (KafkaError._STATE, {"abortable": True}, "commit", 58_000, t.COORDINATOR_TIMEOUT),
-        (KafkaError._STATE, {"abortable": True}, "commit", 10, t.ABORTABLE),
-        (KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, {"fatal": True}, "produce", 10, t.FATAL),
-        (KafkaError.UNKNOWN, {}, "produce", 10, t.ABORTABLE),
-        (KafkaError.INVALID_TXN_STATE, {"fatal": True}, "commit", 10, t.FATAL),  # a state error is not fencing
-        (KafkaError.INVALID_TXN_STATE, {"abortable": True}, "produce", 10, t.ABORTABLE),
-        (KafkaError.UNKNOWN, {}, "init", None, t.FATAL),
+        (KafkaError.INVALID_TRANSACTION_TIMEOUT, {"fatal": True}, "init", None, t.Outcome.CONFIG),
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, {}, "produce", 10, t.Outcome.CONFIG),
+        (KafkaError._TIMED_OUT, {"retriable": True}, "commit", 10, t.Outcome.OUTCOME_UNKNOWN),
+        (KafkaError._TIMED_OUT, {"retriable": True}, "abort", None, t.Outcome.OUTCOME_UNKNOWN),
+        (KafkaError._TIMED_OUT, {"retriable": True}, "send_offsets", 10, t.Outcome.RETRIABLE),
+        (KafkaError._FENCED, {"fatal": True}, "commit", 10, t.Outcome.FENCED),
+        (KafkaError._FENCED, {"fatal": True}, "commit", 59_000, t.Outcome.COORDINATOR_TIMEOUT),
+        (KafkaError.INVALID_PRODUCER_EPOCH, {"abortable": True}, "produce", 57_001, t.Outcome.COORDINATOR_TIMEOUT),
+        (KafkaError._STATE, {"abortable": True}, "commit", 58_000, t.Outcome.COORDINATOR_TIMEOUT),
+        (KafkaError._STATE, {"abortable": True}, "commit", 10, t.Outcome.ABORTABLE),
+        (KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, {"fatal": True}, "produce", 10, t.Outcome.FATAL),
+        (KafkaError.UNKNOWN, {}, "produce", 10, t.Outcome.ABORTABLE),
+        (KafkaError.INVALID_TXN_STATE, {"fatal": True}, "commit", 10, t.Outcome.FATAL),  # a state error is not fencing
+        (KafkaError.INVALID_TXN_STATE, {"abortable": True}, "produce", 10, t.Outcome.ABORTABLE),
+        (KafkaError.UNKNOWN, {}, "init", None, t.Outcome.FATAL),
     ],
 )
 def test_classify(code, flags, phase, elapsed, expected):
@@ -454,3 +454,11 @@ def test_the_transaction_block_lets_a_settled_txn_error_pass_without_a_second_ab
         with w.transaction():
             w.produce("sink", b"k", b"v")
     assert len(made) == 2 and "abort_transaction" not in [m for _, m in calls]
+
+
+def test_each_writer_error_carries_the_outcome_it_was_raised_for():
+    for outcome in t.Outcome:
+        cls = t._CLASSES[outcome]
+        # a retriable error that outlived its tries is raised as an abort inside a transaction
+        assert cls.outcome == (t.Outcome.ABORTABLE if outcome == t.Outcome.RETRIABLE else outcome)
+        assert issubclass(cls, t.TxnError)

@@ -14,14 +14,24 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import cast
 
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka.reading import read_topic
 
 log = logging.getLogger(__name__)
-FIRING, RESOLVED = "firing", "resolved"
-CRITICAL, WARNING, INFO = "critical", "warning", "info"
+
+
+class Status(StrEnum):
+    FIRING = "firing"
+    RESOLVED = "resolved"
+
+
+class Severity(StrEnum):
+    CRITICAL = "critical"
+    WARNING = "warning"
+    INFO = "info"
 
 
 @dataclass(frozen=True)
@@ -56,7 +66,7 @@ class Alert:
 
     def text(self) -> str:
         head = f"[{self.severity.upper()} {self.status.upper()}] {self.app}: {self.summary}"
-        return head if self.status == RESOLVED else f"{head}\nWhat to do: {self.action}"
+        return head if self.status == Status.RESOLVED else f"{head}\nWhat to do: {self.action}"
 
 
 def transitions(
@@ -78,11 +88,13 @@ def transitions(
         seen.add(c.key)
         if c.one_off and c.key in last_state:
             continue
-        if last_state.get(c.key) != FIRING:
-            out.append(Alert(c.key, FIRING, c.severity, c.summary, c.action, app, source, now_ms, c.details, c.one_off))
+        if last_state.get(c.key) != Status.FIRING:
+            out.append(
+                Alert(c.key, Status.FIRING, c.severity, c.summary, c.action, app, source, now_ms, c.details, c.one_off)
+            )
     for key, status in sorted(last_state.items()):
-        if status == FIRING and key not in seen and key.startswith(scope_prefix):
-            out.append(Alert(key, RESOLVED, INFO, f"resolved: {key}", "nothing", app, source, now_ms))
+        if status == Status.FIRING and key not in seen and key.startswith(scope_prefix):
+            out.append(Alert(key, Status.RESOLVED, Severity.INFO, f"resolved: {key}", "nothing", app, source, now_ms))
     return out
 
 

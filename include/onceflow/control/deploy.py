@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from enum import StrEnum
 from urllib.parse import urlparse
 
 from onceflow.config import Settings
@@ -16,7 +17,23 @@ from onceflow.kafka import events as ev
 from onceflow.runtime import jobctl, preflight, supervisor
 from onceflow.wire import OnceflowError
 
-ACTIONS = ("start", "stop", "restart", "upgrade", "restore")
+
+class Action(StrEnum):
+    """The deploy DAG's `action` parameter."""
+
+    START = "start"
+    STOP = "stop"
+    RESTART = "restart"  # stop, then start
+    UPGRADE = "upgrade"  # stop with a savepoint, then start the new code from it
+    RESTORE = "restore"  # stop, then start from a savepoint
+
+    @property
+    def stops_first(self) -> bool:
+        """Stopped by the deploy's stop step (upgrade and restore stop inside their launch)."""
+        return self in (Action.STOP, Action.RESTART)
+
+
+ACTIONS = tuple(a.value for a in Action)
 
 
 class DeployError(OnceflowError):
@@ -63,16 +80,16 @@ def preflight_for(settings: Settings, action: str, savepoint_id: str = "latest",
     """The checks of one deploy action, all before anything is stopped or written."""
     if action not in ACTIONS:
         raise DeployError(f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
-    if action == "stop":
+    if action == Action.STOP:
         return {"action": action}
-    info = preflight_checks(settings, allow_running=action != "start") | {"action": action}
-    if action == "upgrade":
+    info = preflight_checks(settings, allow_running=action != Action.START) | {"action": action}
+    if action == Action.UPGRADE:
         if not jobctl.status(settings)["running"]:
             raise DeployError(
                 f"app {settings.app_id} is not running: upgrade stops a running job with a savepoint; use action=start"
             )
         info |= check_upgrade(settings)
-    if action == "restore":
+    if action == Action.RESTORE:
         from onceflow.operations import savepoints
 
         info["restore"] = savepoints.check_restore(settings, savepoint_id, allow_rewind).summary()

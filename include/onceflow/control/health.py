@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlparse
@@ -35,8 +36,25 @@ from onceflow.rules import lag
 from onceflow.runtime import jobctl
 
 log = logging.getLogger(__name__)
-HEALTHY, DEGRADED, FAILING, STOPPED = "HEALTHY", "DEGRADED", "FAILING", "STOPPED"
-RESTARTING = "RESTARTING"  # the job is down between two runs and its supervisor is bringing it back
+
+
+class State(StrEnum):
+    HEALTHY = "HEALTHY"
+    DEGRADED = "DEGRADED"  # a warning holds
+    FAILING = "FAILING"  # a critical condition holds
+    STOPPED = "STOPPED"  # stopped on purpose (the operator's intent): not restarted, not alerted
+    RESTARTING = "RESTARTING"  # the job is down between two runs and its supervisor is bringing it back
+
+
+class Action(StrEnum):
+    """What a health run did about what it found."""
+
+    NONE = "none"
+    RESTARTED = "restarted"
+    RESTART_FAILED = "restart failed"
+    GAVE_UP = "gave up"  # the restart budget is spent: paged
+
+
 WINDOW = 10  # lag samples kept per partition
 
 
@@ -50,10 +68,10 @@ class HealthRecord:
     partitions: dict = field(default_factory=dict)  # partition -> {"samples": [...], "status": ..., "lag": ...}
     total_lag: int = 0
     checkpoint_age_s: float | None = None
-    status: str = HEALTHY
+    status: str = State.HEALTHY
     problems: list = field(default_factory=list)
     restarts: list = field(default_factory=list)  # ts_ms of restarts done by the health check
-    action: str = "none"
+    action: str = Action.NONE
     desired: str | None = None  # what the operator asked for: running / stopped
     progress_age_s: float | None = None  # since the later of the last commit and the job's start
     batch_running_s: float | None = None  # how long the batch in progress has been running
@@ -137,7 +155,7 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
             "samples": [s.to_dict() for s in samples],
             "lag": sample.lag,
             # judged over the job's current run only; while it is down the down/restarting rules speak
-            "status": lag.evaluate(samples, since_ms=run_start) if st["running"] else lag.OK,
+            "status": lag.evaluate(samples, since_ms=run_start) if st["running"] else lag.Level.OK,
             "trend": lag.trend(samples).value,
             "commit_ts_ms": commit_ts,
         }
@@ -176,16 +194,16 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
     app, out = settings.app_id, []
     now_ms = now_ms or rec.ts_ms
     restarting = False
-    if not rec.running and rec.desired != "running":
+    if not rec.running and rec.desired != wire.Intent.RUNNING:
         # Never deployed, or stopped on purpose: nothing to supervise, nothing to restart.
-        rec.problems, rec.status = [], STOPPED
+        rec.problems, rec.status = [], State.STOPPED
         return out
     code = (rec.last_exit or {}).get("exit_code")
     if not rec.running and code in NOT_RESTARTABLE:
         out.append(
             alerts.Condition(
                 f"health:{app}:not_restartable",
-                alerts.CRITICAL,
+                alerts.Severity.CRITICAL,
                 f"the streaming job {app} stopped for good: {NOT_RESTARTABLE[code]} (exit {code}); it is not restarted",
                 "read the job log (" + str(settings.log_dir / (app + ".log")) + "): a fenced job means another driver "
                 "of the app runs elsewhere; divergent history needs `onceflow audit` and a decision (restore a "
@@ -201,7 +219,7 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
         out.append(
             alerts.Condition(
                 f"health:{app}:down",
-                alerts.CRITICAL,
+                alerts.Severity.CRITICAL,
                 f"the streaming job {app} is not running",
                 "the health check restarts it; if it keeps failing read the job log "
                 f"({settings.log_dir / (app + '.log')}) and `onceflow job status`",
@@ -219,7 +237,7 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
         out.append(
             alerts.Condition(
                 f"health:{app}:stalled",
-                alerts.CRITICAL,
+                alerts.Severity.CRITICAL,
                 (f"batch running for {age} s" if rec.batch_running_s is not None else f"no batch committed for {age} s")
                 + f" while {rec.total_lag} records wait (threshold {stalled_after:.0f} s"
                 + (f" + {settings.health_batch_grace_s:.0f} s grace)" if rec.batch_running_s is not None else ")"),
@@ -230,9 +248,9 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
     out += _event_time(rec, settings, now_ms)
     for p, info in sorted(rec.partitions.items()):
         status = info["status"]
-        if status == lag.OK:
+        if status == lag.Level.OK:
             continue
-        sev = alerts.WARNING if status == lag.WARN else alerts.CRITICAL
+        sev = alerts.Severity.WARNING if status == lag.Level.WARN else alerts.Severity.CRITICAL
         out.append(
             alerts.Condition(
                 f"health:{app}:lag:{p}",
@@ -248,20 +266,20 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
         out.append(
             alerts.Condition(
                 f"health:{app}:checkpoint_stale",
-                alerts.WARNING,
+                alerts.Severity.WARNING,
                 f"the checkpoint's commit log was last written {cp:.0f} s ago while input waits",
                 f"check that {settings.checkpoint} is writable and the job commits batches",
             )
         )
     rec.problems = [c.summary for c in out] + (["the supervisor is restarting the job"] if restarting else [])
     rec.status = (
-        FAILING
-        if any(c.severity == alerts.CRITICAL for c in out)
-        else DEGRADED
+        State.FAILING
+        if any(c.severity == alerts.Severity.CRITICAL for c in out)
+        else State.DEGRADED
         if out
-        else RESTARTING
+        else State.RESTARTING
         if restarting
-        else HEALTHY
+        else State.HEALTHY
     )
     return out
 
@@ -273,7 +291,7 @@ def _event_time(rec: HealthRecord, settings: Settings, now_ms: int) -> list[aler
         out.append(
             alerts.Condition(
                 f"health:{app}:late",
-                alerts.CRITICAL,
+                alerts.Severity.CRITICAL,
                 f"{100 * rec.late_fraction:.0f}% of the (window, ip) aggregates of the last {rec.late_batches} batches "
                 f"were dropped as late (threshold {100 * settings.late_fraction_threshold:.0f}%): the job reads records "
                 f"but does not count them",
@@ -291,7 +309,7 @@ def _event_time(rec: HealthRecord, settings: Settings, now_ms: int) -> list[aler
             out.append(
                 alerts.Condition(
                     f"health:{app}:watermark_ahead",
-                    alerts.CRITICAL,
+                    alerts.Severity.CRITICAL,
                     f"the watermark is {ahead_ms / 1000:.0f} s ahead of wall-clock time (allowed {allowed_ms / 1000:.0f} "
                     f"s): every record with a correct clock is dropped as late",
                     "a producer stamps records with a clock ahead (Kafka timestamp and event time alike: a source "
@@ -309,7 +327,7 @@ def _event_time(rec: HealthRecord, settings: Settings, now_ms: int) -> list[aler
             out.append(
                 alerts.Condition(
                     f"health:{app}:event_time_lag",
-                    alerts.WARNING,
+                    alerts.Severity.WARNING,
                     f"the watermark is {behind_ms / 1000:.0f} s behind wall-clock time although the job has caught up "
                     f"(threshold {settings.health_event_time_lag_threshold_s:.0f} s)",
                     "the producers' clocks are behind, or old records are being replayed into the source",
@@ -333,11 +351,11 @@ def remediate(
     window_ms = settings.health_restart_window_s * 1000
     recent = [t for t in rec.restarts if now_ms - t < window_ms]
     if len(recent) >= settings.health_restart_attempts:
-        rec.action = "gave up"
+        rec.action = Action.GAVE_UP
         return [
             alerts.Condition(
                 f"health:{settings.app_id}:gave_up",
-                alerts.CRITICAL,
+                alerts.Severity.CRITICAL,
                 f"{len(recent)} restarts by the health check in the last "
                 f"{settings.health_restart_window_s / 3600:.1f} h did not bring the job back",
                 "page the on-call: the job needs a human (see the job log and `onceflow job status`)",
@@ -348,17 +366,17 @@ def remediate(
         jobctl.stop(settings, timeout=60, record_intent=False)
         (start_fn or jobctl.start)(settings)
     except Exception as e:  # broker down, preflight: the job stays down, the operator's intent stays "running"
-        rec.action, rec.restart_error = "restart failed", str(e)[:2000]
+        rec.action, rec.restart_error = Action.RESTART_FAILED, str(e)[:2000]
         return [
             alerts.Condition(
                 f"health:{settings.app_id}:restart_failed",
-                alerts.CRITICAL,
+                alerts.Severity.CRITICAL,
                 f"restarting the job failed: {str(e)[:300]}",
                 "the health check tries again on its next runs (within its restart budget); fix what the error names",
                 {"error": str(e)[:2000]},
             )
         ]
-    rec.action = "restarted"
+    rec.action = Action.RESTARTED
     return []
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from onceflow.control.deploy import DeployError
-from onceflow.control.triggers import BatchJobTrigger, FirstCommitTrigger
+from onceflow.control.triggers import BatchJobTrigger, Fired, FirstCommitTrigger
 from onceflow.runtime import batch_jobs
 
 
@@ -34,7 +34,7 @@ class WaitForBatchJob(BaseOperator):
 
     def execute_complete(self, context, event: dict) -> dict:
         h = batch_jobs.Handle.from_dict(event["handle"])
-        if event["status"] == "timeout":
+        if event["status"] == Fired.TIMEOUT:
             raise batch_jobs.timed_out(h)
         result = batch_jobs.outcome(h, event["rc"])
         self.log.info("the %s job is done", h.what)
@@ -63,7 +63,7 @@ class WaitForFirstCommit(BaseOperator):
         )
 
     def execute_complete(self, context, event: dict) -> dict:
-        if event["status"] != "done":
+        if event["status"] != Fired.DONE:
             raise DeployError(f"the launched job did not commit: {event.get('error')}")
         info = dict(self.launched)
         info.pop("wait", None)

@@ -67,7 +67,7 @@ def record(settings: Settings, res: rr.Result, sink: alerts.AlertSink | None = N
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(d, indent=1))
     chain: dict = {}
-    if res.mode == rr.CHAIN:
+    if res.mode == rr.Mode.CHAIN:
         chain = recon_chain.commit(settings, res)
     else:
         p = kafka_clients.idempotent_producer(settings)
@@ -84,7 +84,7 @@ def record(settings: Settings, res: rr.Result, sink: alerts.AlertSink | None = N
         conds = [
             alerts.Condition(
                 prefix + c.name,
-                alerts.CRITICAL,
+                alerts.Severity.CRITICAL,
                 f"reconciliation of batches {res.first_batch}..{res.last_batch}: {c.name} failed: {c.summary}",
                 "read the run's differences (onceflow reconcile status, the "
                 "reconciliation topic or the run's JSON); the job is not stopped",
@@ -134,7 +134,7 @@ def finish_for_dag(settings: Settings, result: dict, handle: dict, sink: alerts.
     brief = summary(res, info)
     print(
         f"reconciliation {res.mode} run {res.run_id}: {res.verdict}, batches {res.first_batch}..{res.last_batch}"
-        + (f" (the chain had proven through {res.proven_before})" if res.mode == rr.CHAIN else "")
+        + (f" (the chain had proven through {res.proven_before})" if res.mode == rr.Mode.CHAIN else "")
     )
     if not res.ok:
         raise RuntimeError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from enum import StrEnum
 from typing import Any
 
 from onceflow.config import Settings
@@ -22,6 +23,21 @@ from onceflow.rules.savepoints import SavepointError
 
 log = logging.getLogger(__name__)
 STATS_FILE = "_rotation.json"
+
+
+class Action(StrEnum):
+    """The rotation DAG's `action` parameter."""
+
+    ROTATE = "rotate"  # savepoint + verify + retention + report
+    VERIFY = "verify"  # one savepoint
+
+
+class Result(StrEnum):
+    """A savepoint step's `status`."""
+
+    OK = "ok"
+    SKIPPED = "skipped"  # nothing committed yet to save
+    FAILED = "failed"  # taken or verified wrong: alerted, and the run fails after its report
 
 
 def _raise(sink: alerts.AlertSink | None, conditions: list, prefix: str) -> list[str]:
@@ -37,10 +53,10 @@ def verify_savepoint(settings: Settings, sp_id: str | None) -> dict:
         raise SavepointError("action=verify needs savepoint_id (`onceflow savepoint list` shows the ids)")
     # by the id asked for (or "latest"), never by the id a manifest claims: verify checks the two agree
     v = savepoints.verify(settings, sp_id)
-    out = {"action": "verify"} | v.as_dict()
+    out = {"action": Action.VERIFY} | v.as_dict()
     if not v.ok:
-        return out | {"status": "failed", "error": f"savepoint {v.id} did not verify: {'; '.join(v.problems)}"}
-    return out | {"status": "ok"}
+        return out | {"status": Result.FAILED, "error": f"savepoint {v.id} did not verify: {'; '.join(v.problems)}"}
+    return out | {"status": Result.OK}
 
 
 def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> dict:
@@ -48,7 +64,7 @@ def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> 
     key = f"rotation:{settings.app_id}:savepoint_failed"
     conditions = []
     if savepoints.checkpoint_stats(settings)["latest_committed_batch"] is None:
-        out: dict[str, Any] = {"status": "skipped", "why": "the checkpoint has no committed batch yet"}
+        out: dict[str, Any] = {"status": Result.SKIPPED, "why": "the checkpoint has no committed batch yet"}
     else:
         try:
             m = savepoints.create(settings, bus=ev.EventBus(settings))
@@ -57,7 +73,7 @@ def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> 
                 savepoints.delete(settings, m.id)
                 raise SavepointError(f"savepoint {m.id} did not verify: {'; '.join(v.problems)}")
             out = {
-                "status": "ok",
+                "status": Result.OK,
                 "id": m.id,
                 "batch": m.ledger_batch,
                 "mode": m.mode,
@@ -68,11 +84,11 @@ def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> 
             }
         except Exception as e:  # reported and alerted; the DAG task fails on it
             log.error("savepoint failed: %s", e)
-            out = {"status": "failed", "error": str(e)}
+            out = {"status": Result.FAILED, "error": str(e)}
             conditions.append(
                 alerts.Condition(
                     key,
-                    alerts.CRITICAL,
+                    alerts.Severity.CRITICAL,
                     f"taking a savepoint failed: {e}",
                     "read the rotation task's log; until a savepoint succeeds, the newest restore point ages",
                     {"error": str(e)[:2000]},
@@ -115,7 +131,7 @@ def report_checkpoint(settings: Settings, sink: alerts.AlertSink | None = None, 
         conditions.append(
             alerts.Condition(
                 key,
-                alerts.WARNING,
+                alerts.Severity.WARNING,
                 f"the checkpoint holds {stats['size_bytes']} bytes in {stats['files']} files, above "
                 f"{settings.checkpoint_size_alert_bytes} (growth since the last report: {stats['growth_bytes']})",
                 "check ONCEFLOW_MIN_BATCHES_TO_RETAIN and the state size (open windows x IPs); raise "
@@ -134,5 +150,5 @@ def rotate(settings: Settings, sink: alerts.AlertSink | None = None) -> dict:
         "retention": apply_retention(settings),
         "checkpoint": report_checkpoint(settings, sink),
     }
-    report["ok"] = report["savepoint"]["status"] != "failed"
+    report["ok"] = report["savepoint"]["status"] != Result.FAILED
     return report

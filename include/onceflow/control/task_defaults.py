@@ -10,7 +10,7 @@ from datetime import timedelta
 from airflow.sdk import BaseNotifier, Context
 
 from onceflow.control import alerts, notifiers, orchestration
-from onceflow.control.alerts import CRITICAL, FIRING, Alert
+from onceflow.control.alerts import Alert, Severity, Status
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ class TaskFailureNotifier(BaseNotifier):
         error = context.get("exception")
         alert = Alert(
             key=f"task:{dag_id}:{task_id}",
-            status=FIRING,
-            severity=CRITICAL,
+            status=Status.FIRING,
+            severity=Severity.CRITICAL,
             summary=f"task {task_id} of {dag_id} failed (run {run_id}): {str(error)[:300] or 'no error given'}",
             action=f"read the task's log in the Airflow UI ({dag_id} > {run_id} > {task_id}); docs/troubleshooting.md",
             app=s.app_id,

@@ -5,7 +5,7 @@
 - `FirstCommitTrigger`: the streaming job, after a launch, until it commits a batch (or runs with nothing to read),
   failing at once if its supervisor gave up.
 
-Each fires one event, `{"status": "done" | "failed" | "timeout", ...}`; the operator (onceflow.control.operators)
+Each fires one event, `{"status": Fired, ...}` (its value: events are serialised); the operator (onceflow.control.operators)
 resumes on it. The checks are plain file reads, run in a thread so the triggerer's event loop never blocks."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from enum import StrEnum
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -20,6 +21,14 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from onceflow.runtime import batch_jobs
 
 POLL_S = 5.0
+
+
+class Fired(StrEnum):
+    """The `status` of a trigger's one event."""
+
+    DONE = "done"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
 
 
 class BatchJobTrigger(BaseTrigger):
@@ -39,11 +48,13 @@ class BatchJobTrigger(BaseTrigger):
             for line in p.lines:
                 self.log.info("%s", line)
             if p.finished:
-                yield TriggerEvent({"status": "done" if p.rc == 0 else "failed", "rc": p.rc, "handle": self.handle})
+                yield TriggerEvent(
+                    {"status": (Fired.DONE if p.rc == 0 else Fired.FAILED).value, "rc": p.rc, "handle": self.handle}
+                )
                 return
             if time.time() > h.deadline:
                 await asyncio.to_thread(batch_jobs.stop, h)
-                yield TriggerEvent({"status": "timeout", "rc": None, "handle": self.handle})
+                yield TriggerEvent({"status": Fired.TIMEOUT.value, "rc": None, "handle": self.handle})
                 return
             await asyncio.sleep(self.poll_s)
 
@@ -65,12 +76,14 @@ class FirstCommitTrigger(BaseTrigger):
             try:
                 st = await asyncio.to_thread(w.check)
             except jobctl.JobControlError as e:
-                yield TriggerEvent({"status": "failed", "error": str(e)})
+                yield TriggerEvent({"status": Fired.FAILED.value, "error": str(e)})
                 return
             if st is not None:
-                yield TriggerEvent({"status": "done", "status_file": st})
+                yield TriggerEvent({"status": Fired.DONE.value, "status_file": st})
                 return
             if time.time() > w.deadline:
-                yield TriggerEvent({"status": "timeout", "error": f"no committed batch of {w.app_id} by the deadline"})
+                yield TriggerEvent(
+                    {"status": Fired.TIMEOUT.value, "error": f"no committed batch of {w.app_id} by the deadline"}
+                )
                 return
             await asyncio.sleep(self.poll_s)

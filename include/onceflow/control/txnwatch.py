@@ -103,7 +103,7 @@ def hanging(txns: list[OpenTxn], now_ms: int, timeout_ms: int) -> list[alerts.Co
         out.append(
             alerts.Condition(
                 key=f"txn_watch:hanging:{t.topic}:{t.partition}",
-                severity=alerts.CRITICAL,
+                severity=alerts.Severity.CRITICAL,
                 summary=f"hanging transaction on {t.topic}[{t.partition}]: open for {age / 1000:.0f} s "
                 f"(timeout {timeout_ms / 1000:.0f} s) by {who}; read_committed consumers are stuck at "
                 f"offset {t.lso} (high watermark {t.high_watermark})",
@@ -155,7 +155,7 @@ def event_conditions(events: list[dict]) -> list[alerts.Condition]:
             out.append(
                 alerts.Condition(
                     key=f"{TIMEOUT_PREFIX}{ident}",
-                    severity=alerts.CRITICAL,
+                    severity=alerts.Severity.CRITICAL,
                     summary=f"transaction of {e.get('transactional_id')} (batch {e.get('batch')}) was aborted by the "
                     f"coordinator after {e.get('elapsed_ms')} ms (timeout {e.get('timeout_ms')} ms); the job "
                     f"restarts and replays the batch",
@@ -167,7 +167,7 @@ def event_conditions(events: list[dict]) -> list[alerts.Condition]:
             out.append(
                 alerts.Condition(
                     key=f"txn_watch:event:near_timeout:{ident}",
-                    severity=alerts.WARNING,
+                    severity=alerts.Severity.WARNING,
                     one_off=True,
                     summary=f"transaction of {e.get('transactional_id')} (batch {e.get('batch')}) was open "
                     f"{e.get('txn_ms')} ms, past {100 * e.get('fraction', 0.8):.0f}% of its {e.get('timeout_ms')} ms "
@@ -205,7 +205,7 @@ def watch(settings: Settings, sink: alerts.AlertSink, now_ms: int | None = None)
     still = [
         alerts.Condition(k, a.severity, a.summary, a.action, a.details)
         for k, a in latest.items()
-        if k.startswith(TIMEOUT_PREFIX) and a.status == alerts.FIRING
+        if k.startswith(TIMEOUT_PREFIX) and a.status == alerts.Status.FIRING
     ]
     found = event_conditions(evs) + still
     sent = sink.raise_and_resolve(found, "txn_watch", scope_prefix="txn_watch:event:")

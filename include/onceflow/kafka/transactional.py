@@ -29,7 +29,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from enum import StrEnum
+from typing import Any, ClassVar
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -38,8 +39,18 @@ from onceflow.wire import OnceflowError
 
 log = logging.getLogger(__name__)
 
-FENCED, COORDINATOR_TIMEOUT, OUTCOME_UNKNOWN = "fenced", "coordinator_timeout", "outcome_unknown"
-ABORTABLE, FATAL, RETRIABLE, CONFIG = "abortable", "fatal", "retriable", "config"
+
+class Outcome(StrEnum):
+    """What a Kafka error means for the transaction (`classify`); every TxnError carries one."""
+
+    FENCED = "fenced"
+    COORDINATOR_TIMEOUT = "coordinator_timeout"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    ABORTABLE = "abortable"
+    FATAL = "fatal"
+    RETRIABLE = "retriable"
+    CONFIG = "config"
+
 
 # Not INVALID_TXN_STATE: a call that does not fit the transaction's state says nothing of another instance (as
 # fencing it would stop the job for good); librdkafka's fatal/abortable flags decide it.
@@ -56,6 +67,10 @@ RETRY_PAUSE_S = 0.2  # between tries of a retriable init or commit
 
 
 class TxnError(OnceflowError):
+    """A transaction call failed; `outcome` says what that means (one subclass per outcome)."""
+
+    outcome: ClassVar[Outcome]
+
     def __init__(
         self, message: str, error: KafkaError | None = None, phase: str | None = None, elapsed_ms: float | None = None
     ):
@@ -66,40 +81,52 @@ class TxnError(OnceflowError):
 class Fenced(TxnError):
     """Another producer with this transactional.id took over: stop for good, never re-initialise."""
 
+    outcome = Outcome.FENCED
+
 
 class CoordinatorTimedOut(TxnError):
     """The coordinator aborted the transaction after transaction.timeout.ms: the work can be replayed."""
+
+    outcome = Outcome.COORDINATOR_TIMEOUT
 
 
 class OutcomeUnknown(TxnError):
     """The commit (or abort) timed out, or a call hung past its timeout. The writer has replaced its producer,
     which settled the outcome: read back what is committed and decide."""
 
+    outcome = Outcome.OUTCOME_UNKNOWN
+
 
 class Aborted(TxnError):
     """An abortable error; the writer aborted the transaction. The work may be retried."""
+
+    outcome = Outcome.ABORTABLE
 
 
 class FatalProducerError(TxnError):
     """A fatal error that is not fencing: the producer is unusable; restart."""
 
+    outcome = Outcome.FATAL
+
 
 class TxnConfigError(TxnError):
     """The broker refuses our configuration or permissions: fix them."""
 
+    outcome = Outcome.CONFIG
+
 
 _CLASSES = {
-    FENCED: Fenced,
-    COORDINATOR_TIMEOUT: CoordinatorTimedOut,
-    OUTCOME_UNKNOWN: OutcomeUnknown,
-    ABORTABLE: Aborted,
-    FATAL: FatalProducerError,
-    CONFIG: TxnConfigError,
-    RETRIABLE: Aborted,
+    Outcome.FENCED: Fenced,
+    Outcome.COORDINATOR_TIMEOUT: CoordinatorTimedOut,
+    Outcome.OUTCOME_UNKNOWN: OutcomeUnknown,
+    Outcome.ABORTABLE: Aborted,
+    Outcome.FATAL: FatalProducerError,
+    Outcome.CONFIG: TxnConfigError,
+    Outcome.RETRIABLE: Aborted,
 }
 
 
-def classify(err: KafkaError, *, phase: str, elapsed_ms: float | None, timeout_ms: int) -> str:
+def classify(err: KafkaError, *, phase: str, elapsed_ms: float | None, timeout_ms: int) -> Outcome:
     """What a Kafka error in `phase` (init, begin, produce, send_offsets, commit, abort) means, in this order:
     configuration and permission codes are CONFIG; `_TIMED_OUT` of a commit or abort is OUTCOME_UNKNOWN; a fencing
     code or an abortable error after TIMEOUT_SHARE of the timeout is COORDINATOR_TIMEOUT (the coordinator's abort
@@ -107,21 +134,21 @@ def classify(err: KafkaError, *, phase: str, elapsed_ms: float | None, timeout_m
     as librdkafka flags them; anything else is ABORTABLE inside a transaction and FATAL at init."""
     code = err.code()
     if code in CONFIG_CODES:
-        return CONFIG
+        return Outcome.CONFIG
     if code == KafkaError._TIMED_OUT and phase in ("commit", "abort"):
-        return OUTCOME_UNKNOWN
+        return Outcome.OUTCOME_UNKNOWN
     late = elapsed_ms is not None and elapsed_ms >= TIMEOUT_SHARE * timeout_ms
     if late and phase not in ("init", "abort") and (code in FENCING_CODES or err.txn_requires_abort()):
-        return COORDINATOR_TIMEOUT
+        return Outcome.COORDINATOR_TIMEOUT
     if code in FENCING_CODES:
-        return FENCED
+        return Outcome.FENCED
     if err.fatal() or code == KafkaError._FATAL:
-        return FATAL
+        return Outcome.FATAL
     if err.txn_requires_abort():
-        return ABORTABLE
+        return Outcome.ABORTABLE
     if err.retriable():
-        return RETRIABLE
-    return FATAL if phase == "init" else ABORTABLE
+        return Outcome.RETRIABLE
+    return Outcome.FATAL if phase == "init" else Outcome.ABORTABLE
 
 
 def _advice(err: KafkaError) -> str:
@@ -279,13 +306,13 @@ class TransactionalWriter:
                 return
             except KafkaException as e:
                 kind = classify(e.args[0], phase="commit", elapsed_ms=self.elapsed_ms, timeout_ms=self.timeout_ms)
-                if kind == RETRIABLE:
+                if kind == Outcome.RETRIABLE:
                     if self._clock() < deadline:  # librdkafka: call commit again
                         self._sleep(RETRY_PAUSE_S)
                         continue
                     # Retried until the deadline: the commit may still land, as after a timeout. Aborting and
                     # reusing this producer is the KIP-890 hazard; the producer is replaced instead.
-                    kind = OUTCOME_UNKNOWN
+                    kind = Outcome.OUTCOME_UNKNOWN
                 raise self._failure(e, "commit", kind) from e
 
     def abort(self) -> None:
@@ -298,9 +325,9 @@ class TransactionalWriter:
         except KafkaException as e:
             err = e.args[0]
             kind = classify(err, phase="abort", elapsed_ms=None, timeout_ms=self.timeout_ms)
-            if kind == OUTCOME_UNKNOWN:
+            if kind == Outcome.OUTCOME_UNKNOWN:
                 self._replace(f"abort timed out: {err}")
-            elif kind in (FENCED, FATAL):
+            elif kind in (Outcome.FENCED, Outcome.FATAL):
                 self._dead = _CLASSES[kind](f"abort of {self.transactional_id} failed: {err}", err, "abort")
             else:
                 log.info("abort_transaction of %s: %s", self.transactional_id, err)
@@ -322,22 +349,22 @@ class TransactionalWriter:
                 f"failed: {err.str() if hasattr(err, 'str') else err}"
             )
 
-    def _failure(self, e: KafkaException, phase: str, kind: str | None = None) -> TxnError:
+    def _failure(self, e: KafkaException, phase: str, kind: Outcome | None = None) -> TxnError:
         """Classify, do what the class requires (abort, replace the producer, give up on it), return the error."""
         err: KafkaError = self._root_cause(e.args[0])
         if self._delivery_error is not None and self._delivery_error.code() in CONFIG_CODES:
             # "n message(s) failed delivery": a write the broker refused (no ACL on the topic) is what to fix
-            err, kind = self._delivery_error, CONFIG
+            err, kind = self._delivery_error, Outcome.CONFIG
         elapsed = self.elapsed_ms
         kind = kind or classify(err, phase=phase, elapsed_ms=elapsed, timeout_ms=self.timeout_ms)
         detail = f"; {self._failed_delivery}" if self._failed_delivery else ""
         message = f"{phase} in a transaction of {self.transactional_id} failed: {err.str()}{detail}"
-        if kind == CONFIG:
+        if kind == Outcome.CONFIG:
             message += f" ({_advice(err)})"
         exc = _CLASSES[kind](message, err, phase, elapsed)
-        if kind in (FENCED, FATAL):
+        if kind in (Outcome.FENCED, Outcome.FATAL):
             self._dead, self._started = exc, None  # never abort or re-initialise a fenced producer
-        elif kind == OUTCOME_UNKNOWN:
+        elif kind == Outcome.OUTCOME_UNKNOWN:
             self._started = None
             self._replace(message)
         elif phase != "init":
@@ -385,14 +412,14 @@ class TransactionalWriter:
             except KafkaException as e:
                 err = e.args[0]
                 kind = classify(err, phase="init", elapsed_ms=None, timeout_ms=self.timeout_ms)
-                if kind == RETRIABLE and self._clock() < deadline:
+                if kind == Outcome.RETRIABLE and self._clock() < deadline:
                     self._sleep(RETRY_PAUSE_S)
                     continue
                 _close(producer)
                 message = f"init_transactions of {self.transactional_id} failed: {err.str()}"
-                if kind == CONFIG:
+                if kind == Outcome.CONFIG:
                     message += f" ({_advice(err)})"
-                raise _CLASSES[kind if kind != RETRIABLE else FATAL](message, err, "init") from e
+                raise _CLASSES[kind if kind != Outcome.RETRIABLE else Outcome.FATAL](message, err, "init") from e
 
 
 def _close(producer: Any, purge: bool = False) -> None:

@@ -27,7 +27,15 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka.transactional import TransactionalWriter
 from onceflow.rules import names
-from onceflow.rules.reconciliation import CHAIN, ChainPosition, ReconcileError, Result, chain_metadata, chain_position
+from onceflow.rules.reconciliation import (
+    ChainPosition,
+    Mode,
+    ReconcileError,
+    Result,
+    Status,
+    chain_metadata,
+    chain_position,
+)
 
 STATUS_TAIL = 2000  # reconciliation records read back for the status (the newest ones)
 
@@ -71,7 +79,7 @@ def position_from_results(settings: Settings) -> ChainPosition:
     ledger's first batch, need source records retention has deleted, and fail every run (protocol review N-3). The
     results are kept 90 days: a chain idle longer starts from the first batch the ledger still proves."""
     for r in reversed(recent_results(settings, limit=None)):
-        if r.get("mode") == CHAIN and r.get("ok") and r.get("last_batch") is not None:
+        if r.get("mode") == Mode.CHAIN and r.get("ok") and r.get("last_batch") is not None:
             return ChainPosition(int(r["last_batch"]), r.get("run_id"), r.get("finished_ms"))
     return ChainPosition()
 
@@ -81,7 +89,7 @@ def commit(settings: Settings, res: Result) -> dict:
     transaction. Fences every other chain run first (the chain's transactional id), then checks that the position
     is still the one this run started from: otherwise another run proved these batches already, and this result is
     not recorded as the chain's."""
-    if res.mode != CHAIN:
+    if res.mode != Mode.CHAIN:
         raise ValueError("only chain runs move the chain")
     tid = transactional_id(settings)
     writer = TransactionalWriter(
@@ -153,7 +161,7 @@ def status(settings: Settings, newest_batch: int | None) -> dict:
     failed: list[list[int]] = []
     for r in runs:
         if (
-            r.get("mode") == CHAIN
+            r.get("mode") == Mode.CHAIN
             and not r.get("ok")
             and r.get("first_batch") is not None
             and (proven is None or r["first_batch"] > proven)
@@ -170,7 +178,7 @@ def status(settings: Settings, newest_batch: int | None) -> dict:
             cur = max(cur, b + 1)
         if cur <= newest_batch:
             pending.append([cur, newest_batch])
-    last = next((r for r in reversed(runs) if r.get("mode") == CHAIN), None)
+    last = next((r for r in reversed(runs) if r.get("mode") == Mode.CHAIN), None)
     return {
         "app": settings.app_id,
         "proven_through": proven,
@@ -201,5 +209,5 @@ def _brief(r: dict) -> dict:
         "verdict": r.get("verdict"),
         "batches": [r.get("first_batch"), r.get("last_batch")],
         "finished_ms": r.get("finished_ms"),
-        "failed_checks": [c["name"] for c in r.get("checks", []) if c.get("status") == "fail"],
+        "failed_checks": [c["name"] for c in r.get("checks", []) if c.get("status") == Status.FAIL],
     }

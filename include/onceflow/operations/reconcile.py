@@ -153,13 +153,13 @@ def carry_in(
     quarantine: Sequence[QuarantineRange] = (),
 ) -> DataFrame:
     """Windows still open after batch a-1, with the counts of the records read before a: the previous run's
-    carry-out, or (no previous run) one pass over the batches before a, done now and kept."""
+    carry-out, or (none kept) one pass over the batches before a that can still count in them, done now and kept."""
     empty = spark.createDataFrame([], "window_start_ms long, ip string, n long")
-    before = [e for e in entries if e.batch < a]
-    if not before:
-        return empty
     path = carry_path(settings, a - 1)
     if not path.exists():
+        before = rr.carry_sources(entries, a, settings.window_s * 1000, settings.watermark_s * 1000)
+        if not before:
+            return empty
         log.info("no carry for batch %d: reading batches %d..%d once", a - 1, before[0].batch, a - 1)
         src = classified_source(spark, settings, before, entries, quarantine)
         keys = with_emission(spark, contributions(src), entries, settings.window_s)
@@ -202,18 +202,22 @@ def run_chain(spark: SparkSession, settings: Settings, with_gx: bool = True) -> 
             last_batch=None,
             ranges={},
             started_ms=t0,
-            mode=rr.CHAIN,
+            mode=rr.Mode.CHAIN,
             coverage=rr.coverage([]),
             snapshot_batch=snap.batch,
             proven_before=pos.batch,
         )
         res.checks.append(
-            rr.Check("range", rr.SKIP, f"nothing new: the chain has proven every committed batch (through {pos.batch})")
+            rr.Check(
+                "range",
+                rr.Status.SKIP,
+                f"nothing new: the chain has proven every committed batch (through {pos.batch})",
+            )
         )
         res.finished_ms = int(time.time() * 1000)
         return res
     res = run(spark, settings, first=rng[0], last=rng[1], with_gx=with_gx, snap=snap, chain=True)
-    res.mode, res.proven_before = rr.CHAIN, pos.batch
+    res.mode, res.proven_before = rr.Mode.CHAIN, pos.batch
     return res
 
 
@@ -253,7 +257,7 @@ def run(
         rr.coverage_check(check_coverage(entries, snap.committed.offsets or None, starting_offsets(settings)))
     )
     if not selected:
-        res.checks.append(rr.Check("range", rr.SKIP, "no committed batch in the requested range"))
+        res.checks.append(rr.Check("range", rr.Status.SKIP, "no committed batch in the requested range"))
         res.finished_ms = int(time.time() * 1000)
         return res
     other_rules = rr.rules_check(selected, RULES_VERSION, chain)
@@ -450,19 +454,19 @@ def _gx(sink: DataFrame, settings: Settings, res: rr.Result) -> rr.Check:
         )
     except Exception as e:  # GX itself failing is reported, not hidden
         log.exception("the GX suite did not run")
-        return rr.Check("gx_suite", rr.FAIL, f"the Great Expectations suite did not run: {e}")
+        return rr.Check("gx_suite", rr.Status.FAIL, f"the Great Expectations suite did not run: {e}")
     res.data_docs = out["data_docs"]
     failed = [x for x in out["expectations"] if not x["success"]]
     figures = {"expectations": len(out["expectations"]), "failed": len(failed), "data_docs": out["data_docs"]}
     if failed:
         return rr.Check(
             "gx_suite",
-            rr.FAIL,
+            rr.Status.FAIL,
             "; ".join(f"{x['expectation']}({x['column']}): {x['unexpected_count']} unexpected" for x in failed),
             figures,
             failed,
         )
-    return rr.Check("gx_suite", rr.PASS, f"all {len(out['expectations'])} expectations met", figures)
+    return rr.Check("gx_suite", rr.Status.PASS, f"all {len(out['expectations'])} expectations met", figures)
 
 
 def spark_dropped(settings: Settings, selected: list[LedgerEntry]) -> dict[int, int] | None:

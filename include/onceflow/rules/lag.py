@@ -17,11 +17,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
-OK, WARN, STALL, STOP, REWIND = "OK", "WARN", "STALL", "STOP", "REWIND"
-SEVERITY = {OK: 0, WARN: 1, REWIND: 2, STALL: 3, STOP: 3}
+
+class Level(StrEnum):
+    """A partition's lag status (the rules above), worst last."""
+
+    OK = "OK"
+    WARN = "WARN"
+    REWIND = "REWIND"
+    STALL = "STALL"
+    STOP = "STOP"
+
+    @property
+    def severity(self) -> int:
+        return {"OK": 0, "WARN": 1, "REWIND": 2, "STALL": 3, "STOP": 3}[self.value]
 
 
 @dataclass(frozen=True)
@@ -39,7 +50,7 @@ class Sample:
         return asdict(self)
 
 
-class Trend(str, Enum):
+class Trend(StrEnum):
     FLAT = "flat"
     GROWING = "growing"
     SHRINKING = "shrinking"
@@ -52,35 +63,35 @@ def trend(samples: Sequence[Sample]) -> Trend:
     return Trend.GROWING if last > first else Trend.SHRINKING if last < first else Trend.FLAT
 
 
-def evaluate(samples: Sequence[Sample], min_samples: int = 3, since_ms: int | None = None) -> str:
+def evaluate(samples: Sequence[Sample], min_samples: int = 3, since_ms: int | None = None) -> Level:
     """The Burrow status of one partition over its sample window (oldest first). With `since_ms` (the job's current
     run's start) the samples before it count only for REWIND, and falling behind (WARN) is judged from the run's
     first commit on: a run begins with a backlog and a slow first batch."""
     for a, b in zip(samples, samples[1:]):
         if b.committed < a.committed:
-            return REWIND
+            return Level.REWIND
     if since_ms is not None:
         samples = [s for s in samples if s.ts_ms >= since_ms]
     if not samples:
-        return OK
+        return Level.OK
     last = samples[-1]
     if last.lag == 0 or any(s.lag == 0 for s in samples):
-        return OK
+        return Level.OK
     if len(samples) < min_samples:
-        return OK
+        return Level.OK
     span = samples[-1].ts_ms - samples[0].ts_ms
     moved = samples[-1].committed != samples[0].committed
     if not moved:
         if last.commit_ts_ms is not None and last.ts_ms - last.commit_ts_ms > span:
-            return STOP
-        return STALL
+            return Level.STOP
+        return Level.STALL
     if since_ms is not None:
         samples = samples[next(i for i, s in enumerate(samples) if s.committed != samples[0].committed) :]
     lags = [s.lag for s in samples]
     if len(lags) >= min_samples and all(b > a for a, b in zip(lags, lags[1:])):
-        return WARN
-    return OK
+        return Level.WARN
+    return Level.OK
 
 
-def worst(statuses: Sequence[str]) -> str:
-    return max(statuses, key=lambda s: SEVERITY[s], default=OK)
+def worst(statuses: Sequence[str]) -> Level:
+    return max((Level(s) for s in statuses), key=lambda s: s.severity, default=Level.OK)

@@ -15,13 +15,33 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from onceflow.rules.ledger import CoverageReport, LedgerEntry
 from onceflow.wire import OnceflowError
 
-PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
-MANUAL, CHAIN = "manual", "chain"
+
+class Status(StrEnum):
+    """One check's verdict."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    WARN = "warn"
+    SKIP = "skip"
+
+
+class Mode(StrEnum):
+    MANUAL = "manual"  # a range asked for
+    CHAIN = "chain"  # the scheduled, gap-free chain
+
+
+class Verdict(StrEnum):
+    """A run's verdict."""
+
+    OK = "ok"
+    FAILED = "failed"
+    NOTHING_NEW = "nothing new"  # a chain run with no batch committed since the last proven one
 
 
 class ReconcileError(OnceflowError, ValueError):
@@ -173,7 +193,7 @@ def rules_check(selected: Sequence[LedgerEntry], current: int, chain: bool) -> C
     batches = [e.batch for e in selected if e.rules in other]
     return Check(
         "rules",
-        FAIL if chain else SKIP,
+        Status.FAIL if chain else Status.SKIP,
         f"batches {batches[0]}..{batches[-1]} were classified with parse rules version {other}; this code "
         f"classifies with version {current} and cannot judge them: reconcile them with the code that wrote them",
     )
@@ -211,10 +231,37 @@ class Emission:
         return self._batches[i] if i < len(self._batches) else None
 
 
+def carry_sources(entries: Sequence[LedgerEntry], a: int, window_ms: int, delay_ms: int) -> list[LedgerEntry]:
+    """The batches before `a` whose records can count in a window still open after batch a-1, the ones a carry-in
+    must read when no carry file is kept (the first run, a lost var/).
+
+    Spark's watermark is the highest event time it has seen, less the delay, so a record read in batch j has an
+    event time at most the (running) watermark of the batch after j plus the delay, and its window ends at most one
+    window later. A window is still open after a-1 only if its end is above a-1's watermark (`Emission`). Every
+    batch before the first one that can reach such a window is skipped: the carry reads the last few batches, not
+    the whole ledger, whose oldest source records retention may have deleted. Watermarks recorded before a change
+    of the delay to a smaller one can make the bound too tight; a count then differs and the run fails, it never
+    passes wrongly."""
+    ordered = sorted(entries, key=lambda e: e.batch)
+    top, running = 0, []
+    for e in ordered:
+        top = max(top, e.watermark_ms)
+        running.append(top)
+    before = [i for i, e in enumerate(ordered) if e.batch < a]
+    if not before:
+        return []
+    open_above = running[before[-1]]
+    for i in before:
+        nxt = running[i + 1] if i + 1 < len(ordered) else None
+        if nxt is None or nxt + delay_ms + window_ms > open_above:
+            return ordered[i : before[-1] + 1]
+    return []
+
+
 @dataclass
 class Check:
     name: str
-    status: str
+    status: Status
     summary: str
     figures: dict[str, Any] = field(default_factory=dict)
     differences: list[dict[str, Any]] = field(default_factory=list)  # precise, capped by the caller
@@ -231,14 +278,14 @@ class Result:
     finished_ms: int = 0
     checks: list[Check] = field(default_factory=list)
     data_docs: str | None = None
-    mode: str = MANUAL  # MANUAL (a range asked for) or CHAIN (the scheduled, gap-free chain)
+    mode: Mode = Mode.MANUAL
     coverage: dict[str, Any] = field(default_factory=dict)  # batches, commit times and source offsets the run proved
     snapshot_batch: int | None = None  # the newest committed batch when the run began (its consistent cut)
     proven_before: int | None = None  # CHAIN: the chain's last proven batch when the run began
 
     @property
     def ok(self) -> bool:
-        return all(c.status != FAIL for c in self.checks)
+        return all(c.status != Status.FAIL for c in self.checks)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON all the way down: numbers stay numbers (Spark's Decimal and numpy's ints included)."""
@@ -248,13 +295,13 @@ class Result:
         return d
 
     @property
-    def verdict(self) -> str:
-        if self.mode == CHAIN and self.first_batch is None and self.ok:
-            return "nothing new"
-        return "ok" if self.ok else "failed"
+    def verdict(self) -> Verdict:
+        if self.mode == Mode.CHAIN and self.first_batch is None and self.ok:
+            return Verdict.NOTHING_NEW
+        return Verdict.OK if self.ok else Verdict.FAILED
 
     def failures(self) -> list[Check]:
-        return [c for c in self.checks if c.status == FAIL]
+        return [c for c in self.checks if c.status == Status.FAIL]
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Result:
@@ -262,7 +309,8 @@ class Result:
         d.pop("ok", None)
         d.pop("verdict", None)
         d["ranges"] = {int(p): tuple(r) for p, r in d["ranges"].items()}
-        d["checks"] = [Check(**c) for c in d["checks"]]
+        d["checks"] = [Check(**c | {"status": Status(c["status"])}) for c in d["checks"]]
+        d["mode"] = Mode(d.get("mode", Mode.MANUAL))
         return cls(**d)
 
     def check(self, name: str) -> Check:
@@ -295,7 +343,7 @@ def coverage_check(rep: CoverageReport, cap: int = 50) -> Check:
     if rep.ok:
         return Check(
             "I1_coverage",
-            PASS,
+            Status.PASS,
             f"{rep.batches} batches cover every partition contiguously, no gap, no "
             f"overlap, up to the group's committed offsets",
             figures,
@@ -306,7 +354,7 @@ def coverage_check(rep: CoverageReport, cap: int = 50) -> Check:
     ]
     return Check(
         "I1_coverage",
-        FAIL,
+        Status.FAIL,
         f"{len(rep.issues)} coverage issue(s): " + "; ".join(i.detail for i in rep.issues[:3]),
         figures,
         diffs,
@@ -373,10 +421,10 @@ def accounting_check(
                     }
                 )
     if diffs:
-        return Check("I2_accounting", FAIL, diffs[0]["detail"], figures, diffs)
+        return Check("I2_accounting", Status.FAIL, diffs[0]["detail"], figures, diffs)
     return Check(
         "I2_accounting",
-        PASS,
+        Status.PASS,
         f"{total} source records = {counted_in_sink} counted + {late} late + "
         f"{malformed_in_dlq} malformed + {pending} pending",
         figures,
@@ -432,8 +480,8 @@ def results_check(
         ]
         if sink_records != ledger_outputs:
             parts.append(f"{sink_records} sink records vs {ledger_outputs} in the ledger")
-        return Check("I3_results", FAIL, ", ".join(parts), figures, diffs)
-    return Check("I3_results", PASS, f"{expected_keys} keys, each once, each with the recounted value", figures)
+        return Check("I3_results", Status.FAIL, ", ".join(parts), figures, diffs)
+    return Check("I3_results", Status.PASS, f"{expected_keys} keys, each once, each with the recounted value", figures)
 
 
 def dlq_check(
@@ -457,13 +505,13 @@ def dlq_check(
     if diffs:
         return Check(
             "I2_dlq",
-            FAIL,
+            Status.FAIL,
             f"{len(missing)} malformed record(s) missing from the DLQ, {len(unexpected)} "
             f"unexpected, {len(duplicates)} duplicated",
             figures,
             diffs,
         )
-    return Check("I2_dlq", PASS, f"each of the {malformed} malformed records is in the DLQ once", figures)
+    return Check("I2_dlq", Status.PASS, f"each of the {malformed} malformed records is in the DLQ once", figures)
 
 
 def visibility_check(committed: int, uncommitted: int, committed_not_in_uncommitted: int, foreign: int) -> Check:
@@ -476,13 +524,13 @@ def visibility_check(committed: int, uncommitted: int, committed_not_in_uncommit
     if committed_not_in_uncommitted:
         return Check(
             "I4_visibility",
-            FAIL,
+            Status.FAIL,
             f"{committed_not_in_uncommitted} record(s) visible to read_committed are not in the log at all",
             figures,
         )
     return Check(
         "I4_visibility",
-        PASS,
+        Status.PASS,
         f"read_committed sees {committed} records; the {uncommitted - committed} "
         f"more in read_uncommitted are aborted or open transactions",
         figures,

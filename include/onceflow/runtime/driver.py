@@ -400,7 +400,7 @@ def run(settings: config.Settings) -> int:
         },
     )
     status.update(
-        state="running",
+        state=wire.JobState.RUNNING,
         query_id=query.id,
         run_id=query.runId,
         spark_version=spark.version,
@@ -418,14 +418,14 @@ def run(settings: config.Settings) -> int:
     # (a StopRequested ends the query but is never a failure: it is raised before a batch starts any work)
     if writer.stop.is_set() and not writer.failure:
         writer.stop_at_boundary(query)
-        status.update(state="stopped", stopped_ms=int(time.time() * 1000))
+        status.update(state=wire.JobState.STOPPED, stopped_ms=int(time.time() * 1000))
         bus.emit(wire.JOB_STOPPED, flush=True, last_batch=status.data.get("last_batch"))
         sink.close()
         return wire.EXIT_OK
     err = writer.failure[-1] if writer.failure else query.exception()
     code = failure_exit_code(err)
     log.error("the query failed: %s", str(err)[:2000])
-    status.update(state="failed", error=str(err)[:2000], exit_code=code)
+    status.update(state=wire.JobState.FAILED, error=str(err)[:2000], exit_code=code)
     bus.emit(wire.JOB_FAILED, logging.ERROR, flush=True, error=str(err)[:2000], exit_code=code)
     return code
 

@@ -31,7 +31,7 @@ def initial_status(settings: Settings, pid: int, now_ms: int, host: str = "") ->
         "app": settings.app_id,
         "host": host,
         "pid": pid,
-        "state": "starting",
+        "state": wire.JobState.STARTING,
         "started_ms": now_ms,
         "checkpoint": settings.checkpoint,
         "bootstrap_servers": settings.bootstrap_servers,
@@ -56,7 +56,7 @@ def status_after_batch(
     """The status fields a finished batch changes: a written batch counts as committed (with its figures and
     watermark); a replay or catch-up counts as skipped."""
     out: dict[str, Any] = {
-        "state": "running",
+        "state": wire.JobState.RUNNING,
         "last_batch": plan.batch,
         "spark_batch": spark_batch,
         "last_commit_ms": now_ms,

@@ -28,13 +28,13 @@ def desired_file(settings: Settings):
     return settings.run_dir / f"{settings.app_id}.desired.json"
 
 
-def desired_state(settings: Settings) -> str | None:
-    """What the operator asked for last: "running" after a start, "stopped" after a stop; None if never."""
+def desired_state(settings: Settings) -> wire.Intent | None:
+    """What the operator asked for last: RUNNING after a start, STOPPED after a stop; None if never."""
     st = ev.read_status(desired_file(settings))
-    return st.get("state") if st else None
+    return wire.Intent(st["state"]) if st and st.get("state") else None
 
 
-def _set_desired(settings: Settings, state: str) -> None:
+def _set_desired(settings: Settings, state: wire.Intent) -> None:
     ev.write_status(desired_file(settings), {"state": state, "ts_ms": int(time.time() * 1000)})
 
 
@@ -70,9 +70,9 @@ def status(settings: Settings) -> dict:
         "host": st.get("host") if fresh else None,  # where the driver runs
         "running": job is not None,
         "restarts": job.get("restarts", 0) if job else None,
-        "state": (st.get("state") if fresh else "starting")
+        "state": (st.get("state") if fresh else wire.JobState.STARTING)
         if job
-        else ("stopped" if not st else f"{st.get('state')} (not running)"),
+        else (wire.JobState.STOPPED if not st else f"{st.get('state')} (not running)"),
         "last_batch": st.get("last_batch"),
         "last_commit_age_s": round((now - last) / 1000, 1) if last else None,
         "committed_batches": st.get("committed_batches"),
@@ -172,7 +172,7 @@ def start(settings: Settings, argv=None) -> dict:
             [sys.executable, "-m", "onceflow.cli", "job", "run"], supervisor.job_log(settings), env=env
         )
         procs.write_pidfile(supervisor.supervisor_pidfile(settings), proc.pid, "onceflow.cli")
-        _set_desired(settings, "running")
+        _set_desired(settings, wire.Intent.RUNNING)
     return {"supervisor_pid": proc.pid, "log": str(supervisor.job_log(settings))}
 
 
@@ -236,7 +236,7 @@ def wait_running(settings: Settings, after_ms: int = 0, timeout: float = 180.0) 
 
     def running():
         st = ev.read_status(settings.status_file) or {}
-        ok = int(st.get("started_ms") or 0) > after_ms and st.get("state") == "running"
+        ok = int(st.get("started_ms") or 0) > after_ms and st.get("state") == wire.JobState.RUNNING
         return st if ok and procs.read_pidfile(supervisor.job_pidfile(settings)) else None
 
     return procs.wait_until(running, timeout, interval=0.5, what=f"{settings.app_id}'s query to run")
@@ -247,7 +247,7 @@ def stop(settings: Settings, timeout: float = 90.0, record_intent: bool = True) 
     An operator's stop records the intent (desired "stopped"): the health check then leaves the job alone. A
     restart by the health check passes `record_intent=False`: it never changes what the operator asked for."""
     if record_intent and desired_state(settings) is not None:
-        _set_desired(settings, "stopped")
+        _set_desired(settings, wire.Intent.STOPPED)
     sup = procs.read_pidfile(supervisor.supervisor_pidfile(settings))
     job = procs.read_pidfile(supervisor.job_pidfile(settings))
     if not sup and not job:

@@ -11,6 +11,7 @@ from typing import Any
 
 from onceflow import wire
 from onceflow.config import Settings
+from onceflow.control.alerts import Status as AlertStatus
 from onceflow.rules.ledger import LedgerEntry
 
 # ------------------------------------------------------------- values from Kafka records: typed or left out
@@ -295,7 +296,7 @@ def alert_view(history: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, An
             continue
         hist.append(a)
         latest[a["key"]] = a
-    open_now = [a for a in latest.values() if a["status"] == "firing" and not a.get("one_off")]
+    open_now = [a for a in latest.values() if a["status"] == AlertStatus.FIRING and not a.get("one_off")]
     return {"open": sorted(open_now, key=lambda a: -a["ts_ms"]), "history": sorted(hist, key=lambda a: -a["ts_ms"])}
 
 
