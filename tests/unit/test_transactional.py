@@ -2,86 +2,14 @@
 flink-connector-kafka's KafkaCommitterTest drives its committer with a mock producer."""
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError
 
 from onceflow import wire
 from onceflow.kafka import transactional as t
+from onceflow.testing.kafka import ScriptedProducer, kafka_error
 
-
-def kerr(code, fatal=False, retriable=False, abortable=False):
-    return KafkaException(
-        KafkaError(code, f"scripted {code}", fatal=fatal, retriable=retriable, txn_requires_abort=abortable)
-    )
-
-
-class Msg:
-    def __init__(self, topic, key):
-        self._topic, self._key = topic, key
-
-    def topic(self):
-        return self._topic
-
-    def key(self):
-        return self._key
-
-    def partition(self):
-        return 0
-
-
-class FakeProducer:
-    """Records every call; `script[method]` is a list of outcomes (an exception to raise, or None) taken in order."""
-
-    def __init__(self, name, calls, script=None, fail_delivery=None):
-        self.name, self.calls, self.script = name, calls, {k: list(v) for k, v in (script or {}).items()}
-        self.fail_delivery, self.pending = fail_delivery, []
-
-    def _call(self, method, *args):
-        self.calls.append((self.name, method))
-        outcomes = self.script.get(method)
-        if outcomes:
-            outcome = outcomes.pop(0)
-            if outcome is not None:
-                raise outcome
-
-    def init_transactions(self, timeout):
-        self._call("init_transactions")
-
-    def begin_transaction(self):
-        self._call("begin_transaction")
-
-    def produce(self, topic, key=None, value=None, headers=None, on_delivery=None, partition=None):
-        self._call("produce")
-        self.pending.append((on_delivery, topic, key))
-
-    def poll(self, timeout):
-        self.calls.append((self.name, "poll"))
-
-    def send_offsets_to_transaction(self, offsets, metadata, timeout):
-        self._call("send_offsets_to_transaction")
-
-    def commit_transaction(self, timeout):
-        for cb, topic, key in self.pending:  # deliveries are reported when the commit flushes
-            err = (
-                KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large")
-                if self.fail_delivery == key
-                else None
-            )
-            cb(err, Msg(topic, key))
-        self.pending = []
-        self._call("commit_transaction")
-
-    def abort_transaction(self, timeout):
-        self.pending = []
-        self._call("abort_transaction")
-
-    def purge(self, **kw):
-        self.calls.append((self.name, "purge"))
-
-    def flush(self, timeout):
-        return 0
-
-    def close(self):
-        self.calls.append((self.name, "close"))
+kerr = kafka_error
+FakeProducer = ScriptedProducer  # on no cluster: calls are recorded, nothing is kept
 
 
 class Clock:

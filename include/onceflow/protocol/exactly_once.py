@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,10 +43,9 @@ from onceflow.config import Settings
 from onceflow.faults import Injector
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
-from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import transactional as tw
-from onceflow.protocol import ledger_reader
-from onceflow.rules import names, records
+from onceflow.protocol.sink_reads import KafkaSinkReads, SinkReads
+from onceflow.rules import records
 from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, decide, offset_metadata
 from onceflow.wire import OnceflowError
 
@@ -98,8 +97,17 @@ class UndeliverableRecord(OnceflowError):
 
 class ExactlyOnceSink:
     def __init__(
-        self, settings: Settings, bus: ev.EventBus, faults: Injector | None = None, init_timeout_s: float = 60.0
+        self,
+        settings: Settings,
+        bus: ev.EventBus,
+        faults: Injector | None = None,
+        init_timeout_s: float = 60.0,
+        *,
+        producer_factory: Callable[[], Any] | None = None,
+        reads: SinkReads | None = None,
     ):
+        """Connects to the broker unless given its seams: `producer_factory` makes the transactional producer (again
+        after an unknown outcome), `reads` answers what is committed (onceflow.testing has both, scripted)."""
         self.s = settings
         self.bus = bus
         self.faults = faults
@@ -121,7 +129,7 @@ class ExactlyOnceSink:
         # init_transactions fences the previous incarnation and aborts its open transaction, if any.
         try:
             self.writer = tw.TransactionalWriter(
-                make_producer,
+                producer_factory or make_producer,
                 settings.transactional_id,
                 self.timeout_ms,
                 init_timeout_s=init_timeout_s,
@@ -132,24 +140,14 @@ class ExactlyOnceSink:
             raise config_error(e, self.timeout_ms) from e
         except tw.Fenced as e:
             raise ZombieFenced(f"fenced while initialising {settings.transactional_id}: {e}") from e
-        # The group whose committed offsets are the job's position. It never subscribes: it only supplies
-        # group metadata for send_offsets_to_transaction and reads the committed offsets back.
-        self.group = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
-        self.ledger_reader = kafka_clients.read_committed_consumer(
-            settings, group_id=names.ledger_group(settings.app_id)
-        )
-        self.admin = kafka_clients.admin(settings)  # the ledger lookups' (held: one connection, not one per lookup)
+        self.reads: SinkReads = reads if reads is not None else KafkaSinkReads(settings)
 
     # ------------------------------------------------------------------ what is committed
     def committed(self, partitions: Iterable[int]) -> Committed:
-        tps = [TopicPartition(self.s.source_topic, p) for p in sorted(partitions)]
-        got = kafka_reading.committed(self.group, tps) if tps else []
-        return Committed.from_partitions(
-            (tp.partition, tp.offset if tp.offset >= 0 else None, tp.metadata) for tp in got
-        )
+        return self.reads.committed(partitions)
 
     def ledger_entry(self, batch: int) -> LedgerEntry | None:
-        return ledger_reader.find_entry(self.ledger_reader, self.s, batch, self.admin)
+        return self.reads.entry(batch)
 
     # ------------------------------------------------------------------ the protocol
     def decide(self, plan: BatchPlan) -> Decision:
@@ -161,7 +159,7 @@ class ExactlyOnceSink:
         if committed.batch is None and not committed.offsets:
             # No committed offsets at all: a fresh app, or the group's offsets were deleted or expired. The
             # ledger is the truth; the group is a cache of it.
-            newest = ledger_reader.newest_entry(self.ledger_reader, self.s, self.admin)
+            newest = self.reads.newest()
             if newest is not None:
                 self.bus.emit(
                     wire.GROUP_OFFSETS_LOST,
@@ -281,7 +279,7 @@ class ExactlyOnceSink:
                     TopicPartition(plan.topic, p, off, offset_metadata(plan.batch, plan.epoch))
                     for p, off in sorted(plan.end.items())
                 ]
-                self.writer.send_offsets(offsets, self.group.consumer_group_metadata())
+                self.writer.send_offsets(offsets, self.reads.group_metadata())
                 self._fault("stall_in_txn", plan.batch)
         except tw.Fenced as e:
             self.bus.emit(
@@ -378,11 +376,7 @@ class ExactlyOnceSink:
             self.faults.hit(point, batch)
 
     def close(self) -> None:
-        for c in (self.group, self.ledger_reader):
-            try:
-                c.close()
-            except Exception:
-                pass
+        self.reads.close()
         self.writer.close()
 
 

@@ -1,0 +1,69 @@
+"""What the exactly-once sink reads before it writes: the group's committed position and the app's ledger records.
+
+`SinkReads` is the seam: `KafkaSinkReads` reads the real broker (read_committed); `onceflow.testing` has an
+in-memory one over a scripted cluster, so the sink's protocol is unit-tested through every branch without a broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from confluent_kafka import TopicPartition
+
+from onceflow.config import Settings
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import reading as kafka_reading
+from onceflow.protocol import ledger_reader
+from onceflow.rules import names
+from onceflow.rules.ledger import Committed, LedgerEntry
+
+
+class SinkReads(Protocol):
+    def committed(self, partitions: Iterable[int]) -> Committed:
+        """The group's committed offsets of the source partitions, with the batch their metadata names."""
+
+    def entry(self, batch: int) -> LedgerEntry | None:
+        """The app's committed stream record of ledger batch `batch` (None: not in the ledger)."""
+
+    def newest(self) -> LedgerEntry | None:
+        """The app's newest committed stream record (None: it has committed nothing)."""
+
+    def group_metadata(self) -> Any:
+        """The group's metadata for send_offsets_to_transaction."""
+
+    def close(self) -> None: ...
+
+
+class KafkaSinkReads:
+    """The group whose committed offsets are the job's position (it never subscribes: it supplies the group's
+    metadata and reads the committed offsets back) and a read_committed reader of the ledger."""
+
+    def __init__(self, settings: Settings):
+        self.s = settings
+        self.group = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
+        self.ledger = kafka_clients.read_committed_consumer(settings, group_id=names.ledger_group(settings.app_id))
+        self.admin = kafka_clients.admin(settings)  # the ledger lookups' (held: one connection, not one per lookup)
+
+    def committed(self, partitions: Iterable[int]) -> Committed:
+        tps = [TopicPartition(self.s.source_topic, p) for p in sorted(partitions)]
+        got = kafka_reading.committed(self.group, tps) if tps else []
+        return Committed.from_partitions(
+            (tp.partition, tp.offset if tp.offset >= 0 else None, tp.metadata) for tp in got
+        )
+
+    def entry(self, batch: int) -> LedgerEntry | None:
+        return ledger_reader.find_entry(self.ledger, self.s, batch, self.admin)
+
+    def newest(self) -> LedgerEntry | None:
+        return ledger_reader.newest_entry(self.ledger, self.s, self.admin)
+
+    def group_metadata(self) -> Any:
+        return self.group.consumer_group_metadata()
+
+    def close(self) -> None:
+        for c in (self.group, self.ledger):
+            try:
+                c.close()
+            except Exception:
+                pass

@@ -1,0 +1,165 @@
+"""The exactly-once sink through every branch, on onceflow.testing's in-memory cluster (no broker): one
+transaction per batch, replays written once, divergence refused, fencing, the coordinator's timeout, a commit
+whose outcome is unknown, an undeliverable DLQ copy, lost group offsets. The real-broker suites
+(tests/integration/test_exactly_once.py) prove the same claims under kill -9; these pin the branches."""
+
+import pytest
+from confluent_kafka import KafkaError
+
+from onceflow import config, wire
+from onceflow.faults import Injector
+from onceflow.kafka import transactional as tw
+from onceflow.protocol.exactly_once import (
+    BatchNotCommitted,
+    ExactlyOnceSink,
+    OutRecord,
+    TransactionTimedOut,
+    UndeliverableRecord,
+    ZombieFenced,
+)
+from onceflow.rules.ledger import BatchPlan, Decision, DivergentHistory
+from onceflow.testing.kafka import FakeCluster, FakeSinkReads, Landed, Slow, kafka_error
+
+S = config.load(env={})
+
+
+def sink(cluster, scripts=(), faults=None, settings=S):
+    return ExactlyOnceSink(
+        settings,
+        cluster.bus(settings),
+        faults,
+        producer_factory=cluster.producer_factory(settings.transactional_id, scripts),
+        reads=FakeSinkReads(cluster, settings),
+    )
+
+
+def plan(batch, start, end, **kw):
+    return BatchPlan(batch, S.source_topic, {0: start}, {0: end}, **kw)
+
+
+ROWS = [
+    OutRecord(wire.KIND_RESULT, "2026-11-17T00:00:00.000Z|10.0.0.1", b"3"),
+    OutRecord(wire.KIND_DLQ, "0:7", b"garbage", src_partition=0, src_offset=7, reason="unparseable"),
+]
+
+
+def visible(cluster, topic):
+    return [(r.key, r.value) for r in cluster.topic(topic)]
+
+
+def test_a_batch_is_its_results_its_dlq_copies_its_ledger_record_and_its_offsets_in_one_transaction():
+    c = FakeCluster()
+    out = sink(c).write_batch(plan(0, 0, 10), ROWS)
+    assert (out.decision, out.outputs, out.dlq) == (Decision.WRITE, 1, 1)
+    assert visible(c, S.sink_topic) == [(ROWS[0].key.encode(), b"3")]
+    assert visible(c, S.dlq_topic) == [(b"0:7", b"garbage")]
+    [ledger] = FakeSinkReads(c, S)._entries()
+    assert (ledger.batch, ledger.ranges, ledger.outputs, ledger.dlq) == (0, {0: (0, 10)}, 1, 1)
+    assert FakeSinkReads(c, S).committed([0]).offsets == {0: 10} and FakeSinkReads(c, S).committed([0]).batch == 0
+    dlq_headers = dict(c.topic(S.dlq_topic)[0].headers)
+    assert dlq_headers[wire.H_SOURCE_OFFSET] == b"7" and dlq_headers[wire.H_BATCH] == b"0"
+    assert [m for _, m in c.calls if "transaction" in m] == [
+        "init_transactions",
+        "begin_transaction",
+        "send_offsets_to_transaction",
+        "commit_transaction",
+    ]
+    assert [e["batch"] for e in c.events(S, wire.BATCH_COMMITTED)] == [0]
+
+
+def test_a_replay_of_a_committed_batch_writes_nothing_and_the_next_batch_follows_it():
+    c = FakeCluster()
+    sink(c).write_batch(plan(0, 0, 10), ROWS)
+    again = sink(c)  # a restart: a new producer fences the old one
+    assert again.write_batch(plan(0, 0, 10), ROWS).decision is Decision.SKIP
+    assert len(c.topic(S.sink_topic)) == 1 and len(c.topic(S.ledger_topic)) == 1
+    assert [e["decision"] for e in c.events(S, wire.BATCH_REPLAY_SKIPPED)] == ["skip"]
+    assert again.write_batch(plan(1, 10, 20), ROWS[:1]).decision is Decision.WRITE
+    assert len(c.topic(S.sink_topic)) == 2
+
+
+def test_a_committed_batch_planned_again_with_another_range_is_divergent_history():
+    c = FakeCluster()
+    sink(c).write_batch(plan(0, 0, 10), ROWS)
+    with pytest.raises(DivergentHistory):
+        sink(c).write_batch(plan(0, 0, 12), ROWS)
+    with pytest.raises(DivergentHistory):  # a gap: batch 1 must start where batch 0 ended
+        sink(c).write_batch(plan(1, 11, 20), ROWS)
+    assert len(c.topic(S.sink_topic)) == 1 and c.events(S, wire.DIVERGENT_HISTORY)
+
+
+def test_an_older_instance_is_fenced_and_its_transaction_never_shows():
+    c = FakeCluster()
+    old = sink(c)
+    sink(c)  # a newer instance of the app initialises the same transactional id
+    with pytest.raises(ZombieFenced):
+        old.write_batch(plan(0, 0, 10), ROWS)
+    assert c.topic(S.sink_topic) == [] and FakeSinkReads(c, S).committed([0]).offsets == {}
+    assert c.events(S, wire.FENCED)
+
+
+def test_a_transaction_the_coordinator_aborted_is_a_timeout_with_advice_and_nothing_visible():
+    c = FakeCluster()
+    # the coordinator's abort bumps the epoch: the commit, at the timeout, looks fenced
+    timed_out = Slow(0.06, kafka_error(KafkaError._FENCED, fatal=True))
+    s = sink(c, [{"commit_transaction": [timed_out]}], settings=S.replace(transaction_timeout_ms=50))
+    with pytest.raises(TransactionTimedOut):
+        s.write_batch(plan(0, 0, 10), ROWS)
+    assert c.topic(S.sink_topic) == [] and c.topic(S.ledger_topic) == []
+    [event] = c.events(S, wire.TRANSACTION_TIMEOUT)
+    assert "raise ONCEFLOW_TRANSACTION_TIMEOUT_MS" in event["action"]
+
+
+def test_a_commit_whose_outcome_is_unknown_but_landed_is_reported_committed_once():
+    c = FakeCluster()
+    unknown = kafka_error(KafkaError._TIMED_OUT, retriable=True)
+    out = sink(c, [{"commit_transaction": [Landed(unknown)]}]).write_batch(plan(0, 0, 10), ROWS)
+    assert (out.decision, out.outputs, out.dlq) == (Decision.WRITE, 1, 1)
+    assert len(c.topic(S.sink_topic)) == 1  # written once, not again by a second attempt
+    [committed] = c.events(S, wire.BATCH_COMMITTED)
+    assert committed["settled_after_unknown_outcome"] is True
+    assert c.events(S, wire.TRANSACTION_OUTCOME_UNKNOWN)
+
+
+def test_a_commit_whose_outcome_is_unknown_and_did_not_land_is_written_again_from_rows_it_can_reread():
+    c = FakeCluster()
+    unknown = kafka_error(KafkaError._TIMED_OUT, retriable=True)
+    out = sink(c, [{"commit_transaction": [unknown]}]).write_batch(plan(0, 0, 10), ROWS)
+    assert out.decision is Decision.WRITE and len(c.topic(S.sink_topic)) == 1
+
+
+def test_a_streamed_batch_whose_commit_did_not_land_fails_the_query_for_spark_to_replay():
+    c = FakeCluster()
+    unknown = kafka_error(KafkaError._TIMED_OUT, retriable=True)
+    with pytest.raises(BatchNotCommitted):
+        sink(c, [{"commit_transaction": [unknown]}]).write_batch(plan(0, 0, 10), iter(ROWS))
+    assert c.topic(S.sink_topic) == []
+
+
+def test_an_undeliverable_dlq_copy_aborts_the_batch_and_names_the_record(tmp_path):
+    c = FakeCluster()
+    faults = Injector("undeliverable@0:7", tmp_path)
+    with pytest.raises(UndeliverableRecord, match=r"offset 7"):
+        sink(c, faults=faults).write_batch(plan(0, 0, 10), ROWS)
+    assert c.topic(S.sink_topic) == [] and c.topic(S.ledger_topic) == []
+    assert ("p0", "abort_transaction") in c.calls
+
+
+def test_an_abortable_produce_error_aborts_and_nothing_is_visible():
+    c = FakeCluster()
+    s = sink(c, [{"produce": [None, kafka_error(KafkaError.UNKNOWN)]}])
+    with pytest.raises(tw.Aborted):
+        s.write_batch(plan(0, 0, 10), ROWS)
+    assert c.topic(S.sink_topic) == [] and FakeSinkReads(c, S).committed([0]).offsets == {}
+
+
+def test_lost_group_offsets_are_decided_from_the_ledger():
+    c = FakeCluster()
+    sink(c).write_batch(plan(0, 0, 10), ROWS)
+    c.groups.clear()  # Kafka's offsets.retention.minutes expired the group
+    s = sink(c)
+    assert s.decide(plan(0, 0, 10)) is Decision.SKIP  # the ledger says batch 0 is committed with this range
+    assert s.decide(plan(1, 10, 20)) is Decision.WRITE
+    assert c.events(S, wire.GROUP_OFFSETS_LOST)
+    s.write_batch(plan(1, 10, 20), ROWS[:1])
+    assert FakeSinkReads(c, S).committed([0]).offsets == {0: 20}  # the next commit restores the group's offsets
