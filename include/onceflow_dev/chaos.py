@@ -1,7 +1,9 @@
 """`make chaos`: exactly-once under faults, in the manner of Kafka's own transaction system tests.
 
-A bounded run on a private broker: the generator writes CHAOS_RECORDS records (late, out-of-order and malformed
-ones among them) over CHAOS_SECONDS while a seeded schedule injects `kill -9`s of the job, hard kills and
+A bounded run on a private broker: the generator writes CHAOS_RECORDS / CHAOS_SECONDS records a second (late,
+out-of-order and malformed ones among them) for CHAOS_SECONDS, and on until every planned fault is over and a batch
+has committed after the last one (a fault after the input ended would have nothing to commit: its liveness could
+not be measured), while a seeded schedule injects `kill -9`s of the job, hard kills and
 restarts of the broker, SIGSTOP/SIGCONT pauses of the driver, and transactions held past their timeout (the
 job's `stall_in_txn` fault at chosen batches). Then it waits for the job to drain, verifies the whole history
 against the generator's manifest (I1-I4, exact: lost and duplicated must be 0, the DLQ complete) and with a Spark
@@ -52,6 +54,53 @@ class ChaosSpec:
     # CHAOS_SECURED=1: on the secured stack (SASL/SCRAM over TLS, ACLs), the job on its least-privileged principal
     secured: int = field(default_factory=lambda: env_or("CHAOS_SECURED", 0))
     ips: int = 5000
+
+
+class Feed:
+    """A chaos run's input: paced at `rate` records a second, for at least `seconds`, and on until `finish` (the
+    faults are over and a batch committed after the last one). The manifest holds what was sent."""
+
+    CAP = 30  # the input never runs longer than this many times `seconds`
+
+    def __init__(self, s, rate: float, seconds: float, seed: int, ips: int, watermark_s: int, manifest):
+        self.s, self.seconds, self.manifest = s, seconds, manifest
+        self.stop = threading.Event()
+        self.spec = generator.GeneratorSpec(
+            count=None,
+            duration_s=seconds * self.CAP,
+            rate=rate,
+            distinct_ips=ips,
+            seed=seed,
+            late_fraction=0.01,
+            out_of_order_fraction=0.05,
+            malformed_fraction=0.02,
+            tail_s=30,
+            watermark_s=watermark_s,
+        )
+        self.thread = threading.Thread(target=self._run, daemon=True, name="chaos-feed")
+        self.failed: list[BaseException] = []
+
+    def _run(self) -> None:
+        try:
+            generator.generate(self.s, self.spec, manifest=self.manifest, progress_every=100_000, stop=self.stop)
+        except BaseException as e:  # reported by finish()
+            self.failed.append(e)
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self.thread.start()
+
+    def finish(self, job, after_ms: int, timeout: float = 300.0) -> list:
+        """Stop once a batch committed after `after_ms` (the last fault's end) and `seconds` have passed; the
+        records sent."""
+        if not wait_commit_since(job, after_ms, timeout):
+            log.warning("no batch committed within %.0f s of the last fault: its liveness figure says so", timeout)
+        time.sleep(max(0.0, self.seconds - (time.monotonic() - self.t0)))
+        self.stop.set()
+        self.thread.join(600)
+        if self.failed:
+            raise RuntimeError(f"the chaos run's input failed: {self.failed[0]}") from self.failed[0]
+        return generator.read_manifest(self.manifest)
 
 
 def plan(spec: ChaosSpec) -> list[chaos_plan.Step]:
@@ -115,32 +164,12 @@ def run(spec: ChaosSpec, var_dir) -> dict:
     sampler = None
     try:
         topics.ensure(observer)
-        fed: dict = {}
-
-        def feed():
-            fed["result"] = generator.generate(
-                observer,
-                generator.GeneratorSpec(
-                    count=spec.records,
-                    rate=spec.records / spec.seconds,
-                    distinct_ips=spec.ips,
-                    seed=spec.seed,
-                    late_fraction=0.01,
-                    out_of_order_fraction=0.05,
-                    malformed_fraction=0.02,
-                    tail_s=30,
-                    watermark_s=s.watermark_s,
-                ),
-                manifest=manifest,
-                progress_every=100_000,
-            )
-
+        feed = Feed(observer, spec.records / spec.seconds, spec.seconds, spec.seed, spec.ips, s.watermark_s, manifest)
         jobctl.start(job)
         jobctl.wait_running(job, timeout=300)
         sampler = LagSampler(observer)
         sampler.start()
-        feeder = threading.Thread(target=feed, daemon=True)
-        feeder.start()
+        feed.start()
         last_kill_ms = 0
         steps = plan(spec)
         for st in steps:
@@ -183,8 +212,12 @@ def run(spec: ChaosSpec, var_dir) -> dict:
                 os.kill(pid, signal.SIGCONT)
                 outcome.injected.append(chaos_plan.Injected(st.kind, at, int(time.time() * 1000), from_end=True))
             log.info("t=%.0fs %s (%s)", time.monotonic() - t0, st.kind, outcome.counts())
-        feeder.join(spec.seconds * 3 + 300)
-        sent = generator.read_manifest(manifest)
+        # the stalls end by themselves (the coordinator aborts them): the last one is over a few seconds after it
+        _wait_stall_over(observer, stall_s)
+        ends = [f.end_ms for f in outcome.injected] + [
+            e["ts_ms"] + int(stall_s * 1000) for e in stalls_so_far(observer)
+        ]
+        sent = feed.finish(observer, max(ends, default=0))
         wait_drained(observer, sent, timeout=max(600.0, spec.seconds))
         lag = sampler.stop()
         jobctl.stop(job)
@@ -326,6 +359,10 @@ def kill_running_job(s, after_ms: int = 0, timeout: float = 300.0) -> bool:
         time.sleep(0.5)
     log.warning("no running job to kill within %.0f s", timeout)
     return False
+
+
+def stalls_so_far(s) -> list[dict]:
+    return events_of(s, wire.FAULT_INJECTED)
 
 
 def _wait_stall_over(s, stall_s: float) -> None:

@@ -2,7 +2,7 @@
 
 Three KRaft nodes (a controller quorum of three; topics replicated three ways, min.insync.replicas=2) and a Spark
 standalone master with two workers; the job runs on the workers in client mode. While the generator writes
-CHAOS_RECORDS records over CHAOS_SECONDS, a seeded schedule injects:
+CHAOS_RECORDS / CHAOS_SECONDS records a second (for CHAOS_SECONDS, and on until the faults are over: chaos.Feed), a seeded schedule injects:
 
 - kill -9 of the broker that leads the sink's first partition (restarted after a few seconds);
 - kill -9 of the app's transaction coordinator in the middle of a transaction (the run arms the job's stall, which
@@ -38,7 +38,7 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import cluster, topics
 from onceflow.kafka import events as ev
 from onceflow.runtime import jobctl, procs
-from onceflow_dev import broker, chaos, chaos_plan, generator, spark_cluster
+from onceflow_dev import broker, chaos, chaos_plan, spark_cluster
 
 log = logging.getLogger("onceflow_dev.chaos")
 
@@ -264,32 +264,13 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
         topics.ensure(s)
         jobctl.start(job)
         jobctl.wait_running(job, timeout=300)
-        feeder = threading.Thread(
-            target=lambda: generator.generate(
-                s,
-                generator.GeneratorSpec(
-                    count=spec.records,
-                    rate=spec.records / spec.seconds,
-                    distinct_ips=spec.ips,
-                    seed=spec.seed,
-                    late_fraction=0.01,
-                    out_of_order_fraction=0.05,
-                    malformed_fraction=0.02,
-                    tail_s=30,
-                    watermark_s=s.watermark_s,
-                ),
-                manifest=manifest,
-                progress_every=100_000,
-            ),
-            daemon=True,
-        )
+        feed = chaos.Feed(s, spec.records / spec.seconds, spec.seconds, spec.seed, spec.ips, s.watermark_s, manifest)
         sampler = chaos.LagSampler(s)
         sampler.start()
-        feeder.start()
+        feed.start()
         runner = Runner(s, job, t0)
         runner.carry_out(steps)
-        feeder.join(spec.seconds * 3 + 300)
-        sent = generator.read_manifest(manifest)
+        sent = feed.finish(s, max((f.end_ms for f in runner.outcome.injected), default=0))
         chaos.wait_drained(s, sent, timeout=max(900.0, spec.seconds))
         lag = sampler.stop()
         jobctl.stop(job)

@@ -390,3 +390,25 @@ def test_each_writer_error_carries_the_outcome_it_was_raised_for():
         # a retriable error that outlived its tries is raised as an abort inside a transaction
         assert cls.outcome == (t.Outcome.ABORTABLE if outcome == t.Outcome.RETRIABLE else outcome)
         assert issubclass(cls, t.TxnError)
+
+
+def test_a_full_queue_is_waited_on_within_the_transaction_timeout_then_the_transaction_is_aborted():
+    clock = Clock()
+    w, calls, _ = writer([{"produce": [BufferError(), BufferError(), None]}], clock=clock)
+    w.begin()
+    w.produce("sink", b"k", b"v")  # two full-queue tries, then queued
+    assert [m for _, m in calls].count("produce") == 3
+    w.commit()
+
+    stuck = [BufferError()] * 1000
+    w, calls, _ = writer([{"produce": stuck}], timeout_ms=10_000, clock=clock)
+
+    def advancing_poll(timeout, p=w.producer):
+        clock.now += 1.0
+        calls.append((p.name, "poll"))
+
+    w.producer.poll = advancing_poll
+    with pytest.raises(t.BufferStuck, match="could not queue a record to sink for 10 s"):
+        with w.transaction():
+            w.produce("sink", b"k", b"v")
+    assert calls[-1] == ("p0", "abort_transaction") and [m for _, m in calls].count("produce") == 11

@@ -109,6 +109,11 @@ class FatalProducerError(TxnError):
     outcome = Outcome.FATAL
 
 
+class BufferStuck(OnceflowError):
+    """The producer's local queue stayed full for a transaction's timeout: the transaction cannot commit in time.
+    Not a TxnError: nothing has settled the transaction, so `transaction()` aborts it."""
+
+
 class TxnConfigError(TxnError):
     """The broker refuses our configuration or permissions: fix them."""
 
@@ -249,11 +254,20 @@ class TransactionalWriter:
         kw: dict[str, Any] = {"key": key, "value": value, "headers": headers, "on_delivery": self._on_delivery}
         if partition is not None:
             kw["partition"] = partition
+        deadline: float | None = None
         while True:
             try:
                 self._producer.produce(topic, **kw)
                 return
-            except BufferError:  # the local queue is full: let deliveries drain it
+            except BufferError as e:  # the local queue is full: let deliveries drain it, within a bound
+                now = self._clock()
+                deadline = deadline if deadline is not None else now + self.timeout_ms / 1000
+                if now >= deadline:
+                    raise BufferStuck(
+                        f"the producer of {self.transactional_id} could not queue a record to {topic} for "
+                        f"{self.timeout_ms / 1000:.0f} s (its queue stays full: the brokers do not take its records); "
+                        f"the transaction is aborted and the batch replayed"
+                    ) from e
                 self._producer.poll(0.05)
             except KafkaException as e:
                 raise self._failure(e, "produce") from e
