@@ -1,4 +1,6 @@
-"""`onceflow`: the command line of the platform (stack, produce, job)."""
+"""`onceflow`: the command line of the platform. `job` (start, stop, status of an app's stream), `app` (list,
+validate), `savepoint`, `backfill`, `reconcile`, `quarantine`, `audit`, `show`, `where`; and, from the development
+tooling when it is installed, `stack`, `produce` and `airflow`. `--app NAME` picks the app; `--json` prints JSON."""
 
 from __future__ import annotations
 

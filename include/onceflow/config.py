@@ -1,8 +1,10 @@
 """One typed place for every setting: defaults for the embedded stack, overrides from the environment.
 
-The CLI, the streaming job, the supervisor and (later) the DAGs all call `load()`. Every field can be
-overridden by an environment variable `ONCEFLOW_<FIELD>` (upper case), e.g. `ONCEFLOW_BOOTSTRAP_SERVERS`.
-Values are validated on load so a misconfiguration fails before anything starts.
+The CLI, the streaming job, the supervisor, the batch jobs and the DAGs all call `load()`. Every field can be
+overridden by an environment variable `ONCEFLOW_<FIELD>` (upper case), e.g. `ONCEFLOW_BOOTSTRAP_SERVERS`; the
+declared app's own settings (`APP_SETTINGS`) are the defaults under the environment's. Values are validated on
+load, so a misconfiguration fails before anything starts, with the setting to change. The reference of every
+setting is generated from this module (docs/configuration.md, `make docs`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,27 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.rules import records
 
 
+def _emit_closed(producer: Any, settings: config.Settings, state: dict[tuple[int, str], int], watermark_us: int) -> int:
+    """Write every window the watermark closed (Spark's append mode: final counts, once) and forget it."""
+    w_us = settings.window_s * 1_000_000
+    out = 0
+    for key in [k for k in state if k[0] + w_us <= watermark_us]:
+        start, ip = key
+        n = state.pop(key)
+        value = json.dumps(
+            {"window_start": records.iso_ms(start), "window_end": records.iso_ms(start + w_us), "ip": ip, "count": n},
+            separators=(",", ":"),
+        )
+        while True:
+            try:
+                producer.produce(settings.sink_topic, key=records.sink_key(start, ip).encode(), value=value.encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+        out += 1
+    return out
+
+
 def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_000) -> dict:
     consumer = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
     producer = kafka_clients.transactional_producer(
@@ -98,27 +119,7 @@ def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_
             state[(start, r.ip)] += 1
             max_event_us = max(max_event_us, r.ts_us)
         watermark_us = max(watermark_us, max_event_us - wm_delay_us)
-        for key in [k for k in state if k[0] + w_us <= watermark_us]:
-            start, ip = key
-            n = state.pop(key)
-            value = json.dumps(
-                {
-                    "window_start": records.iso_ms(start),
-                    "window_end": records.iso_ms(start + w_us),
-                    "ip": ip,
-                    "count": n,
-                },
-                separators=(",", ":"),
-            )
-            while True:
-                try:
-                    producer.produce(
-                        settings.sink_topic, key=records.sink_key(start, ip).encode(), value=value.encode()
-                    )
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-            out += 1
+        out += _emit_closed(producer, settings, state, watermark_us)
         prev_wm_us = watermark_us
         producer.send_offsets_to_transaction(
             [TopicPartition(settings.source_topic, p, o) for p, o in pos.items()],

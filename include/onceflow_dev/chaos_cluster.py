@@ -2,7 +2,8 @@
 
 Three KRaft nodes (a controller quorum of three; topics replicated three ways, min.insync.replicas=2) and a Spark
 standalone master with two workers; the job runs on the workers in client mode. While the generator writes
-CHAOS_RECORDS / CHAOS_SECONDS records a second (for CHAOS_SECONDS, and on until the faults are over: chaos.Feed), a seeded schedule injects:
+CHAOS_RECORDS / CHAOS_SECONDS records a second (for CHAOS_SECONDS, and on until the faults are over: chaos.Feed),
+a seeded schedule injects:
 
 - kill -9 of the broker that leads the sink's first partition (restarted after a few seconds);
 - kill -9 of the app's transaction coordinator in the middle of a transaction (the run arms the job's stall, which

@@ -163,6 +163,65 @@ def _malformed(ip: str, ts_ms: int, rng: random.Random) -> bytes:
     return b"this is not an access log line"
 
 
+class _Sender:
+    """Produces the records to the source topic and keeps the manifest's rows, offsets filled in on delivery."""
+
+    def __init__(self, settings: Settings):
+        self.topic = settings.source_topic
+        self.producer = kafka_clients.idempotent_producer(
+            settings, **{"linger.ms": 50, "batch.size": 262144, "compression.type": "lz4"}
+        )
+        self.sent: list[Sent] = []
+        self.errors: list[str] = []
+
+    def emit(self, value: bytes, rec: Sent, ts_ms: int | None = None) -> None:
+        idx = len(self.sent)
+        self.sent.append(rec)
+
+        def on_delivery(err, msg, idx=idx):
+            if err is not None:
+                self.errors.append(str(err))
+            else:
+                self.sent[idx].offset = msg.offset()
+
+        while True:
+            try:
+                self.producer.produce(
+                    self.topic, value=value, partition=rec.partition, on_delivery=on_delivery, timestamp=ts_ms or 0
+                )
+                break
+            except BufferError:
+                self.producer.poll(0.05)
+        self.producer.poll(0)
+
+    def flush(self) -> None:
+        remaining = self.producer.flush(60)
+        if remaining or self.errors:
+            raise RuntimeError(f"generator: {remaining} records undelivered, errors: {self.errors[:5]}")
+
+
+def _partitions(settings: Settings, spec: GeneratorSpec) -> int:
+    if spec.partitions is not None:
+        return spec.partitions
+    md = kafka_clients.admin(settings).list_topics(settings.source_topic, timeout=10)
+    t = md.topics.get(settings.source_topic)
+    if t is None or t.error is not None:
+        raise GeneratorError(f"source topic {settings.source_topic} does not exist: run `onceflow stack up`")
+    return len(t.partitions)
+
+
+def _summary(sent: list[Sent], seconds: float) -> GeneratorResult:
+    result = GeneratorResult()
+    result.sent = len(sent)
+    for s in sent:
+        result.by_kind[s.kind] = result.by_kind.get(s.kind, 0) + 1
+    ts_all = [s.ts_us for s in sent if s.ts_us is not None]
+    if ts_all:
+        result.first_ts_ms, result.last_ts_ms = min(ts_all) // 1000, max(ts_all) // 1000
+    result.seconds = round(seconds, 3)
+    return result
+
+
 def generate(
     settings: Settings, spec: GeneratorSpec, manifest: Path | None = None, progress_every: int = 0, stop=None
 ) -> GeneratorResult:
@@ -170,89 +229,26 @@ def generate(
     spec.validate()
     assert spec.event_rate is not None  # validate() sets it
     rng = random.Random(spec.seed)
-    parts = spec.partitions
-    if parts is None:
-        md = kafka_clients.admin(settings).list_topics(settings.source_topic, timeout=10)
-        t = md.topics.get(settings.source_topic)
-        if t is None or t.error is not None:
-            raise GeneratorError(f"source topic {settings.source_topic} does not exist: run `onceflow stack up`")
-        parts = len(t.partitions)
+    parts = _partitions(settings, spec)
     ips = _ip_pool(rng, spec.distinct_ips, spec.ipv6_fraction)
     cum = list(accumulate(1.0 / (i + 1) ** spec.skew for i in range(len(ips))))
     start_ms = spec.start_ms if spec.start_ms is not None else default_start_ms(spec, int(time.time() * 1000))
-    producer = kafka_clients.idempotent_producer(
-        settings, **{"linger.ms": 50, "batch.size": 262144, "compression.type": "lz4"}
-    )
-    sent: list[Sent] = []
-    errors: list[str] = []
-    result = GeneratorResult()
+    out = _Sender(settings)
     t0 = time.monotonic()
-
-    def emit(value: bytes, rec: Sent, ts_ms: int | None = None) -> None:
-        idx = len(sent)
-        sent.append(rec)
-
-        def on_delivery(err, msg, idx=idx):
-            if err is not None:
-                errors.append(str(err))
-            else:
-                sent[idx].offset = msg.offset()
-
-        while True:
-            try:
-                producer.produce(
-                    settings.source_topic,
-                    value=value,
-                    partition=rec.partition,
-                    on_delivery=on_delivery,
-                    timestamp=ts_ms or 0,
-                )
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
-
     i = 0
     max_ts_ms = start_ms
-    while True:
-        if spec.count is not None and i >= spec.count:
-            break
+    while spec.count is None or i < spec.count:
         elapsed = time.monotonic() - t0
         if spec.duration_s is not None and elapsed >= spec.duration_s or stop is not None and stop.is_set():
             break
-        if spec.rate > 0:
-            ahead = i / spec.rate - elapsed
-            if ahead > 0:
-                time.sleep(min(ahead, 0.5))
-                continue
-        clock_ms = start_ms + int(i * 1000 / spec.event_rate)
+        if spec.rate > 0 and i / spec.rate > elapsed:
+            time.sleep(min(i / spec.rate - elapsed, 0.5))
+            continue
         ip = ips[bisect_left(cum, rng.random() * cum[-1])]
-        part = i % parts
-        u = rng.random()
-        if u < spec.malformed_fraction:
-            value = _malformed(ip, clock_ms, rng)
-            emit(value, Sent(part, KIND_MALFORMED, None, None, records.parse(value).reason))
-        elif u < spec.malformed_fraction + spec.future_fraction:
-            # a client whose clock is a year ahead: its record's Kafka timestamp is the real time of sending
-            now_ms = int(time.time() * 1000)
-            value, _ = _json_record(ip, now_ms + 365 * 86_400_000, rng)
-            emit(
-                value,
-                Sent(part, KIND_MALFORMED, None, None, records.parse(value, now_ms, spec.max_ahead_ms).reason),
-                now_ms,
-            )
-        else:
-            kind, ts_ms = KIND_OK, clock_ms
-            u -= spec.future_fraction
-            if u < spec.malformed_fraction + spec.late_fraction:
-                kind, ts_ms = KIND_LATE, clock_ms - rng.randrange(30_000, 120_000)
-            elif u < spec.malformed_fraction + spec.late_fraction + spec.out_of_order_fraction:
-                kind, ts_ms = KIND_OUT_OF_ORDER, clock_ms - rng.randrange(1, max(2, spec.watermark_s * 1000 - 1000))
-            ts_ms = max(ts_ms, 0)
-            render = _json_record if rng.random() < spec.json_fraction else _combined_line
-            value, ts_us = render(ip, ts_ms, rng)
-            emit(value, Sent(part, kind, ts_us, ip, None))
-            max_ts_ms = max(max_ts_ms, ts_us // 1000)
+        value, rec, ts_ms = _record(spec, rng, ip, i % parts, start_ms + int(i * 1000 / spec.event_rate))
+        out.emit(value, rec, ts_ms)
+        if rec.kind != KIND_MALFORMED and rec.ts_us is not None:
+            max_ts_ms = max(max_ts_ms, rec.ts_us // 1000)
         i += 1
         if progress_every and i % progress_every == 0:
             log.info("produced %d records (%.0f/s)", i, i / max(1e-9, time.monotonic() - t0))
@@ -260,21 +256,39 @@ def generate(
         tail_ms = max_ts_ms + int(spec.tail_s * 1000)
         for part in range(parts):
             value, ts_us = _json_record(ips[0], tail_ms, random.Random(part))
-            emit(value, Sent(part, KIND_TAIL, ts_us, ips[0], None))
-    remaining = producer.flush(60)
-    if remaining or errors:
-        raise RuntimeError(f"generator: {remaining} records undelivered, errors: {errors[:5]}")
-    result.sent = len(sent)
-    for s in sent:
-        result.by_kind[s.kind] = result.by_kind.get(s.kind, 0) + 1
-    ts_all = [s.ts_us for s in sent if s.ts_us is not None]
-    if ts_all:
-        result.first_ts_ms, result.last_ts_ms = min(ts_all) // 1000, max(ts_all) // 1000
-    result.seconds = round(time.monotonic() - t0, 3)
+            out.emit(value, Sent(part, KIND_TAIL, ts_us, ips[0], None))
+    out.flush()
+    result = _summary(out.sent, time.monotonic() - t0)
     if manifest is not None:
-        write_manifest(manifest, sent)
+        write_manifest(manifest, out.sent)
         result.manifest = str(manifest)
     return result
+
+
+def _record(
+    spec: GeneratorSpec, rng: random.Random, ip: str, part: int, clock_ms: int
+) -> tuple[bytes, Sent, int | None]:
+    """One record at event time `clock_ms`: its value, what the manifest says of it, its Kafka timestamp (None:
+    the producer's clock)."""
+    u = rng.random()
+    if u < spec.malformed_fraction:
+        value = _malformed(ip, clock_ms, rng)
+        return value, Sent(part, KIND_MALFORMED, None, None, records.parse(value).reason), None
+    if u < spec.malformed_fraction + spec.future_fraction:
+        # a client whose clock is a year ahead: its record's Kafka timestamp is the real time of sending
+        now_ms = int(time.time() * 1000)
+        value, _ = _json_record(ip, now_ms + 365 * 86_400_000, rng)
+        reason = records.parse(value, now_ms, spec.max_ahead_ms).reason
+        return value, Sent(part, KIND_MALFORMED, None, None, reason), now_ms
+    kind, ts_ms = KIND_OK, clock_ms
+    u -= spec.future_fraction
+    if u < spec.malformed_fraction + spec.late_fraction:
+        kind, ts_ms = KIND_LATE, clock_ms - rng.randrange(30_000, 120_000)
+    elif u < spec.malformed_fraction + spec.late_fraction + spec.out_of_order_fraction:
+        kind, ts_ms = KIND_OUT_OF_ORDER, clock_ms - rng.randrange(1, max(2, spec.watermark_s * 1000 - 1000))
+    render = _json_record if rng.random() < spec.json_fraction else _combined_line
+    value, ts_us = render(ip, max(ts_ms, 0), rng)
+    return value, Sent(part, kind, ts_us, ip, None), None
 
 
 def default_start_ms(spec: GeneratorSpec, now_ms: int) -> int:
