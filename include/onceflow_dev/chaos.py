@@ -51,6 +51,8 @@ class ChaosSpec:
     seed: int = field(default_factory=lambda: env_or("CHAOS_SEED", 1))
     # a warm standby driver takes over killed drivers (CHAOS_STANDBY=0: every kill is a cold restart)
     standby: int = field(default_factory=lambda: env_or("CHAOS_STANDBY", 1))
+    # how long an even kill waits for the standby's session to be up (a loaded 2-core machine takes minutes)
+    standby_wait_s: float = field(default_factory=lambda: env_or("CHAOS_STANDBY_WAIT_S", 300.0))
     # CHAOS_SECURED=1: on the secured stack (SASL/SCRAM over TLS, ACLs), the job on its least-privileged principal
     secured: int = field(default_factory=lambda: env_or("CHAOS_SECURED", 0))
     ips: int = 5000
@@ -181,7 +183,9 @@ def run(spec: ChaosSpec, var_dir) -> dict:
                     outcome.miss(st, "no batch committed since the previous job kill within 300 s")
                     continue
                 if spec.standby and outcome.counts().get("kill_job", 0) % 2 == 0:
-                    _wait_standby(job)  # every other kill lands on a warm standby (a takeover), the rest maybe not
+                    _wait_standby(
+                        job, spec.standby_wait_s
+                    )  # every other kill lands on a warm standby (a takeover), the rest maybe not
                 at = int(time.time() * 1000)
                 if not kill_running_job(job, after_ms=last_kill_ms):
                     outcome.miss(st, "no running job to kill within 300 s")
