@@ -9,12 +9,12 @@ import json
 import logging
 import os
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from onceflow import config, wire
 from onceflow.kafka import reading as kafka_reading
+from onceflow.rules import clock
 
 
 def _print(obj, as_json: bool) -> None:
@@ -44,7 +44,7 @@ def _dev(name: str):
 def _ts_ms(text: str) -> int:
     if text.isdigit():
         return int(text)
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    return clock.parse_iso_ms(text)
 
 
 def cmd_stack(args, s: config.Settings) -> int:
@@ -136,7 +136,7 @@ def cmd_job(args, s: config.Settings) -> int:
     if args.action == "start":
         info = jobctl.start(s)
         if args.wait:
-            t0 = int(time.time() * 1000)
+            t0 = clock.now_ms()
             jobctl.wait_for_commit(s, after_ms=t0 - 1, timeout=args.wait)
         _print(info | {"status": jobctl.status(s)}, args.json)
     elif args.action == "stop":

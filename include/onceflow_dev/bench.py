@@ -41,6 +41,7 @@ from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import topics
 from onceflow.operations import audit
+from onceflow.rules import clock
 from onceflow.runtime import jobctl, launcher, procs, supervisor
 from onceflow_dev import bench_check, bench_flink, broker, generator
 
@@ -310,14 +311,12 @@ class Stamper(threading.Thread):
             for m in c.consume(num_messages=5000, timeout=0.2):
                 if m.error() is None:
                     v = json.loads(cast(bytes, m.value()))  # the sink's records always carry a value
-                    self.seen.append((int(time.time() * 1000), v["window_end"]))
+                    self.seen.append((clock.now_ms(), v["window_end"]))
         c.close()
 
 
 def _iso_ms(text: str) -> int:
-    from datetime import datetime
-
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    return clock.parse_iso_ms(text)
 
 
 def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
@@ -325,7 +324,7 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     stamper = Stamper(s)
     stamper.start()
     c.start()
-    t_live = int(time.time() * 1000)
+    t_live = clock.now_ms()
     generator.generate(
         s,
         generator.GeneratorSpec(
@@ -341,7 +340,7 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
             tail_s=0,
         ),
     )
-    t_end = int(time.time() * 1000)
+    t_end = clock.now_ms()
     time.sleep(3 * s.trigger_interval_s + s.watermark_s + s.window_s)
     use = usage(c.pid())
     c.stop()
@@ -409,7 +408,7 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
         time.sleep(0.5)
         before.append(lag())
     level = max(before)
-    t_kill = int(time.time() * 1000)
+    t_kill = clock.now_ms()
     jobctl.kill(s)
     first = procs.wait_until(
         lambda: next((e for e in _events(s, wire.BATCH_COMMITTED) if e["ts_ms"] > t_kill), None),
@@ -417,9 +416,7 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
         interval=0.2,
         what="a commit after the kill",
     )
-    back = procs.wait_until(
-        lambda: lag() <= level and int(time.time() * 1000), 600, interval=0.5, what="lag to recover"
-    )
+    back = procs.wait_until(lambda: lag() <= level and clock.now_ms(), 600, interval=0.5, what="lag to recover")
     stop_feed.set()  # measured: the rest of the input would only be waited for
     feeder.join(feed_s + 30)
     jobctl.stop(s)

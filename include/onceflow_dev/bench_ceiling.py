@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections import defaultdict, deque
 from typing import Any
 
@@ -19,7 +18,7 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from onceflow import config
 from onceflow.kafka import clients as kafka_clients
-from onceflow.rules import records
+from onceflow.rules import clock, records
 
 
 def _emit_closed(producer: Any, settings: config.Settings, state: dict[tuple[int, str], int], watermark_us: int) -> int:
@@ -99,7 +98,7 @@ def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_
         if not msgs:
             continue
         if first_ms is None:
-            first_ms = int(time.time() * 1000)
+            first_ms = clock.now_ms()
         producer.begin_transaction()
         for m in msgs:
             if m.error():
@@ -129,7 +128,7 @@ def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_
         producer.commit_transaction(120)
         consumed += len(msgs)
         batches += 1
-        last_ms = int(time.time() * 1000)
+        last_ms = clock.now_ms()
     consumer.close()
     producer.flush(10)
     return {

@@ -21,7 +21,6 @@ import re
 import shutil
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -29,7 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from onceflow import config
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
-from onceflow.rules import records
+from onceflow.rules import clock, records
 from onceflow.runtime import jvm, procs
 from onceflow.wire import OnceflowError
 from onceflow_dev.bench_check import Expected
@@ -165,7 +164,7 @@ class SinkWatcher(threading.Thread):
                 for m in c.consume(num_messages=5000, timeout=0.2):
                     if m.error() is not None:
                         continue
-                    now = int(time.time() * 1000)
+                    now = clock.now_ms()
                     self.last_ms = now
                     key = (m.key() or b"").decode(errors="replace")
                     if key in self.wanted:
@@ -243,7 +242,7 @@ class FlinkJob:
         if done_ms is None and self._source_done(end):
             quiet_ms = max(15_000, 3 * self.checkpoint_ms)
             last = self.watcher.last_ms or 0
-            if int(time.time() * 1000) - last > quiet_ms:
+            if clock.now_ms() - last > quiet_ms:
                 log.warning("Flink: %d expected results never became visible", self.watcher.missing)
                 done_ms = last
         if done_ms is None or first is None:

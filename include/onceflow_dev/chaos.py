@@ -27,7 +27,7 @@ from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import topics
 from onceflow.operations import audit
-from onceflow.rules import invariants
+from onceflow.rules import clock, invariants
 from onceflow.runtime import jobctl, launcher, procs
 from onceflow_dev import broker, chaos_plan, generator
 from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL
@@ -186,19 +186,19 @@ def run(spec: ChaosSpec, var_dir) -> dict:
                     _wait_standby(
                         job, spec.standby_wait_s
                     )  # every other kill lands on a warm standby (a takeover), the rest maybe not
-                at = int(time.time() * 1000)
+                at = clock.now_ms()
                 if not kill_running_job(job, after_ms=last_kill_ms):
                     outcome.miss(st, "no running job to kill within 300 s")
                     continue
-                last_kill_ms = int(time.time() * 1000)
+                last_kill_ms = clock.now_ms()
                 outcome.injected.append(chaos_plan.Injected("kill_job", at, at))
             elif st.kind == "restart_broker":
-                at = int(time.time() * 1000)
+                at = clock.now_ms()
                 broker.kill(base)
                 time.sleep(st.duration)
                 broker.start(base)
                 # one node: nothing commits while it is down, by nature; figures from its return
-                outcome.injected.append(chaos_plan.Injected(st.kind, at, int(time.time() * 1000), from_end=True))
+                outcome.injected.append(chaos_plan.Injected(st.kind, at, clock.now_ms(), from_end=True))
             elif st.kind == "pause_driver":
                 # a fault for a job that is still coming back would hit nothing: wait for its query to run
                 try:
@@ -210,11 +210,11 @@ def run(spec: ChaosSpec, var_dir) -> dict:
                 if not (pid and procs.pid_alive(pid)):
                     outcome.miss(st, "the running job's driver pid was not in its status file")
                     continue
-                at = int(time.time() * 1000)
+                at = clock.now_ms()
                 os.kill(pid, signal.SIGSTOP)
                 time.sleep(st.duration)
                 os.kill(pid, signal.SIGCONT)
-                outcome.injected.append(chaos_plan.Injected(st.kind, at, int(time.time() * 1000), from_end=True))
+                outcome.injected.append(chaos_plan.Injected(st.kind, at, clock.now_ms(), from_end=True))
             log.info("t=%.0fs %s (%s)", time.monotonic() - t0, st.kind, outcome.counts())
         # the stalls end by themselves (the coordinator aborts them): the last one is over a few seconds after it
         _wait_stall_over(observer, stall_s)
@@ -295,7 +295,7 @@ class LagSampler(threading.Thread):
             except Exception as e:  # a fault under way: the next sample will do
                 log.debug("lag sample skipped: %s", e)
                 continue
-            self.samples.append((int(time.time() * 1000), lag))
+            self.samples.append((clock.now_ms(), lag))
 
     def stop(self) -> list[tuple[int, int]]:
         self.stopping.set()

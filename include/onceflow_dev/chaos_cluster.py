@@ -38,6 +38,7 @@ from onceflow import config, faults, wire
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import cluster, topics
 from onceflow.kafka import events as ev
+from onceflow.rules import clock
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import broker, chaos, chaos_plan, spark_cluster
 
@@ -142,7 +143,7 @@ class Runner:
         self.double_windows: list[tuple[int, int]] = []  # the deliberate double fault (commits stall)
 
     def now_ms(self) -> int:
-        return int(time.time() * 1000)
+        return clock.now_ms()
 
     def carry_out(self, steps: list[chaos_plan.Step]) -> None:
         """Each step starts at its time, in order (a step may wait: for full ISR, for a commit, for a transaction);

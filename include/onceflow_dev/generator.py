@@ -19,7 +19,7 @@ from pathlib import Path
 
 from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
-from onceflow.rules import records
+from onceflow.rules import clock, records
 from onceflow.wire import OnceflowError
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ def generate(
     parts = _partitions(settings, spec)
     ips = _ip_pool(rng, spec.distinct_ips, spec.ipv6_fraction)
     cum = list(accumulate(1.0 / (i + 1) ** spec.skew for i in range(len(ips))))
-    start_ms = spec.start_ms if spec.start_ms is not None else default_start_ms(spec, int(time.time() * 1000))
+    start_ms = spec.start_ms if spec.start_ms is not None else default_start_ms(spec, clock.now_ms())
     out = _Sender(settings)
     t0 = time.monotonic()
     i = 0
@@ -276,7 +276,7 @@ def _record(
         return value, Sent(part, KIND_MALFORMED, None, None, records.parse(value).reason), None
     if u < spec.malformed_fraction + spec.future_fraction:
         # a client whose clock is a year ahead: its record's Kafka timestamp is the real time of sending
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.now_ms()
         value, _ = _json_record(ip, now_ms + 365 * 86_400_000, rng)
         reason = records.parse(value, now_ms, spec.max_ahead_ms).reason
         return value, Sent(part, KIND_MALFORMED, None, None, reason), now_ms

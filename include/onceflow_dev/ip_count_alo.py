@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 import threading
-import time
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -16,6 +15,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from onceflow import config, wire
 from onceflow.kafka import events as ev
+from onceflow.rules import clock
 from onceflow.spark import app_plan
 from onceflow.spark import ip_count_plan as ip_count
 
@@ -28,7 +28,7 @@ class Progress(StreamingQueryListener):
             "pid": os.getpid(),
             "state": "running",
             "batches": 0,
-            "started_ms": int(time.time() * 1000),
+            "started_ms": clock.now_ms(),
         }
 
     def onQueryStarted(self, event):
@@ -36,7 +36,7 @@ class Progress(StreamingQueryListener):
 
     def onQueryProgress(self, event):
         p = event.progress
-        now = int(time.time() * 1000)
+        now = clock.now_ms()
         if p.numInputRows and "first_batch_ms" not in self.data:
             self.data["first_batch_ms"] = now - int(p.durationMs.get("triggerExecution", 0))
         self.data.update(

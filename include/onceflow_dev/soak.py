@@ -26,12 +26,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from onceflow import config, wire
 from onceflow.kafka import events as ev
 from onceflow.kafka import topics
 from onceflow.operations import audit, recon_chain
+from onceflow.rules import clock
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import airflow_local, broker, chaos, generator
 from onceflow_dev.chaos_plan import Injected
@@ -99,7 +99,7 @@ def chain_coverage(results: list[dict], first_batch: int, last_batch: int) -> di
 def _ms(iso: str | None) -> int:
     if not iso:
         return 0
-    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
+    return clock.parse_iso_ms(iso)
 
 
 def run(spec: SoakSpec, var_dir) -> dict:
@@ -180,7 +180,7 @@ def run(spec: SoakSpec, var_dir) -> dict:
         rng = random.Random(spec.seed + 1)
         for at, kind, dur in plan(spec):
             time.sleep(max(0.0, at - (time.monotonic() - t_input)))
-            start_ms = int(time.time() * 1000)
+            start_ms = clock.now_ms()
             if kind == "kill_job":
                 whole_tree = rng.random() < 0.5
                 try:  # a fault for a job that is still coming back would hit nothing
@@ -191,15 +191,13 @@ def run(spec: SoakSpec, var_dir) -> dict:
                 if jobctl.kill(s, with_supervisor=whole_tree) is None:
                     continue
                 faults.append(
-                    Injected(
-                        kind, start_ms, int(time.time() * 1000), note="job and supervisor" if whole_tree else "job"
-                    )
+                    Injected(kind, start_ms, clock.now_ms(), note="job and supervisor" if whole_tree else "job")
                 )
             elif kind == "restart_broker":
                 broker.kill(base)
                 time.sleep(dur)
                 broker.start(base)
-                faults.append(Injected(kind, start_ms, int(time.time() * 1000), note=f"down {dur:.0f} s"))
+                faults.append(Injected(kind, start_ms, clock.now_ms(), note=f"down {dur:.0f} s"))
             elif kind == "pause_driver":
                 pid = (ev.read_status(s.status_file) or {}).get("pid")
                 if not (pid and procs.pid_alive(pid)):
@@ -207,7 +205,7 @@ def run(spec: SoakSpec, var_dir) -> dict:
                 os.kill(pid, signal.SIGSTOP)
                 time.sleep(dur)
                 os.kill(pid, signal.SIGCONT)
-                faults.append(Injected(kind, start_ms, int(time.time() * 1000), note=f"{dur:.0f} s"))
+                faults.append(Injected(kind, start_ms, clock.now_ms(), note=f"{dur:.0f} s"))
             log.info("t=%.0fs %s %s", time.monotonic() - t0, kind, faults[-1].note)
         feeder.join(spec.seconds * 2 + 600)
         sent = generator.read_manifest(manifest)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -19,6 +18,7 @@ from typing import cast
 
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka.reading import read_topic
+from onceflow.rules import clock
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def transitions(
 ) -> list[Alert]:
     """What to send now. `last_state`: key -> FIRING/RESOLVED/ONCE as last recorded. Only keys starting with
     `scope_prefix` can be resolved by this call: each check resolves only its own conditions."""
-    now_ms = now_ms or int(time.time() * 1000)
+    now_ms = now_ms or clock.now_ms()
     out: list[Alert] = []
     seen = set()
     for c in current:

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
+from onceflow.rules import clock
 from onceflow.runtime import jobctl, preflight, supervisor
 from onceflow.wire import OnceflowError
 
@@ -100,7 +101,7 @@ def start(settings: Settings, argv: Sequence[str] | None = None, wait_s: float =
     """Launch detached and return once the job has committed a batch, or runs with nothing to read. With
     `wait=False`, return at once with what to wait on (`wait`: a jobctl.CommitWait), for the deploy DAG, which
     waits in the triggerer (onceflow.control.operators.WaitForFirstCommit)."""
-    t0 = int(time.time() * 1000)
+    t0 = clock.now_ms()
     info = jobctl.start(settings, argv=argv) | {"launched": True, "log": str(supervisor.job_log(settings))}
     if not wait:
         return info | {"wait": jobctl.CommitWait.of(settings, t0, wait_s, or_idle=True).as_dict()}

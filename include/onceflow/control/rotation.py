@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from enum import StrEnum
 from typing import Any
 
@@ -19,6 +18,7 @@ from onceflow.config import Settings
 from onceflow.control import alerts
 from onceflow.kafka import events as ev
 from onceflow.operations import savepoints
+from onceflow.rules import clock
 from onceflow.rules.savepoints import SavepointError
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> 
 
 
 def apply_retention(settings: Settings, now_ms: int | None = None) -> dict:
-    now_ms = now_ms or int(time.time() * 1000)
+    now_ms = now_ms or clock.now_ms()
     plan = savepoints.prune(settings, now_ms)
     return {
         "kept": plan.keep,
@@ -111,7 +111,7 @@ def apply_retention(settings: Settings, now_ms: int | None = None) -> dict:
 
 
 def report_checkpoint(settings: Settings, sink: alerts.AlertSink | None = None, now_ms: int | None = None) -> dict:
-    now_ms = now_ms or int(time.time() * 1000)
+    now_ms = now_ms or clock.now_ms()
     key = f"rotation:{settings.app_id}:checkpoint_size"
     stats = savepoints.checkpoint_stats(settings)
     store = savepoints.Store(settings.savepoints)

@@ -4,13 +4,13 @@ task fails, times out or is killed (`TaskFailureNotifier`, each task's `on_failu
 from __future__ import annotations
 
 import logging
-import time
 from datetime import timedelta
 
 from airflow.sdk import BaseNotifier, Context
 
 from onceflow.control import alerts, notifiers, orchestration
 from onceflow.control.alerts import Alert, Severity, Status
+from onceflow.rules import clock
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class TaskFailureNotifier(BaseNotifier):
             action=f"read the task's log in the Airflow UI ({dag_id} > {run_id} > {task_id}); docs/troubleshooting.md",
             app=s.app_id,
             source="airflow",
-            ts_ms=int(time.time() * 1000),
+            ts_ms=clock.now_ms(),
             details={"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "try": getattr(ti, "try_number", None)},
             one_off=True,
         )

@@ -20,7 +20,7 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.protocol.exactly_once import timeout_advice
-from onceflow.rules import names
+from onceflow.rules import clock, names
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ def new_events(settings: Settings, types: set[str], timeout_s: float = 60.0) -> 
 
 def watch(settings: Settings, sink: alerts.AlertSink, now_ms: int | None = None) -> dict:
     """One run of the transaction watch: returns what it found and the alerts it sent."""
-    now_ms = now_ms or int(time.time() * 1000)
+    now_ms = now_ms or clock.now_ms()
     evs = new_events(settings, {wire.TRANSACTION_TIMEOUT, wire.TRANSACTION_NEAR_TIMEOUT, wire.BATCH_COMMITTED})
     # every topic the platform writes in transactions: the job's sink, DLQ and ledger (shared with restores and
     # backfills, whose open chunk would hide the job's own records), and the backfills' target

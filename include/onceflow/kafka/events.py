@@ -17,7 +17,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading
+from onceflow.rules import clock
 
 log = logging.getLogger("onceflow.events")
 
@@ -49,7 +49,7 @@ class EventBus:
         event = {
             "type": type_,
             "app": self.settings.app_id,
-            "ts_ms": int(time.time() * 1000),
+            "ts_ms": clock.now_ms(),
             "host": self._host,
             "pid": os.getpid(),
             **fields,

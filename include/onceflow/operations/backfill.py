@@ -30,7 +30,7 @@ from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka.transactional import TransactionalWriter
 from onceflow.rules import backfill as br
-from onceflow.rules import names
+from onceflow.rules import clock, names
 from onceflow.rules.ledger import LedgerEntry
 from onceflow.rules.progress import report as say
 from onceflow.rules.progress import step
@@ -258,7 +258,7 @@ def _run(spark, settings: Settings, spec: br.Spec, writer: ChunkWriter | None, i
                 "source": spec.source_topic,
                 "start": {str(p): o for p, o in spec.start.items()},
                 "end": {str(p): o for p, o in spec.end.items()},
-                "started_ms": int(time.time() * 1000),
+                "started_ms": clock.now_ms(),
             }
         )
     )
@@ -339,7 +339,7 @@ class ChunkWriter:
                 outputs=len(rows),
                 dlq=0,
                 txn_ms=round((time.monotonic() - started) * 1000, 3),
-                commit_time_ms=int(time.time() * 1000),
+                commit_time_ms=clock.now_ms(),
                 transactional_id=self.tid,
                 kind=wire.LEDGER_BACKFILL,
                 backfill_id=self.spec.id,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import getpass
 import json
 import logging
-import time
 
 from onceflow import wire
 from onceflow.config import Settings
@@ -27,6 +26,7 @@ from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit
 from onceflow.protocol import ledger_writes
+from onceflow.rules import clock
 from onceflow.rules.checkpoint import QUARANTINE_FILE, render_quarantine
 from onceflow.rules.ledger import QuarantineRange, QuarantineRecord
 from onceflow.runtime import jobctl
@@ -93,7 +93,7 @@ def add(
                 ranges=(QuarantineRange(partition, start, end),),
                 reason=reason.strip(),
                 by=by or getpass.getuser(),
-                ts_ms=int(time.time() * 1000),
+                ts_ms=clock.now_ms(),
             )
             store, before = Store(settings.checkpoint), current(settings)
             store.write(QUARANTINE_FILE, render_quarantine(before + list(record.ranges)).encode())

@@ -16,7 +16,6 @@ not move it.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from confluent_kafka import TopicPartition
@@ -26,7 +25,7 @@ from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka.transactional import TransactionalWriter
-from onceflow.rules import names
+from onceflow.rules import clock, names
 from onceflow.rules.reconciliation import (
     ChainPosition,
     Mode,
@@ -117,7 +116,7 @@ def commit(settings: Settings, res: Result) -> dict:
             )
             if moves:
                 assert res.last_batch is not None  # `moves` says so
-                meta = chain_metadata(res.last_batch, res.run_id, int(time.time() * 1000))
+                meta = chain_metadata(res.last_batch, res.run_id, clock.now_ms())
                 ends = {int(p): int(o) for p, o in res.coverage["end_offsets"].items()}
                 writer.send_offsets(
                     [TopicPartition(settings.source_topic, p, ends[p], meta) for p in sorted(ends)],

@@ -25,7 +25,7 @@ from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit, recon_chain, sink_quality
-from onceflow.rules import progress
+from onceflow.rules import clock, progress
 from onceflow.rules import reconciliation as rr
 from onceflow.rules.checkpoint import parse_initial_offsets
 from onceflow.rules.ledger import LedgerEntry, QuarantineRange, check_coverage
@@ -190,7 +190,7 @@ def save_carry(settings: Settings, df: DataFrame, batch: int, keep: tuple[int, .
 def run_chain(spark: SparkSession, settings: Settings, with_gx: bool = True) -> rr.Result:
     """The scheduled chain's next slice (onceflow.operations.recon_chain): the batches committed after the last one the chain
     proved, up to the newest in a consistent cut taken now, at most ONCEFLOW_RECONCILE_MAX_BATCHES."""
-    t0 = int(time.time() * 1000)
+    t0 = clock.now_ms()
     pos = recon_chain.position(settings)
     snap = audit.snapshot(settings)
     rng = rr.chain_range(pos.batch, snap.entries, settings.reconcile_max_batches)
@@ -214,7 +214,7 @@ def run_chain(spark: SparkSession, settings: Settings, with_gx: bool = True) -> 
                 f"nothing new: the chain has proven every committed batch (through {pos.batch})",
             )
         )
-        res.finished_ms = int(time.time() * 1000)
+        res.finished_ms = clock.now_ms()
         return res
     res = run(spark, settings, first=rng[0], last=rng[1], with_gx=with_gx, snap=snap, chain=True)
     res.mode, res.proven_before = rr.Mode.CHAIN, pos.batch
@@ -233,7 +233,7 @@ def run(
     chain: bool = False,
 ) -> rr.Result:
     spark.conf.set("spark.sql.session.timeZone", "UTC")
-    t0 = int(time.time() * 1000)
+    t0 = clock.now_ms()
     snap = snap or audit.snapshot(settings)  # a consistent cut: a running job's later batches are left out
     entries, quarantine = snap.entries, audit.quarantined(snap.records)
     selected = rr.select_batches(entries, first, last, since_ms, until_ms)
@@ -258,12 +258,12 @@ def run(
     )
     if not selected:
         res.checks.append(rr.Check("range", rr.Status.SKIP, "no committed batch in the requested range"))
-        res.finished_ms = int(time.time() * 1000)
+        res.finished_ms = clock.now_ms()
         return res
     other_rules = rr.rules_check(selected, RULES_VERSION, chain)
     if other_rules is not None:
         res.checks.append(other_rules)
-        res.finished_ms = int(time.time() * 1000)
+        res.finished_ms = clock.now_ms()
         return res
     a, b = selected[0].batch, selected[-1].batch
     steps = 5 if with_gx else 4
@@ -341,7 +341,7 @@ def run(
     keys.unpersist()
     sink.unpersist()
     sink_raw.unpersist()
-    res.finished_ms = int(time.time() * 1000)
+    res.finished_ms = clock.now_ms()
     log.info(
         "reconciled batches %d..%d in %.1f s: %s",
         a,

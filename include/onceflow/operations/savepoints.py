@@ -29,7 +29,7 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.protocol import ledger_reader, ledger_writes
-from onceflow.rules import retention
+from onceflow.rules import clock, retention
 from onceflow.rules.checkpoint import (
     EPOCH_FILE,
     QUARANTINE_FILE,
@@ -223,7 +223,7 @@ def create(settings: Settings, stop: bool = False, bus: ev.EventBus | None = Non
         )
     group, group_meta = _group_position(settings, end)
 
-    now_ms = int(time.time() * 1000)
+    now_ms = clock.now_ms()
     sp_id = new_id(ledger_batch, now_ms)
     dest = _savepoint(settings, sp_id)
     files: list[FileEntry] = []
@@ -399,7 +399,7 @@ def verify(settings: Settings, sp_id: str) -> Verification:
     inc = incompatibilities(m, runtime(settings))
     v = Verification(sp_id, not problems, not problems and not inc, problems, inc)
     # the verdict, beside the savepoint (not in its data): what `list` and the console show
-    record = v.as_dict() | {"ts_ms": int(time.time() * 1000)}
+    record = v.as_dict() | {"ts_ms": clock.now_ms()}
     sp.write(VERIFICATION, json.dumps(record).encode())
     return v
 
@@ -425,7 +425,7 @@ def delete(settings: Settings, sp_id: str, bus: ev.EventBus | None = None) -> No
 
 
 def prune(settings: Settings, now_ms: int | None = None, dry_run: bool = False) -> retention.RetentionPlan:
-    now_ms = now_ms or int(time.time() * 1000)
+    now_ms = now_ms or clock.now_ms()
     plan = retention.plan(
         [x.info() for x in list_all(settings)],
         now_ms,
@@ -466,7 +466,7 @@ def restore_facts(settings: Settings, m: Manifest) -> RestoreFacts:
         ),
         source_low=_source_low(settings, committed.offsets or m.end_offsets),
         last_epoch=max((r.epoch for r in records if isinstance(r, RestoreRecord)), default=0),
-        now_ms=int(time.time() * 1000),
+        now_ms=clock.now_ms(),
         catch_up_skews=frozenset(e.max_event_ahead_ms for e in catch_up),
         catch_up_rules=frozenset(e.rules for e in catch_up),
     )
@@ -613,7 +613,7 @@ def replaced_checkpoints(settings: Settings) -> list[tuple[str, int]]:
 
 def prune_replaced(settings: Settings, now_ms: int | None = None) -> list[str]:
     """Replaced checkpoints are kept as long as savepoints are (max age), then deleted."""
-    now_ms = now_ms or int(time.time() * 1000)
+    now_ms = now_ms or clock.now_ms()
     gone = []
     for uri, moved_ms in replaced_checkpoints(settings):
         if (now_ms - moved_ms) / 1000 > settings.savepoint_max_age_s:

@@ -45,7 +45,7 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import transactional as tw
 from onceflow.protocol.sink_reads import KafkaSinkReads, SinkReads
-from onceflow.rules import records
+from onceflow.rules import clock, records
 from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, decide, offset_metadata
 from onceflow.wire import OnceflowError
 
@@ -269,7 +269,7 @@ class ExactlyOnceSink:
                     outputs,
                     dlq,
                     txn_ms,
-                    int(time.time() * 1000),
+                    clock.now_ms(),
                     self.s.transactional_id,
                     records.RULES_VERSION,
                     self.s.max_event_ahead_ms,

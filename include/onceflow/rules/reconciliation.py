@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from onceflow.rules import clock
 from onceflow.rules.ledger import CoverageReport, LedgerEntry
 from onceflow.wire import OnceflowError
 
@@ -54,14 +55,8 @@ def to_ms(v: Any) -> int | None:
         return None
     if hasattr(v, "timestamp"):
         return int(v.timestamp() * 1000)
-    from datetime import datetime
-
     try:
-        return (
-            int(v)
-            if str(v).isdigit()
-            else int(datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp() * 1000)
-        )
+        return int(v) if str(v).isdigit() else clock.parse_iso_ms(str(v))
     except ValueError:
         raise ReconcileError(f"{v!r} is not a time: use ISO-8601 (2026-11-22T10:00:00Z) or epoch ms") from None
 

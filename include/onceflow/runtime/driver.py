@@ -30,7 +30,7 @@ from onceflow.faults import Injector
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
-from onceflow.rules import checkpoint
+from onceflow.rules import checkpoint, clock
 from onceflow.rules.ledger import Decision
 from onceflow.runtime import preflight, standby
 from onceflow.runtime.driver_state import (
@@ -89,7 +89,7 @@ class Status:
     def __init__(self, settings: config.Settings):
         self.s = settings
         self.lock = threading.Lock()
-        self.data = initial_status(settings, os.getpid(), int(time.time() * 1000), socket.gethostname())
+        self.data = initial_status(settings, os.getpid(), clock.now_ms(), socket.gethostname())
         self.flush()
 
     def update(self, **fields: Any) -> None:
@@ -113,12 +113,12 @@ class ProgressListener(StreamingQueryListener):
     def onQueryProgress(self, event):
         p = event.progress
         fields = progress_fields(p, self.batches.pop(p.batchId, {}))
-        self.status.update(progress=fields, last_progress_ms=int(time.time() * 1000))
+        self.status.update(progress=fields, last_progress_ms=clock.now_ms())
         if p.numInputRows or fields["rows_dropped_by_watermark"]:
             self.bus.emit(wire.PROGRESS, logging.DEBUG, **fields)
 
     def onQueryIdle(self, event):
-        now = int(time.time() * 1000)
+        now = clock.now_ms()
         self.status.update(last_progress_ms=now, last_idle_ms=now)
 
     def onQueryTerminated(self, event):
@@ -158,7 +158,7 @@ class BatchWriter:
 
     def _one(self, df, batch_id: int) -> float:
         # health judges a long batch (a backlog, a catch-up after a restore) by when it began, not as a stall
-        self.status.update(running_batch=batch_id, batch_started_ms=int(time.time() * 1000))
+        self.status.update(running_batch=batch_id, batch_started_ms=clock.now_ms())
         try:
             t0 = time.monotonic()
             plan = checkpoint.batch_plan(self.fs, batch_id, self.s.source_topic, self.epoch)
@@ -199,7 +199,7 @@ class BatchWriter:
         except BaseException as e:
             self.failure.append(e)
             raise
-        now = int(time.time() * 1000)
+        now = clock.now_ms()
         self.status.update(
             **status_after_batch(
                 self.status.data,
@@ -418,7 +418,7 @@ def run(settings: config.Settings) -> int:
     # (a StopRequested ends the query but is never a failure: it is raised before a batch starts any work)
     if writer.stop.is_set() and not writer.failure:
         writer.stop_at_boundary(query)
-        status.update(state=wire.JobState.STOPPED, stopped_ms=int(time.time() * 1000))
+        status.update(state=wire.JobState.STOPPED, stopped_ms=clock.now_ms())
         bus.emit(wire.JOB_STOPPED, flush=True, last_batch=status.data.get("last_batch"))
         sink.close()
         return wire.EXIT_OK

@@ -16,6 +16,7 @@ from pathlib import Path
 from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
+from onceflow.rules import clock
 from onceflow.runtime import jvm, launcher, preflight, procs, standby, supervisor
 from onceflow.wire import OnceflowError
 
@@ -35,14 +36,14 @@ def desired_state(settings: Settings) -> wire.Intent | None:
 
 
 def _set_desired(settings: Settings, state: wire.Intent) -> None:
-    ev.write_status(desired_file(settings), {"state": state, "ts_ms": int(time.time() * 1000)})
+    ev.write_status(desired_file(settings), {"state": state, "ts_ms": clock.now_ms()})
 
 
 def status(settings: Settings) -> dict:
     sup = procs.read_pidfile(supervisor.supervisor_pidfile(settings))
     job = procs.read_pidfile(supervisor.job_pidfile(settings))
     st = ev.read_status(settings.status_file) or {}
-    now = int(time.time() * 1000)
+    now = clock.now_ms()
     last = st.get("last_commit_ms")
     # Until the new driver writes its own status (after spark-submit, preflight and the lock), the file is the
     # previous process's: its start and its running batch are not this launch's, or health would judge a job
@@ -113,7 +114,7 @@ def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | 
     if status(settings)["running"]:
         return None  # the recent commits are this machine's own driver
     within_s = within_s or max(60.0, 6 * settings.trigger_interval_s)
-    now_ms = int(time.time() * 1000)
+    now_ms = clock.now_ms()
     # the job's own events only: nobody but the job's principal can write one there
     for d in reversed(ev.read(settings, {wire.BATCH_COMMITTED}, since_ms=now_ms - int(within_s * 1000))):
         pid = int(d.get("pid") or 0)

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
+from onceflow.rules import clock
 from onceflow.runtime import procs
 
 STANDBY_ENV = "ONCEFLOW_STANDBY_OF"  # set on a standby launch: the pid of the supervisor it serves
@@ -41,7 +41,7 @@ def is_standby() -> bool:
 
 def signal_go(settings: Settings, launch_pid: int) -> None:
     """Tell the standby launched as `launch_pid` (the leader of its process group) to take over."""
-    ev.write_status(go_file(settings), {"pgid": launch_pid, "ts_ms": int(time.time() * 1000)})
+    ev.write_status(go_file(settings), {"pgid": launch_pid, "ts_ms": clock.now_ms()})
 
 
 def clear(settings: Settings) -> None:
@@ -60,7 +60,7 @@ def wait_for_turn(settings: Settings, stop: threading.Event) -> bool:
     it is stopped or its supervisor is gone (it then exits without having touched anything)."""
     supervisor_pid = int(os.environ[STANDBY_ENV])
     me = os.getpgid(0)
-    ev.write_status(ready_file(settings), {"pgid": me, "pid": os.getpid(), "ready_ms": int(time.time() * 1000)})
+    ev.write_status(ready_file(settings), {"pgid": me, "pid": os.getpid(), "ready_ms": clock.now_ms()})
     while not stop.is_set():
         go = ev.read_status(go_file(settings))
         if go and go.get("pgid") == me:

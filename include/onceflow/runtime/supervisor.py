@@ -23,6 +23,7 @@ import time
 from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
+from onceflow.rules import clock
 from onceflow.runtime import launcher, procs, standby
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def exit_file(settings: Settings):
 
 
 def _ended(settings: Settings, rc: int, reason: str) -> int:
-    ev.write_status(exit_file(settings), {"exit_code": rc, "reason": reason, "ts_ms": int(time.time() * 1000)})
+    ev.write_status(exit_file(settings), {"exit_code": rc, "reason": reason, "ts_ms": clock.now_ms()})
     return rc
 
 
@@ -158,7 +159,7 @@ class Launches:
         )
 
     def _standby_later(self) -> None:
-        self.standby_due_ms = int(time.time() * 1000)
+        self.standby_due_ms = clock.now_ms()
         self.standby_deadline = time.monotonic() + STANDBY_RELAUNCH_S
 
 
@@ -189,7 +190,7 @@ def supervise(settings: Settings, bus: ev.EventBus | None = None) -> int:
     launches.launch_active(restarts)
     try:
         while True:
-            started_ms = int(time.time() * 1000)
+            started_ms = clock.now_ms()
             assert launches.active is not None
             while (rc := launches.active.poll()) is None:
                 if not stopping.is_set():

@@ -12,7 +12,6 @@ what and checks the DAG's own permissions.
 from __future__ import annotations
 
 import secrets
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from onceflow import config
 from onceflow.control.console import page, readers
+from onceflow.rules import clock
 
 SECTIONS = ("now", "batches", "transactions", "savepoints", "proofs")
 # which console page a DAG's "onceflow" tab opens
@@ -157,7 +157,7 @@ def create_app() -> FastAPI:
             raise HTTPException(404, f"no console page {section!r}; pages: {', '.join(SECTIONS)}")
         return html_page(section, request)
 
-    app.state.started_ms = int(time.time() * 1000)
+    app.state.started_ms = clock.now_ms()
     return app
 
 

@@ -27,6 +27,7 @@ from onceflow.kafka import events as ev
 from onceflow.kafka import reading
 from onceflow.operations import backfill as backfills
 from onceflow.operations import recon_chain, savepoints
+from onceflow.rules import clock
 from onceflow.rules.ledger import LedgerEntry, MalformedRecord, parse_record
 from onceflow.runtime import jobctl, preflight
 from onceflow.wire import OnceflowError
@@ -66,7 +67,7 @@ class Cache:
 
     def put(self, key: str, value: Any) -> None:
         with self.lock:
-            self.data[key] = {"ts_ms": int(time.time() * 1000), "value": value}
+            self.data[key] = {"ts_ms": clock.now_ms(), "value": value}
             self.data.move_to_end(key)
             while len(self.data) > self.max_entries:
                 self.data.popitem(last=False)
@@ -115,7 +116,7 @@ def section(
             "data": last["value"] if last else None,
         }
     cache.put(key, value)
-    return {"ok": True, "error": None, "stale": False, "as_of_ms": int(time.time() * 1000), "data": value}
+    return {"ok": True, "error": None, "stale": False, "as_of_ms": clock.now_ms(), "data": value}
 
 
 def _finite(value: Any) -> Any:
@@ -188,7 +189,7 @@ def read_now(settings: Settings) -> dict[str, Any]:
         t.__dict__
         for t in txnwatch.open_transactions(settings, [settings.sink_topic, settings.dlq_topic, settings.ledger_topic])
     ]
-    return views.now_view(settings, st, health, open_txns, int(time.time() * 1000))
+    return views.now_view(settings, st, health, open_txns, clock.now_ms())
 
 
 def _health(settings: Settings) -> dict[str, Any] | None:
@@ -223,7 +224,7 @@ def read_transactions(settings: Settings) -> dict[str, Any]:
     open_txns = [t.__dict__ for t in txnwatch.open_transactions(settings, topics)]
     evs = events(settings, views.TXN_EVENTS, want=200)
     return {
-        "incidents": views.transaction_incidents(settings, evs, open_txns, int(time.time() * 1000)),
+        "incidents": views.transaction_incidents(settings, evs, open_txns, clock.now_ms()),
         "watched_topics": topics,
     }
 
