@@ -12,7 +12,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from onceflow import config, wire
+from onceflow import config, logs, wire
 from onceflow.kafka import reading as kafka_reading
 from onceflow.rules import clock
 
@@ -672,24 +672,17 @@ class _OnlyOurs(logging.Filter):
 def setup_logging(settings: config.Settings | None, verbose: bool, foreground_job: bool = False) -> None:
     """Quiet by default: the terminal gets onceflow's own log lines and the commands' progress and verdict; every
     library's log lines go to var/log/cli.log. -v sends everything to the terminal too."""
-    root = logging.getLogger()
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
-    console = logging.StreamHandler(sys.stderr)
-    console.setFormatter(fmt)
+    console = logs.setup(logging.DEBUG if verbose else logging.INFO, verbose=verbose)
     if not verbose and not foreground_job:
         console.addFilter(_OnlyOurs())
-    root.handlers[:] = [console]
     if settings is not None and not foreground_job:
         try:
             settings.log_dir.mkdir(parents=True, exist_ok=True)
             f = logging.FileHandler(settings.log_dir / "cli.log")
-            f.setFormatter(fmt)
-            root.addHandler(f)
+            f.setFormatter(logging.Formatter(logs.FORMAT))
+            logging.getLogger().addHandler(f)
         except OSError:
             pass  # an unwritable var dir: the console still gets warnings
-    for noisy in ("py4j", "great_expectations", "urllib3", "filelock"):
-        logging.getLogger(noisy).setLevel(logging.WARNING if not verbose else logging.DEBUG)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from onceflow import config, wire
+from onceflow import config, logs, wire
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
@@ -447,7 +447,7 @@ def _events(s, type_):
 
 # ---------------------------------------------------------------------------- the run
 def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logs.setup(logging.INFO, logs.SHORT)
     for noisy in ("onceflow.events", "onceflow_dev.generator", "onceflow.kafka.client"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

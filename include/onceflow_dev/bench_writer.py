@@ -20,11 +20,10 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 
-from onceflow import config, wire
+from onceflow import config, logs, wire
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import topics
@@ -117,7 +116,7 @@ def run_streamed(spark, s: config.Settings, n: int, partitions: int) -> float:
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logs.setup(logging.INFO, logs.SHORT)
     for noisy in ("onceflow.events", "onceflow.kafka.client", "onceflow_dev.broker", "py4j"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     sizes = [int(x) for x in os.environ.get("BENCH_WRITER_SIZES", "100000,500000,2000000").split(",")]

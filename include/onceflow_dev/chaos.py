@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
-from onceflow import config, wire
+from onceflow import config, logs, wire
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import topics
@@ -439,7 +439,7 @@ def prepare_var():
     """Quiet logging and an empty var/chaos for one chaos run (single or cluster topology)."""
     import shutil
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logs.setup(logging.INFO, logs.SHORT)
     for noisy in ("onceflow.events", "onceflow.kafka.client", "onceflow_dev.broker"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     var = config.REPO_ROOT / "var" / "chaos"

@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from onceflow import config, wire
+from onceflow import config, logs, wire
 from onceflow.kafka import events as ev
 from onceflow.kafka import topics
 from onceflow.operations import audit, recon_chain
@@ -291,7 +291,7 @@ def _alert_counts(receiver: Receiver) -> dict[str, int]:
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logs.setup(logging.INFO, logs.SHORT)
     for noisy in ("onceflow.events", "onceflow.kafka.client", "onceflow_dev.broker"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     var = config.REPO_ROOT / "var" / "soak"

@@ -4,17 +4,17 @@ file, exit codes (0 done, 2 parameters refused), and an exit that does not wait 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from onceflow import logs
+
 
 def main(body: Callable[[], object], out: str, refused: tuple[type[BaseException], ...]) -> None:
     """Run `body` (it returns the JSON-able result), write the result to `out`, exit."""
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logs.setup("INFO")
     try:
         Path(out).write_text(json.dumps(body(), default=str))
         code = 0

@@ -25,7 +25,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
-from onceflow import config, wire
+from onceflow import config, logs, wire
 from onceflow.faults import Injector
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
@@ -431,12 +431,7 @@ def run(settings: config.Settings) -> int:
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=os.environ.get("ONCEFLOW_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logs.setup(os.environ.get("ONCEFLOW_LOG_LEVEL", "INFO"))
     try:
         settings = config.load()
     except config.ConfigError as e:
