@@ -191,7 +191,7 @@ class AtLeastOnce(Contender):
         argv = launcher.submit_argv(self.s)[:-1] + [str(Path(__file__).with_name("ip_count_alo.py"))]
         self.proc = procs.spawn_detached(argv, self.s.log_dir / f"{self.s.app_id}.log", env=launcher.submit_env(self.s))
         procs.wait_until(
-            lambda: (ev.read_status(self.s.status_file) or {}).get("state") == "running",
+            lambda: (ev.read_status(self.s.status_file) or {}).get("state") == wire.JobState.RUNNING,
             300,
             what="the at-least-once query to run",
         )

@@ -33,7 +33,7 @@ from onceflow.rules.savepoints import (
     plan_restore,
     state_problems,
 )
-from onceflow.storage.checkpoint import LocalFS
+from onceflow.storage.store import Store
 
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKS = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -243,7 +243,7 @@ def test_batch_plan_maps_spark_ids_to_ledger_ids_through_the_epoch(tmp_path):
     assert end6 == {0: 90, 1: 95} and m6["batchWatermarkMs"] == 77_000 and m6["conf"] == meta["conf"]
     assert text.count('"src":{"0":90,"1":95}') == 2  # every source line of the topic (both union branches)
     ep = Epoch(epoch=1, ledger_shift=3, spark_batch_from=6, catch_up_spark_batch=6, catch_up_from=6)
-    p = batch_plan(LocalFS(tmp_path.as_uri()), 6, "src", ep)
+    p = batch_plan(Store(tmp_path.as_uri()), 6, "src", ep)
     assert (p.batch, p.spark_batch, p.catch_up_from, p.epoch) == (9, 6, 6, 1)
     assert p.start == {0: 50, 1: 60} and p.end == {0: 90, 1: 95} and p.watermark_ms == 77_000
     assert Epoch.from_json(ep.to_json()) == ep

@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import urlparse
 
 from confluent_kafka import TopicPartition
 
@@ -34,6 +33,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit
 from onceflow.rules import lag
 from onceflow.runtime import jobctl
+from onceflow.storage.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +107,10 @@ def _end_offsets(settings: Settings) -> dict[int, int]:
 
 
 def checkpoint_age_s(settings: Settings, now: float) -> float | None:
-    """Age of the newest file in the checkpoint's commit log (local checkpoints; None elsewhere)."""
-    u = urlparse(settings.checkpoint)
-    if u.scheme not in ("", "file"):
-        return None
-    commits = Path(u.path) / "commits"
-    mtimes = [p.stat().st_mtime for p in commits.glob("*") if p.is_file()] if commits.exists() else []
-    return round(now - max(mtimes), 1) if mtimes else None
+    """Age of the newest file in the checkpoint's commit log, on whatever store it lives (None: no commit yet, or
+    a store that reports no modification times)."""
+    newest = Store(settings.checkpoint).newest_mtime("commits")
+    return round(now - newest, 1) if newest is not None else None
 
 
 def late_share(progress: list[dict]) -> tuple[float | None, int]:

@@ -20,6 +20,7 @@ from onceflow.kafka import events as ev
 from onceflow.operations import savepoints
 from onceflow.rules import clock
 from onceflow.rules.savepoints import SavepointError
+from onceflow.storage.store import Store
 
 log = logging.getLogger(__name__)
 STATS_FILE = "_rotation.json"
@@ -114,7 +115,7 @@ def report_checkpoint(settings: Settings, sink: alerts.AlertSink | None = None, 
     now_ms = now_ms or clock.now_ms()
     key = f"rotation:{settings.app_id}:checkpoint_size"
     stats = savepoints.checkpoint_stats(settings)
-    store = savepoints.Store(settings.savepoints)
+    store = Store(settings.savepoints)
     try:
         prev = json.loads(store.read(STATS_FILE))
     except (OSError, ValueError):

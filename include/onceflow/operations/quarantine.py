@@ -41,7 +41,7 @@ class QuarantineError(OnceflowError, ValueError):
 
 def current(settings: Settings) -> list[QuarantineRange]:
     """The ranges in force for the job (its checkpoint's copy)."""
-    from onceflow.operations.savepoints import Store
+    from onceflow.storage.store import Store
 
     store = Store(settings.checkpoint)
     if not store.exists(QUARANTINE_FILE):
@@ -56,7 +56,7 @@ def add(
     in) and after fencing every driver of the app anywhere (the app's transactional id), so what is checked cannot
     change before it is written. The checkpoint's copy is written first and the ledger record committed second; if
     the commit fails the copy is put back: the job never runs with a quarantine the ledger does not record."""
-    from onceflow.operations.savepoints import Store
+    from onceflow.storage.store import Store
 
     if not reason.strip():
         raise QuarantineError("say why the records are quarantined (--reason): the ledger keeps it")

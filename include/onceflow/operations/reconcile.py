@@ -32,7 +32,7 @@ from onceflow.rules.ledger import LedgerEntry, QuarantineRange, check_coverage
 from onceflow.rules.records import RULES_VERSION
 from onceflow.spark import kafka_source, parsing
 from onceflow.spark.ip_count_plan import ISO_MS
-from onceflow.storage.checkpoint import LocalFS
+from onceflow.storage.store import Store
 
 log = logging.getLogger(__name__)
 CAP = 100  # differences listed per kind
@@ -355,7 +355,7 @@ def run(
 def starting_offsets(settings: Settings) -> dict[int, int] | None:
     """Where the job began reading (Spark's initial offsets in the checkpoint), when it is at hand."""
     try:
-        text = LocalFS(settings.checkpoint).read_text("sources/0/0")
+        text = Store(settings.checkpoint).read_text("sources/0/0")
     except Exception:
         return None
     return parse_initial_offsets(text, settings.source_topic) if text else None

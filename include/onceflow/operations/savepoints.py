@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-import fsspec
 from confluent_kafka import TopicPartition
 
 from onceflow import wire
@@ -60,60 +59,13 @@ from onceflow.rules.savepoints import (
     savepoint_uri,
 )
 from onceflow.runtime import jobctl
+from onceflow.storage.store import Store
 
 log = logging.getLogger(__name__)
 VERIFICATION = "_verification.json"  # beside the manifest: the last verification's verdict
 
 
 # ---------------------------------------------------------------------------- files
-class Store:
-    """A directory tree behind a URI, through fsspec."""
-
-    def __init__(self, uri: str):
-        self.uri = uri.rstrip("/")
-        self.fs, self.root = fsspec.core.url_to_fs(self.uri)
-        self.root = self.root.rstrip("/")
-
-    def path(self, rel: str = "") -> str:
-        return f"{self.root}/{rel}" if rel else self.root
-
-    def exists(self, rel: str = "") -> bool:
-        return self.fs.exists(self.path(rel))
-
-    def files(self, rel: str = "") -> dict[str, int]:
-        """Every file under `rel`, relative to it, with its size."""
-        base = self.path(rel)
-        if not self.fs.exists(base):
-            return {}
-        out = {}
-        for p, info in self.fs.find(base, detail=True, withdirs=False).items():
-            out[p[len(base) :].lstrip("/")] = int(info.get("size") or 0)
-        return out
-
-    def read(self, rel: str) -> bytes:
-        with self.fs.open(self.path(rel), "rb") as f:
-            return f.read()
-
-    def write(self, rel: str, data: bytes) -> None:
-        parent = self.path(rel).rsplit("/", 1)[0]
-        self.fs.makedirs(parent, exist_ok=True)
-        with self.fs.open(self.path(rel), "wb") as f:
-            f.write(data)
-
-    def write_atomic(self, rel: str, data: bytes) -> None:
-        self.write(rel + ".tmp", data)
-        self.fs.mv(self.path(rel + ".tmp"), self.path(rel))
-
-    def dirs(self) -> list[str]:
-        if not self.fs.exists(self.root):
-            return []
-        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False) if self.fs.isdir(p))
-
-    def rm(self, rel: str = "") -> None:
-        if self.fs.exists(self.path(rel)):
-            self.fs.rm(self.path(rel), recursive=True)
-
-
 def _savepoint(settings: Settings, sp_id: str) -> Store:
     """The directory of savepoint `sp_id`: the id is checked (check_id) before it is joined to any path, and the
     joined location must be a direct child of the savepoints root, also as fsspec resolves it."""

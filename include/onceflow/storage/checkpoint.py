@@ -1,27 +1,8 @@
-"""Reading the checkpoint's files: the Hadoop FileSystem of a live SparkSession (any Hadoop-compatible URI: HDFS,
-S3A, GCS, ... by configuration only), or plain files for `file:` URIs when no Spark is at hand. What the files
-mean is in onceflow.rules.checkpoint."""
+"""Reading the checkpoint's files inside the job: the Hadoop FileSystem of its live SparkSession (any
+Hadoop-compatible URI: HDFS, S3A, GCS, ... by configuration only). Without Spark, onceflow.storage.store.Store reads
+the same files through fsspec. What the files mean is in onceflow.rules.checkpoint."""
 
 from __future__ import annotations
-
-from pathlib import Path
-from urllib.parse import urlparse
-
-from onceflow.rules.checkpoint import CheckpointError
-
-
-class LocalFS:
-    def __init__(self, uri: str):
-        u = urlparse(uri)
-        if u.scheme not in ("", "file"):
-            raise CheckpointError(f"{uri} is not a local path; read it through Spark's Hadoop FileSystem")
-        self.root = Path(u.path)
-
-    def read_text(self, rel: str) -> str | None:
-        try:
-            return (self.root / rel).read_text()
-        except FileNotFoundError:
-            return None
 
 
 class HadoopFS:
