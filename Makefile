@@ -59,7 +59,7 @@ test-unit: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/test_dag_integrity.py tests/unit  # the DAG files parse first (seconds)
 
 test-integration: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -n 2 --dist loadgroup --no-loadscope-reorder \
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -n 2 --dist loadfile --no-loadscope-reorder \
 		tests/integration tests/airflow
 
 ## test-secured: the exactly-once suite and the running-Airflow tests again, on a SASL/SCRAM + TLS broker with ACLs:

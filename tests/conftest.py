@@ -61,8 +61,9 @@ SLOWEST_FIRST = (  # seconds measured on a serial run
 )
 # Modules that bring up their own many-process topology (a running Airflow with PostgreSQL; three brokers with a
 # Spark master and workers; a broker killed under a job with a warm standby): on a 2-core machine two of them at
-# once starve each other past their deadlines (a first commit took over 3 min on the cluster beside Airflow). They
-# share one xdist group, so they run one after another on one worker while the other worker takes the rest.
+# once starve each other past their deadlines (beside Airflow the cluster's first commit took over 3 min, and
+# Airflow's task supervisor timed out on its own API server). They are one xdist scope, so they run one after
+# another on one worker while the other worker takes the rest.
 ONE_AT_A_TIME = (
     "tests/airflow/test_running_airflow.py",
     "tests/integration/test_cluster.py",
@@ -71,13 +72,24 @@ ONE_AT_A_TIME = (
 )
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {m: i for i, m in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: in-module order kept
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group("one-at-a-time" if module in ONE_AT_A_TIME else module))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Whole modules to a worker (as `--dist loadfile`), the ONE_AT_A_TIME modules as one scope. Not xdist's
+    `loadgroup`: it renames the items' `_nodeid`, which pytest 9 no longer reads, so its groups are silently
+    ignored and every test becomes its own scope."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesOneHeavyAtATime(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "one-at-a-time" if module in ONE_AT_A_TIME else module
+
+    return ModulesOneHeavyAtATime(config, log)
 
 
 @pytest.fixture(scope="session")
