@@ -50,16 +50,18 @@ format: setup
 	$(BIN)/ruff format $(LINTED)
 
 ## test: lint, unit tests (no broker), then integration tests against a real broker, real Spark and Airflow
-## (started and stopped by the tests) on two pytest-xdist workers, slowest modules first, the ones that bring up a
-## many-process topology one at a time (tests/conftest.py); each step stops the run
-## on a failure.
+## (started and stopped by the tests), one module after another, slowest first; each step stops the run on a
+## failure. TEST_WORKERS=2 runs them on pytest-xdist workers (whole modules each, the many-process ones one at a
+## time: tests/conftest.py); on 2 cores that thrashes (load average 12) and is slower, docs/testing.md.
+TEST_WORKERS ?= 1
 test: lint test-unit test-integration
 
 test-unit: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/test_dag_integrity.py tests/unit  # the DAG files parse first (seconds)
 
 test-integration: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -n 2 --dist loadfile --no-loadscope-reorder \
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 \
+		$(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
 		tests/integration tests/airflow
 
 ## test-secured: the exactly-once suite and the running-Airflow tests again, on a SASL/SCRAM + TLS broker with ACLs:
