@@ -219,7 +219,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         # the stalls end by themselves (the coordinator aborts them): the last one is over a few seconds after it
         _wait_stall_over(observer, stall_s)
         ends = [f.end_ms for f in outcome.injected] + [
-            e["ts_ms"] + int(stall_s * 1000) for e in stalls_so_far(observer)
+            e["ts_ms"] + int(stall_s * 1000) for e in events_of(observer, wire.FAULT_INJECTED)
         ]
         sent = feed.finish(observer, max(ends, default=0))
         wait_drained(observer, sent, timeout=max(600.0, spec.seconds))
@@ -363,10 +363,6 @@ def kill_running_job(s, after_ms: int = 0, timeout: float = 300.0) -> bool:
         time.sleep(0.5)
     log.warning("no running job to kill within %.0f s", timeout)
     return False
-
-
-def stalls_so_far(s) -> list[dict]:
-    return events_of(s, wire.FAULT_INJECTED)
 
 
 def _wait_stall_over(s, stall_s: float) -> None:

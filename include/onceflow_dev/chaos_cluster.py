@@ -142,9 +142,6 @@ class Runner:
         self.down_windows: list[tuple[int, int]] = []  # the tolerated outage (commits must go on)
         self.double_windows: list[tuple[int, int]] = []  # the deliberate double fault (commits stall)
 
-    def now_ms(self) -> int:
-        return clock.now_ms()
-
     def carry_out(self, steps: list[chaos_plan.Step]) -> None:
         """Each step starts at its time, in order (a step may wait: for full ISR, for a commit, for a transaction);
         what it stopped is started again by a timer `duration` later, whatever the steps after it are waiting
@@ -173,16 +170,16 @@ class Runner:
             if not chaos.wait_commit_since(self.job, self.last_kill_ms, 300):
                 self.outcome.miss(st, "no batch committed since the previous job kill within 300 s")
                 return None
-            at = self.now_ms()
+            at = clock.now_ms()
             if not chaos.kill_running_job(self.job, after_ms=self.last_kill_ms):
                 self.outcome.miss(st, "no running job to kill within 300 s")
                 return None
-            self.last_kill_ms = self.now_ms()
+            self.last_kill_ms = clock.now_ms()
             self.outcome.injected.append(chaos_plan.Injected("kill_job", at, at))
             return None
         if st.kind == "kill_worker":
             i = 1 + self.outcome.counts().get("kill_worker", 0) % 2
-            at = self.now_ms()
+            at = clock.now_ms()
             if not spark_cluster.kill_worker(s, i):
                 self.outcome.miss(st, f"Spark worker {i} was not running")
                 return None
@@ -191,7 +188,7 @@ class Runner:
             return self._kill_coordinator(st)
         # kill_leader, broker_down: a node, killed now
         node = 3 if st.kind == "broker_down" else cluster.describe(s)["topics"][s.sink_topic]["0"]["leader"]
-        at = self.now_ms()
+        at = clock.now_ms()
         if node is None or node < 0 or not broker.kill(s, node):
             self.outcome.miss(st, f"node {node} (the sink's leader) was not running")
             return None
@@ -203,12 +200,12 @@ class Runner:
         s = self.s
         marker_dir = s.run_dir / "faults" / s.app_id
         for _ in range(TXN_TRIES):
-            armed_ms = self.now_ms()
+            armed_ms = clock.now_ms()
             faults.arm(marker_dir)
             if not self._stalled_since(armed_ms):
                 continue
             node = (cluster.describe(s).get("transaction_coordinator") or {}).get("broker")
-            at = self.now_ms()
+            at = clock.now_ms()
             if node is not None and node >= 0 and broker.kill(s, node):
                 return (at, node)
         faults.armed_path(marker_dir, "stall_in_txn").unlink(missing_ok=True)
@@ -235,7 +232,7 @@ class Runner:
             log.error("t=%.0fs starting %s %s again failed: %s", time.monotonic() - self.t0, st.kind, target, e)
             self.outcome.miss(st, f"{st.kind}: starting {target} again failed: {e}")
             return
-        end = self.now_ms()
+        end = clock.now_ms()
         log.info("t=%.0fs %s over: %s back after %.0f s", time.monotonic() - self.t0, st.kind, target, st.duration)
         if st.kind == "broker_down":
             self.down_windows.append((at, end))

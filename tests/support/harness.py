@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit
-from onceflow.rules import invariants, records
+from onceflow.rules import clock, invariants, records
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import credentials, generator
 from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL, GeneratorSpec
@@ -146,7 +145,7 @@ def wait_job_exit(s: Settings, timeout: float = 120.0) -> None:
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    return clock.now_ms()
 
 
 def copy_topic(s, src: str, dst: str, keep=lambda m: True, change=lambda m: m, extra=()):
