@@ -12,21 +12,20 @@ pytestmark = pytest.mark.integration
 
 
 def test_short_chaos_run_loses_nothing_and_duplicates_nothing(tmp_path):
-    # 500 records/s: the input runs on until the faults are over, and a warm standby's Spark session comes up in
-    # minutes on a loaded 2-core machine (the first kill waits for it: a takeover is one of the claims)
+    # 500 records/s for 40 s, and on until the faults are over. Cold restarts: a warm standby's takeover is
+    # test_standby's claim, and waiting minutes for the standby's session on a 2-core machine doubled this run
     spec = chaos.ChaosSpec(
-        seconds=60, records=30_000, job_kills=2, broker_restarts=1, stalls=1, pauses=1, seed=3, standby_wait_s=480
+        seconds=40, records=20_000, job_kills=1, broker_restarts=1, stalls=1, pauses=1, seed=3, standby=0
     )
     rep = chaos.run(spec, tmp_path / "var")
     why = {k: rep.get(k) for k in ("faults", "missed", "lost", "duplicated", "dlq_complete", "reconciliation")}
     assert rep["ok"], json.dumps(why | {"violations": rep["liveness"]["violations"]}, indent=1, default=str)
     assert (rep["lost"], rep["duplicated"], rep["dlq_complete"]) == (0, 0, True)
-    assert rep["faults"] == {"kill_job": 2, "restart_broker": 1, "pause_driver": 1, "stall_in_txn": 1}, rep
-    assert rep["transaction_timeouts"] >= 1 and rep["restarts"] >= 3  # the timeout and both kills
-    assert rep["standby_takeovers"] >= 1  # kills that landed on a warm standby (ChaosSpec.standby)
+    assert rep["faults"] == {"kill_job": 1, "restart_broker": 1, "pause_driver": 1, "stall_in_txn": 1}, rep
+    assert rep["transaction_timeouts"] >= 1 and rep["restarts"] >= 2  # the timeout and the kill
     assert set(rep["reconciliation"].values()) == {"pass"}
     # liveness as figures: every fault was followed by a commit and the lag back at its level, within the bounds
     live = rep["liveness"]
     assert rep["missed"] == [] and live["violations"] == [], (rep["missed"], live["violations"])
-    assert len(live["faults"]) == 5 and all(f["to_commit_s"] is not None for f in live["faults"]), live["faults"]
+    assert len(live["faults"]) == 4 and all(f["to_commit_s"] is not None for f in live["faults"]), live["faults"]
     assert set(live["by_kind"]) == {"kill_job", "restart_broker", "pause_driver", "stall_in_txn"}

@@ -74,7 +74,7 @@ def test_crash_at_every_protocol_point_and_random_kill9(app, tmp_path):
         produced["sent"] = produce(
             s,
             tmp_path / "m.csv",
-            count=80_000,
+            count=50_000,
             rate=2500,
             event_rate=2500,
             distinct_ips=500,
@@ -91,21 +91,21 @@ def test_crash_at_every_protocol_point_and_random_kill9(app, tmp_path):
     rng = random.Random(5)
     kills, last_kill = 0, 0
     deadline = time.monotonic() + 600
-    while kills < 5 and time.monotonic() < deadline:
+    while kills < 2 and time.monotonic() < deadline:  # `make chaos` kills at random many times more
         # wait until the (restarted) job's query runs, then kill it at a random moment
         jobctl.wait_running(s, after_ms=last_kill, timeout=180)
         time.sleep(rng.uniform(0.5, 5.0))
         last_kill = now_ms()
         if jobctl.kill(s):
             kills += 1
-    assert kills == 5
+    assert kills == 2
     feeder.join(timeout=300)
     sent = produced["sent"]
     wait_drained(s, sent, timeout=420)
     assert_exact(s, sent)
     fired = {e["fault"] for e in events(s, wire.FAULT_INJECTED)}
     assert fired == set(faults.split(","))
-    assert len(events(s, wire.SUPERVISOR_RESTART)) >= 9
+    assert len(events(s, wire.SUPERVISOR_RESTART)) >= 6  # four protocol points, two random kills
     skipped = {e["batch"] for e in events(s, wire.BATCH_REPLAY_SKIPPED)}
     assert {6, 9} <= skipped, "a crash or an error after the commit must lead to a skipped replay"
 

@@ -28,9 +28,12 @@ def test_burrow_rules():
     behind = restarted + samples([(120, 210)], t0=restarted[-1].ts_ms + 60_000)
     assert lag.evaluate(behind, since_ms=run) == lag.Level.WARN  # three samples since its first commit, growing
     assert lag.evaluate(restarted[:4], since_ms=run) == lag.Level.OK  # two samples of this run: too few
-    assert (
-        lag.evaluate(restarted[:4] + samples([(20, 99)], t0=10**6), since_ms=run) == lag.Level.STALL
-    )  # run never commits
+    stuck = restarted[:4] + samples([(20, 99)], t0=10**6)
+    assert lag.evaluate(stuck, since_ms=run) == lag.Level.STALL  # committed once, then stuck
+    # a run that has not committed since its start (a slow start under load, longer than two health intervals) is
+    # not a stalled consumer: health's progress rule judges it against its own threshold
+    assert lag.evaluate(stuck, since_ms=run, run_committed=False) == lag.Level.OK
+    assert lag.evaluate(samples([(10, 20), (5, 25), (12, 30)]), since_ms=0, run_committed=False) == lag.Level.REWIND
     assert lag.evaluate(restarted, since_ms=restarted[-1].ts_ms + 1) == lag.Level.OK  # nothing in this run yet
     assert lag.evaluate(samples([(10, 20), (5, 25), (12, 30)]), since_ms=10**9) == lag.Level.REWIND  # across runs too
     assert lag.trend(samples([(0, 5), (0, 9)])) is lag.Trend.GROWING

@@ -140,6 +140,8 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
     committed = audit.consumed_position(settings, ends).offsets  # the ledger's, when the group has expired
     parts: dict[str, dict[str, Any]] = {}
     run_start = st.get("started_ms")
+    # a run that has not committed yet is judged by the down and progress rules (their thresholds), not by lag's
+    run_committed = bool(run_start and int(st.get("last_commit_ms") or 0) >= run_start)
     for p, end in sorted(ends.items()):
         prev = (previous.partitions.get(str(p)) or previous.partitions.get(p) or {}) if previous else {}
         samples = [lag.Sample(**s) for s in prev.get("samples", [])]
@@ -152,7 +154,11 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
             "samples": [s.to_dict() for s in samples],
             "lag": sample.lag,
             # judged over the job's current run only; while it is down the down/restarting rules speak
-            "status": lag.evaluate(samples, since_ms=run_start) if st["running"] else lag.Level.OK,
+            "status": (
+                lag.evaluate(samples, since_ms=run_start, run_committed=run_committed)
+                if st["running"]
+                else lag.Level.OK
+            ),
             "trend": lag.trend(samples).value,
             "commit_ts_ms": commit_ts,
         }

@@ -8,9 +8,10 @@ last samples a partition is:
 - STOP    lag > 0 and the newest commit is older than the window's span (the consumer stopped committing);
 - REWIND  the committed offset went backwards.
 
-A restart of the job starts a new window for the other rules (`since_ms`, the current run's start), and WARN is
-judged from that run's first commit on: the lag that grew while the job was down and starting is the restart's,
-judged by health's down and progress rules, not a consumer falling behind.
+A restart of the job starts a new window for the other rules (`since_ms`, the current run's start), and the run
+is judged from its first commit on (`run_committed`): the lag that grew while the job was down, starting and
+running its first batch is the restart's, judged by health's down and progress rules against their own thresholds
+(a start slower than two health intervals is not a stuck consumer), not a consumer falling behind or stalled.
 """
 
 from __future__ import annotations
@@ -63,14 +64,19 @@ def trend(samples: Sequence[Sample]) -> Trend:
     return Trend.GROWING if last > first else Trend.SHRINKING if last < first else Trend.FLAT
 
 
-def evaluate(samples: Sequence[Sample], min_samples: int = 3, since_ms: int | None = None) -> Level:
+def evaluate(
+    samples: Sequence[Sample], min_samples: int = 3, since_ms: int | None = None, run_committed: bool = True
+) -> Level:
     """The Burrow status of one partition over its sample window (oldest first). With `since_ms` (the job's current
-    run's start) the samples before it count only for REWIND, and falling behind (WARN) is judged from the run's
-    first commit on: a run begins with a backlog and a slow first batch."""
+    run's start) the samples before it count only for REWIND, and the run is judged from its first commit on: until
+    then (`run_committed` False) it is OK here, and falling behind (WARN) is judged from the first sample that moved:
+    a run begins with a backlog and a slow first batch."""
     for a, b in zip(samples, samples[1:]):
         if b.committed < a.committed:
             return Level.REWIND
     if since_ms is not None:
+        if not run_committed:
+            return Level.OK
         samples = [s for s in samples if s.ts_ms >= since_ms]
     if not samples:
         return Level.OK
