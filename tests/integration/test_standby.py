@@ -24,13 +24,15 @@ def test_a_warm_standby_takes_over_and_loses_nothing(app, tmp_path):
     # raise_after_commit: a failure the driver reports (not a lost process): the fixed delay is kept
     s = app(standby=True, max_offsets_per_trigger=3000, restart_delay_s=4.0, fault="raise_after_commit@12")
     produced: dict = {}
+    kills_done = threading.Event()
 
     def feed():
         produced["sent"] = produce(
             s,
             tmp_path / "m.csv",
-            count=80_000,
-            rate=400,  # 200 s: input flows through both kills (each waits for a warm standby, ~40 s after a commit)
+            kills_done,  # input flows through both kills, however long a warm standby takes to come up under load
+            count=1_000_000,
+            rate=400,
             event_rate=400,
             distinct_ips=300,
             out_of_order_fraction=0.05,
@@ -45,23 +47,10 @@ def test_a_warm_standby_takes_over_and_loses_nothing(app, tmp_path):
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     taken_over = []
-    for _ in range(2):
-        jobctl.wait_for_commit(s, after_ms=now_ms(), timeout=180, or_idle=True)
-        warm = _standby_ready(s)
-        killed_at = now_ms()
-        killed = jobctl.kill(s)  # kill -9 of the active launch's whole process group
-        assert killed and killed != warm["pid"]
-        # the standby's launch becomes the job; a fresh standby is launched once it has committed
-        st = procs.wait_until(
-            lambda pid=warm["pid"]: (x := jobctl.status(s))["job_pid"] == pid and x["state"] == "running" and x,
-            120,
-            interval=0.2,
-            what="the standby to take over",
-        )
-        assert st["standby"] is None or st["standby"]["pid"] != warm["pid"]
-        # (with or_idle: a kill between batches after the input ended leaves no batch to replay)
-        jobctl.wait_for_commit(s, after_ms=killed_at, timeout=120, or_idle=True)
-        taken_over.append(warm["pid"])
+    try:
+        _kill_twice(s, taken_over)
+    finally:
+        kills_done.set()
     feeder.join(timeout=300)
     sent = produced["sent"]
     wait_drained(s, sent, timeout=420)
@@ -83,3 +72,24 @@ def test_a_warm_standby_takes_over_and_loses_nothing(app, tmp_path):
     jobctl.kill(s, with_supervisor=True)
     procs.wait_until(lambda: not procs.pid_alive(last["pid"]), 60, what="the orphaned standby to exit")
     assert not standby.go_file(s).exists() and jobctl.status(s)["standby"] is None
+
+
+def _kill_twice(s, taken_over: list) -> None:
+    """kill -9 the active driver twice, each time once a warm standby is ready; the standby takes over at once."""
+    for _ in range(2):
+        jobctl.wait_for_commit(s, after_ms=now_ms(), timeout=180, or_idle=True)
+        warm = _standby_ready(s)
+        killed_at = now_ms()
+        killed = jobctl.kill(s)  # kill -9 of the active launch's whole process group
+        assert killed and killed != warm["pid"]
+        # the standby's launch becomes the job; a fresh standby is launched once it has committed
+        st = procs.wait_until(
+            lambda pid=warm["pid"]: (x := jobctl.status(s))["job_pid"] == pid and x["state"] == "running" and x,
+            120,
+            interval=0.2,
+            what="the standby to take over",
+        )
+        assert st["standby"] is None or st["standby"]["pid"] != warm["pid"]
+        # (with or_idle: a kill between batches after the input ended leaves no batch to replay)
+        jobctl.wait_for_commit(s, after_ms=killed_at, timeout=120, or_idle=True)
+        taken_over.append(warm["pid"])
