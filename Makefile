@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RUN_RATE ?= 200
 RUN_SECONDS ?= 3600
 
-.PHONY: setup run stop status lint format docs test test-unit test-integration test-secured bench bench-writer bench-profile bench-sweep chaos chaos-seeds soak clean
+.PHONY: setup run stop status lint format docs test test-unit test-integration test-topology test-secured bench bench-writer bench-profile bench-sweep chaos chaos-seeds soak clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -63,6 +63,13 @@ test-integration: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 \
 		$(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
 		tests/integration tests/airflow
+
+## test-topology: the tests that bring up a topology of their own, ~20 min: three brokers with a Spark master and
+## two workers (tests/topology/test_cluster.py: broker and worker deaths, a batch far larger than the driver, `stack
+## up/status/down` in a fresh shell), and the short chaos run on its own broker (test_chaos.py). Not in `make test`:
+## beside the rest they took the suite past CI's 90 minutes on 2 cores (docs/testing.md).
+test-topology: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 tests/topology
 
 ## test-secured: the exactly-once suite and the running-Airflow tests again, on a SASL/SCRAM + TLS broker with ACLs:
 ## each job on its least-privileged principal, the DAGs on theirs through Airflow connections, and no password

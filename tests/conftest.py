@@ -44,20 +44,20 @@ SECURITY = os.environ.get("ONCEFLOW_TEST_KAFKA_SECURITY", "PLAINTEXT").upper()
 # The modules measured slowest, slowest first (seconds on this machine, alone). `make test-integration` runs on two
 # workers handing out whole modules in collection order: longest first keeps both busy until the end instead of
 # leaving one module of minutes running alone. A module not listed runs after these (keep new slow tests listed).
-SLOWEST_FIRST = (  # seconds measured on a serial run
-    "tests/airflow/test_running_airflow.py",  # 630  }
-    "tests/integration/test_cluster.py",  # 460      } ONE_AT_A_TIME: one xdist scope, first to the first worker
-    "tests/integration/test_chaos.py",  # 450        }
-    "tests/integration/test_standby.py",  # 220      }
-    "tests/integration/test_exactly_once.py",  # 380: first to the second worker
+SLOWEST_FIRST = (  # seconds measured on serial runs on 2 cores (2026-11-25)
+    "tests/airflow/test_running_airflow.py",  # ~1700 } ONE_AT_A_TIME: one xdist scope, first to the first worker
+    "tests/topology/test_cluster.py",  # ~900 (make test-topology)
+    "tests/topology/test_chaos.py",  # ~300 (make test-topology)
+    "tests/integration/test_standby.py",  # ~400
+    "tests/integration/test_exactly_once.py",  # ~600: first to the second worker
     # xdist queues a second scope behind each worker's first at the start: the shortest one goes behind the group
-    "tests/integration/test_backfill.py",  # 90
+    "tests/integration/test_backfill.py",  # 160
     "tests/integration/test_protocol_edges.py",  # 260
-    "tests/integration/test_savepoints.py",  # 200
-    "tests/airflow/test_dags.py",  # 210
-    "tests/integration/test_reconcile.py",  # 150
+    "tests/integration/test_savepoints.py",  # 420
+    "tests/airflow/test_dags.py",  # 330
+    "tests/integration/test_reconcile.py",  # 220
     "tests/integration/test_security.py",  # 150
-    "tests/integration/test_health.py",  # 100
+    "tests/integration/test_health.py",  # 130
 )
 # Modules that bring up their own many-process topology (a running Airflow with PostgreSQL; three brokers with a
 # Spark master and workers; a broker killed under a job with a warm standby): on a 2-core machine two of them at
@@ -66,8 +66,8 @@ SLOWEST_FIRST = (  # seconds measured on a serial run
 # another on one worker while the other worker takes the rest.
 ONE_AT_A_TIME = (
     "tests/airflow/test_running_airflow.py",
-    "tests/integration/test_cluster.py",
-    "tests/integration/test_chaos.py",
+    "tests/topology/test_cluster.py",
+    "tests/topology/test_chaos.py",
     "tests/integration/test_standby.py",
 )
 
