@@ -46,9 +46,8 @@ def test_a_warm_standby_takes_over_and_loses_nothing(app, tmp_path):
     jobctl.wait_running(s, timeout=240)
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    taken_over = []
     try:
-        _kill_twice(s, taken_over)
+        _kill_twice(s)
     finally:
         kills_done.set()
     feeder.join(timeout=300)
@@ -74,7 +73,7 @@ def test_a_warm_standby_takes_over_and_loses_nothing(app, tmp_path):
     assert not standby.go_file(s).exists() and jobctl.status(s)["standby"] is None
 
 
-def _kill_twice(s, taken_over: list) -> None:
+def _kill_twice(s) -> None:
     """kill -9 the active driver twice, each time once a warm standby is ready; the standby takes over at once."""
     for _ in range(2):
         jobctl.wait_for_commit(s, after_ms=now_ms(), timeout=180, or_idle=True)
@@ -92,4 +91,3 @@ def _kill_twice(s, taken_over: list) -> None:
         assert st["standby"] is None or st["standby"]["pid"] != warm["pid"]
         # (with or_idle: a kill between batches after the input ended leaves no batch to replay)
         jobctl.wait_for_commit(s, after_ms=killed_at, timeout=120, or_idle=True)
-        taken_over.append(warm["pid"])
