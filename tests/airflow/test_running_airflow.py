@@ -238,12 +238,10 @@ def _wait(api, dag_id: str, run: dict, timeout: float = 600) -> dict:
 
 def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_api(platform):
     s, api, webhook, _ = platform
-    marks = kafka_watermarks(s)
-    ends = {str(p): hi for p, (_, hi) in marks.items()}
+    starts, ends = newest_range(s)
     form = {
         "backfill_id": "e2e-1",
-        # the newest 3000 records of each partition (input has flowed for minutes: all of it is minutes of Spark)
-        "start_offsets": {str(p): max(lo, hi - 3000) for p, (lo, hi) in marks.items()},
+        "start_offsets": starts,
         "end_offsets": ends,
         "since": None,
         "until": None,
@@ -332,6 +330,16 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
 def kafka_watermarks(s):
 
     return kafka_reading.watermarks(s, s.source_topic)
+
+
+def newest_range(s, per_partition: int = 3000) -> tuple[dict[str, int], dict[str, int]]:
+    """A backfill range over the newest records of each source partition (start and end offsets, as the forms take
+    them): input has flowed for minutes, and a backfill of all of it is minutes of Spark."""
+    marks = kafka_watermarks(s)
+    return (
+        {str(p): max(lo, hi - per_partition) for p, (lo, hi) in marks.items()},
+        {str(p): hi for p, (_, hi) in marks.items()},
+    )
 
 
 def test_the_live_audit_agrees_with_a_running_job(platform):
@@ -485,12 +493,9 @@ def test_the_operator_console_in_a_real_browser(platform):
         shots["proofs"] = page.screenshot(path=str(SCREENSHOTS / "console-proofs.png"), full_page=True)
         # start a backfill from the console's form: a run of ip_count_backfill, by the logged-in operator
         seen = {r["dag_run_id"] for r in api.runs("ip_count_backfill")}
-        marks = kafka_watermarks(s)
-        ends = {str(p): hi for p, (_, hi) in marks.items()}
+        starts, ends = newest_range(s)
         page.fill("input[name=backfill_id]", "console-1")
-        page.fill(
-            "input[name=start_offsets]", json.dumps({str(p): max(lo, hi - 3000) for p, (lo, hi) in marks.items()})
-        )
+        page.fill("input[name=start_offsets]", json.dumps(starts))
         page.fill("input[name=end_offsets]", json.dumps(ends))
         page.get_by_role("button", name="Start").click()
         page.get_by_text("of ip_count_backfill triggered").wait_for(timeout=60_000)
