@@ -27,6 +27,13 @@ if "PYTEST_XDIST_WORKER" in os.environ or "AIRFLOW_HOME" not in os.environ:
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(Path(__file__).resolve().parents[1] / "dags")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
+# Every Spark JVM the session starts (its own session, each job's driver, each recount and backfill, in Airflow's
+# tasks too: spark-submit reads SPARK_SUBMIT_OPTS, and children keep SPARK_*) compiles with C1 only. The suite's
+# JVMs live seconds to minutes, and C2 spent their CPU compiling code that never ran long enough to pay it back:
+# a short Spark application measured 18.8 s of JVM CPU with both tiers, 10.5-12.9 s with C1 only (docs/testing.md).
+# What the JIT does cannot change what a job writes; the benchmarks and long runs keep the JVM's defaults.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+
 import pytest
 
 from onceflow import config

@@ -200,14 +200,11 @@ def test_exactly_once_under_kill9_on_least_privilege_and_no_secret_written(make_
     jobctl.start(job)
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    rng, kills, last = random.Random(3), 0, 0
-    deadline = time.monotonic() + 400
-    while kills < 2 and time.monotonic() < deadline:
-        jobctl.wait_running(job, after_ms=last, timeout=180)
-        time.sleep(rng.uniform(0.5, 3.0))
-        last = now_ms()
-        kills += bool(jobctl.kill(job))
-    assert kills == 2
+    # one kill -9 at a random moment besides the two protocol points (the many random kills are the plaintext
+    # suite's and make chaos's: what this test adds is the least-privileged principals under them)
+    jobctl.wait_running(job, timeout=180)
+    time.sleep(random.Random(3).uniform(0.5, 3.0))
+    assert jobctl.kill(job)
     feeder.join(300)
     sent = produced["sent"]
     wait_drained(recon, sent, timeout=300)

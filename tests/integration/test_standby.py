@@ -30,7 +30,7 @@ def test_a_warm_standby_takes_over_and_loses_nothing(app, tmp_path):
         produced["sent"] = produce(
             s,
             tmp_path / "m.csv",
-            kills_done,  # input flows through both kills, however long a warm standby takes to come up under load
+            kills_done,  # input flows through the kill, however long a warm standby takes to come up under load
             count=1_000_000,
             rate=400,
             event_rate=400,
@@ -47,7 +47,7 @@ def test_a_warm_standby_takes_over_and_loses_nothing(app, tmp_path):
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     try:
-        _kill_twice(s)
+        _kill_once(s)
     finally:
         kills_done.set()
     feeder.join(timeout=300)
@@ -57,7 +57,7 @@ def test_a_warm_standby_takes_over_and_loses_nothing(app, tmp_path):
 
     restarts = events(s, wire.SUPERVISOR_RESTART)
     lost = [e for e in restarts if e["lost"]]
-    assert len(lost) >= 2 and all(e["standby"] and e["delay_s"] == 0 for e in lost[:2])
+    assert lost and lost[0]["standby"] and lost[0]["delay_s"] == 0
     reported = [e for e in restarts if not e["lost"]]
     assert [e["exit_code"] for e in reported] == [wire.EXIT_FAILED]  # the injected error after batch 12's commit
     assert reported[0]["delay_s"] == s.restart_delay_s
@@ -73,21 +73,21 @@ def test_a_warm_standby_takes_over_and_loses_nothing(app, tmp_path):
     assert not standby.go_file(s).exists() and jobctl.status(s)["standby"] is None
 
 
-def _kill_twice(s) -> None:
-    """kill -9 the active driver twice, each time once a warm standby is ready; the standby takes over at once."""
-    for _ in range(2):
-        jobctl.wait_for_commit(s, after_ms=now_ms(), timeout=180, or_idle=True)
-        warm = _standby_ready(s)
-        killed_at = now_ms()
-        killed = jobctl.kill(s)  # kill -9 of the active launch's whole process group
-        assert killed and killed != warm["pid"]
-        # the standby's launch becomes the job; a fresh standby is launched once it has committed
-        st = procs.wait_until(
-            lambda pid=warm["pid"]: (x := jobctl.status(s))["job_pid"] == pid and x["state"] == "running" and x,
-            120,
-            interval=0.2,
-            what="the standby to take over",
-        )
-        assert st["standby"] is None or st["standby"]["pid"] != warm["pid"]
-        # (with or_idle: a kill between batches after the input ended leaves no batch to replay)
-        jobctl.wait_for_commit(s, after_ms=killed_at, timeout=120, or_idle=True)
+def _kill_once(s) -> None:
+    """kill -9 the active driver once a warm standby is ready; the standby takes over at once. (That a fresh standby
+    comes up behind the new driver is the orphaned standby's step above: it waits for one.)"""
+    jobctl.wait_for_commit(s, after_ms=now_ms(), timeout=180, or_idle=True)
+    warm = _standby_ready(s)
+    killed_at = now_ms()
+    killed = jobctl.kill(s)  # kill -9 of the active launch's whole process group
+    assert killed and killed != warm["pid"]
+    # the standby's launch becomes the job; a fresh standby is launched once it has committed
+    st = procs.wait_until(
+        lambda: (x := jobctl.status(s))["job_pid"] == warm["pid"] and x["state"] == "running" and x,
+        120,
+        interval=0.2,
+        what="the standby to take over",
+    )
+    assert st["standby"] is None or st["standby"]["pid"] != warm["pid"]
+    # (with or_idle: a kill between batches after the input ended leaves no batch to replay)
+    jobctl.wait_for_commit(s, after_ms=killed_at, timeout=120, or_idle=True)
