@@ -99,3 +99,24 @@ def test_the_seeds_table_has_a_row_per_seed_and_fault_kind():
     assert rows[0].startswith("| 4711 | PASS | 600,004 | 0 | 0 | 0 | broker_down | 1 | 5.0 / 5.0 |")
     assert rows[1].startswith("| | | | | | | kill_job | 1 | 5.0 / 5.0 |")
     assert rows[2].startswith("| 2 | FAIL |") and " 1 | broker_down " in rows[2]
+
+
+def test_a_coordinator_kill_reads_the_events_again_when_a_broker_is_away(monkeypatch, tmp_path):
+    """Seed 4711 on the cluster: a leader kill moved the events topic's leader while the coordinator step waited for
+    its armed transaction; the read raised (_DESTROY_BROKER) and ended the whole run instead of reading again."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from onceflow import config, wire
+    from onceflow_dev import chaos_cluster
+
+    answers = [KafkaException(KafkaError(KafkaError._DESTROY_BROKER)), [{"ts_ms": 2**62, "event": wire.FAULT_INJECTED}]]
+
+    def read(*_a, **_k):
+        got = answers.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    monkeypatch.setattr(chaos_cluster.ev, "read", read)
+    runner = chaos_cluster.Runner(config.load(env={}, var_dir=tmp_path), config.load(env={}, var_dir=tmp_path), 0.0)
+    assert runner._stalled_since(0) and not answers
