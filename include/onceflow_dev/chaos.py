@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
+from confluent_kafka import KafkaException
+
 from onceflow import config, logs, wire
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
@@ -313,13 +315,23 @@ def commit_times(s) -> list[int]:
     return [e["ts_ms"] for e in events_of(s, wire.BATCH_COMMITTED)]
 
 
+def read_events(s, kinds: set[str], since_ms: int) -> list[dict]:
+    """The job's events of `kinds` since `since_ms`, for a wait's condition: none while a fault makes the read fail
+    (the events topic's leader killed or moving; seed 4711 on the cluster ended its run there), so it reads again."""
+    try:
+        return ev.read(s, kinds, since_ms=since_ms)
+    except KafkaException as e:
+        log.info("reading the job's events while a broker is away: %s (read again)", e)
+        return []
+
+
 def wait_commit_since(s, since_ms: int, timeout: float) -> bool:
     """A batch committed after `since_ms`, within `timeout` seconds: a job kill lands on a job that has made
     progress since the last one (a kill before that tests a restart loop, not recovery)."""
     try:
 
         def committed() -> bool:
-            return any(e["ts_ms"] > since_ms for e in ev.read(s, {wire.BATCH_COMMITTED}, since_ms=since_ms))
+            return any(e["ts_ms"] > since_ms for e in read_events(s, {wire.BATCH_COMMITTED}, since_ms))
 
         procs.wait_until(committed, timeout, interval=1.0, what="a commit")
         return True

@@ -34,12 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaException
-
 from onceflow import config, faults, wire
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import cluster, topics
-from onceflow.kafka import events as ev
 from onceflow.rules import clock
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import broker, chaos, chaos_plan, spark_cluster
@@ -224,12 +221,7 @@ class Runner:
 
     def _stalled_since(self, armed_ms: int) -> bool:
         def held() -> bool:
-            try:
-                events = ev.read(self.s, {wire.FAULT_INJECTED}, since_ms=armed_ms)
-            except KafkaException as e:  # the events topic's leader killed or moving (a step before this one's)
-                log.info("reading the job's events while a broker is away: %s (read again)", e)
-                return False
-            return any(e["ts_ms"] >= armed_ms for e in events)
+            return any(e["ts_ms"] >= armed_ms for e in chaos.read_events(self.s, {wire.FAULT_INJECTED}, armed_ms))
 
         try:
             procs.wait_until(held, TXN_WAIT_S, interval=0.3, what="an armed transaction")

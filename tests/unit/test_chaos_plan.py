@@ -107,7 +107,7 @@ def test_a_coordinator_kill_reads_the_events_again_when_a_broker_is_away(monkeyp
     from confluent_kafka import KafkaError, KafkaException
 
     from onceflow import config, wire
-    from onceflow_dev import chaos_cluster
+    from onceflow_dev import chaos, chaos_cluster
 
     answers = [KafkaException(KafkaError(KafkaError._DESTROY_BROKER)), [{"ts_ms": 2**62, "event": wire.FAULT_INJECTED}]]
 
@@ -117,6 +117,6 @@ def test_a_coordinator_kill_reads_the_events_again_when_a_broker_is_away(monkeyp
             raise got
         return got
 
-    monkeypatch.setattr(chaos_cluster.ev, "read", read)
+    monkeypatch.setattr(chaos.ev, "read", read)
     runner = chaos_cluster.Runner(config.load(env={}, var_dir=tmp_path), config.load(env={}, var_dir=tmp_path), 0.0)
     assert runner._stalled_since(0) and not answers
