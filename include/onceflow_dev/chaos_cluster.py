@@ -86,7 +86,11 @@ def plan(spec: ClusterChaosSpec) -> list[chaos_plan.Step]:
 
 def fully_in_sync(s: config.Settings) -> bool:
     """Every partition of every topic (the internal ones too: the transaction state, the group offsets) has all
-    its replicas in sync: the cluster tolerates its next node down."""
+    its replicas in sync: the cluster tolerates its next node down. Every node's process runs first: the ISR still
+    lists a node killed seconds ago (the controller drops it only when its session times out), and that let seed
+    4711's leader kill follow a coordinator kill onto the same, already dead, node."""
+    if not broker.status(s)["running"]:
+        return False
     md = kafka_clients.admin(s).list_topics(timeout=10)
     if len(md.brokers) < s.brokers:
         return False
@@ -140,10 +144,6 @@ class Runner:
         self.last_kill_ms = 0
         self.down_windows: list[tuple[int, int]] = []  # the tolerated outage (commits must go on)
         self.double_windows: list[tuple[int, int]] = []  # the deliberate double fault (commits stall)
-        # nodes this runner stopped and has not started again: the ISR still lists a node killed seconds ago (the
-        # controller notices it only after its session times out), so full ISR alone let a leader kill follow a
-        # coordinator kill onto the same, already dead, node (seed 4711: "node 3 (the sink's leader) was not running")
-        self.away: set[int] = set()
 
     def carry_out(self, steps: list[chaos_plan.Step]) -> None:
         """Each step starts at its time, in order (a step may wait: for full ISR, for a commit, for a transaction);
@@ -153,8 +153,6 @@ class Runner:
         for st in steps:
             time.sleep(max(0.0, st.at - (time.monotonic() - self.t0)))
             ended = self.start(st)
-            if ended is not None and st.kind in chaos_plan.BROKER_FAULTS:
-                self.away.add(ended[1])
             if ended is not None:
                 timer = threading.Timer(st.duration, self.end, args=(st, *ended))
                 timer.start()
@@ -167,9 +165,7 @@ class Runner:
         s = self.s
         if st.kind in chaos_plan.BROKER_FAULTS and not st.deliberate_overlap:
             try:
-                procs.wait_until(
-                    lambda: not self.away and fully_in_sync(s), IN_SYNC_TIMEOUT_S, interval=2.0, what="full ISR"
-                )
+                procs.wait_until(lambda: fully_in_sync(s), IN_SYNC_TIMEOUT_S, interval=2.0, what="full ISR")
             except TimeoutError:
                 self.outcome.miss(st, f"the cluster was not fully in sync within {IN_SYNC_TIMEOUT_S:.0f} s")
                 return None
@@ -235,7 +231,6 @@ class Runner:
                 spark_cluster.start(self.s, workers=2)
             else:
                 broker.start_node(self.s, target)
-                self.away.discard(target)
         except Exception as e:  # recorded: the run fails on it
             log.error("t=%.0fs starting %s %s again failed: %s", time.monotonic() - self.t0, st.kind, target, e)
             self.outcome.miss(st, f"{st.kind}: starting {target} again failed: {e}")

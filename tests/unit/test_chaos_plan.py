@@ -118,5 +118,23 @@ def test_a_coordinator_kill_reads_the_events_again_when_a_broker_is_away(monkeyp
         return got
 
     monkeypatch.setattr(chaos.ev, "read", read)
-    runner = chaos_cluster.Runner(config.load(env={}, var_dir=tmp_path), config.load(env={}, var_dir=tmp_path), 0.0)
+    s = config.load(env={}, var_dir=tmp_path)
+    runner = chaos_cluster.Runner(s, s, 0.0)
     assert runner._stalled_since(0) and not answers
+
+
+def test_a_node_killed_seconds_ago_is_not_in_sync_while_its_isr_still_lists_it(monkeypatch, tmp_path):
+    """Seed 4711 on the cluster: right after a coordinator kill the metadata still had three brokers and full ISR,
+    so the next leader kill went ahead, onto the dead node, and was missed."""
+    from types import SimpleNamespace as NS
+
+    from onceflow import config
+    from onceflow_dev import chaos_cluster
+
+    s = config.load(env={}, var_dir=tmp_path, brokers=3)
+    part = NS(isrs=[1, 2, 3], replicas=[1, 2, 3])
+    md = NS(brokers={1: 0, 2: 0, 3: 0}, topics={"t": NS(error=None, partitions={0: part})})
+    monkeypatch.setattr(chaos_cluster.kafka_clients, "admin", lambda _s: NS(list_topics=lambda timeout: md))
+    assert not chaos_cluster.fully_in_sync(s)  # no node's process runs (no pid file under var/)
+    monkeypatch.setattr(chaos_cluster.broker, "status", lambda _s: {"running": True})
+    assert chaos_cluster.fully_in_sync(s)
