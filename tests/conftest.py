@@ -31,7 +31,9 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 # tasks too: spark-submit reads SPARK_SUBMIT_OPTS, and children keep SPARK_*) compiles with C1 only. The suite's
 # JVMs live seconds to minutes, and C2 spent their CPU compiling code that never ran long enough to pay it back:
 # a short Spark application measured 18.8 s of JVM CPU with both tiers, 10.5-12.9 s with C1 only (docs/testing.md).
-# What the JIT does cannot change what a job writes; the benchmarks and long runs keep the JVM's defaults.
+# What the JIT does cannot change what a job writes; the benchmarks and long runs keep the JVM's defaults. A
+# session that brings up Spark also shares one class-data archive across them (spark_class_archive, below).
+OWN_SPARK_SUBMIT_OPTS = "SPARK_SUBMIT_OPTS" not in os.environ  # a caller's own options are left as they are
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 import pytest
@@ -97,6 +99,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return "one-at-a-time" if module in ONE_AT_A_TIME else module
 
     return ModulesOneHeavyAtATime(config, log)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def spark_class_archive(request):
+    """Before the session's first Spark JVM: one class-data archive of Spark's classes, mapped by every Spark JVM
+    the session starts (onceflow_dev.class_archive: about half the CPU of a short Spark application). A session
+    of unit tests only starts no JVM and builds nothing."""
+    unit = Path(__file__).parent / "unit"
+    if OWN_SPARK_SUBMIT_OPTS and any(unit not in Path(i.path).parents for i in request.session.items):
+        from onceflow_dev import class_archive
+
+        archive = class_archive.build(config.load(env={}))
+        if archive is not None:
+            os.environ["SPARK_SUBMIT_OPTS"] += f" -XX:SharedArchiveFile={archive}"
+    yield
 
 
 @pytest.fixture(scope="session")

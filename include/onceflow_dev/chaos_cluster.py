@@ -13,9 +13,9 @@ a seeded schedule injects:
 - kill -9 of a Spark worker in the middle of the job (its executor goes with it; tasks are retried on the other);
 - kill -9 of the job's driver (its supervisor restarts it).
 
-Broker faults come one at a time, each after the cluster is fully in sync again: three nodes with min ISR 2
-tolerate one down (onceflow_dev.chaos_plan). CHAOS_DOUBLE_FAULT=1 adds a second node killed inside the outage on
-purpose; the report says so and checks that commits resume once a node is back.
+Broker faults come one at a time, each once the node the last one stopped answers again and the cluster is fully
+in sync: three nodes with min ISR 2 tolerate one down (onceflow_dev.chaos_plan). CHAOS_DOUBLE_FAULT=1 adds a second
+node killed inside the outage on purpose; the report says so and checks that commits resume once a node is back.
 
 Then the job drains the input and the whole history is verified against the generator's manifest, as `make
 chaos` does (onceflow_dev.chaos.verify): lost 0, duplicated 0, the DLQ complete, I1-I4 exact. And liveness, per
@@ -144,6 +144,10 @@ class Runner:
         self.last_kill_ms = 0
         self.down_windows: list[tuple[int, int]] = []  # the tolerated outage (commits must go on)
         self.double_windows: list[tuple[int, int]] = []  # the deliberate double fault (commits stall)
+        # nodes a broker fault stopped whose start again has not returned: a node being started has its process
+        # (and, until its old session times out, its place in the ISR), so fully_in_sync alone let seed 1's leader
+        # kill land on node 1 while its coordinator kill was starting it again
+        self.restarting: set[int] = set()
 
     def carry_out(self, steps: list[chaos_plan.Step]) -> None:
         """Each step starts at its time, in order (a step may wait: for full ISR, for a commit, for a transaction);
@@ -153,6 +157,8 @@ class Runner:
         for st in steps:
             time.sleep(max(0.0, st.at - (time.monotonic() - self.t0)))
             ended = self.start(st)
+            if ended is not None and st.kind in chaos_plan.BROKER_FAULTS:
+                self.restarting.add(ended[1])
             if ended is not None:
                 timer = threading.Timer(st.duration, self.end, args=(st, *ended))
                 timer.start()
@@ -165,7 +171,9 @@ class Runner:
         s = self.s
         if st.kind in chaos_plan.BROKER_FAULTS and not st.deliberate_overlap:
             try:
-                procs.wait_until(lambda: fully_in_sync(s), IN_SYNC_TIMEOUT_S, interval=2.0, what="full ISR")
+                procs.wait_until(
+                    lambda: not self.restarting and fully_in_sync(s), IN_SYNC_TIMEOUT_S, interval=2.0, what="full ISR"
+                )
             except TimeoutError:
                 self.outcome.miss(st, f"the cluster was not fully in sync within {IN_SYNC_TIMEOUT_S:.0f} s")
                 return None
@@ -230,8 +238,9 @@ class Runner:
             if st.kind == "kill_worker":
                 spark_cluster.start(self.s, workers=2)
             else:
-                broker.start_node(self.s, target)
-        except Exception as e:  # recorded: the run fails on it
+                broker.start_node(self.s, target)  # returns once the node answers
+                self.restarting.discard(target)
+        except Exception as e:  # recorded: the run fails on it (and the node stays in `restarting`)
             log.error("t=%.0fs starting %s %s again failed: %s", time.monotonic() - self.t0, st.kind, target, e)
             self.outcome.miss(st, f"{st.kind}: starting {target} again failed: {e}")
             return

@@ -138,3 +138,32 @@ def test_a_node_killed_seconds_ago_is_not_in_sync_while_its_isr_still_lists_it(m
     assert not chaos_cluster.fully_in_sync(s)  # no node's process runs (no pid file under var/)
     monkeypatch.setattr(chaos_cluster.broker, "status", lambda _s: {"running": True})
     assert chaos_cluster.fully_in_sync(s)
+
+
+def test_no_broker_fault_while_the_node_of_the_last_one_is_being_started_again(monkeypatch, tmp_path):
+    """Seed 1 on the cluster: a coordinator kill's node was being started again (its process ran, its old session
+    kept it in the ISR), the next leader kill passed fully_in_sync, killed that node and the restart failed. A broker
+    fault waits until the node the last one stopped answers again."""
+    import threading
+
+    from onceflow import config
+    from onceflow_dev import chaos_cluster, chaos_plan
+
+    s = config.load(env={}, var_dir=tmp_path, brokers=3)
+    killed: list[int] = []
+    started = threading.Event()
+    monkeypatch.setattr(chaos_cluster, "fully_in_sync", lambda _s: True)
+    monkeypatch.setattr(chaos_cluster, "IN_SYNC_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(chaos_cluster.cluster, "describe", lambda _s: {"topics": {s.sink_topic: {"0": {"leader": 1}}}})
+    monkeypatch.setattr(chaos_cluster.broker, "kill", lambda _s, node: killed.append(node) or True)
+    monkeypatch.setattr(chaos_cluster.broker, "start_node", lambda _s, node: started.wait(5))
+    runner = chaos_cluster.Runner(s, s, 0.0)
+    runner.restarting.add(1)  # the coordinator kill's node: its start again has not returned
+    leader = chaos_plan.Step(0.0, "kill_leader", 3.0)
+    assert runner.start(leader) is None and not killed
+    assert runner.outcome.missed and "not fully in sync" in runner.outcome.missed[0]["why"]
+    started.set()
+    runner.end(chaos_plan.Step(0.0, "kill_coordinator", 3.0), 0, 1)  # returns once the node answers
+    assert not runner.restarting
+    got = runner.start(leader)
+    assert got is not None and got[1] == 1 and killed == [1]
