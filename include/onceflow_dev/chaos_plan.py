@@ -151,20 +151,28 @@ def liveness(
     """Per fault: seconds from it (its start, or its end for a fault that stops progress by its nature) to the next
     committed batch, and to the lag back at its level before the fault (plus `lag_slack` records: a batch's worth
     of the input's pace, the lag's own noise). A figure that is missing (no commit, lag never back) or over its
-    bound is a violation. Per kind: the median and the worst of each figure."""
+    bound is a violation. When more faults start before the lag is back, the lag's recovery is no longer this
+    fault's alone: its bound then runs from the last of them (seed 1 on the cluster: five job kills a minute apart,
+    each restart a minute long, and the lag back only once they stopped). Per kind: the median and the worst of
+    each figure."""
     commits = sorted(commits_ms)
     samples = sorted(lag)
+    ordered = sorted(injected, key=lambda x: x.start_ms)
     faults: list[dict[str, Any]] = []
     violations: list[str] = []
-    for f in sorted(injected, key=lambda x: x.start_ms):
+    for f in ordered:
         nxt = next((c for c in commits if c > f.from_ms), None)
         to_commit = None if nxt is None else (nxt - f.from_ms) / 1000
         before = lag_at(samples, f.start_ms)
-        to_lag = None
+        to_lag = judged = None
+        overlapped: list[Injected] = []
         if before is not None:
             level = before + lag_slack
             back = next((t for t, n in samples if t > f.from_ms and n <= level), None)
             to_lag = None if back is None else (back - f.from_ms) / 1000
+            overlapped = [g for g in ordered if f.start_ms < g.start_ms and (back is None or g.start_ms < back)]
+            anchor = max([f.from_ms, *(g.from_ms for g in overlapped)])
+            judged = None if back is None else (back - anchor) / 1000
         row = {
             "kind": f.kind,
             "at_ms": f.start_ms,
@@ -174,14 +182,18 @@ def liveness(
             "lag_before": before,
             "to_lag_s": None if to_lag is None else round(to_lag, 1),
         }
+        if overlapped:
+            row["lag_overlapped_by"] = len(overlapped)
+            row["lag_judged_from_last_s"] = None if judged is None else round(judged, 1)
         if f.note:
             row["note"] = f.note
         faults.append(row)
         what = f"{f.kind} at {f.start_ms}"
         if to_commit is None or to_commit > bounds.commit_s:
             violations.append(f"{what}: no committed batch within {bounds.commit_s:.0f} s (got {row['to_commit_s']})")
-        if before is not None and (to_lag is None or to_lag > bounds.lag_s):
-            violations.append(f"{what}: lag not back at {before} (+{lag_slack}) within {bounds.lag_s:.0f} s")
+        if before is not None and (judged is None or judged > bounds.lag_s):
+            since = f" of the last of {len(overlapped) + 1} faults" if overlapped else ""
+            violations.append(f"{what}: lag not back at {before} (+{lag_slack}) within {bounds.lag_s:.0f} s{since}")
     by_kind: dict[str, dict[str, Any]] = {}
     for kind in sorted({str(r["kind"]) for r in faults}):
         rows = [r for r in faults if r["kind"] == kind]
@@ -191,6 +203,7 @@ def liveness(
         "faults": faults,
         "by_kind": by_kind,
         "violations": violations,
+        "lag_samples": samples,  # (epoch ms, lag): the figures can be judged again from the report
     }
 
 

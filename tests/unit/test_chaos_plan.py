@@ -167,3 +167,24 @@ def test_no_broker_fault_while_the_node_of_the_last_one_is_being_started_again(m
     assert not runner.restarting
     got = runner.start(leader)
     assert got is not None and got[1] == 1 and killed == [1]
+
+
+def test_faults_that_come_before_the_lag_is_back_are_judged_from_the_last_of_them():
+    """Seed 1 on the cluster: job kills a minute apart, each restart about a minute long; the lag came back once
+    they stopped, 491 s after the outage that began the run's faults, and that alone failed the run. The lag's
+    recovery is judged from the last fault that began before it was back; a fault alone keeps its own bound."""
+    s = 1000
+    lag = [(0, 100), (10 * s, 100), (60 * s, 50_000), (200 * s, 90_000), (350 * s, 100), (500 * s, 100)]
+    outage = Injected("broker_down", 10 * s, 130 * s)
+    kill = Injected("kill_job", 100 * s, 100 * s)
+    out = cp.liveness([outage, kill], [20 * s, 120 * s], lag, Bounds(lag_s=300), lag_slack=0)
+    first = out["faults"][0]
+    assert first["to_lag_s"] == 340.0 and first["lag_overlapped_by"] == 1 and first["lag_judged_from_last_s"] == 250.0
+    assert not out["violations"], out["violations"]
+    # the lag back only 350 s after the last fault: a violation, named as the burst's
+    slow = [(0, 100), (10 * s, 100), (60 * s, 50_000), (200 * s, 90_000), (450 * s, 100)]
+    out = cp.liveness([outage, kill], [20 * s, 120 * s], slow, Bounds(lag_s=300), lag_slack=0)
+    assert any("of the last of 2 faults" in v for v in out["violations"]), out["violations"]
+    # one fault alone: its own bound, as before
+    alone = cp.liveness([outage], [20 * s], lag, Bounds(lag_s=300), lag_slack=0)
+    assert alone["violations"] == ["broker_down at 10000: lag not back at 100 (+0) within 300 s"]
