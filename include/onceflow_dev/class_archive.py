@@ -100,6 +100,9 @@ def _build(settings: Settings, out: Path, timeout: float) -> Path | None:
     except subprocess.TimeoutExpired:
         log.warning("no class-data archive: its workload ran past %s s", timeout)
         return None
+    except OSError as e:  # spark-submit missing or not runnable: the JVMs run without the archive
+        log.warning("no class-data archive: %s", e)
+        return None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if proc.returncode != 0 or not tmp.exists():

@@ -49,3 +49,15 @@ def test_a_failed_build_is_none_and_leaves_nothing(monkeypatch, tmp_path):
     _submit(monkeypatch, 1)
     assert class_archive.build(s) is None
     assert not list(s.jvm_dir.glob("spark-classes-*"))
+
+
+def test_a_spark_submit_that_cannot_run_is_none(monkeypatch, tmp_path):
+    s = config.load(env={}, var_dir=tmp_path, jvm_dir=tmp_path / "jvm")
+    _submit(monkeypatch, 0)
+
+    def missing(*_a, **_kw):
+        raise FileNotFoundError("spark-submit")
+
+    monkeypatch.setattr(class_archive.subprocess, "run", missing)
+    assert class_archive.build(s) is None
+    assert not list(s.jvm_dir.glob("spark-classes-*"))
