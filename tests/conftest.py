@@ -42,6 +42,7 @@ from onceflow import config
 from onceflow.kafka import topics
 from onceflow.runtime import jobctl, jvm
 from onceflow_dev import broker
+from tests.support.harness import app_settings
 from tests.support.session import free_port, session_processes
 
 # `make test-secured` runs the exactly-once suite on a SASL_SSL broker with ACLs (ONCEFLOW_TEST_KAFKA_SECURITY):
@@ -187,19 +188,12 @@ def app(kafka, request):
     created: list[config.Settings] = []
     name = request.node.name.replace("[", "_").replace("]", "").replace("-", "_")[:40] + "_" + uuid.uuid4().hex[:6]
 
-    def make(**overrides) -> config.Settings:
-        s = base.replace(
-            app_id=name,
-            source_topic=f"{name}.source",
-            sink_topic=f"{name}.sink",
-            dlq_topic=f"{name}.dlq",
-            ledger_topic=f"{name}.ledger",
-            events_topic=f"{name}.events",
-            job_events_topic=f"{name}.job_events",
-            alerts_topic=f"{name}.alerts",
-            health_topic=f"{name}.health",
-            reconciliation_topic=f"{name}.recon",
-            backfill_topic=f"{name}.backfill",
+    def make(instance: str = "", **overrides) -> config.Settings:
+        """`instance`: a suffix for a second app instance of the same test (its own topics, ids and files)."""
+        app_id = name + instance
+        s = app_settings(
+            base,
+            app_id,
             **overrides,
         )
         topics.ensure(s)

@@ -421,7 +421,17 @@ def cmd_quarantine(args, s: config.Settings) -> int:
 
 
 def cmd_app(args, s: config.Settings) -> int:
-    from onceflow.app import registry
+    from onceflow.app import registry, scaffold
+
+    if args.action == "new":
+        if not args.name:
+            raise config.ConfigError("onceflow app new NAME: give the new app's name")
+        root = scaffold.write(args.name, Path(args.dir))
+        _print(
+            {"app": args.name, "written": str(root), "next": f"cd {root} && pip install -e . && pytest tests"},
+            args.json,
+        )
+        return 0
 
     if args.action == "list":
         out = []
@@ -556,7 +566,7 @@ def parser() -> argparse.ArgumentParser:
 
     af = sub.add_parser("airflow", help="the embedded Airflow (standalone) with the control-plane DAGs")
     af.add_argument("action", choices=["up", "down"])
-    af.add_argument("--no-deploy", action="store_true", help="do not trigger ip_count_deploy")
+    af.add_argument("--no-deploy", action="store_true", help="do not trigger the app's deploy DAG (<app_id>_deploy)")
     af.add_argument("--json", action="store_true")
     af.set_defaults(fn=cmd_airflow)
 
@@ -650,10 +660,13 @@ def parser() -> argparse.ArgumentParser:
     ap = sub.add_parser("app", help="the declared apps (docs/apps.md)")
     ap.add_argument(
         "action",
-        choices=["list", "validate"],
+        choices=["list", "validate", "new"],
         help="list: every declared app and where it is declared; validate: load the app (--app, default the "
-        "settings' app), check its settings and build its plan in a local Spark session (determinism included)",
+        "settings' app), check its settings and build its plan in a local Spark session (determinism included); "
+        "new NAME: a new app's package under --dir, with a test that passes",
     )
+    ap.add_argument("name", nargs="?", help="new: the app's name")
+    ap.add_argument("--dir", default=".", help="new: where to write the package (default: here)")
     ap.add_argument("--json", action="store_true")
     ap.set_defaults(fn=cmd_app)
     return p

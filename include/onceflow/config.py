@@ -89,6 +89,9 @@ class Settings:
     app_id: str = ""
     # Apps declared outside installed packages: name=package.module:attribute, comma-separated.
     app_registry: str = ""
+    # The app instances the control plane (Airflow's DAGs, one set per instance) runs: comma-separated `app` or
+    # `app_id=app`; `*`: every declared app under its own name; empty: the one instance these settings name.
+    apps: str = ""
     master: str = "local[2]"
     checkpoint_uri: str = ""  # default: <var_dir>/checkpoints/<app_id>
     trigger_interval_s: float = 5.0
@@ -595,6 +598,40 @@ def declaration(app: str, app_registry: str = "") -> App:
         return registry.find(app, app_registry)
     except AppError as e:
         raise ConfigError(f"{ENV_PREFIX}APP={app}: {e}") from e
+
+
+def instances(s: Settings) -> dict[str, str]:
+    """The app instances of Settings.apps, app id -> app, in the order given."""
+    if not s.apps.strip():
+        return {s.app_id: s.app}
+    if s.apps.strip() == "*":
+        return {name: name for name in registry.declared(s.app_registry)}
+    out: dict[str, str] = {}
+    for item in (x.strip() for x in s.apps.split(",")):
+        if not item:
+            continue
+        app_id, _, app = item.partition("=") if "=" in item else (item, "", item)
+        app_id, app = app_id.strip(), app.strip()
+        if not app_id or not app or app_id in out:
+            raise ConfigError(f"{ENV_PREFIX}APPS: {item!r} is not `app` or `app_id=app`, or names an instance twice")
+        out[app_id] = app
+    return out
+
+
+# What the environment sets for its own app instance only: another instance of the same control plane takes its
+# names from its id and its shape from its declaration, not from the other instance's environment.
+INSTANCE_ONLY = frozenset({"app", "app_id", "checkpoint_uri", "fault", "apps"})
+
+
+def load_instance(app_id: str, app: str, env: Mapping[str, str] | None = None) -> Settings:
+    """The settings of instance `app_id` of `app` (Settings.apps): the environment's own instance as the environment
+    says; any other without the environment's per-app settings (APP_SETTINGS and INSTANCE_ONLY)."""
+    env = os.environ if env is None else env
+    own = load(env)
+    if own.app_id == app_id and own.app == app:
+        return own
+    mine = {f"{ENV_PREFIX}{k.upper()}" for k in APP_SETTINGS | INSTANCE_ONLY}
+    return load({k: v for k, v in env.items() if k not in mine}, app=app, app_id=app_id)
 
 
 def app_defaults(given: Mapping[str, Any]) -> dict[str, Any]:

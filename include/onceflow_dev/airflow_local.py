@@ -13,16 +13,31 @@ import time
 import urllib.request
 from pathlib import Path
 
-from onceflow.config import REPO_ROOT, Settings
+from onceflow.config import REPO_ROOT, Settings, instances
 from onceflow.runtime import procs
 from onceflow_dev import postgres
 from onceflow_dev.airflow_client import AirflowApiError, AirflowClient
 from onceflow_dev.private_files import write_private
 
-DEPLOY_DAG = "ip_count_deploy"
-WATCH_DAGS = ("ip_count_health", "ip_count_txn_watch", "ip_count_checkpoint_rotation", "ip_count_reconciliation")
-MANUAL_DAGS = ("ip_count_backfill",)
-ALL_DAGS = (DEPLOY_DAG,) + WATCH_DAGS + MANUAL_DAGS
+# Each app instance's DAGs are `<app_id>_<kind>` (dags/onceflow_*.py, one set per instance of ONCEFLOW_APPS).
+WATCH_KINDS = ("health", "txn_watch", "checkpoint_rotation", "reconciliation")
+MANUAL_KINDS = ("deploy", "backfill")
+
+
+def dag_id(s: Settings, kind: str) -> str:
+    """The DAG of kind `kind` of the settings' app instance."""
+    return f"{s.app_id}_{kind}"
+
+
+def watch_dags(s: Settings) -> tuple[str, ...]:
+    return tuple(dag_id(s, k) for k in WATCH_KINDS)
+
+
+def all_dags(s: Settings) -> tuple[str, ...]:
+    """Every DAG of every app instance the control plane runs (Settings.apps)."""
+    return tuple(f"{app_id}_{k}" for app_id in instances(s) for k in MANUAL_KINDS + WATCH_KINDS)
+
+
 USER = "admin"
 
 
@@ -161,15 +176,15 @@ def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env
 
     def parsed():
         try:
-            return {d["dag_id"] for d in api.dags()} >= set(ALL_DAGS)
+            return {d["dag_id"] for d in api.dags()} >= set(all_dags(s))
         except (OSError, AirflowApiError):
             return False
 
     procs.wait_until(parsed, timeout, interval=3, what="the onceflow DAGs to be parsed")
-    for dag_id in ALL_DAGS:  # manual DAGs too: a paused DAG's triggered runs would wait
-        api.unpause(dag_id)
+    for d in all_dags(s):  # manual DAGs too: a paused DAG's triggered runs would wait
+        api.unpause(d)
     if trigger_deploy:
-        api.trigger(DEPLOY_DAG, {"action": "start"}, note="make run: start the job")
+        api.trigger(dag_id(s, "deploy"), {"action": "start"}, note="make run: start the job")
     return {
         "url": f"http://localhost:{s.airflow_port}",
         "user": USER,

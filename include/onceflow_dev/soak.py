@@ -218,7 +218,7 @@ def run(spec: SoakSpec, var_dir) -> dict:
             interval=10,
             what=f"the scheduled reconciliation chain to prove batch {last}",
         )
-        runs = {d: api.runs(d, run_type="scheduled", limit=1000) for d in airflow_local.WATCH_DAGS}
+        runs = {d: api.runs(d, run_type="scheduled", limit=1000) for d in airflow_local.watch_dags(s)}
         report = judge(s, spec, runs, faults, sent, last)
         report["alerts"] = _alert_counts(receiver)
         report["wall_s"] = round(time.monotonic() - t0, 1)

@@ -22,13 +22,27 @@ from onceflow.runtime import jobctl, procs
 from tests.support.harness import assert_exact, copy_topic, events, produce, wait_drained
 
 
-def _run(dagbag, dag_id, **conf):
-    dr = dagbag.dags[dag_id].test(run_conf=conf or None)
+def _dag(s, kind: str):
+    """The DAG of kind `kind` of the test's app instance, as the DAG processor builds it from dags/onceflow_<kind>.py with the
+    environment the test set (ONCEFLOW_APP_ID and the rest)."""
+    import importlib.util
+
+    from onceflow.config import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location(f"_dag_{kind}_{s.app_id}", REPO_ROOT / "dags" / f"onceflow_{kind}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.build(s.app_id)
+
+
+def _run(s, kind, **conf):
+    dr = _dag(s, kind).test(run_conf=conf or None)
     return dr.state, {ti.task_id: ti.state for ti in dr.get_task_instances()}
 
 
 @pytest.mark.integration
-def test_hanging_transaction_is_detected_with_its_age(dagbag, airflow_app, webhook):
+def test_hanging_transaction_is_detected_with_its_age(airflow_app, webhook):
     s = airflow_app(transaction_timeout_ms=3000)
     rogue = Producer(
         {**kafka_clients.base(s), "transactional.id": f"rogue-{s.app_id}", "transaction.timeout.ms": 120_000}
@@ -39,23 +53,23 @@ def test_hanging_transaction_is_detected_with_its_age(dagbag, airflow_app, webho
     rogue.flush(10)
     opened = time.time()
     procs.wait_until(lambda: time.time() - opened > 4, 10, what="the transaction to age")
-    assert _run(dagbag, "ip_count_txn_watch")[0] == "success"
+    assert _run(s, "txn_watch")[0] == "success"
     hang = webhook.alerts("txn_watch:hanging:")
     assert len(hang) == 1
     a = hang[0]
     assert a["key"] == f"txn_watch:hanging:{s.sink_topic}:2" and a["status"] == "firing"
     assert a["details"]["partition"] == 2 and a["details"]["age_ms"] >= 3000
     assert "not onceflow" in a["summary"] and "kafka-transactions.sh" in a["action"]
-    assert _run(dagbag, "ip_count_txn_watch")[0] == "success"  # still hanging: no second alert
+    assert _run(s, "txn_watch")[0] == "success"  # still hanging: no second alert
     assert len(webhook.alerts("txn_watch:hanging:")) == 1
     rogue.abort_transaction(30)
-    assert _run(dagbag, "ip_count_txn_watch")[0] == "success"
+    assert _run(s, "txn_watch")[0] == "success"
     assert [x["status"] for x in webhook.alerts("txn_watch:hanging:")] == ["firing", "resolved"]
     assert not events(s, wire.TRANSACTION_TIMEOUT)
 
 
 @pytest.mark.integration
-def test_rotation_and_savepoint_actions_of_the_deploy_dag(dagbag, airflow_app, webhook, tmp_path, monkeypatch):
+def test_rotation_and_savepoint_actions_of_the_deploy_dag(airflow_app, webhook, tmp_path, monkeypatch):
     from onceflow.operations import savepoints
 
     s = airflow_app(savepoint_keep=2, checkpoint_size_alert_bytes=1, max_offsets_per_trigger=3000)
@@ -66,7 +80,7 @@ def test_rotation_and_savepoint_actions_of_the_deploy_dag(dagbag, airflow_app, w
     # and the oversized checkpoint alerts once (deduplicated while it lasts).
     taken = []
     for _ in range(3):
-        state, tis = _run(dagbag, "ip_count_checkpoint_rotation")
+        state, tis = _run(s, "checkpoint_rotation")
         assert state == "success", tis
         taken.append(savepoints.list_all(s)[-1].id)
     assert [x.id for x in savepoints.list_all(s)] == taken[1:]
@@ -77,19 +91,19 @@ def test_rotation_and_savepoint_actions_of_the_deploy_dag(dagbag, airflow_app, w
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
     monkeypatch.setenv("ONCEFLOW_SAVEPOINT_URI", (blocker / "sp").as_uri())
-    state, tis = _run(dagbag, "ip_count_checkpoint_rotation")
+    state, tis = _run(s, "checkpoint_rotation")
     assert state == "failed" and tis["savepoint"] == "success" and tis["report"] == "failed", tis
     monkeypatch.setenv("ONCEFLOW_SAVEPOINT_URI", s.savepoints)
-    assert _run(dagbag, "ip_count_checkpoint_rotation")[0] == "success"
+    assert _run(s, "checkpoint_rotation")[0] == "success"
     assert [a["status"] for a in webhook.alerts(f"rotation:{s.app_id}:savepoint_failed")] == ["firing", "resolved"]
 
     # (upgrade, a stop-with-savepoint and a start, is triggered through the REST API in test_running_airflow)
     # restore: an older savepoint is refused in preflight (nothing stops) ...
     pid = jobctl.status(s)["job_pid"]
-    state, tis = _run(dagbag, "ip_count_deploy", action="restore", savepoint_id=taken[1])
+    state, tis = _run(s, "deploy", action="restore", savepoint_id=taken[1])
     assert state == "failed" and tis["preflight"] == "failed" and jobctl.status(s)["job_pid"] == pid
     # ... the newest restores, and the job continues exactly once.
-    state, tis = _run(dagbag, "ip_count_deploy", action="restore", savepoint_id="latest", wait_timeout_s=240)
+    state, tis = _run(s, "deploy", action="restore", savepoint_id="latest", wait_timeout_s=240)
     assert state == "success", tis
     more = produce(s, tmp_path / "b.csv", count=5000, event_rate=2000, seed=42, start_ms=1_795_000_010_000, tail_s=30)
     wait_drained(s, sent + more)
@@ -98,9 +112,7 @@ def test_rotation_and_savepoint_actions_of_the_deploy_dag(dagbag, airflow_app, w
 
 
 @pytest.mark.integration
-def test_the_reconciliation_dag_submits_its_spark_job_and_pages_a_gap(
-    dagbag, airflow_app, webhook, tmp_path, monkeypatch
-):
+def test_the_reconciliation_dag_submits_its_spark_job_and_pages_a_gap(airflow_app, webhook, tmp_path, monkeypatch):
     from onceflow.operations import audit
 
     s = airflow_app(max_offsets_per_trigger=4000)
@@ -119,7 +131,7 @@ def test_the_reconciliation_dag_submits_its_spark_job_and_pages_a_gap(
     wait_drained(s, sent)
     assert jobctl.stop(s)
     last = audit.ledger_entries(s)[-1].batch
-    state, tis = _run(dagbag, "ip_count_reconciliation", first_batch=0, last_batch=last)
+    state, tis = _run(s, "reconciliation", first_batch=0, last_batch=last)
     assert state == "success", tis
     recorded = json.loads(kafka_reading.read_topic(s, s.reconciliation_topic)[-1].value)
     assert recorded["ok"] and (recorded["first_batch"], recorded["last_batch"]) == (0, last)
@@ -135,7 +147,7 @@ def test_the_reconciliation_dag_submits_its_spark_job_and_pages_a_gap(
     gone = audit.ledger_entries(s)[1]
     copy_topic(s, s.ledger_topic, s.ledger_topic + ".gap", keep=lambda m: json.loads(m.value).get("batch") != 1)
     monkeypatch.setenv("ONCEFLOW_LEDGER_TOPIC", s.ledger_topic + ".gap")
-    state, tis = _run(dagbag, "ip_count_reconciliation", first_batch=0, last_batch=last, great_expectations=False)
+    state, tis = _run(s, "reconciliation", first_batch=0, last_batch=last, great_expectations=False)
     assert state == "failed", tis
     [alert] = webhook.alerts(f"reconcile:{s.app_id}:I1_coverage")
     gaps = {(d["partition"], d["start"], d["end"]) for d in alert["details"]["differences"] if d["kind"] == "gap"}

@@ -148,19 +148,19 @@ def test_scheduled_runs_do_their_work(platform):
     s, api, webhook, _ = platform
 
     def enough():
-        done = {d: len(scheduled(api, d, "success")) for d in airflow_local.WATCH_DAGS}
+        done = {d: len(scheduled(api, d, "success")) for d in airflow_local.watch_dags(s)}
         proving = [r for r in chain_results(s) if r["first_batch"] is not None and r["ok"]]
         ok = (
-            done["ip_count_health"] >= 2
-            and done["ip_count_txn_watch"] >= 2
-            and done["ip_count_checkpoint_rotation"] >= 1
-            and done["ip_count_reconciliation"] >= 2
+            done[f"{APP}_health"] >= 2
+            and done[f"{APP}_txn_watch"] >= 2
+            and done[f"{APP}_checkpoint_rotation"] >= 1
+            and done[f"{APP}_reconciliation"] >= 2
             and len(proving) >= 2
         )
         return done if ok else None
 
     procs.wait_until(enough, 900, interval=10, what="scheduled runs of every watching DAG")
-    for dag_id in airflow_local.WATCH_DAGS:
+    for dag_id in airflow_local.watch_dags(s):
         failed = scheduled(api, dag_id, "failed")
         assert not failed, f"{dag_id}: failed scheduled runs {[r['dag_run_id'] for r in failed]}"
     # the chain: contiguous coverage across scheduled runs, each batch proven once
@@ -220,13 +220,13 @@ def test_a_killed_job_is_brought_back_by_the_scheduled_health_check(platform):
     # one more scheduled health run after the resolution: still exactly one alert and one resolution
     resolved_ms = [a for a in webhook.alerts(key) if a["ts_ms"] >= killed_ms][-1]["ts_ms"]
     procs.wait_until(
-        lambda: [r for r in scheduled(api, "ip_count_health", "success") if _ms(r["run_after"]) > resolved_ms],
+        lambda: [r for r in scheduled(api, f"{APP}_health", "success") if _ms(r["run_after"]) > resolved_ms],
         240,
         interval=5,
         what="a scheduled health run after the resolution",
     )
     assert since_kill() == ["firing", "resolved"], "exactly one alert and one resolution"
-    assert not scheduled(api, "ip_count_health", "failed")
+    assert not scheduled(api, f"{APP}_health", "failed")
 
 
 def _ms(iso: str) -> int:
@@ -255,10 +255,10 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
     # refused by the params' own schema, before any run exists
     for bad in ({"chunk_size": 0}, {"backfill_id": "no/slashes"}, {"dry_run": "yes"}):
         with pytest.raises(AirflowApiError) as e:
-            api.trigger("ip_count_backfill", form | bad)
+            api.trigger(f"{APP}_backfill", form | bad)
         assert e.value.status == 400
     with pytest.raises(AirflowApiError) as e:
-        api.trigger("ip_count_reconciliation", {"first_batch": -1, "last_batch": 2})
+        api.trigger(f"{APP}_reconciliation", {"first_batch": -1, "last_batch": 2})
     assert e.value.status == 400
     # Three runs at once, as operators would: a backfill refused by its own validation (an empty range), a good
     # backfill, and a reconciliation by range beside the chain.
@@ -266,12 +266,12 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
     a, b = entries[1].batch, entries[4].batch
     empty = form | {"backfill_id": "e2e-bad", "end_offsets": {p: 0 for p in ends}, "start_offsets": ends}
     runs = {
-        "bad": ("ip_count_backfill", api.trigger("ip_count_backfill", empty)),
-        "good": ("ip_count_backfill", api.trigger("ip_count_backfill", form, note="e2e backfill")),
+        "bad": (f"{APP}_backfill", api.trigger(f"{APP}_backfill", empty)),
+        "good": (f"{APP}_backfill", api.trigger(f"{APP}_backfill", form, note="e2e backfill")),
         "recon": (
-            "ip_count_reconciliation",
+            f"{APP}_reconciliation",
             api.trigger(
-                "ip_count_reconciliation",
+                f"{APP}_reconciliation",
                 {"first_batch": a, "last_batch": b, "since": None, "until": None, "great_expectations": False},
             ),
         ),
@@ -279,18 +279,18 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
     done = {k: _wait(api, dag, run) for k, (dag, run) in runs.items()}
     # the refused one failed in its first task, and wrote nothing
     assert done["bad"]["state"] == "failed"
-    assert api.task_instances("ip_count_backfill", done["bad"]["dag_run_id"])["validate"] == "failed"
+    assert api.task_instances(f"{APP}_backfill", done["bad"]["dag_run_id"])["validate"] == "failed"
     assert not [e for e in audit.ledger_records(s) if getattr(e, "backfill_id", None) == "e2e-bad"]
     # and paged, through the task's on_failure_callback (task_defaults.TaskFailureNotifier), with the reason
-    [page] = procs.wait_until(lambda: webhook.alerts("task:ip_count_backfill:validate"), 60, what="the task's page")
+    [page] = procs.wait_until(lambda: webhook.alerts(f"task:{APP}_backfill:validate"), 60, what="the task's page")
     assert done["bad"]["dag_run_id"] in page["summary"] and page["severity"] == "critical", page
     # the good one wrote every window of the range once
-    assert done["good"]["state"] == "success", api.task_instances("ip_count_backfill", done["good"]["dag_run_id"])
-    report = api.xcom("ip_count_backfill", done["good"]["dag_run_id"], "run")
+    assert done["good"]["state"] == "success", api.task_instances(f"{APP}_backfill", done["good"]["dag_run_id"])
+    report = api.xcom(f"{APP}_backfill", done["good"]["dag_run_id"], "run")
     out = kafka_reading.read_topic(s, s.backfill_topic)
     assert report["written_records"] == report["windows"] == len(out) == len({m.key for m in out}) > 0
     # it was waited for in the triggerer, which put the job's progress into the task's log as it came
-    log = api.task_log("ip_count_backfill", done["good"]["dag_run_id"], "run")
+    log = api.task_log(f"{APP}_backfill", done["good"]["dag_run_id"], "run")
     assert "in the triggerer" in log, log[-3000:]
     n = report["chunks"]
     assert [f"chunk {k} of {n}," in log for k in range(1, n + 1)] == [True] * n, log[-3000:]
@@ -298,40 +298,40 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
     assert done["recon"]["state"] == "success"
     manual = [r for r in recon_chain.recent_results(s) if r.get("mode") == "manual"]
     assert manual and (manual[-1]["first_batch"], manual[-1]["last_batch"]) == (a, b) and manual[-1]["ok"]
-    log = api.task_log("ip_count_reconciliation", done["recon"]["dag_run_id"], "recount")
+    log = api.task_log(f"{APP}_reconciliation", done["recon"]["dag_run_id"], "recount")
     assert f"reconciliation of batches {a}..{b}: step 4 of 4 done" in log, log[-3000:]
 
     # deploy: a second start refuses to launch a second driver; restart, then upgrade (stop-with-savepoint, start)
     pid = jobctl.status(s)["job_pid"]
-    dup = _wait(api, "ip_count_deploy", api.trigger("ip_count_deploy", {"action": "start", "wait_timeout_s": 300}))
-    tis = api.task_instances("ip_count_deploy", dup["dag_run_id"])
+    dup = _wait(api, f"{APP}_deploy", api.trigger(f"{APP}_deploy", {"action": "start", "wait_timeout_s": 300}))
+    tis = api.task_instances(f"{APP}_deploy", dup["dag_run_id"])
     assert dup["state"] == "failed" and tis["preflight"] == "failed" and tis["launch"] != "success", tis
     assert jobctl.status(s)["job_pid"] == pid
     for action in ("restart", "upgrade"):
         pid = jobctl.status(s)["job_pid"]
         run = _wait(
             api,
-            "ip_count_deploy",
+            f"{APP}_deploy",
             api.trigger(
-                "ip_count_deploy",
+                f"{APP}_deploy",
                 {"action": action, "savepoint_id": "latest", "allow_rewind": False, "wait_timeout_s": 300},
             ),
         )
-        assert run["state"] == "success", (action, api.task_instances("ip_count_deploy", run["dag_run_id"]))
-        first = api.xcom("ip_count_deploy", run["dag_run_id"], "first_commit")
+        assert run["state"] == "success", (action, api.task_instances(f"{APP}_deploy", run["dag_run_id"]))
+        first = api.xcom(f"{APP}_deploy", run["dag_run_id"], "first_commit")
         assert "first_batch" in first and "in the triggerer" in api.task_log(
-            "ip_count_deploy", run["dag_run_id"], "first_commit"
+            f"{APP}_deploy", run["dag_run_id"], "first_commit"
         )
         st = jobctl.status(s)
         assert st["running"] and st["job_pid"] != pid and st["desired_state"] == "running"
     assert [m for m in savepoints.list_all(s) if m.mode == "stop"], "the upgrade's stop-with-savepoint"
     with pytest.raises(AirflowApiError) as e:
-        api.trigger("ip_count_deploy", {"action": "explode"})
+        api.trigger(f"{APP}_deploy", {"action": "explode"})
     assert e.value.status == 400
     # The chain's scheduled and manual runs are proven above; from here on its recounts (every 45 s, each minutes of
     # Spark beside the job) would only slow the tests that follow. The reconciliation DAG is paused once its run in
     # progress finishes, while the next tests go on.
-    BACKGROUND.append(pause_between_runs_in_background(airflow_local.client(s), "ip_count_reconciliation"))
+    BACKGROUND.append(pause_between_runs_in_background(airflow_local.client(s), f"{APP}_reconciliation"))
 
 
 def kafka_watermarks(s):
@@ -407,7 +407,7 @@ def test_the_dag_list_and_the_backfill_form_in_a_real_browser(platform):
         for dag_id in airflow_local.ALL_DAGS:
             page.get_by_text(dag_id, exact=True).first.wait_for(timeout=60_000)
         page.screenshot(path=str(SCREENSHOTS / "airflow-dag-list.png"), full_page=True)
-        page.goto(f"{base}/dags/ip_count_backfill", wait_until="networkidle")
+        page.goto(f"{base}/dags/{APP}_backfill", wait_until="networkidle")
         page.get_by_role("button", name="Trigger").first.click()
         page.get_by_text("backfill_id").first.wait_for(timeout=60_000)
         for param in ("start_offsets", "target_topic", "chunk_size", "dry_run"):
@@ -498,15 +498,15 @@ def test_the_operator_console_in_a_real_browser(platform):
         docs.value.wait_for_load_state()
         assert "Data Docs" in docs.value.title() or "Expectation" in docs.value.content()
         shots["proofs"] = page.screenshot(path=str(SCREENSHOTS / "console-proofs.png"), full_page=True)
-        # start a backfill from the console's form: a run of ip_count_backfill, by the logged-in operator
-        seen = {r["dag_run_id"] for r in api.runs("ip_count_backfill")}
+        # start a backfill from the console's form: a run of the app's backfill DAG, by the logged-in operator
+        seen = {r["dag_run_id"] for r in api.runs(f"{APP}_backfill")}
         starts, ends = newest_range(s)
         page.fill("input[name=backfill_id]", "console-1")
         page.fill("input[name=start_offsets]", json.dumps(starts))
         page.fill("input[name=end_offsets]", json.dumps(ends))
         page.get_by_role("button", name="Start").click()
-        page.get_by_text("of ip_count_backfill triggered").wait_for(timeout=60_000)
-        backfill_run = _new_run(api, "ip_count_backfill", seen, page)
+        page.get_by_text(f"of {APP}_backfill triggered").wait_for(timeout=60_000)
+        backfill_run = _new_run(api, f"{APP}_backfill", seen, page)
         assert backfill_run["triggering_user_name"] == info["user"]
         assert "onceflow console" in (backfill_run.get("note") or "")
 
@@ -515,24 +515,24 @@ def test_the_operator_console_in_a_real_browser(platform):
         shots["savepoints"] = page.screenshot(path=str(SCREENSHOTS / "console-savepoints.png"), full_page=True)
         ids = page.eval_on_selector_all("[data-verify]", "els => els.map(e => e.dataset.verify)")
         # verify the oldest: a rotation run with action=verify, and its verdict shows
-        seen = {r["dag_run_id"] for r in api.runs("ip_count_checkpoint_rotation")}
+        seen = {r["dag_run_id"] for r in api.runs(f"{APP}_checkpoint_rotation")}
         page.click(f"[data-verify='{ids[-1]}']")
-        run = _new_run(api, "ip_count_checkpoint_rotation", seen, page)
-        assert api.wait_run("ip_count_checkpoint_rotation", run["dag_run_id"], timeout=300)["state"] == "success"
+        run = _new_run(api, f"{APP}_checkpoint_rotation", seen, page)
+        assert api.wait_run(f"{APP}_checkpoint_rotation", run["dag_run_id"], timeout=300)["state"] == "success"
         assert savepoints.last_verification(s, ids[-1])["ok"]
-        assert api.wait_run("ip_count_backfill", backfill_run["dag_run_id"], timeout=600)["state"] == "success"
+        assert api.wait_run(f"{APP}_backfill", backfill_run["dag_run_id"], timeout=600)["state"] == "success"
         # a rewind asks first; dismissed, nothing is triggered (the list as it is now: rotation keeps running)
         ids = page.eval_on_selector_all("[data-restore]", "els => els.map(e => e.dataset.restore)")
-        seen = {r["dag_run_id"] for r in api.runs("ip_count_deploy")}
+        seen = {r["dag_run_id"] for r in api.runs(f"{APP}_deploy")}
         page.once("dialog", lambda d: d.dismiss() if "REWIND" in d.message else d.accept())
         page.click(f"[data-restore='{ids[-1]}']")
         page.get_by_text("restore cancelled").wait_for(timeout=30_000)
-        assert {r["dag_run_id"] for r in api.runs("ip_count_deploy")} == seen
+        assert {r["dag_run_id"] for r in api.runs(f"{APP}_deploy")} == seen
         # restoring the newest is confirmed: the deploy DAG stops, restores and starts the job. The operator pauses
         # the rotation first (and lets a running one finish): a savepoint it takes between the page and the restore
         # would make "the newest" a rewind, refused
         procs.wait_until(
-            lambda: _paused_between_runs(api, "ip_count_checkpoint_rotation"),
+            lambda: _paused_between_runs(api, f"{APP}_checkpoint_rotation"),
             300,
             interval=2,
             what="rotation paused between runs",
@@ -542,12 +542,12 @@ def test_the_operator_console_in_a_real_browser(platform):
         ids = page.eval_on_selector_all("[data-restore]", "els => els.map(e => e.dataset.restore)")
         page.once("dialog", lambda d: d.accept())
         page.click(f"[data-restore='{ids[0]}']")
-        run = _new_run(api, "ip_count_deploy", seen, page)
+        run = _new_run(api, f"{APP}_deploy", seen, page)
         assert run["conf"]["action"] == "restore" and run["conf"]["savepoint_id"] == ids[0]
         assert not run["conf"]["allow_rewind"] and run["triggering_user_name"] == info["user"]
-        assert api.wait_run("ip_count_deploy", run["dag_run_id"], timeout=600)["state"] == "success"
+        assert api.wait_run(f"{APP}_deploy", run["dag_run_id"], timeout=600)["state"] == "success"
         assert jobctl.status(s)["running"]
-        api.unpause("ip_count_checkpoint_rotation")
+        api.unpause(f"{APP}_checkpoint_rotation")
     for name in shots:
         assert (SCREENSHOTS / f"console-{name}.png").stat().st_size > 10_000
 
@@ -622,7 +622,7 @@ def test_airflow_keeps_its_metadata_in_the_embedded_postgresql(platform):
     dags = {d for (d,) in postgres.query(s, "SELECT dag_id FROM dag")}
     assert set(airflow_local.ALL_DAGS) <= dags, dags
     runs = postgres.query(s, "SELECT count(*) FROM dag_run")[0][0]
-    assert runs >= len(api.runs("ip_count_health")) > 0
+    assert runs >= len(api.runs(f"{APP}_health")) > 0
     assert not (airflow_local.home(s) / "airflow.db").exists()
 
 

@@ -9,11 +9,11 @@ import pytest
 from onceflow import wire
 from onceflow.control import reconciliation
 from onceflow.kafka import reading as kafka_reading
-from onceflow.operations import audit, reconcile
+from onceflow.operations import audit, reconcile, replay
 from onceflow.rules.reconciliation import Status
 from onceflow.runtime import jobctl
 from onceflow_dev.generator import KIND_TAIL
-from tests.support.harness import copy_topic, expire_group, produce, wait_drained
+from tests.support.harness import app_settings, copy_topic, expire_group, produce, wait_drained
 
 pytestmark = pytest.mark.integration
 
@@ -25,18 +25,9 @@ def history(kafka, tmp_path_factory):
     from onceflow.kafka import topics
 
     name = "recon_history"
-    s = base.replace(
-        app_id=name,
-        source_topic=f"{name}.source",
-        sink_topic=f"{name}.sink",
-        dlq_topic=f"{name}.dlq",
-        ledger_topic=f"{name}.ledger",
-        events_topic=f"{name}.events",
-        job_events_topic=f"{name}.job_events",
-        alerts_topic=f"{name}.alerts",
-        health_topic=f"{name}.health",
-        reconciliation_topic=f"{name}.recon",
-        backfill_topic=f"{name}.backfill",
+    s = app_settings(
+        base,
+        name,
         max_offsets_per_trigger=6000,
     )
     topics.ensure(s)
@@ -105,6 +96,10 @@ def test_a_duplicate_key_written_outside_any_transaction_is_caught(history, spar
         victim.key.decode()
     ]
     assert i3.figures["foreign_records"] == 1 and i3.figures["sink_records"] == i3.figures["ledger_outputs"]
+    rp = res.check("replay")  # the generic proof sees it too: a record no committed batch wrote
+    assert rp.status == Status.FAIL and [(d["kind"], d["batch"], d["key"]) for d in rp.differences] == [
+        ("unexpected", None, victim.key.decode())
+    ]
     gx = res.check("gx_suite")
     assert gx.status == Status.FAIL and gx.differences[0]["expectation"] == "expect_column_values_to_be_unique"
     assert status(res)["I1_coverage"] == Status.PASS and status(res)["I2_dlq"] == Status.PASS
@@ -121,6 +116,7 @@ def test_a_removed_ledger_record_is_a_gap_with_exact_offsets(history, spark):
     i1 = res.check("I1_coverage")
     gaps = {(d["partition"], d["start"], d["end"]) for d in i1.differences if d["kind"] == "gap"}
     assert i1.status == Status.FAIL and gaps == {(p, a, b) for p, (a, b) in gone.ranges.items() if b > a}
+    assert res.check("replay").status == Status.WARN and f"batch {gone.batch} is missing" in res.check("replay").summary
 
 
 def test_a_sink_record_rewritten_with_another_value_is_a_wrong_count(history, spark):
@@ -142,6 +138,9 @@ def test_a_sink_record_rewritten_with_another_value_is_a_wrong_count(history, sp
     assert [(d["key"], d["expected"], d["count"]) for d in i3.differences] == [
         (victim.key.decode(), v["count"], v["count"] + 1)
     ]
+    assert [(d["kind"], d["key"]) for d in res.check("replay").differences] == [
+        ("different_value", victim.key.decode())
+    ]
 
 
 def test_a_missing_dlq_record_is_named(history, spark):
@@ -154,6 +153,9 @@ def test_a_missing_dlq_record_is_named(history, spark):
     assert dlq.status == Status.FAIL
     assert [(d["partition"], d["offset"]) for d in dlq.differences if d["kind"] == "dlq_missing"] == [where]
     assert res.check("I2_accounting").status == Status.FAIL  # one record unaccounted for
+    assert [(d["kind"], d["record"], d["key"]) for d in res.check("replay").differences] == [
+        ("missing", "dlq", f"{s.source_topic}|{where[0]}|{where[1]}")
+    ]
 
 
 def test_a_running_job_reconciles_green_while_it_commits(app, spark, tmp_path, monkeypatch):
@@ -253,6 +255,12 @@ def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(his
         proven.append(res)
     spans = [(r.first_batch, r.last_batch) for r in proven]
     assert spans[1][0] == failed.first_batch
+    # the chain keeps its replay's state: each run replays only what no run has replayed yet (the retry of the
+    # failed slice nothing new but what was committed since), and its replay fails where the duplicate is
+    replayed_now = [r.check("replay").figures["replayed_now"] for r in proven]
+    assert replayed_now == [3, proven[1].last_batch - failed.last_batch] + [z - a + 1 for a, z in spans[2:]], spans
+    assert failed.check("replay").status == Status.FAIL
+    assert failed.check("replay").figures["replayed_now"] == failed.last_batch - failed.first_batch + 1
     covered = [b for a, z in spans for b in range(a, z + 1)]
     assert covered == [e.batch for e in entries], spans  # every batch once, in order, no gap
     st = recon_chain.status(s, entries[-1].batch)
@@ -272,6 +280,65 @@ def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(his
     assert recon_chain.position(s).batch == entries[-1].batch
     again = reconcile.run_chain(spark, s, with_gx=False)
     assert again.verdict == "nothing new" and again.proven_before == entries[-1].batch
+
+
+def test_the_apps_own_plan_replayed_over_the_committed_ranges_is_what_the_job_committed(history, spark):
+    """The proof for any app (onceflow.operations.replay), here on ip_count: the replay of its plan, batch by batch,
+    matches the sink and the DLQ record for record, with the job's watermarks, and names a changed value."""
+    s, _ = history
+    snap = audit.snapshot(s)
+    app, q = s.declared_app(), audit.quarantined(snap.records)
+    res = replay.check(spark, s, app, snap.entries, snap.entries, q)
+    assert res.status == Status.PASS, json.dumps(res.figures, default=str) + json.dumps(res.differences[:5])
+    f = res.figures
+    assert f["results"] == f["committed_results"] == sum(e.outputs for e in snap.entries) > 0
+    assert f["dlq"] == f["committed_dlq"] == sum(e.dlq for e in snap.entries) > 0
+    assert f["replay_from"] == 0 and f["replayed_batches"] == len(snap.entries)
+
+    tail = snap.entries[len(snap.entries) // 2 :]  # a later range: the replay still begins at batch 0 (state)
+    victim = next(m for m in kafka_reading.read_topic(s, s.sink_topic) if int(m.headers[wire.H_BATCH]) >= tail[0].batch)
+    copy_topic(
+        s,
+        s.sink_topic,
+        s.sink_topic + ".replay",
+        change=lambda m: (
+            m
+            if (m.partition, m.offset) != (victim.partition, victim.offset)
+            else kafka_reading.Msg(m.partition, m.offset, m.key, m.value + b" ", m.headers, m.timestamp_ms)
+        ),
+    )
+    wrong = replay.check(spark, s.replace(sink_topic=s.sink_topic + ".replay"), app, snap.entries, tail, q)
+    assert wrong.status == Status.FAIL
+    assert [(d["kind"], d["batch"], d["key"]) for d in wrong.differences] == [
+        ("different_value", int(victim.headers[wire.H_BATCH]), victim.key.decode())
+    ]
+    assert wrong.figures["replay_from"] == 0 and wrong.figures["compared"] == [tail[0].batch, tail[-1].batch]
+
+
+def test_a_restart_after_a_committed_batch_is_replayed_as_the_job_ran_it(app, spark, tmp_path):
+    """The job stopped right after a batch, before its next trigger, and started again: its first batch after the
+    restart runs with the watermark the batch before it advanced (Spark keeps it in the checkpoint's commit log), so
+    one replay run, which never restarts, computes what the job did."""
+    from onceflow.runtime import procs
+
+    s = app(close_out_batches=False, trigger_interval_s=60, max_offsets_per_trigger=100_000)
+    one = produce(s, tmp_path / "a.csv", count=2000, event_rate=200, distinct_ips=40, malformed_fraction=0.01, seed=61)
+    jobctl.start(s)
+    procs.wait_until(lambda: len(audit.ledger_entries(s)) >= 1, 180, what="batch 0 committed")
+    assert jobctl.stop(s)  # at the boundary after batch 0, before the next trigger could run a batch
+    two = produce(s, tmp_path / "b.csv", count=2000, event_rate=200, distinct_ips=40, malformed_fraction=0.01, seed=62)
+    ends = {p: max(r.offset for r in one + two if r.partition == p) + 1 for p in {r.partition for r in one + two}}
+    jobctl.start(s)
+    procs.wait_until(lambda: audit.committed_offsets(s, ends) == ends, 180, what="the second part committed")
+    assert jobctl.stop(s)
+
+    snap = audit.snapshot(s)
+    entries = snap.entries
+    assert [e.batch for e in entries[:2]] == [0, 1] and entries[0].watermark_ms == 0
+    assert entries[1].watermark_ms > 0  # advanced by batch 0's events, though a new query built batch 1
+    res = replay.check(spark, s, s.declared_app(), entries, entries, audit.quarantined(snap.records))
+    assert res.status == Status.PASS, res.summary + json.dumps(res.differences[:5])
+    assert res.figures["results"] > 0
 
 
 def test_a_lost_carry_reads_only_batches_whose_windows_can_still_be_open(history, spark, tmp_path):
@@ -298,3 +365,5 @@ def test_a_lost_carry_reads_only_batches_whose_windows_can_still_be_open(history
     s = s0.replace(var_dir=tmp_path / "fresh")  # no carry kept
     res = reconcile.run(spark, s, first=last, last=last, with_gx=False)
     assert res.ok, json.dumps(res.as_dict(), indent=1)
+    # the replay of a stateful plan needs every batch's records from batch 0, and says they are gone
+    assert res.check("replay").status == Status.WARN and "no longer in Kafka" in res.check("replay").summary

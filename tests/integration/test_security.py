@@ -28,7 +28,7 @@ from onceflow.operations import backfill, reconcile, savepoints
 from onceflow.protocol.exactly_once import ExactlyOnceSink, TransactionConfigError
 from onceflow.runtime import jobctl, launcher, preflight, procs
 from onceflow_dev import broker, credentials, stack, tls
-from tests.support.harness import assert_exact, events, now_ms, produce, wait_drained
+from tests.support.harness import app_settings, assert_exact, events, now_ms, produce, wait_drained
 from tests.support.session import free_port, session_processes
 
 pytestmark = pytest.mark.integration
@@ -74,18 +74,9 @@ def make_app(secured):
 def new_app(base: config.Settings, stem: str, **overrides) -> dict[str, config.Settings]:
     """An app's topics (created by the admin) and its principals with their ACLs: settings per role, and `admin`."""
     name = f"{stem}_{uuid.uuid4().hex[:6]}"
-    s = base.replace(
-        app_id=name,
-        source_topic=f"{name}.source",
-        sink_topic=f"{name}.sink",
-        dlq_topic=f"{name}.dlq",
-        ledger_topic=f"{name}.ledger",
-        events_topic=f"{name}.events",
-        job_events_topic=f"{name}.job_events",
-        alerts_topic=f"{name}.alerts",
-        health_topic=f"{name}.health",
-        reconciliation_topic=f"{name}.recon",
-        backfill_topic=f"{name}.backfill",
+    s = app_settings(
+        base,
+        name,
         **overrides,
     )
     admin = stack.provision(s)

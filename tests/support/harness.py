@@ -20,6 +20,17 @@ from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL, GeneratorSpec
 START_MS = 1_795_000_000_000  # a fixed event-time origin (2026-11-17), so runs are reproducible
 
 
+def app_settings(base: Settings, app_id: str, **overrides) -> Settings:
+    """A test's own app instance on the shared broker: `app_id` and its own topics, named `<app_id>.<kind>`."""
+    return base.replace(
+        app_id=app_id,
+        **{f"{k}_topic": f"{app_id}.{k}" for k in ("source", "sink", "dlq", "ledger", "events", "job_events")},
+        **{f"{k}_topic": f"{app_id}.{k}" for k in ("alerts", "health", "backfill")},
+        reconciliation_topic=f"{app_id}.recon",
+        **overrides,
+    )
+
+
 def harness(s: Settings) -> Settings:
     """The test's own view of Kafka. On the secured broker (make test-secured) the stack's admin: the input is
     produced and the truth read back by a principal that may, while the app's roles may not."""
@@ -118,6 +129,20 @@ def assert_exact(s: Settings, sent: list[generator.Sent]) -> invariants.Report:
     assert len(uncommitted) >= len(sink_msgs)
     assert not Counter(m.key for m in sink_msgs) - Counter(m.key for m in uncommitted)
     return rep
+
+
+def assert_replayed(s: Settings, spark) -> dict:
+    """The proof for any app (onceflow.operations.replay): the app's own plan, replayed over every committed range,
+    gives batch by batch what the sink and the DLQ hold, with the job's watermarks. Returns its figures."""
+    from onceflow.operations import replay
+    from onceflow.rules.reconciliation import Status
+
+    s = harness(s)
+    snap = audit.snapshot(s)
+    res = replay.check(spark, s, s.declared_app(), snap.entries, snap.entries, audit.quarantined(snap.records))
+    assert res.status == Status.PASS, res.summary + "\n" + json.dumps(res.differences[:10], default=str)
+    assert res.figures["results"] > 0
+    return res.figures
 
 
 def events(s: Settings, type_: str | None = None) -> list[dict]:

@@ -137,3 +137,78 @@ def test_the_cli_validates_an_app_by_building_its_plan(monkeypatch, capsys, tmp_
     assert json.loads(capsys.readouterr().out)["output_columns"][:3] == ["kind", "key", "value"]
     assert cli.main(["--app", "lucky", "app", "validate"]) == 2
     assert "not deterministic" in capsys.readouterr().err
+
+
+def test_ip_networks_tags_each_good_record_once_with_its_networks_block(spark, tmp_path):
+    import json
+
+    from onceflow.spark import app_plan
+    from onceflow_apps import ip_networks
+
+    assert ip_networks.network_of("1.2.3.4") == "apnic-1" and ip_networks.network_of("8.200.0.1") == "level3-8b"
+    assert ip_networks.network_of("9.9.9.9") == ip_networks.UNLISTED and ip_networks.network_of("::1") == "ipv6"
+    overlapping = tmp_path / "n.csv"
+    overlapping.write_text("cidr,network\n10.0.0.0/8,a\n10.1.0.0/16,b\n")
+    with pytest.raises(AppError, match="overlap"):
+        ip_networks.networks(overlapping)
+
+    s = config.load(env={"ONCEFLOW_APP": "ip_networks"})
+    assert s.source_topic == "ip_networks_source" and not s.close_out_batches and not s.declared_app().event_time
+    values = [
+        b'{"ip":"8.128.0.0","ts":1767225600000}',  # the first address of a block
+        b'{"ip":"8.127.255.255","ts":1767225600000}',  # the last of the one before it
+        b'{"ip":"2001:DB8::1","ts":1767225600000}',
+        b'{"ip":"9.9.9.9","ts":1767225600000}',
+        b"garbage",
+    ]
+    frame = app_plan.output(s.declared_app().transform, _kafka_rows(spark, values), s)
+    app_plan.check_deterministic(s.declared_app(), frame)
+    out = frame.collect()
+    results = sorted(
+        (r.key, json.loads(r.value)["network"], json.loads(r.value)["source"]) for r in out if r.kind == "result"
+    )
+    assert results == [
+        ("2001:db8::1", "ipv6", "t_source|0|2"),
+        ("8.127.255.255", "level3-8", "t_source|0|1"),
+        ("8.128.0.0", "level3-8b", "t_source|0|0"),
+        ("9.9.9.9", "unlisted", "t_source|0|3"),
+    ]
+    assert [(r.kind, r.reason, r.src_offset) for r in out if r.kind == "dlq"] == [("dlq", "unrecognized_format", 4)]
+
+
+def test_a_new_apps_scaffold_is_listed_valid_and_its_own_test_passes(monkeypatch, capsys, tmp_path):
+    """`onceflow app new NAME`: the package it writes is what docs/apps.md describes, and its test passes as its
+    author runs it (pytest in the package, a JVM of its own)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from onceflow import cli
+
+    monkeypatch.setenv("ONCEFLOW_VAR_DIR", str(tmp_path / "var"))
+    assert cli.main(["app", "new", "team_clicks", "--dir", str(tmp_path), "--json"]) == 0
+    root = tmp_path / "team_clicks"
+    assert json.loads(capsys.readouterr().out)["written"] == str(root)
+    assert 'team_clicks = "team_clicks.app:app"' in (root / "pyproject.toml").read_text()
+    assert cli.main(["app", "new", "team_clicks", "--dir", str(tmp_path)]) == 2  # nothing overwritten
+    assert "exists" in capsys.readouterr().err
+    assert cli.main(["app", "new", "Team-Clicks", "--dir", str(tmp_path)]) == 2
+    assert "lower case" in capsys.readouterr().err
+
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("ONCEFLOW_APP_REGISTRY", "team_clicks=team_clicks.app:app")
+    assert cli.main(["app", "list", "--json"]) == 0
+    listed = {a["app"]: a for a in json.loads(capsys.readouterr().out)}
+    assert listed["team_clicks"]["dlq_reasons"] == ["no_key"] and listed["team_clicks"]["event_time"]
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]

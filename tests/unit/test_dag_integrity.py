@@ -51,3 +51,46 @@ def test_dags_have_owners_retries_tags_and_docs(dagbag):
     assert deploy.params.get_param("action").schema["enum"] == ["start", "stop", "restart", "upgrade", "restore"]
     assert deploy.params.get_param("allow_rewind").schema["type"] == "boolean"
     assert dagbag.dags["ip_count_checkpoint_rotation"].schedule == timedelta(minutes=60)
+
+
+KINDS = ("deploy", "health", "txn_watch", "checkpoint_rotation", "reconciliation", "backfill")
+
+
+def test_one_set_of_dags_per_app_instance(tmp_path, monkeypatch):
+    """ONCEFLOW_APPS: each app instance gets its DAGs (`<app_id>_<kind>`, tagged and documented with its id); an
+    instance other than the environment's own takes its names from its id, not the other's environment."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from onceflow.control import orchestration
+
+    monkeypatch.setenv("ONCEFLOW_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("ONCEFLOW_APPS", "ip_count, ip_networks, eu_networks=ip_networks")
+    monkeypatch.setenv("ONCEFLOW_SOURCE_TOPIC", "ip_count_in")  # the environment's own instance's
+    bag = DagBag()
+    assert bag.import_errors == {}
+    assert set(bag.dag_ids) == {f"{a}_{k}" for a in ("ip_count", "ip_networks", "eu_networks") for k in KINDS}
+    health = bag.dags["eu_networks_health"]
+    assert "eu_networks" in health.tags and "`eu_networks` job" in health.doc_md and "ip_count" not in health.doc_md
+    eu = orchestration.instance_settings("eu_networks")
+    assert (eu.app, eu.app_id, eu.source_topic, eu.close_out_batches) == (
+        "ip_networks",
+        "eu_networks",
+        "eu_networks_source",
+        False,  # its declaration's, under no one else's environment
+    )
+    assert orchestration.instance_settings("ip_count").source_topic == "ip_count_in"
+
+
+def test_app_instances_are_parsed_or_refused():
+    from onceflow import config
+
+    s = config.load(env={})
+    assert config.instances(s) == {"ip_count": "ip_count"}
+    assert config.instances(s.replace(apps="a=ip_count, ip_networks")) == {
+        "a": "ip_count",
+        "ip_networks": "ip_networks",
+    }
+    assert {"ip_count", "ip_networks"} <= set(config.instances(s.replace(apps="*")))
+    for bad in ("a=ip_count,a=ip_networks", "=ip_count", "a="):
+        with pytest.raises(config.ConfigError, match="ONCEFLOW_APPS"):
+            config.instances(s.replace(apps=bad))

@@ -74,6 +74,9 @@ class App:
       then).
     deterministic: the author's word that the transformation is deterministic (see the module's docstring); the
       platform's proofs of an app that is not are refused.
+    reference: optional `module:function`, an independent second check of the app's results that the
+      reconciliation runs beside the replay of the app's own plan (onceflow.operations.replay), written apart from
+      that plan (ip_count's reference recount: onceflow.operations.reconcile.ip_count_recount).
     """
 
     name: str
@@ -83,6 +86,7 @@ class App:
     reasons: Mapping[str, str] = field(default_factory=dict)
     event_time: bool = True
     deterministic: bool = True
+    reference: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NAME.fullmatch(self.name):
@@ -92,5 +96,7 @@ class App:
             )
         if not callable(self.transform):
             raise AppError(f"app {self.name}: transform must be a function (source, context) -> Results")
+        if self.reference is not None and not re.fullmatch(r"[\w.]+:\w+", self.reference):
+            raise AppError(f"app {self.name}: reference must be 'module:function', got {self.reference!r}")
         if not isinstance(self.settings, Mapping):
             raise AppError(f"app {self.name}: settings must be a mapping of setting names to values")

@@ -12,12 +12,26 @@ from onceflow.runtime import launcher
 log = logging.getLogger(__name__)
 
 
-def settings(kafka_conn_id: str | None = None, role: str = "control") -> config.Settings:
-    """onceflow settings with the Kafka endpoint, and on a secured cluster the credentials of `role`, taken from
-    Airflow connections: `kafka_conn_id` (default ONCEFLOW_KAFKA_CONN_ID) for the endpoint and the control plane's
-    principal, `<kafka_conn_id>_<role>` for the job's, the backfills' and the reconciliation's (onceflow.kafka.acls).
-    A connection that does not exist leaves the environment's settings standing."""
-    s = config.load()
+def instances() -> dict[str, str]:
+    """The app instances this control plane runs DAGs for, app id -> app (ONCEFLOW_APPS; config.instances)."""
+    return config.instances(config.load())
+
+
+def instance_settings(app_id: str | None = None) -> config.Settings:
+    """The settings of instance `app_id` from the environment alone (what a DAG file reads at parse time: no
+    connection lookups there); None: the environment's own instance."""
+    if app_id is None:
+        return config.load()
+    return config.load_instance(app_id, instances().get(app_id, app_id))
+
+
+def settings(kafka_conn_id: str | None = None, role: str = "control", app_id: str | None = None) -> config.Settings:
+    """onceflow settings of app instance `app_id` (None: the environment's own) with the Kafka endpoint, and on a
+    secured cluster the credentials of `role`, taken from Airflow connections: `kafka_conn_id` (default
+    ONCEFLOW_KAFKA_CONN_ID) for the endpoint and the control plane's principal, `<kafka_conn_id>_<role>` for the
+    job's, the backfills' and the reconciliation's (onceflow.kafka.acls). A connection that does not exist leaves
+    the environment's settings standing."""
+    s = instance_settings(app_id)
     conn_id = kafka_conn_id or s.kafka_conn_id
     conn = _connection(conn_id)
     if conn is None:

@@ -15,15 +15,27 @@ from onceflow.rules import clock
 log = logging.getLogger(__name__)
 
 
-def default_args(execution_timeout: timedelta, **more) -> dict:
+def default_args(execution_timeout: timedelta, app_id: str | None = None, **more) -> dict:
     """A DAG's `default_args`: retries 0 (each DAG's own logic decides what is safe to repeat), `execution_timeout`,
-    and the failure page."""
+    and the failure page, for app instance `app_id` (None: the environment's own)."""
     return {
         "owner": "onceflow",
         "retries": 0,
         "execution_timeout": execution_timeout,
-        "on_failure_callback": [TaskFailureNotifier()],
+        "on_failure_callback": [TaskFailureNotifier(app_id)],
     } | more
+
+
+def dag_args(app_id: str, kind: str, doc: str | None, tag: str, max_active_runs: int = 1) -> dict:
+    """What every DAG of an app instance declares (dags/onceflow_<kind>.py): its id `<app_id>_<kind>`, its tags, its
+    docs naming the instance, one run at a time (unless said), no catch-up of missed intervals."""
+    return {
+        "dag_id": f"{app_id}_{kind}",
+        "catchup": False,
+        "max_active_runs": max_active_runs,
+        "doc_md": (doc or "").replace("{app_id}", app_id),
+        "tags": ["onceflow", app_id, tag],
+    }
 
 
 class TaskFailureNotifier(BaseNotifier):
@@ -31,8 +43,12 @@ class TaskFailureNotifier(BaseNotifier):
     channels, and is recorded on the alerts topic (the console shows it). One-off: a later success does not
     resolve it; the next failure pages again."""
 
+    def __init__(self, app_id: str | None = None):
+        super().__init__()
+        self.app_id = app_id  # whose channels page, and which app the alert names
+
     def notify(self, context: Context) -> None:
-        s = orchestration.settings()
+        s = orchestration.settings(app_id=self.app_id)
         ti = context.get("ti") or context.get("task_instance")
         dag_id, task_id = getattr(ti, "dag_id", "?"), getattr(ti, "task_id", "?")
         run_id = getattr(ti, "run_id", "?")

@@ -37,8 +37,7 @@ from onceflow.rules.progress import step
 from onceflow.rules.reconciliation import to_ms
 from onceflow.rules.records import RULES_VERSION
 from onceflow.runtime import procs
-from onceflow.spark import kafka_source, parsing, partition_stream
-from onceflow.spark.ip_count_plan import result_key_value
+from onceflow.spark import app_plan, kafka_source, partition_stream
 
 log = logging.getLogger(__name__)
 
@@ -181,13 +180,17 @@ def ledger_progress(settings: Settings, backfill_id: str) -> Progress:
 
 # ---------------------------------------------------------------------------- the computation
 def windows(spark: SparkSession, settings: Settings, spec: br.Spec) -> DataFrame:
-    """Every window of the range (all valid records count: no watermark in a batch recount), in chunk order."""
+    """The app's own plan (its declaration, as the job runs it) as a batch over the range: every result it computes
+    from those records (a batch has no watermark, so every window of the range, with all its records), in chunk
+    order: by key, then value, which is deterministic for a fixed range (for ip_count: window start, then IP)."""
     raw = kafka_source.read_range(spark, settings, spec.source_topic, spec.start, spec.end)
-    valid = parsing.classify(
-        raw.select("value", "topic", "partition", "offset", "timestamp"), spec.max_event_ahead_ms
-    ).where(F.col("reason").isNull())
-    counts = valid.groupBy(F.window("ts", f"{spec.window_s} seconds").alias("w"), "ip").count()
-    return counts.orderBy(F.col("w.start"), F.col("ip")).select(*result_key_value())
+    # the rules the spec was validated with, not whatever the settings say now
+    as_spec = settings.replace(
+        window_s=spec.window_s,
+        max_event_ahead_s=(spec.max_event_ahead_ms if spec.max_event_ahead_ms is not None else 10**15) / 1000,
+    )
+    out = app_plan.output(settings.declared_app().transform, raw.select(*app_plan.SOURCE_COLUMNS), as_spec)
+    return out.where(F.col("kind") == wire.KIND_RESULT).select("key", "value").orderBy("key", "value")
 
 
 # ---------------------------------------------------------------------------- the run

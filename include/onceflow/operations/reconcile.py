@@ -11,10 +11,11 @@ check fails the run and alerts with the precise difference.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -23,12 +24,11 @@ from pyspark.sql import functions as F
 from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
-from onceflow.kafka import reading as kafka_reading
-from onceflow.operations import audit, recon_chain, sink_quality
+from onceflow.operations import audit, committed_reads, recon_chain, replay, sink_quality
 from onceflow.rules import clock, progress
 from onceflow.rules import reconciliation as rr
 from onceflow.rules.checkpoint import parse_initial_offsets
-from onceflow.rules.ledger import LedgerEntry, QuarantineRange, check_coverage
+from onceflow.rules.ledger import LedgerEntry, QuarantineRange, RestoreRecord, check_coverage
 from onceflow.rules.records import RULES_VERSION
 from onceflow.spark import kafka_source, parsing
 from onceflow.spark.ip_count_plan import ISO_MS
@@ -36,43 +36,7 @@ from onceflow.storage.store import Store
 
 log = logging.getLogger(__name__)
 CAP = 100  # differences listed per kind
-MARGIN_MS = 60_000  # clock slack when finding a batch's records in the sink and DLQ by time
 SINK_SCHEMA = "window_start STRING, window_end STRING, ip STRING, count DOUBLE"
-
-
-# ---------------------------------------------------------------------------- Kafka reads
-def _offsets_at(settings: Settings, topic: str, ts_ms: int | None) -> dict[int, int]:
-    """Per partition, the first offset at or after `ts_ms` (the end of the log when there is none; the
-    start when ts_ms is None)."""
-    wm = kafka_reading.watermarks(settings, topic)
-    if wm is None:
-        raise rr.ReconcileError(f"topic {topic} does not exist")
-    if ts_ms is None:
-        return {p: lo for p, (lo, _) in wm.items()}
-    return kafka_reading.offsets_at(settings, topic, ts_ms, {p: hi for p, (_, hi) in wm.items()})
-
-
-def _header(name: str):
-    return F.expr(f"cast(filter(headers, h -> h.key = '{name}')[0].value as string)")
-
-
-def _bounded(spark, settings, topic, selected, all_entries, isolation="read_committed") -> DataFrame:
-    """The records of `topic` written by the batches `selected`: a time-bounded read (their commit times, with
-    slack), then filtered by the batch header; records with no onceflow batch header (written by something
-    else) are kept with batch null."""
-    by_batch = {e.batch: e for e in all_entries}
-    a, b = selected[0].batch, selected[-1].batch
-    before = by_batch.get(a - 1)
-    t0 = (before.commit_time_ms - MARGIN_MS) if before else None
-    start = _offsets_at(settings, topic, t0)
-    end = _offsets_at(settings, topic, selected[-1].commit_time_ms + MARGIN_MS)
-    df = kafka_source.read_range(spark, settings, topic, start, end, isolation)
-    batch = _header(wire.H_BATCH).cast("long")
-    return (
-        df.withColumn("batch", batch)
-        .withColumn("app", _header(wire.H_APP))
-        .where(F.col("batch").isNull() | F.col("batch").between(a, b))
-    )
 
 
 # ---------------------------------------------------------------------------- the source pass
@@ -260,13 +224,54 @@ def run(
         res.checks.append(rr.Check("range", rr.Status.SKIP, "no committed batch in the requested range"))
         res.finished_ms = clock.now_ms()
         return res
+    app = settings.declared_app()
+    if app.reference is not None:  # the app's own independent check (ip_count's recount), beside the replay
+        reference = _load(app.reference)
+        reference(spark, settings, res, selected, entries, quarantine, with_gx, chain)
+    # the proof for any app: its own plan replayed over the committed ranges, against the sink and the DLQ
+    restores = [r for r in snap.records if isinstance(r, RestoreRecord)]
+    # The replay's state is kept between runs, the chain's apart from manual runs': each run replays only the
+    # batches no run before it replayed (onceflow.operations.replay, `keep`).
+    keep = recon_chain.home(settings) / ("replay-chain" if chain else "replay-manual")
+    res.checks.append(replay.check(spark, settings, app, entries, selected, quarantine, restores, keep=keep))
+    progress.report(f"reconciliation of batches {selected[0].batch}..{selected[-1].batch}: the replay done")
+    res.checks.append(_visibility(spark, settings, None, selected, entries))
+    res.finished_ms = clock.now_ms()
+    log.info(
+        "reconciled batches %d..%d in %.1f s: %s",
+        selected[0].batch,
+        selected[-1].batch,
+        (res.finished_ms - t0) / 1000,
+        {c.name: c.status for c in res.checks},
+    )
+    return res
+
+
+def _load(where: str) -> Callable[..., None]:
+    module, _, name = where.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def ip_count_recount(
+    spark: SparkSession,
+    settings: Settings,
+    res: rr.Result,
+    selected: list[LedgerEntry],
+    entries: list[LedgerEntry],
+    quarantine: Sequence[QuarantineRange],
+    with_gx: bool,
+    chain: bool,
+) -> None:
+    """ip_count's reference recount (App.reference of onceflow_apps.ip_count): an independent second check of its
+    results, written apart from its plan: its reference parser, window counts, late rows and carry-in (I2, I3,
+    the DLQ), and its Great Expectations suite."""
+    t0 = res.started_ms
     other_rules = rr.rules_check(selected, RULES_VERSION, chain)
     if other_rules is not None:
         res.checks.append(other_rules)
-        res.finished_ms = clock.now_ms()
-        return res
+        return
     a, b = selected[0].batch, selected[-1].batch
-    steps = 5 if with_gx else 4
+    steps = 4 if with_gx else 3
 
     def stage(k: int, text: str) -> None:
         took = time.time() - t0 / 1000
@@ -316,7 +321,7 @@ def run(
     )
 
     stage(2, "recounted every (window, ip)")
-    sink_raw = _bounded(spark, settings, settings.sink_topic, selected, entries).cache()
+    sink_raw = committed_reads.bounded(spark, settings, settings.sink_topic, selected, entries).cache()
     sink = (
         sink_raw.select(
             F.col("key").cast("string").alias("key"),
@@ -332,24 +337,13 @@ def run(
     )
     res.checks.append(dlq_check)
     stage(3, "I2 and I3: the sink against the recount, the DLQ")
-    res.checks.append(_visibility(spark, settings, sink_raw, selected, entries))
-    stage(4, "I4: read_committed against read_uncommitted")
     if with_gx:
         res.checks.append(_gx(sink, settings, res))  # everything the sink holds for the range, ours or not
-        stage(5, "the Great Expectations suite")
+        stage(4, "the Great Expectations suite")
     src.unpersist()
     keys.unpersist()
     sink.unpersist()
     sink_raw.unpersist()
-    res.finished_ms = clock.now_ms()
-    log.info(
-        "reconciled batches %d..%d in %.1f s: %s",
-        a,
-        b,
-        (res.finished_ms - t0) / 1000,
-        {c.name: c.status for c in res.checks},
-    )
-    return res
 
 
 def starting_offsets(settings: Settings) -> dict[int, int] | None:
@@ -414,11 +408,11 @@ def _results(expected, sink, selected, totals, late_groups, pending, settings, d
 
 
 def _dlq(spark, settings, src, selected, entries) -> rr.Check:
-    dlq = _bounded(spark, settings, settings.dlq_topic, selected, entries).select(
-        _header(wire.H_SOURCE_PARTITION).cast("int").alias("partition"),
-        _header(wire.H_SOURCE_OFFSET).cast("long").alias("offset"),
+    dlq = committed_reads.bounded(spark, settings, settings.dlq_topic, selected, entries).select(
+        committed_reads.header(wire.H_SOURCE_PARTITION).cast("int").alias("partition"),
+        committed_reads.header(wire.H_SOURCE_OFFSET).cast("long").alias("offset"),
         "batch",
-        _header(wire.H_REASON).alias("dlq_reason"),
+        committed_reads.header(wire.H_REASON).alias("dlq_reason"),
     )
     got = dlq.groupBy("partition", "offset").agg(
         F.count(F.lit(1)).alias("times"), F.first("batch").alias("batch"), F.first("dlq_reason").alias("dlq_reason")
@@ -435,7 +429,11 @@ def _dlq(spark, settings, src, selected, entries) -> rr.Check:
 
 
 def _visibility(spark, settings, committed_view, selected, entries) -> rr.Check:
-    uncommitted = _bounded(spark, settings, settings.sink_topic, selected, entries, isolation="read_uncommitted")
+    if committed_view is None:
+        committed_view = committed_reads.bounded(spark, settings, settings.sink_topic, selected, entries)
+    uncommitted = committed_reads.bounded(
+        spark, settings, settings.sink_topic, selected, entries, isolation="read_uncommitted"
+    )
     c = committed_view.select("partition", "offset")
     u = uncommitted.select("partition", "offset", "app")
     gone = c.join(u, ["partition", "offset"], "left_anti").count()
@@ -477,7 +475,7 @@ def spark_dropped(settings: Settings, selected: list[LedgerEntry]) -> dict[int, 
     by_spark: dict[int, list[LedgerEntry]] = {}
     for e in selected:
         by_spark.setdefault(e.spark_batch if e.spark_batch is not None else e.batch, []).append(e)
-    since = selected[0].commit_time_ms - MARGIN_MS
+    since = selected[0].commit_time_ms - committed_reads.MARGIN_MS
     got: dict[int, int] = {}
     for d in ev.read(settings, {wire.PROGRESS}, since_ms=since):  # the job's own events topic only
         if "ledger_batch" in d:  # the job names the ledger batch and the decision (a catch-up writes nothing)

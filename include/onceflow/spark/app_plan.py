@@ -19,6 +19,8 @@ from onceflow.config import ConfigError, Settings
 from onceflow.rules import records as R
 from onceflow.spark.kafka_source import kafka_options
 
+# the Kafka source's columns, as a transformation gets them
+SOURCE_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
 # the protocol's OutRecord, in order (onceflow.protocol.exactly_once)
 OUTPUT_COLUMNS = [
     "kind",

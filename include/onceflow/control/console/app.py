@@ -3,7 +3,7 @@ authentication and authorization.
 
 A FastAPI app mounted by an Airflow 3 plugin inherits none of the API server's dependencies: every route would be
 open to anonymous callers. So the whole app depends on Airflow's `requires_access_dag` for the onceflow DAGs:
-whoever may read `ip_count_deploy` may read the console; anonymous callers get 401, users without that right 403.
+whoever may read the app instance's deploy DAG (`<app_id>_deploy`) may read the console; anonymous callers get 401, users without that right 403.
 Actions (take, verify or restore a savepoint, start a backfill) are not routes of this app: the page triggers the
 deploy, rotation and backfill DAGs through Airflow's REST API as the logged-in operator, so Airflow records who did
 what and checks the DAG's own permissions.
@@ -24,17 +24,23 @@ from onceflow.control.console import page, readers
 from onceflow.rules import clock
 
 SECTIONS = ("now", "batches", "transactions", "savepoints", "proofs")
-# which console page a DAG's "onceflow" tab opens
+# which console page a DAG's "onceflow" tab opens, by the DAG's kind (`<app_id>_<kind>`)
 DAG_SECTIONS = {
-    "ip_count_deploy": "now",
-    "ip_count_health": "now",
-    "ip_count_txn_watch": "transactions",
-    "ip_count_checkpoint_rotation": "savepoints",
-    "ip_count_reconciliation": "proofs",
-    "ip_count_backfill": "proofs",
+    "deploy": "now",
+    "health": "now",
+    "txn_watch": "transactions",
+    "checkpoint_rotation": "savepoints",
+    "reconciliation": "proofs",
+    "backfill": "proofs",
 }
-# Reading the console needs read access to the onceflow DAGs (the deploy DAG stands for all of them).
-authorized = requires_access_dag(method="GET", param_dag_id="ip_count_deploy")
+# Reading the console needs read access to the app instance's DAGs (its deploy DAG stands for all of them). The
+# console shows the instance of Airflow's environment (ONCEFLOW_APP_ID).
+authorized = requires_access_dag(method="GET", param_dag_id=f"{config.load().app_id}_deploy")
+
+
+def section_of(dag_id: str) -> str:
+    """The console page a DAG's tab opens."""
+    return next((v for k, v in DAG_SECTIONS.items() if dag_id.endswith(f"_{k}")), "now")
 
 
 def settings() -> config.Settings:
@@ -78,7 +84,7 @@ def create_app() -> FastAPI:
     @app.get("/dag/{dag_id}")
     def dag_tab(dag_id: str, request: Request) -> RedirectResponse:
         root = request.scope.get("root_path", "")
-        return RedirectResponse(f"{root}/{DAG_SECTIONS.get(dag_id, 'now')}", status_code=307)
+        return RedirectResponse(f"{root}/{section_of(dag_id)}", status_code=307)
 
     @app.get("/api/now")
     def now() -> dict[str, Any]:

@@ -144,7 +144,7 @@ async function renderSavepoints(){
   const b = await get('/api/savepoints'); const rows = (b.data || {}).savepoints || [];
   const newest = rows.filter(r => r.complete)[0];
   document.getElementById('content').innerHTML = `<p><button class="primary" id="take">Take a savepoint now</button>
-    <span class="muted">(runs ip_count_checkpoint_rotation: savepoint, verification, retention)</span></p>
+    <span class="muted">(runs ${esc(APP)}_checkpoint_rotation: savepoint, verification, retention)</span></p>
     <table><tr><th>savepoint</th><th>taken</th><th>batch</th><th>mode</th><th>size</th><th>verification</th><th></th></tr>
     ${rows.map(r => `<tr><td><code>${esc(r.id)}</code></td><td>${fmtMs(r.created_ms)}</td><td>${esc(r.batch)}</td><td>${esc(r.mode)}</td>
       <td>${esc(r.size_bytes ? (r.size_bytes/1024).toFixed(0)+' KiB' : '-')}</td>
@@ -152,16 +152,16 @@ async function renderSavepoints(){
       ${r.problems.length ? `<div class="bad">${esc(r.problems.join('; '))}</div>` : ''}</td>
       <td>${r.complete ? `<button data-verify="${esc(r.id)}">verify</button> <button data-restore="${esc(r.id)}" data-rewind="${esc(Boolean(newest && newest.id !== r.id))}">restore</button>` : ''}</td></tr>`).join('')}
     </table><p class="muted">stored under ${esc((b.data||{}).uri)}</p>`;
-  document.getElementById('take').onclick = () => trigger('ip_count_checkpoint_rotation', {action:'rotate'}, 'take a savepoint');
+  document.getElementById('take').onclick = () => trigger(dagOf('checkpoint_rotation'), {action:'rotate'}, 'take a savepoint');
   document.querySelectorAll('[data-verify]').forEach(x => x.onclick = () =>
-    trigger('ip_count_checkpoint_rotation', {action:'verify', savepoint_id:x.dataset.verify}, `verify ${x.dataset.verify}`));
+    trigger(dagOf('checkpoint_rotation'), {action:'verify', savepoint_id:x.dataset.verify}, `verify ${x.dataset.verify}`));
   document.querySelectorAll('[data-restore]').forEach(x => x.onclick = () => {
     const rewind = x.dataset.rewind === 'true';
     const ask = rewind ? `${x.dataset.restore} is older than the newest savepoint: restoring it is a REWIND. The job `
         + `rebuilds its state from that batch and skips the batches committed since (their results stay as committed). Rewind?`
       : `Restore ${x.dataset.restore}? The job is stopped, the checkpoint replaced (the old one is kept aside) and the job started again.`;
     if (!window.confirm(ask)) { document.getElementById('flash').textContent = 'restore cancelled'; return; }
-    trigger('ip_count_deploy', {action:'restore', savepoint_id:x.dataset.restore, allow_rewind:rewind,
+    trigger(dagOf('deploy'), {action:'restore', savepoint_id:x.dataset.restore, allow_rewind:rewind,
                                 wait_timeout_s:300}, `restore ${x.dataset.restore}${rewind?' (rewind)':''}`);
   });
 }
@@ -200,7 +200,7 @@ async function renderProofs(){
       since:f.get('since')||null, until:f.get('until')||null, target_topic:f.get('target_topic')||null,
       chunk_size:Number(f.get('chunk_size')), dry_run:f.get('dry_run')==='on'}; }
     catch (e) { document.getElementById('flash').innerHTML = `<span class="bad">offsets must be JSON objects: ${esc(e.message)}</span>`; return; }
-    trigger('ip_count_backfill', conf, `backfill ${conf.backfill_id}`); };
+    trigger(dagOf('backfill'), conf, `backfill ${conf.backfill_id}`); };
 }
 
 const RENDER = {now: renderNow, batches: renderBatches, transactions: renderTransactions, savepoints: renderSavepoints,
@@ -242,7 +242,8 @@ def render(section: str, base: str, app_id: str, nonce: str) -> str:
 <style>{CSS}</style></head><body>
 <header><h1>onceflow · {html.escape(app_id)}</h1>{nav}<span class="muted" id="updated"></span></header>
 <main><div class="banner" id="banner"></div><div id="flash"></div>{body}</main>
-<script nonce="{nonce}">const BASE = {_js(base)}; const SECTION = {_js(section)};</script>
+<script nonce="{nonce}">const BASE = {_js(base)}; const SECTION = {_js(section)}; const APP = {_js(app_id)};
+const dagOf = kind => APP + '_' + kind;  // the app instance's DAG of that kind (dags/onceflow_<kind>.py)</script>
 <script nonce="{nonce}">{SCRIPT}</script></body></html>"""
 
 

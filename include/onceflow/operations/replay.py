@@ -1,0 +1,379 @@
+"""The proof for any app: its own plan replayed over exactly the source ranges the ledger says were committed, batch
+by batch, and compared key by key with what read_committed consumers of its sink and DLQ see (the rules, and why
+the replay sees what the job saw: onceflow.rules.replay).
+
+1. Stage: one Spark batch read of the source (read_committed, as the job reads it) over the replayed batches'
+   ranges, each record tagged with its ledger batch, written as one Parquet file per batch (an empty one for a
+   batch that read no visible record) in ledger order.
+2. Replay: the platform's plan of the app (onceflow.spark.app_plan, the job's own) on a file stream of those files,
+   one file per micro-batch, Spark's empty-batch runs off (a batch without records is an empty file); each
+   micro-batch's output is kept with its batch id.
+3. Compare: per batch, the multiset of (kind, key, value, reason) against the sink's and the DLQ's records that
+   carry the batch's header; the ledger's counts and watermarks against the replay's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from onceflow import wire
+from onceflow.app import App
+from onceflow.config import Settings
+from onceflow.kafka import reading as kafka_reading
+from onceflow.operations import committed_reads, recon_chain
+from onceflow.rules import replay as rp
+from onceflow.rules.ledger import LedgerEntry, QuarantineRange, RestoreRecord
+from onceflow.rules.reconciliation import Check
+from onceflow.spark import app_plan, kafka_source
+
+log = logging.getLogger(__name__)
+SOURCE_COLUMNS = app_plan.SOURCE_COLUMNS
+SOURCE_SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
+)
+# Logical plan nodes that keep state across micro-batches (a join is counted too: a stream-stream join keeps state;
+# a stream-static one does not, but replaying it from the first batch costs time only).
+STATEFUL_NODES = (
+    "Aggregate",
+    "Deduplicate",
+    "DeduplicateWithinWatermark",
+    "FlatMapGroupsWithState",
+    "FlatMapGroupsInPandasWithState",
+    "TransformWithState",
+    "TransformWithStateInPandas",
+    "Join",
+)
+RUN_TIMEOUT_S = 3600
+CAP = 100
+COMPARED = ["batch", "kind", "key", "sha", "reason"]
+
+
+def is_stateful(frame: DataFrame) -> bool:
+    """Does the streaming plan keep state from one micro-batch to the next?"""
+    found: list[str] = []
+    plan = frame._jdf.queryExecution().analyzed()
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        found.append(node.nodeName())
+        children = node.children()
+        stack.extend(children.apply(i) for i in range(children.size()))
+    return any(n in STATEFUL_NODES for n in found)
+
+
+def check(
+    spark: SparkSession,
+    settings: Settings,
+    app: App,
+    history: list[LedgerEntry],
+    selected: list[LedgerEntry],
+    quarantine: Sequence[QuarantineRange] = (),
+    restores: Sequence[RestoreRecord] = (),
+    keep: Path | None = None,
+) -> Check:
+    """The replay proof of the stream batches `selected` (given the app's whole committed `history`).
+
+    keep: where the replay's state stays between runs (the scheduled chain's, which proves batch after batch): a
+    run replays only the batches after those replayed there already, so each source record is read once; None: a
+    fresh replay, removed afterwards."""
+    spark.conf.set("spark.sql.session.timeZone", "UTC")  # as the job's session (onceflow.runtime.launcher)
+    lock = _lock(keep) if keep is not None else None
+    if lock is None:  # no kept replay, or another run holds it: a fresh one of this run's own
+        keep = None
+    work = keep or recon_chain.home(settings) / "replay" / uuid.uuid4().hex[:12]
+    try:
+        (work / "in").mkdir(parents=True, exist_ok=True)
+        stream = spark.readStream.schema(SOURCE_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(work / "in"))
+        stateful = is_stateful(app_plan.output(app.transform, stream, settings, quarantine))
+        try:
+            p = rp.plan(history, selected, stateful, restores)
+        except rp.Unprovable as e:
+            return rp.unprovable(str(e))
+        state = _resumable(work, p, history)
+        todo = rp.Plan([e for e in p.batches if e.batch > state["through"]], p.compared)
+        marks = kafka_reading.watermarks(settings, settings.source_topic) or {}
+        gone = rp.source_gone(todo, {q: lo for q, (lo, _) in marks.items()}) if todo.batches else None
+        if gone is not None:
+            return rp.unprovable(gone)
+        t0 = time.monotonic()
+        if todo.batches:
+            staged = _stage(spark, settings, todo, work / "staged")
+            _replay(spark, settings, app, quarantine, p.start, todo, staged, work, state)
+            state["through"] = todo.batches[-1].batch
+            state["digest"] = _digest(history, p.start, state["through"])
+        took_replay = time.monotonic() - t0
+        watermarks = {int(k): v for k, v in state["marks"].items()}
+        out = _compare(spark, settings, p, work / "out", selected, history, watermarks, took_replay)
+        out.figures["replayed_now"] = len(todo.batches)
+        _prune(work, state, selected[0].batch - p.start)
+        return out
+    finally:
+        if keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+        if lock is not None:
+            os.close(lock)  # releases the lock
+
+
+STATE = "state.json"
+
+
+def _lock(keep: Path) -> int | None:
+    """An exclusive lock on the kept replay (a manual run from the CLI beside the DAG's); None when it is held."""
+    keep.mkdir(parents=True, exist_ok=True)
+    fd = os.open(keep.parent / f".{keep.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        log.info("the kept replay %s is in use: this run replays in a directory of its own", keep)
+        return None
+    return fd
+
+
+def _digest(history: list[LedgerEntry], start: int, through: int) -> str:
+    """What the replayed batches read, as a fingerprint: a replay kept for another history is not resumed."""
+    rows = [[e.batch, sorted(e.ranges.items())] for e in history if start <= e.batch <= through]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
+def _resumable(work: Path, p: rp.Plan, history: list[LedgerEntry]) -> dict:
+    """The kept replay's state when this plan can go on from it (same start, the same batches read, the compared
+    batches' outputs still kept); otherwise a new, empty one (the directory is cleared)."""
+    try:
+        state = json.loads((work / STATE).read_text())
+        if (
+            state["start"] == p.start
+            and state["kept_from"] <= p.compared[0] - p.start
+            and state["digest"] == _digest(history, p.start, state["through"])
+            and (work / "checkpoint").is_dir()
+        ):
+            return state
+    except (OSError, ValueError, KeyError):
+        pass
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "in").mkdir(parents=True)
+    # The file source takes files in modification-time order: each batch's file gets its place after `t0`.
+    return {
+        "start": p.start,
+        "through": p.start - 1,
+        "digest": "",
+        "kept_from": 0,
+        "t0": time.time() - 10**6,
+        "marks": {},
+    }
+
+
+def _prune(work: Path, state: dict, keep_from: int) -> None:
+    """Keep the outputs from replay batch `keep_from` on (a failed chain run is retried from its first batch) and
+    save the state."""
+    for d in (work / "out").glob("b=*"):
+        if int(d.name[2:]) < keep_from:
+            shutil.rmtree(d, ignore_errors=True)
+    state["kept_from"] = max(state["kept_from"], keep_from)
+    state["marks"] = {k: v for k, v in state["marks"].items() if int(k) >= keep_from}
+    (work / STATE).write_text(json.dumps(state))
+
+
+def _stage(spark: SparkSession, settings: Settings, p: rp.Plan, where: Path) -> dict[int, Path]:
+    """Step 1: the replayed batches' source records, one Parquet file per batch that has any (by ledger batch)."""
+    ranges: dict[int, tuple[int, int]] = {}
+    for e in p.batches:
+        for part, (s, end) in e.ranges.items():
+            lo, hi = ranges.get(part, (s, end))
+            ranges[part] = (min(lo, s), max(hi, end))
+    raw = kafka_source.read_range(
+        spark,
+        settings,
+        settings.source_topic,
+        {q: s for q, (s, _) in ranges.items()},
+        {q: e for q, (_, e) in ranges.items()},
+    ).select(*SOURCE_COLUMNS)
+    bounds = [(e.batch, q, s, end) for e in p.batches for q, (s, end) in e.ranges.items() if end > s]
+    if not bounds:
+        return {}
+    table = spark.createDataFrame(bounds, "ledger_batch long, p int, s long, e long")
+    tagged = raw.join(
+        F.broadcast(table),
+        (raw["partition"] == table["p"]) & (raw["offset"] >= table["s"]) & (raw["offset"] < table["e"]),
+    ).select(*SOURCE_COLUMNS, "ledger_batch")
+    # one task per batch, so one file per batch, records in the order the source read gives them
+    tagged.repartition("ledger_batch").sortWithinPartitions("ledger_batch", "partition", "offset").write.partitionBy(
+        "ledger_batch"
+    ).parquet(str(where))
+    out: dict[int, Path] = {}
+    for d in where.glob("ledger_batch=*"):
+        files = sorted(d.glob("*.parquet"))
+        if len(files) != 1:
+            raise rp.Unprovable(f"staging wrote {len(files)} files for batch {d.name}, not one")
+        out[int(d.name.split("=", 1)[1])] = files[0]
+    return out
+
+
+def _replay(
+    spark: SparkSession,
+    settings: Settings,
+    app: App,
+    quarantine: Sequence[QuarantineRange],
+    start: int,
+    todo: rp.Plan,
+    staged: dict[int, Path],
+    work: Path,
+    state: dict,
+) -> None:
+    """Step 2: the app's plan over the staged files of `todo`, one file per micro-batch, in one query run that goes
+    on from the kept checkpoint (replay batch i is ledger batch start + i); records each replay batch's watermark
+    (from the replay's own offset log) in `state`."""
+    inp, ckpt, out = work / "in", work / "checkpoint", work / "out"
+    empty = work / "empty"
+    if not empty.exists():
+        spark.createDataFrame([], SOURCE_SCHEMA).coalesce(1).write.parquet(str(empty))
+    empty_file = next(empty.glob("*.parquet"))
+    for e in todo.batches:
+        i = e.batch - start
+        dst = inp / f"{i:012d}.parquet"
+        shutil.copyfile(staged.get(e.batch, empty_file), dst)
+        at = state["t0"] + i / 1000  # millisecond steps: the file source's clock resolution
+        os.utime(dst, (at, at))
+    confs = {
+        "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+        # every batch of this run keeps its offsets file until its watermark is read below
+        "spark.sql.streaming.minBatchesToRetain": str(len(todo.batches) + 100),
+    }
+    previous: dict[str, str | None] = {k: spark.conf.get(k, None) for k in confs}
+    for k, v in confs.items():
+        spark.conf.set(k, v)
+
+    def keep(df: DataFrame, batch_id: int) -> None:
+        df.write.mode("overwrite").parquet(str(out / f"b={batch_id}"))
+
+    try:
+        stream = (
+            spark.readStream.schema(SOURCE_SCHEMA)
+            .option("maxFilesPerTrigger", 1)
+            .option("maxFileAge", "36500d")  # the files' times are places in line, not ages
+            .parquet(str(inp))
+        )
+        frame = app_plan.output(app.transform, stream, settings, quarantine)
+        q = (
+            frame.writeStream.foreachBatch(keep)
+            .option("checkpointLocation", str(ckpt))
+            .trigger(availableNow=True)
+            .queryName(f"onceflow_replay_{settings.app_id}")
+            .start()
+        )
+        if not q.awaitTermination(RUN_TIMEOUT_S):
+            q.stop()
+            raise rp.Unprovable(f"the replay of {len(todo.batches)} batches did not end in {RUN_TIMEOUT_S} s")
+        if q.exception() is not None:
+            raise rp.Unprovable(f"the replay failed: {q.exception()}")
+    finally:
+        for k, was in previous.items():
+            if was is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, was)
+    for e in todo.batches:
+        i = e.batch - start
+        f = ckpt / "offsets" / str(i)
+        lines = [ln for ln in f.read_text().splitlines() if ln.strip()] if f.exists() else []
+        meta = json.loads(lines[1]) if len(lines) > 1 else {}
+        if "batchWatermarkMs" in meta:
+            state["marks"][str(i)] = int(meta["batchWatermarkMs"])
+    for f in inp.glob("*.parquet"):  # replayed: the checkpoint's state holds what they contributed
+        f.unlink()
+    shutil.rmtree(work / "staged", ignore_errors=True)
+
+
+def _compare(
+    spark: SparkSession,
+    settings: Settings,
+    p: rp.Plan,
+    out: Path,
+    selected: list[LedgerEntry],
+    history: list[LedgerEntry],
+    watermarks: dict[int, int],
+    took_s: float,
+) -> Check:
+    """Step 3: the replay's output of the compared batches against the sink's and the DLQ's committed records."""
+    first, last = p.compared
+    index = spark.createDataFrame([(i, e.batch) for i, e in enumerate(p.batches)], "b int, batch long")
+    replayed = spark.read.parquet(str(out)).join(F.broadcast(index), "b").where(F.col("batch").between(first, last))
+    expected = replayed.select(
+        "batch",
+        F.col("kind"),
+        F.col("key").cast("string").alias("key"),
+        F.sha2(F.col("value"), 256).alias("sha"),
+        F.col("reason"),
+    )
+    sink = committed_reads.bounded(spark, settings, settings.sink_topic, selected, history)
+    dlq = committed_reads.bounded(spark, settings, settings.dlq_topic, selected, history)
+    ours = (F.col("app").isNull()) | (F.col("app") == settings.app_id)
+    committed = (
+        sink.where(ours)
+        .select(
+            "batch",
+            F.lit(wire.KIND_RESULT).alias("kind"),
+            F.col("key").cast("string").alias("key"),
+            F.sha2(F.col("value"), 256).alias("sha"),
+            F.lit(None).cast("string").alias("reason"),
+        )
+        .unionByName(
+            dlq.where(ours).select(
+                "batch",
+                F.lit(wire.KIND_DLQ).alias("kind"),
+                F.col("key").cast("string").alias("key"),
+                F.sha2(F.col("value"), 256).alias("sha"),
+                committed_reads.header(wire.H_REASON).alias("reason"),
+            )
+        )
+    )
+    e = expected.groupBy(*COMPARED).agg(F.count(F.lit(1)).alias("replayed"))
+    c = committed.groupBy(*COMPARED).agg(F.count(F.lit(1)).alias("committed"))
+    j = (
+        e.join(c, [e[k].eqNullSafe(c[k]) for k in COMPARED], "full_outer")
+        .select(
+            *[F.coalesce(e[k], c[k]).alias(k) for k in COMPARED],
+            F.coalesce(e["replayed"], F.lit(0)).alias("replayed"),
+            F.coalesce(c["committed"], F.lit(0)).alias("committed"),
+        )
+        .cache()
+    )
+    cols = ["batch", "kind", "key", "replayed", "committed"]
+    missing = [r.asDict() for r in j.where(F.col("replayed") > F.col("committed")).select(*cols).limit(CAP).collect()]
+    extra = [r.asDict() for r in j.where(F.col("committed") > F.col("replayed")).select(*cols).limit(CAP).collect()]
+    per_batch = {
+        r["batch"]: (int(r["results"]), int(r["dlq"]))
+        for r in expected.groupBy("batch")
+        .agg(
+            F.sum((F.col("kind") == wire.KIND_RESULT).cast("long")).alias("results"),
+            F.sum((F.col("kind") == wire.KIND_DLQ).cast("long")).alias("dlq"),
+        )
+        .collect()
+    }
+    totals = j.agg(
+        F.sum(F.when(F.col("kind") == wire.KIND_RESULT, F.col("replayed"))).alias("results"),
+        F.sum(F.when(F.col("kind") == wire.KIND_DLQ, F.col("replayed"))).alias("dlq"),
+        F.sum(F.when(F.col("kind") == wire.KIND_RESULT, F.col("committed"))).alias("committed_results"),
+        F.sum(F.when(F.col("kind") == wire.KIND_DLQ, F.col("committed"))).alias("committed_dlq"),
+    ).first()
+    j.unpersist()
+    diffs = (
+        rp.watermark_differences(p, watermarks) + rp.ledger_differences(p, per_batch) + rp.differences(missing, extra)
+    )
+    figures: dict[str, int | float] = {
+        k: int((totals[k] if totals else 0) or 0) for k in ("results", "dlq", "committed_results", "committed_dlq")
+    }
+    figures["replay_s"] = round(took_s, 1)
+    return rp.check(p, figures, diffs, CAP)

@@ -1,0 +1,87 @@
+"""The replay proof's rules without Spark or a broker: where a replay begins, what it cannot prove and why, and
+which differences it names."""
+
+import pytest
+
+from onceflow.rules import replay as rp
+from onceflow.rules.ledger import LedgerEntry, RestoreRecord
+from onceflow.rules.reconciliation import Status
+
+
+def entry(n, wm=0, outputs=1, dlq=0):
+    return LedgerEntry("app", n, "src", {0: (n * 10, n * 10 + 10)}, wm, 0, outputs, dlq, 1.0, n, "t")
+
+
+HISTORY = [entry(0), entry(1), entry(2, 5000), entry(3, 5000), entry(4, 9000)]
+
+
+def test_a_stateful_replay_begins_at_the_first_batch():
+    p = rp.plan(HISTORY, HISTORY[3:], stateful=True)
+    assert p.start == 0 and p.compared == (3, 4) and [e.batch for e in p.batches] == [0, 1, 2, 3, 4]
+
+
+def test_a_stateless_replay_begins_at_the_first_batch_compared():
+    p = rp.plan(HISTORY, HISTORY[3:], stateful=False)
+    assert p.start == 3 and [e.batch for e in p.batches] == [3, 4]
+
+
+def test_source_records_deleted_by_retention_are_named():
+    p = rp.plan(HISTORY, HISTORY[3:], stateful=True)
+    assert rp.source_gone(p, {0: 0}) is None
+    assert (
+        "batch 0 are no longer in Kafka (partition 0 now begins at offset 15, the batch read from 0)"
+        in rp.source_gone(p, {0: 15})
+    )
+    assert rp.source_gone(rp.plan(HISTORY, HISTORY[3:], stateful=False), {0: 30}) is None
+
+
+@pytest.mark.parametrize(
+    "history, restores, says",
+    [
+        (HISTORY[1:], (), "begins at batch 1"),
+        ([e for e in HISTORY if e.batch != 2], (), "ledger batch 2 is missing"),
+        (
+            HISTORY,
+            (RestoreRecord("app", 1, "sp-1", 1, 3, False, (2, 3), {0: (20, 40)}, 2, 0, 5),),
+            "savepoint was restored",
+        ),
+    ],
+)
+def test_what_a_replay_cannot_prove_is_a_warning_that_says_why(history, restores, says):
+    with pytest.raises(rp.Unprovable, match=says):
+        rp.plan(history, HISTORY[3:], stateful=True, restores=restores)
+    assert rp.unprovable("x").status == Status.WARN
+
+
+def test_differences_are_named_per_batch_and_key():
+    missing = [
+        {"batch": 3, "kind": "result", "key": "a", "replayed": 1, "committed": 0},
+        {"batch": 3, "kind": "result", "key": "b", "replayed": 1, "committed": 0},
+    ]
+    extra = [
+        {"batch": 3, "kind": "result", "key": "a", "replayed": 0, "committed": 1},  # same key, another value
+        {"batch": 4, "kind": "dlq", "key": "src|0|41", "replayed": 1, "committed": 2},
+        {"batch": None, "kind": "result", "key": "z", "replayed": 0, "committed": 1},  # no transaction wrote it
+    ]
+    assert [(d["kind"], d["batch"], d["key"]) for d in rp.differences(missing, extra)] == [
+        ("different_value", 3, "a"),
+        ("missing", 3, "b"),
+        ("duplicate", 4, "src|0|41"),
+        ("unexpected", None, "z"),
+    ]
+
+
+def test_the_verdict_checks_watermarks_and_ledger_counts_of_the_compared_batches_only():
+    p = rp.plan(HISTORY, HISTORY[3:], stateful=True)
+    assert rp.watermark_differences(p, {0: 0, 1: 0, 2: 5000, 3: 5000, 4: 9000}) == []
+    assert rp.watermark_differences(p, {0: 0, 1: 7, 2: 5000, 3: 6000, 4: 9000}) == [
+        {"kind": "watermark", "batch": 3, "job_ms": 5000, "replay_ms": 6000}
+    ]
+    assert rp.ledger_differences(p, {3: (1, 0), 4: (1, 0), 0: (9, 9)}) == []
+    assert rp.ledger_differences(p, {3: (1, 0), 4: (2, 0)}) == [
+        {"kind": "ledger_count", "batch": 4, "ledger": [1, 0], "replayed": [2, 0]}
+    ]
+    ok = rp.check(p, {"results": 2, "dlq": 0}, [])
+    assert ok.status == Status.PASS and ok.figures["replay_from"] == 0
+    bad = rp.check(p, {}, rp.ledger_differences(p, {3: (1, 0)}))
+    assert bad.status == Status.FAIL and "1 ledger_count" in bad.summary and bad.differences[0]["batch"] == 4
