@@ -158,7 +158,7 @@ def cmd_where(args, s: config.Settings) -> int:
     st = jobctl.status(s)
     ui = (
         f"  Airflow UI           http://localhost:{s.airflow_port}  user {airflow_local.USER}, password in "
-        f"{airflow_local.password_file(s)}\n                       DAGs: {', '.join(airflow_local.ALL_DAGS)}\n"
+        f"{airflow_local.password_file(s)}\n                       DAGs: {', '.join(airflow_local.all_dags(s))}\n"
         if procs.read_pidfile(airflow_local.pidfile(s))
         else ""
     )

@@ -299,7 +299,8 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
     manual = [r for r in recon_chain.recent_results(s) if r.get("mode") == "manual"]
     assert manual and (manual[-1]["first_batch"], manual[-1]["last_batch"]) == (a, b) and manual[-1]["ok"]
     log = api.task_log(f"{APP}_reconciliation", done["recon"]["dag_run_id"], "recount")
-    assert f"reconciliation of batches {a}..{b}: step 4 of 4 done" in log, log[-3000:]
+    assert f"reconciliation of batches {a}..{b}: step 3 of 3 done" in log, log[-3000:]  # ip_count's recount
+    assert f"reconciliation of batches {a}..{b}: the replay done" in log, log[-3000:]
 
     # deploy: a second start refuses to launch a second driver; restart, then upgrade (stop-with-savepoint, start)
     pid = jobctl.status(s)["job_pid"]
@@ -404,7 +405,7 @@ def test_the_dag_list_and_the_backfill_form_in_a_real_browser(platform):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with logged_in_browser(s, info) as (page, base):
         page.goto(f"{base}/dags", wait_until="networkidle")
-        for dag_id in airflow_local.ALL_DAGS:
+        for dag_id in airflow_local.all_dags(s):
             page.get_by_text(dag_id, exact=True).first.wait_for(timeout=60_000)
         page.screenshot(path=str(SCREENSHOTS / "airflow-dag-list.png"), full_page=True)
         page.goto(f"{base}/dags/{APP}_backfill", wait_until="networkidle")
@@ -620,7 +621,7 @@ def test_airflow_keeps_its_metadata_in_the_embedded_postgresql(platform):
     """As `make run` sets it up: Airflow's runs are rows of the PostgreSQL server under var/, not of a SQLite file."""
     s, api, _, _ = platform
     dags = {d for (d,) in postgres.query(s, "SELECT dag_id FROM dag")}
-    assert set(airflow_local.ALL_DAGS) <= dags, dags
+    assert set(airflow_local.all_dags(s)) <= dags, dags
     runs = postgres.query(s, "SELECT count(*) FROM dag_run")[0][0]
     assert runs >= len(api.runs(f"{APP}_health")) > 0
     assert not (airflow_local.home(s) / "airflow.db").exists()
