@@ -142,7 +142,9 @@ def test_the_reconciliation_dag_submits_its_spark_job_and_pages_a_gap(airflow_ap
         "I2_dlq",
         "I4_visibility",
         "gx_suite",
+        "replay",  # the proof for any app (ip_count's recount is the checks above it)
     }
+    assert {c["name"]: c["status"] for c in recorded["checks"]}["replay"] == "pass"
     # A ledger with a batch missing: the run fails and pages with the exact gap.
     gone = audit.ledger_entries(s)[1]
     copy_topic(s, s.ledger_topic, s.ledger_topic + ".gap", keep=lambda m: json.loads(m.value).get("batch") != 1)

@@ -49,6 +49,6 @@ def test_a_new_apps_scaffold_runs_exactly_once_on_the_broker(app, spark, tmp_pat
     results = [json.loads(m.value) for m in kafka_reading.read_topic(h, s.sink_topic)]
     assert {r["key"] for r in results} <= {f"user{i}" for i in range(7)} and sum(r["count"] for r in results) >= 96
     dlq = kafka_reading.read_topic(h, s.dlq_topic)
-    assert len(dlq) == 8 and {m.headers["onceflow.reason"] for m in dlq} == {"no_key"}
+    assert len(dlq) == 8 and {m.headers["onceflow.reason"] for m in dlq} == {b"no_key"}
     figures = assert_replayed(s, spark)  # the platform's proof, with nothing written for this app
     assert figures["results"] == len(results) and figures["dlq"] == 8
