@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from onceflow.config import REPO_ROOT, Settings, instances
+from onceflow.rules import names
 from onceflow.runtime import procs
 from onceflow_dev import postgres
 from onceflow_dev.airflow_client import AirflowApiError, AirflowClient
@@ -26,7 +27,7 @@ MANUAL_KINDS = ("deploy", "backfill")
 
 def dag_id(s: Settings, kind: str) -> str:
     """The DAG of kind `kind` of the settings' app instance."""
-    return f"{s.app_id}_{kind}"
+    return names.dag_id(s.app_id, kind)
 
 
 def watch_dags(s: Settings) -> tuple[str, ...]:
@@ -35,7 +36,7 @@ def watch_dags(s: Settings) -> tuple[str, ...]:
 
 def all_dags(s: Settings) -> tuple[str, ...]:
     """Every DAG of every app instance the control plane runs (Settings.apps)."""
-    return tuple(f"{app_id}_{k}" for app_id in instances(s) for k in MANUAL_KINDS + WATCH_KINDS)
+    return tuple(names.dag_id(app_id, k) for app_id in instances(s) for k in MANUAL_KINDS + WATCH_KINDS)
 
 
 USER = "admin"

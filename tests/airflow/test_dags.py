@@ -19,25 +19,13 @@ from onceflow import wire
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.runtime import jobctl, procs
+from tests.support import dags
 from tests.support.harness import assert_exact, copy_topic, events, produce, wait_drained
 
 
-def _dag(s, kind: str):
-    """The DAG of kind `kind` of the test's app instance, as the DAG processor builds it from dags/onceflow_<kind>.py with the
-    environment the test set (ONCEFLOW_APP_ID and the rest)."""
-    import importlib.util
-
-    from onceflow.config import REPO_ROOT
-
-    spec = importlib.util.spec_from_file_location(f"_dag_{kind}_{s.app_id}", REPO_ROOT / "dags" / f"onceflow_{kind}.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.build(s.app_id)
-
-
 def _run(s, kind, **conf):
-    dr = _dag(s, kind).test(run_conf=conf or None)
+    """A run of the test's app instance's DAG of that kind, built with the environment the test set."""
+    dr = dags.build(kind, s.app_id).test(run_conf=conf or None)
     return dr.state, {ti.task_id: ti.state for ti in dr.get_task_instances()}
 
 

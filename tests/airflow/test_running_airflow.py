@@ -33,7 +33,7 @@ from onceflow.runtime import jobctl, procs
 from onceflow_dev import airflow_local, postgres
 from onceflow_dev.airflow_client import AirflowApiError
 from onceflow_dev.webhook_receiver import Receiver
-from tests.support.harness import harness, produce
+from tests.support.harness import app_settings, harness, produce
 
 pytestmark = pytest.mark.integration
 
@@ -52,13 +52,9 @@ CONSOLE_VIEWS = ("now", "batches", "transactions", "alerts", "savepoints", "proo
 def platform(kafka, tmp_path_factory):
     base = kafka
     var = tmp_path_factory.mktemp("airflow-e2e")
-    s = base.replace(
-        app_id=APP,
-        **{
-            f"{k}_topic": f"{APP}.{k}"
-            for k in ("source", "sink", "dlq", "ledger", "events", "job_events", "alerts", "health", "backfill")
-        },
-        reconciliation_topic=f"{APP}.recon",
+    s = app_settings(
+        base,
+        APP,
         var_dir=var,
         airflow_port=procs.free_port(),
         alert_channels="webhook",

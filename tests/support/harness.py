@@ -20,12 +20,14 @@ from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL, GeneratorSpec
 START_MS = 1_795_000_000_000  # a fixed event-time origin (2026-11-17), so runs are reproducible
 
 
+TEST_TOPICS = ("source", "sink", "dlq", "ledger", "events", "job_events", "alerts", "health", "backfill")
+
+
 def app_settings(base: Settings, app_id: str, **overrides) -> Settings:
     """A test's own app instance on the shared broker: `app_id` and its own topics, named `<app_id>.<kind>`."""
     return base.replace(
         app_id=app_id,
-        **{f"{k}_topic": f"{app_id}.{k}" for k in ("source", "sink", "dlq", "ledger", "events", "job_events")},
-        **{f"{k}_topic": f"{app_id}.{k}" for k in ("alerts", "health", "backfill")},
+        **{f"{k}_topic": f"{app_id}.{k}" for k in TEST_TOPICS},
         reconciliation_topic=f"{app_id}.recon",
         **overrides,
     )

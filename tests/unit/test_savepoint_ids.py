@@ -3,7 +3,6 @@ exactly as onceflow generates them (or `latest` where accepted) get through, at 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -24,10 +23,10 @@ from onceflow.rules.savepoints import (
     check_id,
     savepoint_uri,
 )
+from tests.support import dags
 
 GOOD = "sp-20261122T010000000Z-b5"
 OTHER = "sp-20261122T020000000Z-b7"
-REPO = Path(__file__).resolve().parents[2]
 
 BAD = [
     "",
@@ -209,13 +208,8 @@ def test_restore_refuses_a_bad_id_before_touching_anything(tmp_path, monkeypatch
 
 # ---------------------------------------------------------------------------- the edges: DAG Params and the CLI
 def _dag(name: str):
-    """DAG `ip_count_<kind>` from its file (dags/onceflow_<kind>.py builds one per app instance); no metadata DB needed."""
-    kind = name.removeprefix("ip_count_")
-    spec = importlib.util.spec_from_file_location(f"_dag_{kind}", REPO / "dags" / f"onceflow_{kind}.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.build("ip_count")
+    """DAG `ip_count_<kind>` from its file; no metadata DB needed."""
+    return dags.build(name.removeprefix("ip_count_"), "ip_count")
 
 
 @pytest.mark.parametrize("name", ["ip_count_deploy", "ip_count_checkpoint_rotation"])

@@ -35,6 +35,15 @@ class AppError(OnceflowError, ValueError):
     """A declaration is invalid or cannot be found; the message says what to change."""
 
 
+def check_name(name: object) -> None:
+    """Refuse a name that cannot be an app's (it is part of its Kafka names and file names)."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise AppError(
+            f"an app's name is lower case letters, digits and underscores, starting with a letter (at most 48): "
+            f"got {name!r}"
+        )
+
+
 @dataclass(frozen=True)
 class Context:
     """What the platform hands a transformation besides its source: the app's settings (its window, watermark and
@@ -89,11 +98,7 @@ class App:
     reference: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not NAME.fullmatch(self.name):
-            raise AppError(
-                f"an app's name is lower case letters, digits and underscores, starting with a letter (at most 48): "
-                f"got {self.name!r}"
-            )
+        check_name(self.name)
         if not callable(self.transform):
             raise AppError(f"app {self.name}: transform must be a function (source, context) -> Results")
         if self.reference is not None and not re.fullmatch(r"[\w.]+:\w+", self.reference):

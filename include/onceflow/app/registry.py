@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import importlib
 from importlib import metadata
+from typing import Any
 
 from onceflow.app.declaration import App, AppError
 
@@ -33,6 +34,15 @@ def declared(registry: str = "") -> dict[str, str]:
     return dict(sorted((points | parse(registry)).items()))
 
 
+def load(where: str) -> Any:
+    """The object `module:attribute` names (a declaration, or an app's reference check), imported."""
+    module, _, attribute = where.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as e:
+        raise AppError(str(e)) from e
+
+
 @functools.lru_cache(maxsize=64)
 def find(name: str, registry: str = "") -> App:
     """The declaration of app `name`, imported and checked."""
@@ -44,10 +54,9 @@ def find(name: str, registry: str = "") -> App:
             f"entry point of an installed package, or add {name}=package.module:attribute to "
             f"ONCEFLOW_APP_REGISTRY"
         )
-    module, _, attribute = where.partition(":")
     try:
-        app = getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as e:
+        app = load(where)
+    except AppError as e:
         raise AppError(f"app {name!r}: cannot load its declaration {where}: {e}") from e
     if not isinstance(app, App):
         raise AppError(f"app {name!r}: {where} is a {type(app).__name__}, not an onceflow.app.App")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from onceflow.app.declaration import NAME, AppError
+from onceflow.app.declaration import AppError, check_name
 
 PYPROJECT = """\
 [build-system]
@@ -142,11 +142,7 @@ onceflow --app {name} job start --wait 120
 
 def files(name: str) -> dict[str, str]:
     """The new app's files, path -> text."""
-    if not NAME.fullmatch(name):
-        raise AppError(
-            f"an app's name is lower case letters, digits and underscores, starting with a letter (at most 48): "
-            f"got {name!r}"
-        )
+    check_name(name)
     return {
         "pyproject.toml": PYPROJECT.format(name=name),
         "README.md": README.format(name=name),

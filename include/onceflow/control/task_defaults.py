@@ -10,7 +10,7 @@ from airflow.sdk import BaseNotifier, Context
 
 from onceflow.control import alerts, notifiers, orchestration
 from onceflow.control.alerts import Alert, Severity, Status
-from onceflow.rules import clock
+from onceflow.rules import clock, names
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def dag_args(app_id: str, kind: str, doc: str | None, tag: str, max_active_runs:
     """What every DAG of an app instance declares (dags/onceflow_<kind>.py): its id `<app_id>_<kind>`, its tags, its
     docs naming the instance, one run at a time (unless said), no catch-up of missed intervals."""
     return {
-        "dag_id": f"{app_id}_{kind}",
+        "dag_id": names.dag_id(app_id, kind),
         "catchup": False,
         "max_active_runs": max_active_runs,
         "doc_md": (doc or "").replace("{app_id}", app_id),

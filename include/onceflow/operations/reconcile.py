@@ -11,17 +11,17 @@ check fails the run and alerts with the precise difference.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from onceflow import wire
+from onceflow.app import registry
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.operations import audit, committed_reads, recon_chain, replay, sink_quality
@@ -226,7 +226,7 @@ def run(
         return res
     app = settings.declared_app()
     if app.reference is not None:  # the app's own independent check (ip_count's recount), beside the replay
-        reference = _load(app.reference)
+        reference = registry.load(app.reference)
         reference(spark, settings, res, selected, entries, quarantine, with_gx, chain)
     # the proof for any app: its own plan replayed over the committed ranges, against the sink and the DLQ
     restores = [r for r in snap.records if isinstance(r, RestoreRecord)]
@@ -235,7 +235,7 @@ def run(
     keep = recon_chain.home(settings) / ("replay-chain" if chain else "replay-manual")
     res.checks.append(replay.check(spark, settings, app, entries, selected, quarantine, restores, keep=keep))
     progress.report(f"reconciliation of batches {selected[0].batch}..{selected[-1].batch}: the replay done")
-    res.checks.append(_visibility(spark, settings, None, selected, entries))
+    res.checks.append(_visibility(spark, settings, selected, entries))
     res.finished_ms = clock.now_ms()
     log.info(
         "reconciled batches %d..%d in %.1f s: %s",
@@ -245,11 +245,6 @@ def run(
         {c.name: c.status for c in res.checks},
     )
     return res
-
-
-def _load(where: str) -> Callable[..., None]:
-    module, _, name = where.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def ip_count_recount(
@@ -428,9 +423,8 @@ def _dlq(spark, settings, src, selected, entries) -> rr.Check:
     return rr.dlq_check(malformed, records, missing, unexpected, duplicates, sum(e.dlq for e in selected))
 
 
-def _visibility(spark, settings, committed_view, selected, entries) -> rr.Check:
-    if committed_view is None:
-        committed_view = committed_reads.bounded(spark, settings, settings.sink_topic, selected, entries)
+def _visibility(spark, settings, selected, entries) -> rr.Check:
+    committed_view = committed_reads.bounded(spark, settings, settings.sink_topic, selected, entries)
     uncommitted = committed_reads.bounded(
         spark, settings, settings.sink_topic, selected, entries, isolation="read_uncommitted"
     )

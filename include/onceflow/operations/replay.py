@@ -33,16 +33,13 @@ from onceflow.app import App
 from onceflow.config import Settings
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import committed_reads, recon_chain
+from onceflow.rules import reconciliation as rr
 from onceflow.rules import replay as rp
 from onceflow.rules.ledger import LedgerEntry, QuarantineRange, RestoreRecord
 from onceflow.rules.reconciliation import Check
 from onceflow.spark import app_plan, kafka_source
 
 log = logging.getLogger(__name__)
-SOURCE_COLUMNS = app_plan.SOURCE_COLUMNS
-SOURCE_SCHEMA = (
-    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
-)
 # Logical plan nodes that keep state across micro-batches (a join is counted too: a stream-stream join keeps state;
 # a stream-static one does not, but replaying it from the first batch costs time only).
 STATEFUL_NODES = (
@@ -95,22 +92,21 @@ def check(
     work = keep or recon_chain.home(settings) / "replay" / uuid.uuid4().hex[:12]
     try:
         (work / "in").mkdir(parents=True, exist_ok=True)
-        stream = spark.readStream.schema(SOURCE_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(work / "in"))
-        stateful = is_stateful(app_plan.output(app.transform, stream, settings, quarantine))
+        frame = app_plan.output(app.transform, _file_stream(spark, work / "in"), settings, quarantine)
         try:
-            p = rp.plan(history, selected, stateful, restores)
+            p = rp.plan(history, selected, is_stateful(frame), restores)
         except rp.Unprovable as e:
             return rp.unprovable(str(e))
         state = _resumable(work, p, history)
         todo = rp.Plan([e for e in p.batches if e.batch > state["through"]], p.compared)
-        marks = kafka_reading.watermarks(settings, settings.source_topic) or {}
-        gone = rp.source_gone(todo, {q: lo for q, (lo, _) in marks.items()}) if todo.batches else None
-        if gone is not None:
-            return rp.unprovable(gone)
         t0 = time.monotonic()
         if todo.batches:
+            marks = kafka_reading.watermarks(settings, settings.source_topic) or {}
+            gone = rp.source_gone(todo, {q: lo for q, (lo, _) in marks.items()})
+            if gone is not None:
+                return rp.unprovable(gone)
             staged = _stage(spark, settings, todo, work / "staged")
-            _replay(spark, settings, app, quarantine, p.start, todo, staged, work, state)
+            _replay(spark, frame, settings.app_id, p.start, todo, staged, work, state)
             state["through"] = todo.batches[-1].batch
             state["digest"] = _digest(history, p.start, state["through"])
         took_replay = time.monotonic() - t0
@@ -186,20 +182,27 @@ def _prune(work: Path, state: dict, keep_from: int) -> None:
     (work / STATE).write_text(json.dumps(state))
 
 
+def _file_stream(spark: SparkSession, inp: Path) -> DataFrame:
+    """The staged batches as a stream with the Kafka source's columns: one file per micro-batch, in the order of the
+    files' times."""
+    return (
+        spark.readStream.schema(app_plan.SOURCE_SCHEMA)
+        .option("maxFilesPerTrigger", 1)
+        .option("maxFileAge", "36500d")  # the files' times are places in line, not ages
+        .parquet(str(inp))
+    )
+
+
 def _stage(spark: SparkSession, settings: Settings, p: rp.Plan, where: Path) -> dict[int, Path]:
     """Step 1: the replayed batches' source records, one Parquet file per batch that has any (by ledger batch)."""
-    ranges: dict[int, tuple[int, int]] = {}
-    for e in p.batches:
-        for part, (s, end) in e.ranges.items():
-            lo, hi = ranges.get(part, (s, end))
-            ranges[part] = (min(lo, s), max(hi, end))
+    ranges = rr.source_ranges(p.batches)
     raw = kafka_source.read_range(
         spark,
         settings,
         settings.source_topic,
         {q: s for q, (s, _) in ranges.items()},
         {q: e for q, (_, e) in ranges.items()},
-    ).select(*SOURCE_COLUMNS)
+    ).select(*app_plan.SOURCE_COLUMNS)
     bounds = [(e.batch, q, s, end) for e in p.batches for q, (s, end) in e.ranges.items() if end > s]
     if not bounds:
         return {}
@@ -207,7 +210,7 @@ def _stage(spark: SparkSession, settings: Settings, p: rp.Plan, where: Path) -> 
     tagged = raw.join(
         F.broadcast(table),
         (raw["partition"] == table["p"]) & (raw["offset"] >= table["s"]) & (raw["offset"] < table["e"]),
-    ).select(*SOURCE_COLUMNS, "ledger_batch")
+    ).select(*app_plan.SOURCE_COLUMNS, "ledger_batch")
     # one task per batch, so one file per batch, records in the order the source read gives them
     tagged.repartition("ledger_batch").sortWithinPartitions("ledger_batch", "partition", "offset").write.partitionBy(
         "ledger_batch"
@@ -223,22 +226,21 @@ def _stage(spark: SparkSession, settings: Settings, p: rp.Plan, where: Path) -> 
 
 def _replay(
     spark: SparkSession,
-    settings: Settings,
-    app: App,
-    quarantine: Sequence[QuarantineRange],
+    frame: DataFrame,
+    app_id: str,
     start: int,
     todo: rp.Plan,
     staged: dict[int, Path],
     work: Path,
     state: dict,
 ) -> None:
-    """Step 2: the app's plan over the staged files of `todo`, one file per micro-batch, in one query run that goes
-    on from the kept checkpoint (replay batch i is ledger batch start + i); records each replay batch's watermark
+    """Step 2: the app's plan over the staged files of `todo` (`frame`, its output on _file_stream), one file per
+    micro-batch, in one query run that goes on from the kept checkpoint (replay batch i is ledger batch start + i); records each replay batch's watermark
     (from the replay's own offset log) in `state`."""
     inp, ckpt, out = work / "in", work / "checkpoint", work / "out"
     empty = work / "empty"
     if not empty.exists():
-        spark.createDataFrame([], SOURCE_SCHEMA).coalesce(1).write.parquet(str(empty))
+        spark.createDataFrame([], app_plan.SOURCE_SCHEMA).coalesce(1).write.parquet(str(empty))
     empty_file = next(empty.glob("*.parquet"))
     for e in todo.batches:
         i = e.batch - start
@@ -259,18 +261,11 @@ def _replay(
         df.write.mode("overwrite").parquet(str(out / f"b={batch_id}"))
 
     try:
-        stream = (
-            spark.readStream.schema(SOURCE_SCHEMA)
-            .option("maxFilesPerTrigger", 1)
-            .option("maxFileAge", "36500d")  # the files' times are places in line, not ages
-            .parquet(str(inp))
-        )
-        frame = app_plan.output(app.transform, stream, settings, quarantine)
         q = (
             frame.writeStream.foreachBatch(keep)
             .option("checkpointLocation", str(ckpt))
             .trigger(availableNow=True)
-            .queryName(f"onceflow_replay_{settings.app_id}")
+            .queryName(f"onceflow_replay_{app_id}")
             .start()
         )
         if not q.awaitTermination(RUN_TIMEOUT_S):

@@ -16,6 +16,9 @@ An app `<app>` (its instance id, Settings.app_id) owns:
   `onceflow.reader.<app>.spark`;
 - principals `onceflow.<app>.<role>` (job, backfill, control, reconcile).
 
+Its control plane's DAGs are `<app>_<kind>` (deploy, health, txn_watch, checkpoint_rotation, reconciliation,
+backfill).
+
 The topics every app shares (savepoints and restores, alerts, health, reconciliation results) are platform-wide:
 `onceflow_events`, `onceflow_alerts`, `onceflow_health`, `onceflow_reconciliation`.
 """
@@ -97,6 +100,11 @@ def backfill_group(app: str, backfill_id: str) -> str:
 
 def txn_watch_group(app: str) -> str:
     return f"{PREFIX}.txn_watch.{app}"
+
+
+def dag_id(app: str, kind: str) -> str:
+    """The control plane's DAG of that kind (deploy, health, ...) for the app instance (dags/onceflow_<kind>.py)."""
+    return f"{app}_{kind}"
 
 
 def username(app: str, role: str) -> str:

@@ -21,6 +21,9 @@ from onceflow.spark.kafka_source import kafka_options
 
 # the Kafka source's columns, as a transformation gets them
 SOURCE_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+SOURCE_SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int"
+)
 # the protocol's OutRecord, in order (onceflow.protocol.exactly_once)
 OUTPUT_COLUMNS = [
     "kind",
@@ -53,10 +56,7 @@ def source(spark: SparkSession, settings: Settings, starting: str | None = None)
 
 def empty_source(spark: SparkSession) -> DataFrame:
     """A source with the Kafka source's columns and no rows: an app's plan built without a broker."""
-    return spark.createDataFrame(
-        [],
-        "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, timestampType int",
-    )
+    return spark.createDataFrame([], SOURCE_SCHEMA)
 
 
 def dlq_value(reason: Column, value: Column, cap: int) -> tuple[Column, Column, Column]:

@@ -21,7 +21,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
 from onceflow import config
 from onceflow.control.console import page, readers
-from onceflow.rules import clock
+from onceflow.rules import clock, names
 
 SECTIONS = ("now", "batches", "transactions", "savepoints", "proofs")
 # which console page a DAG's "onceflow" tab opens, by the DAG's kind (`<app_id>_<kind>`)
@@ -35,7 +35,7 @@ DAG_SECTIONS = {
 }
 # Reading the console needs read access to the app instance's DAGs (its deploy DAG stands for all of them). The
 # console shows the instance of Airflow's environment (ONCEFLOW_APP_ID).
-authorized = requires_access_dag(method="GET", param_dag_id=f"{config.load().app_id}_deploy")
+authorized = requires_access_dag(method="GET", param_dag_id=names.dag_id(config.load().app_id, "deploy"))
 
 
 def section_of(dag_id: str) -> str:
