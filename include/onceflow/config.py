@@ -169,6 +169,9 @@ class Settings:
     # The scheduled reconciliation chain proves at most this many committed batches per run; the rest is the
     # next run's (onceflow.operations.recon_chain).
     reconcile_max_batches: int = 2000
+    # The batch jobs the control plane launches (the recount and replay, a backfill) run at this nice level
+    # (0-19), below the streaming job's: where they share its machine, a proof may wait, the stream should not.
+    batch_job_nice: int = 10
     spark_conn_id: str = "spark_default"  # Airflow connection: Spark master / deploy mode
     airflow_port: int = 8080
     # The embedded Airflow's metadata database: postgres (Debian's PostgreSQL server, started under var/ on
@@ -421,6 +424,7 @@ class Settings:
         need(self.health_batch_grace_s >= 0, f"{ENV_PREFIX}HEALTH_BATCH_GRACE_S must be >= 0")
         need(self.producer_linger_ms >= 0, f"{ENV_PREFIX}PRODUCER_LINGER_MS must be >= 0")
         need(self.restart_delay_s >= 0, f"{ENV_PREFIX}RESTART_DELAY_S must be >= 0")
+        need(0 <= self.batch_job_nice <= 19, f"{ENV_PREFIX}BATCH_JOB_NICE must be between 0 and 19")
         need(0 < self.near_timeout_fraction < 1, f"{ENV_PREFIX}NEAR_TIMEOUT_FRACTION must be in (0, 1)")
         need(
             self.min_insync_replicas <= self.replication_factor,

@@ -7,6 +7,8 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 from confluent_kafka import Producer
@@ -189,9 +191,18 @@ def test_oversized_and_poison_records_never_stop_the_job(app, tmp_path):
 
 def test_lost_group_offsets_do_not_turn_a_replay_into_a_second_write(app, tmp_path):
     """kill -9 after batch 2's Kafka commit (before Spark's commits/2), the group's offsets deleted while the job is
-    down: the replay of batch 2 is decided from the ledger and skipped."""
+    down: the replay of batch 2 is decided from the ledger and skipped.
+
+    The job's first start finds what an earlier start killed while Spark wrote offsets/0 leaves (its hidden
+    temporary file), which Spark alone refuses for good (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY)."""
     s = app(max_offsets_per_trigger=2000, fault="crash_after_commit@2", restart_attempts=0)
     sent = produce(s, tmp_path / "a.csv", count=10_000, event_rate=2000, distinct_ips=300, seed=85, tail_s=30)
+    debris = [
+        Path(urlparse(s.checkpoint).path) / "offsets" / n for n in (".0.2c4e-killed.tmp", "..0.2c4e-killed.tmp.crc")
+    ]
+    for f in debris:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text('v1\n{"batchWatermarkMs":0')  # cut short by the kill
     jobctl.start(s)
     wait_event(s, wire.SUPERVISOR_GAVE_UP, timeout=240)
     assert audit.committed_position(s, end_offsets(sent)).batch == 2
@@ -204,6 +215,7 @@ def test_lost_group_offsets_do_not_turn_a_replay_into_a_second_write(app, tmp_pa
     lost = events(s, wire.GROUP_OFFSETS_LOST)
     assert lost and lost[0]["ledger_batch"] == 2
     assert [e["batch"] for e in events(s, wire.BATCH_REPLAY_SKIPPED)] == [2]
+    assert not any(f.exists() for f in debris)
     assert jobctl.stop(s)
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from onceflow import wire
-from onceflow.rules import retention
+from onceflow.rules import checkpoint, retention
 from onceflow.rules.checkpoint import Epoch, batch_plan, parse_offsets_file, render_offsets_file
 from onceflow.rules.ledger import (
     BatchPlan,
@@ -301,3 +301,20 @@ def test_a_catch_up_under_other_parse_rules_is_refused():
     assert plan_restore(manifest(), rt, replace(facts(9, [90, 95]), catch_up_rules=frozenset({None}))).catch_up
     with pytest.raises(SavepointError, match=r"parse rules version \[2, 3\].*classifies with version 2"):
         plan_restore(manifest(), rt, replace(facts(9, [90, 95]), catch_up_rules=frozenset({2, 3})))
+
+
+def test_first_start_debris_is_the_hidden_files_of_a_checkpoint_with_no_planned_batch():
+    killed_writing_offsets_0 = {
+        "offsets": [".0.5f0c.tmp", "..0.5f0c.tmp.crc"],
+        "state": [],
+        "commits": [],
+    }
+    assert checkpoint.first_start_debris(killed_writing_offsets_0) == [
+        "offsets/..0.5f0c.tmp.crc",
+        "offsets/.0.5f0c.tmp",
+    ]
+    # a batch planned: the checkpoint is a running query's, and its files are Spark's to read
+    assert checkpoint.first_start_debris({"offsets": ["0", ".1.ab.tmp"], "commits": []}) == []
+    # a visible file that is no batch: another query's, left for Spark to refuse
+    assert checkpoint.first_start_debris({"offsets": ["other"], "commits": [".x.tmp"]}) == ["commits/.x.tmp"]
+    assert checkpoint.first_start_debris({}) == []

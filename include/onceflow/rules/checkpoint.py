@@ -123,6 +123,23 @@ def render_offsets_file(template: str, topic: str, end: Mapping[int, int], water
     return "\n".join(out)
 
 
+# Spark's own logs in a checkpoint: it plans batch N in offsets/N, keeps state under state/, closes N in commits/N.
+SPARK_LOG_DIRS = ("offsets", "state", "commits")
+
+
+def first_start_debris(listing: Mapping[str, Iterable[str]]) -> list[str]:
+    """What a driver killed before its first batch was planned left behind, by directory of SPARK_LOG_DIRS.
+
+    Spark writes `offsets/0` as a hidden temporary file (`.0.<uuid>.tmp`, and its `.crc`) renamed once complete. A
+    kill -9 in between leaves the temporary file, and Spark (4.x) then refuses to start the query at all: it finds
+    no planned batch and a checkpoint that is not empty. With no batch planned (no numbered file in offsets/),
+    nothing was read, written or committed, and the hidden files there are that debris. Any other file is left
+    for Spark to refuse (a checkpoint shared with another query)."""
+    if any(name.isdigit() for name in listing.get("offsets", ())):
+        return []
+    return [f"{d}/{name}" for d in SPARK_LOG_DIRS for name in sorted(listing.get(d, ())) if name.startswith(".")]
+
+
 def batch_plan(fs: CheckpointFS, batch: int, topic: str, epoch: Epoch = Epoch()) -> BatchPlan:
     """The plan of Spark batch `batch`, under the ledger's batch id (`epoch` maps one to the other)."""
     cur = fs.read_text(f"offsets/{batch}")

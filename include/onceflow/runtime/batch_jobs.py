@@ -75,8 +75,11 @@ def start(settings: Settings, what: str, argv: list[str], out: Path, log_file: P
     rc_file.parent.mkdir(parents=True, exist_ok=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)  # a result left by an earlier run is not this run's
+    nice = ["nice", "-n", str(settings.batch_job_nice)] if settings.batch_job_nice else []
     proc = procs.spawn_detached(
-        ["/bin/sh", "-c", _SHELL, "onceflow-batch", str(rc_file), *argv], log_file, env=launcher.submit_env(settings)
+        [*nice, "/bin/sh", "-c", _SHELL, "onceflow-batch", str(rc_file), *argv],
+        log_file,
+        env=launcher.submit_env(settings),
     )
     pidfile = registry(settings) / f"{tag}.json"
     procs.write_pidfile(pidfile, proc.pid, str(rc_file), what=what)  # the rc file's name marks the process as ours

@@ -357,6 +357,11 @@ def run(settings: config.Settings) -> int:
         return _refused(bus, "producer", e)
     spark = spark or build_session(settings)
     fs = HadoopFS(spark, settings.checkpoint)
+    debris = checkpoint.first_start_debris({d: fs.list_names(d) for d in checkpoint.SPARK_LOG_DIRS})
+    for rel in debris:  # else Spark would refuse this checkpoint for good
+        fs.delete(rel)
+    if debris:
+        log.warning("removed what a start killed before its first batch left in the checkpoint: %s", debris)
     epoch = checkpoint.read_epoch(fs)  # how Spark's batch ids map to the ledger's since the last restore
     quarantine = checkpoint.read_quarantine(fs)  # source offsets an operator quarantined (records go to the DLQ)
     writer = BatchWriter(settings, sink, fs, epoch, status)

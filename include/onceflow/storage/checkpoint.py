@@ -14,8 +14,21 @@ class HadoopFS:
         self._root = jvm.org.apache.hadoop.fs.Path(uri)
         self._fs = self._root.getFileSystem(spark._jsc.hadoopConfiguration())
 
+    def _path(self, rel: str):
+        return self._jvm.org.apache.hadoop.fs.Path(self._root, rel)
+
+    def list_names(self, rel: str) -> list[str]:
+        """The names in directory `rel` (none when it does not exist), hidden ones included."""
+        p = self._path(rel)
+        if not self._fs.exists(p):
+            return []
+        return [st.getPath().getName() for st in self._fs.listStatus(p)]
+
+    def delete(self, rel: str) -> None:
+        self._fs.delete(self._path(rel), True)
+
     def read_text(self, rel: str) -> str | None:
-        p = self._jvm.org.apache.hadoop.fs.Path(self._root, rel)
+        p = self._path(rel)
         if not self._fs.exists(p):
             return None
         stream = self._fs.open(p)
