@@ -75,6 +75,9 @@ def env(s: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(h / "passwords.json"),
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
         "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "30",
+        # A task's calls to the api-server time out after 5 s by default and are retried; on a small machine beside
+        # the job that is too short, and a retried XCom write fails the task with 409 (apache/airflow#69956).
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
         **({"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db} if db else {}),
         **(extra or {}),
     }

@@ -176,7 +176,8 @@ def test_a_running_job_reconciles_green_while_it_commits(app, spark, tmp_path, m
         )
         return real_position(settings, partitions)
 
-    s = app(max_offsets_per_trigger=1500)
+    # batches 3 s apart: each run replays every batch since the last (about a second each), beside the job
+    s = app(max_offsets_per_trigger=1500, trigger_interval_s=3.0)
     fed: dict = {}
     done = threading.Event()
     feeder = threading.Thread(

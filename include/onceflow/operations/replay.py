@@ -99,20 +99,26 @@ def check(
             return rp.unprovable(str(e))
         state = _resumable(work, p, history)
         todo = rp.Plan([e for e in p.batches if e.batch > state["through"]], p.compared)
-        t0 = time.monotonic()
+        took = {"stage_s": 0.0, "replay_s": 0.0}
         if todo.batches:
             marks = kafka_reading.watermarks(settings, settings.source_topic) or {}
             gone = rp.source_gone(todo, {q: lo for q, (lo, _) in marks.items()})
             if gone is not None:
                 return rp.unprovable(gone)
+            t0 = time.monotonic()
             staged = _stage(spark, settings, todo, work / "staged")
+            t1 = time.monotonic()
             _replay(spark, frame, settings.app_id, p.start, todo, staged, work, state)
+            took = {"stage_s": t1 - t0, "replay_s": time.monotonic() - t1}
             state["through"] = todo.batches[-1].batch
             state["digest"] = _digest(history, p.start, state["through"])
-        took_replay = time.monotonic() - t0
+        t2 = time.monotonic()
         watermarks = {int(k): v for k, v in state["marks"].items()}
-        out = _compare(spark, settings, p, work / "out", selected, history, watermarks, took_replay)
+        out = _compare(spark, settings, p, work / "out", selected, history, watermarks)
+        out.figures.update({k: round(v, 1) for k, v in took.items()})
+        out.figures["compare_s"] = round(time.monotonic() - t2, 1)
         out.figures["replayed_now"] = len(todo.batches)
+        log.info("replay of %d batches (%d new): %s", len(p.batches), len(todo.batches), out.figures)
         _prune(work, state, selected[0].batch - p.start)
         return out
     finally:
@@ -299,7 +305,6 @@ def _compare(
     selected: list[LedgerEntry],
     history: list[LedgerEntry],
     watermarks: dict[int, int],
-    took_s: float,
 ) -> Check:
     """Step 3: the replay's output of the compared batches against the sink's and the DLQ's committed records."""
     first, last = p.compared
@@ -370,5 +375,4 @@ def _compare(
     figures: dict[str, int | float] = {
         k: int((totals[k] if totals else 0) or 0) for k in ("results", "dlq", "committed_results", "committed_dlq")
     }
-    figures["replay_s"] = round(took_s, 1)
     return rp.check(p, figures, diffs, CAP)
