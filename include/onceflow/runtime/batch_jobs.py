@@ -75,9 +75,11 @@ def start(settings: Settings, what: str, argv: list[str], out: Path, log_file: P
     rc_file.parent.mkdir(parents=True, exist_ok=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)  # a result left by an earlier run is not this run's
+    # niced inside the shell: the shell, whose pid marks the job as ours, never execs again (/proc/<pid>/cmdline
+    # is empty for a moment during an exec, and a poll then would take the job for dead)
     nice = ["nice", "-n", str(settings.batch_job_nice)] if settings.batch_job_nice else []
     proc = procs.spawn_detached(
-        [*nice, "/bin/sh", "-c", _SHELL, "onceflow-batch", str(rc_file), *argv],
+        ["/bin/sh", "-c", _SHELL, "onceflow-batch", str(rc_file), *nice, *argv],
         log_file,
         env=launcher.submit_env(settings),
     )
