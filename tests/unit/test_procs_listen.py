@@ -146,3 +146,23 @@ def test_with_descendants_finds_children_and_grandchildren():
         for p in procs.with_descendants([child.pid]):
             os.kill(p, 9)
         child.wait()
+
+
+def test_a_pid_file_reads_its_process_as_running_through_each_exec(tmp_path):
+    """spark-submit execs twice before its JVM runs, and an exec empties /proc/<pid>/cmdline for a moment: a pid
+    file read then must not take the process for dead (a batch job was failed as vanished so)."""
+    marker = f"marker-{os.getpid()}"
+    argv = ["nice", "-n", "0"] * 40 + ["/bin/sh", "-c", "sleep 0.3", marker]
+    proc = subprocess.Popen(argv, start_new_session=True)
+    try:
+        pidfile = tmp_path / "p.json"
+        procs.write_pidfile(pidfile, proc.pid, marker)
+        misses = 0
+        while proc.poll() is None:
+            if procs.read_pidfile(pidfile) is None and proc.poll() is None:
+                misses += 1
+        assert misses == 0
+        assert procs.read_pidfile(pidfile) is None  # gone
+    finally:
+        proc.kill()
+        proc.wait()

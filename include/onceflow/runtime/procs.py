@@ -51,8 +51,14 @@ def read_pidfile(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     pid = int(info.get("pid", 0))
-    if pid > 0 and pid_alive(pid) and info.get("marker", "") in cmdline(pid):
-        return info
+    for _ in range(50):
+        if pid <= 0 or not pid_alive(pid):
+            return None
+        # A process in the middle of an exec (spark-submit execs twice before its JVM runs) shows an empty cmdline
+        # for a moment: read again rather than take it for dead.
+        if cmd := cmdline(pid):
+            return info if info.get("marker", "") in cmd else None
+        time.sleep(0.002)
     return None
 
 
