@@ -7,8 +7,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 from confluent_kafka import Producer
@@ -23,6 +21,7 @@ from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
 from onceflow.rules import records
 from onceflow.rules.ledger import BatchPlan, Decision
 from onceflow.runtime import jobctl, procs
+from onceflow.storage.store import Store
 from onceflow_dev import broker
 from onceflow_dev.generator import KIND_MALFORMED, KIND_OK, Sent
 from tests.support.harness import assert_exact, end_offsets, events, produce, wait_drained, wait_event
@@ -197,12 +196,10 @@ def test_lost_group_offsets_do_not_turn_a_replay_into_a_second_write(app, tmp_pa
     temporary file), which Spark alone refuses for good (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY)."""
     s = app(max_offsets_per_trigger=2000, fault="crash_after_commit@2", restart_attempts=0)
     sent = produce(s, tmp_path / "a.csv", count=10_000, event_rate=2000, distinct_ips=300, seed=85, tail_s=30)
-    debris = [
-        Path(urlparse(s.checkpoint).path) / "offsets" / n for n in (".0.2c4e-killed.tmp", "..0.2c4e-killed.tmp.crc")
-    ]
-    for f in debris:
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text('v1\n{"batchWatermarkMs":0')  # cut short by the kill
+    checkpoint = Store(s.checkpoint)
+    debris = ["offsets/.0.2c4e-killed.tmp", "offsets/..0.2c4e-killed.tmp.crc"]
+    for rel in debris:
+        checkpoint.write(rel, b'v1\n{"batchWatermarkMs":0')  # cut short by the kill
     jobctl.start(s)
     wait_event(s, wire.SUPERVISOR_GAVE_UP, timeout=240)
     assert audit.committed_position(s, end_offsets(sent)).batch == 2
@@ -215,7 +212,7 @@ def test_lost_group_offsets_do_not_turn_a_replay_into_a_second_write(app, tmp_pa
     lost = events(s, wire.GROUP_OFFSETS_LOST)
     assert lost and lost[0]["ledger_batch"] == 2
     assert [e["batch"] for e in events(s, wire.BATCH_REPLAY_SKIPPED)] == [2]
-    assert not any(f.exists() for f in debris)
+    assert not any(checkpoint.exists(rel) for rel in debris)
     assert jobctl.stop(s)
 
 

@@ -241,8 +241,8 @@ def _replay(
     state: dict,
 ) -> None:
     """Step 2: the app's plan over the staged files of `todo` (`frame`, its output on _file_stream), one file per
-    micro-batch, in one query run that goes on from the kept checkpoint (replay batch i is ledger batch start + i); records each replay batch's watermark
-    (from the replay's own offset log) in `state`."""
+    micro-batch, in one query run that goes on from the kept checkpoint (replay batch i is ledger batch start + i);
+    records each replay batch's watermark (from the replay's own offset log) in `state`."""
     inp, ckpt, out = work / "in", work / "checkpoint", work / "out"
     empty = work / "empty"
     if not empty.exists():
