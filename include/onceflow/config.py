@@ -142,6 +142,10 @@ class Settings:
     ledger_wait_s: float = 120.0
     # A commit or abort that does not finish in this time has an unknown outcome: the producer is replaced.
     commit_timeout_s: float = 120.0
+    # send_offsets_to_transaction's timeout. librdkafka can block in that call past it when the group's coordinator
+    # died (librdkafka #5456): past it and a grace (itself, at most 15 s) the producer is taken for wedged, replaced,
+    # and the batch written again by the same driver.
+    send_offsets_timeout_s: float = 30.0
     # Fixed by the checkpoint: Spark keeps the provider a query started with; a savepoint records it.
     state_store_provider: str = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 
@@ -390,6 +394,7 @@ class Settings:
             "dlq_max_value_bytes",
             "ledger_wait_s",
             "commit_timeout_s",
+            "send_offsets_timeout_s",
             "health_interval_s",
             "txn_watch_interval_s",
             "reconcile_interval_minutes",

@@ -10,6 +10,8 @@ ONCEFLOW_FAULT is a comma-separated list of `point@batch[:seconds]`:
                             broker can never accept, every time (not once) while it carries a payload: a poison
                             record, for the quarantine procedure
 - `stall_in_txn@N:S`:       hold batch N's transaction open for S seconds before committing
+- `hang_send_offsets@N:S`:  batch N's send_offsets_to_transaction blocks S seconds past its own timeout, as
+                            librdkafka's does when the group's coordinator died (librdkafka #5456)
 - `stall_in_txn@armed:S`:   hold the first transaction after the fault is armed (`arm()`, by a chaos run that wants
                             a transaction open when it kills a broker) open for S seconds; fires once per arming
 - `crash_in_chunk@N`:       (backfill) die with chunk N's records in an open transaction
@@ -39,13 +41,14 @@ POINTS = (
     "crash_after_commit",
     "raise_after_commit",
     "stall_in_txn",
+    "hang_send_offsets",
     "crash_in_chunk",
     "crash_after_chunk",
     "stall_before_chunks",
     "stall_before_fence",
     "undeliverable",
 )
-STALLS = ("stall_in_txn", "stall_before_chunks", "stall_before_fence")
+STALLS = ("stall_in_txn", "hang_send_offsets", "stall_before_chunks", "stall_before_fence")
 ARMED = -1  # the batch of a fault that fires when armed (`arm`), not at a planned batch
 
 

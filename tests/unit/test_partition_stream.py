@@ -4,6 +4,17 @@ an early stop included; its memory bound is shown by the cluster test's two-mill
 from onceflow.spark import partition_stream
 
 
+def computed_at_ms():
+    """When each row is computed, read from the JVM's clock in the executor (a Python UDF would need pyarrow in the
+    workers' interpreter); each row sleeps a little first, so a partition computed later is seen later."""
+    from pyspark.sql import functions as F
+
+    return F.expr(
+        "length(reflect('java.lang.Thread', 'sleep', cast(20 as bigint))) * 0 "
+        "+ cast(reflect('java.lang.System', 'currentTimeMillis') as bigint)"
+    )
+
+
 def test_every_row_once_in_partition_order(spark):
     from pyspark.sql import functions as F
 
@@ -45,17 +56,21 @@ def test_a_materialised_frame_is_computed_before_it_is_streamed(spark):
     the transaction, review N-5); streaming afterwards reads what was stored and computes nothing again."""
     import time
 
-    from pyspark.sql import functions as F
-
-    # when each row is computed, read from the JVM's clock in the executor (a Python UDF would need pyarrow in the
-    # workers' interpreter); each row sleeps a little first, so a partition computed later is seen later
-    computed_at = F.expr(
-        "length(reflect('java.lang.Thread', 'sleep', cast(20 as bigint))) * 0 "
-        "+ cast(reflect('java.lang.System', 'currentTimeMillis') as bigint)"
-    )
-    df = spark.range(0, 12, 1, 6).select("id", computed_at.alias("at_ms"))
+    df = spark.range(0, 12, 1, 6).select("id", computed_at_ms().alias("at_ms"))
     with partition_stream.materialised(df) as n:
         opened_ms = time.time() * 1000  # where the transaction begins
         got = list(partition_stream.tuples(df))
     assert n == 12 and sorted(i for i, _ in got) == list(range(12))
     assert max(at for _, at in got) < opened_ms, "a partition was computed after the transaction opened"
+
+
+def test_stored_rows_read_twice_are_the_same_rows_not_computed_again(spark):
+    """The writer's second attempt after an unknown outcome iterates the batch's rows again
+    (onceflow.protocol.exactly_once): they come from the stored partitions, so a row's compute time is the same in
+    both reads (computed again, it would be later: each row sleeps first)."""
+    df = spark.range(0, 12, 1, 6).select("id", computed_at_ms().alias("at_ms"))
+    with partition_stream.materialised(df):
+        stored = partition_stream.Stored(df, lambda t: {"id": t[0], "at_ms": t[1]})
+        first = list(stored)
+        second = list(stored)
+    assert len(first) == 12 and first == second

@@ -136,6 +136,42 @@ def test_a_streamed_batch_whose_commit_did_not_land_fails_the_query_for_spark_to
     assert c.topic(S.sink_topic) == []
 
 
+class Rereadable:
+    """Rows that can be iterated again, as the driver's are (onceflow.spark.partition_stream.Stored): not a
+    one-shot iterator, not a list."""
+
+    def __init__(self, rows):
+        self.rows, self.reads = rows, 0
+
+    def __iter__(self):
+        self.reads += 1
+        return iter(list(self.rows))
+
+
+def test_a_send_offsets_that_hangs_is_given_up_and_the_batch_written_again_by_the_same_sink(tmp_path):
+    """librdkafka #5456 (the cluster chaos runs' leader kills): send_offsets_to_transaction blocks past its
+    timeout. Past the timeout and its grace the writer replaces its producer (fencing the wedged one, whose
+    transaction is aborted), and the batch, decided again, is written from its rows read a second time, in the same
+    process: before, it failed the query, and the job's restart and the batch's recompute cost a minute or more."""
+    c = FakeCluster()
+    quick = S.replace(send_offsets_timeout_s=0.1)  # given up 0.2 s after the call began
+    faults = Injector("hang_send_offsets@0:1.5", tmp_path)
+    rows = Rereadable(ROWS)
+    out = sink(c, faults=faults, settings=quick).write_batch(plan(0, 0, 10), rows)
+    assert (out.decision, out.outputs, out.dlq) == (Decision.WRITE, 1, 1) and rows.reads == 2
+    assert visible(c, S.sink_topic) == [(ROWS[0].key.encode(), b"3")] and len(c.topic(S.ledger_topic)) == 1
+    [unknown] = c.events(quick, wire.TRANSACTION_OUTCOME_UNKNOWN)
+    assert unknown["batch"] == 0 and "has not returned" in unknown["error"], unknown
+    assert [e["batch"] for e in c.events(quick, wire.BATCH_COMMITTED)] == [0]
+    # a one-shot iterator cannot be read again: the query fails, and Spark replays the batch after the restart
+    c2 = FakeCluster()
+    with pytest.raises(BatchNotCommitted, match="send_offsets hung"):
+        sink(c2, faults=Injector("hang_send_offsets@0:1.5", tmp_path / "2"), settings=quick).write_batch(
+            plan(0, 0, 10), iter(ROWS)
+        )
+    assert c2.topic(S.sink_topic) == []
+
+
 def test_an_undeliverable_dlq_copy_aborts_the_batch_and_names_the_record(tmp_path):
     c = FakeCluster()
     faults = Injector("undeliverable@0:7", tmp_path)

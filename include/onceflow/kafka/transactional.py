@@ -184,6 +184,7 @@ class TransactionalWriter:
         hang_grace_s: float = 15.0,
         abort_timeout_s: float = 30.0,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        on_call: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ):
@@ -194,6 +195,9 @@ class TransactionalWriter:
             abort_timeout_s,
         )
         self._on_event, self._clock, self._sleep = on_event, clock, sleep
+        # called with the phase on a bounded call's own thread, before the producer call: fault injection holds it
+        # there past its timeout, as librdkafka #5456 does (onceflow.faults, hang_send_offsets)
+        self._on_call = on_call
         self.hang_grace_s = hang_grace_s
         self._wedged: list[Any] = []  # producers stuck in a call: kept referenced, never closed (see send_offsets)
         self._dead: TxnError | None = None
@@ -286,6 +290,8 @@ class TransactionalWriter:
 
         def call() -> None:
             try:
+                if self._on_call is not None:
+                    self._on_call("send_offsets")
                 producer.send_offsets_to_transaction(offsets, group_metadata, timeout_s)
                 outcome.append(None)
             except BaseException as e:  # handed to the caller's thread

@@ -256,6 +256,10 @@ def _replay(
         os.utime(dst, (at, at))
     confs = {
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+        # One partition for the replay's shuffles and state (a kept replay keeps what its checkpoint began with): a
+        # batch's result does not depend on how its keys are partitioned, and each micro-batch costs less (measured:
+        # 0.62-0.69 s instead of 0.74-0.80 s per batch of ip_count, local[2], 60 batches).
+        "spark.sql.shuffle.partitions": "1",
         # every batch of this run keeps its offsets file until its watermark is read below
         "spark.sql.streaming.minBatchesToRetain": str(len(todo.batches) + 100),
     }

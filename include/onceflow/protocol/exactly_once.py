@@ -134,7 +134,9 @@ class ExactlyOnceSink:
                 self.timeout_ms,
                 init_timeout_s=init_timeout_s,
                 commit_timeout_s=settings.commit_timeout_s,
+                hang_grace_s=min(15.0, settings.send_offsets_timeout_s),
                 on_event=self._writer_event,
+                on_call=self._on_producer_call,
             )
         except tw.TxnConfigError as e:
             raise config_error(e, self.timeout_ms) from e
@@ -186,9 +188,11 @@ class ExactlyOnceSink:
     def write_batch(self, plan: BatchPlan, rows: Iterable[OutRecord], decision: Decision | None = None) -> BatchOutcome:
         """Write batch `plan` with `rows` in one transaction, unless `decision` (decided now when not given)
         says it is committed already. `rows` is streamed into the transaction as it is iterated (the driver never
-        holds the batch's output); it must be iterable again (a second attempt after an unknown outcome). A commit whose outcome is unknown (it timed out) is settled by the writer
-        (a new producer, initialised before anything else is written); the batch is then decided again from what
-        is committed: written at most once more, or found committed."""
+        holds the batch's output). A transaction whose outcome is unknown (a commit timed out, a call hung) is
+        settled by the writer (a new producer, initialised before anything else is written); the batch is then
+        decided again from what is committed: found committed, or written once more from `rows` iterated again
+        (the driver's are read again from Spark's stored output, onceflow.spark.partition_stream.Stored); a
+        one-shot iterator cannot be, so the query fails and Spark replays the batch after the restart."""
         decision = decision or self.decide(plan)
         for attempt in (1, 2):
             if decision is not Decision.WRITE:
@@ -219,9 +223,8 @@ class ExactlyOnceSink:
                 if decision is Decision.SKIP:  # the commit had landed: the batch was written, by this attempt
                     return self._landed(plan)
                 if decision is Decision.WRITE and isinstance(rows, Iterator):
-                    # The batch is not committed, and its output was streamed from Spark once: it is not asked
-                    # for twice (that would run the stateful operator again). The query fails; Spark replays the
-                    # batch after the restart, and it is written then.
+                    # The batch is not committed, and its rows were a one-shot iterator: the query fails; Spark
+                    # replays the batch after the restart, and it is written then.
                     what = "the commit" if e.phase == "commit" else f"the transaction ({e.phase} hung)"
                     raise BatchNotCommitted(
                         f"{what} of batch {plan.batch} had an unknown outcome and did not land: the job restarts and "
@@ -279,7 +282,7 @@ class ExactlyOnceSink:
                     TopicPartition(plan.topic, p, off, offset_metadata(plan.batch, plan.epoch))
                     for p, off in sorted(plan.end.items())
                 ]
-                self.writer.send_offsets(offsets, self.reads.group_metadata())
+                self.writer.send_offsets(offsets, self.reads.group_metadata(), self.s.send_offsets_timeout_s)
                 self._fault("stall_in_txn", plan.batch)
         except tw.Fenced as e:
             self.bus.emit(
@@ -374,6 +377,10 @@ class ExactlyOnceSink:
     def _fault(self, point: str, batch: int) -> None:
         if self.faults is not None:
             self.faults.hit(point, batch)
+
+    def _on_producer_call(self, phase: str) -> None:
+        if phase == "send_offsets" and self._batch is not None:
+            self._fault("hang_send_offsets", self._batch)
 
     def close(self) -> None:
         self.reads.close()

@@ -172,9 +172,11 @@ class BatchWriter:
                 # every replay), and the driver never holds the batch's whole output, however many windows close
                 # in it (partition_stream, not toLocalIterator, which keeps every served partition in the driver
                 # JVM), moved as Arrow batches (4 to 9 times the rows/s of pickled Rows, docs/performance.md).
+                # The stored output can be read again: a second attempt after an unknown outcome writes it in this
+                # process (partition_stream.Stored), not after a restart.
                 with partition_stream.materialised(df):
                     t2 = time.monotonic()
-                    rows = (OutRecord(*r) for r in partition_stream.tuples(df))
+                    rows = partition_stream.Stored(df, lambda r: OutRecord(*r))
                     outcome = self.sink.write_batch(plan, rows, decision)
             else:  # committed already: run the batch only to advance Spark's state store
                 df.write.format("noop").mode("overwrite").save()

@@ -10,10 +10,12 @@ and the next one).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -61,6 +63,19 @@ def tuples(df: Any) -> Iterator[tuple]:
         return out
 
     yield from _stream(df, jrdd, collect)
+
+
+class Stored(Generic[T]):
+    """The rows of a DataFrame being `materialised`, as `make(tuple)`, streamed (`tuples`) again on every iteration:
+    from the stored partitions, not computed again (a stateful batch is not run twice). The exactly-once writer's
+    second attempt after an unknown outcome (a commit timed out, a send_offsets that hung) reads the same rows in the
+    same process, without failing the query for Spark to replay the batch after a restart."""
+
+    def __init__(self, df: Any, make: Callable[[tuple], T]):
+        self._df, self._make = df, make
+
+    def __iter__(self) -> Iterator[T]:
+        return (self._make(t) for t in tuples(self._df))
 
 
 def _load(df: Any, jrdd: Any, i: int, serializer: Any) -> Iterator[Any]:
