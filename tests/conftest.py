@@ -43,7 +43,9 @@ from onceflow.kafka import topics
 from onceflow.runtime import jobctl, jvm
 from onceflow_dev import broker
 from tests.support.harness import app_settings
-from tests.support.session import free_port, session_processes
+from tests.support.session import end_on_sigterm, free_port, session_processes
+
+end_on_sigterm()  # a run ended by SIGTERM (`timeout`, CI) still stops what its fixtures started
 
 # `make test-secured` runs the exactly-once suite on a SASL_SSL broker with ACLs (ONCEFLOW_TEST_KAFKA_SECURITY):
 # the harness (creating topics, producing the input, reading the truth back) is the stack's admin, each app's job

@@ -4,11 +4,23 @@ by tests.conftest) in its environment, so the session can find, name and stop wh
 from __future__ import annotations
 
 import os
+import signal
 
 from onceflow.runtime import procs
 
 SESSION_ENV = "PYTEST_ONCEFLOW_SESSION"
 free_port = procs.free_port
+
+
+def end_on_sigterm() -> None:
+    """`timeout N pytest` and CI runners end a run with SIGTERM, which kills pytest where it stands: the broker,
+    Airflow, its PostgreSQL and the jobs the fixtures started would keep running. Taken as Ctrl-C instead (a
+    KeyboardInterrupt in the main thread), pytest stops the run and tears its fixtures down."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def session_processes() -> list[tuple[int, str]]:

@@ -154,7 +154,7 @@ def test_backfills_by_id_with_the_running_one_first():
 @pytest.fixture
 def client(monkeypatch, tmp_path):
     s = S.replace(var_dir=tmp_path)
-    monkeypatch.setattr(console, "settings", lambda: s)
+    monkeypatch.setattr(console, "settings", lambda app_id=None: s)
     app = console.create_app()
     app.dependency_overrides[console.authorized] = lambda: None
     monkeypatch.setattr(readers, "broker_answers", lambda settings, timeout_s=1.5: True)
@@ -186,6 +186,7 @@ def test_every_section_answers_and_the_pages_render(client, monkeypatch):
     for section in console.SECTIONS:
         page = c.get(f"/{section}")
         assert page.status_code == 200 and "onceflow · ip_count" in page.text and "const SECTION" in page.text
+        assert 'class="apps"' not in page.text  # one instance: no app selector
     assert c.get("/nothing").status_code == 404
     r = c.get("/dag/ip_count_checkpoint_rotation", follow_redirects=False)
     assert r.status_code == 307 and r.headers["location"].endswith("/savepoints")
@@ -221,7 +222,7 @@ def test_data_docs_are_served_and_nothing_outside_them(client):
 
 
 def test_anonymous_callers_are_refused_everywhere(monkeypatch, tmp_path):
-    monkeypatch.setattr(console, "settings", lambda: S.replace(var_dir=tmp_path))
+    monkeypatch.setattr(console, "settings", lambda app_id=None: S.replace(var_dir=tmp_path))
     c = TestClient(console.create_app())  # Airflow's own access dependency, not overridden
     for path in [
         "/",
@@ -233,8 +234,54 @@ def test_anonymous_callers_are_refused_everywhere(monkeypatch, tmp_path):
         "/data-docs/index.html",
         "/icon.svg",
         "/dag/ip_count_deploy",
+        "/app/ip_count/now",
+        "/app/ip_count/api/now",
+        "/app/no_such_app/api/now",  # refused before anything is said about which instances exist
     ]:
         assert c.get(path).status_code in (401, 403), path
+
+
+def test_each_app_instance_has_its_pages_its_data_and_its_own_access_check(monkeypatch, tmp_path):
+    """Two instances on one control plane (ONCEFLOW_APPS): the environment's own at the root, each under
+    /app/<app_id>/ with an app selector; each read with its own settings; each page checked against its own deploy
+    DAG; a DAG's tab opens its own instance's page."""
+    from airflow.api_fastapi.core_api import security
+
+    own = S.replace(var_dir=tmp_path)
+    nets = own.replace(app_id="nets", app="ip_networks")
+    monkeypatch.setattr(console, "instances", lambda: {"ip_count": "ip_count", "nets": "ip_networks"})
+    monkeypatch.setattr(console, "settings", lambda app_id=None: nets if app_id == "nets" else own)
+    monkeypatch.setattr(readers, "broker_answers", lambda settings, timeout_s=1.5: True)
+    monkeypatch.setattr(readers, "read_now", lambda settings: {"app": settings.app_id})
+    checked: list[str] = []
+
+    def access(method, access_entity=None, param_dag_id=None):  # stands for Airflow's: who may read which DAG
+        def inner(request, user):
+            checked.append(param_dag_id)
+            if param_dag_id == "nets_deploy" and user != "nets-reader":
+                raise console.HTTPException(403, "no access to nets_deploy")
+
+        return inner
+
+    monkeypatch.setattr(console, "requires_access_dag", access)
+    app = console.create_app()
+    user = {"name": "ip-count-reader"}
+    app.dependency_overrides[security.get_user] = lambda: user["name"]
+    c = TestClient(app)
+    assert c.get("/api/now").json()["data"] == {"app": "ip_count"} and checked[-1] == "ip_count_deploy"
+    assert c.get("/app/nets/api/now").status_code == 403 and checked[-1] == "nets_deploy"
+    user["name"] = "nets-reader"
+    assert c.get("/app/nets/api/now").json()["data"] == {"app": "nets"}
+    assert c.get("/app/elsewhere/api/now").status_code == 404
+    page = c.get("/app/nets/batches")
+    assert page.status_code == 200 and "onceflow · nets" in page.text and 'const APP = "nets"' in page.text
+    assert 'const BASE = "/app/nets"' in page.text  # its endpoints and the DAGs it triggers are its own
+    assert '<a href="/batches" class="" data-app="ip_count"' in page.text  # the selector: the same page elsewhere
+    assert '<a href="/app/nets/batches" class="on" data-app="nets"' in page.text
+    r = c.get("/dag/nets_checkpoint_rotation", follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "/app/nets/savepoints"
+    r = c.get("/dag/ip_count_reconciliation", follow_redirects=False)
+    assert r.headers["location"] == "/proofs"
 
 
 # ---------------------------------------------------------------------------- hostile records (docs/security.md)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 
 TITLES = {
     "now": "Now",
@@ -20,6 +21,9 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;col
 header{background:#fff;border-bottom:1px solid #dde1e6;padding:10px 18px;display:flex;gap:18px;align-items:center}
 header h1{font-size:17px;margin:0 12px 0 0} header a{color:#3b5b7d;text-decoration:none;padding:6px 8px;border-radius:6px}
 header a.on{background:#e6eef7;font-weight:600} main{padding:16px 18px}
+nav.apps{background:#fff;border-bottom:1px solid #dde1e6;padding:6px 18px;display:flex;gap:10px;align-items:center;font-size:13px}
+nav.apps a{color:#3b5b7d;text-decoration:none;padding:3px 8px;border-radius:6px;border:1px solid #dde1e6}
+nav.apps a.on{background:#e6eef7;font-weight:600}
 .banner{padding:8px 12px;border-radius:6px;margin-bottom:12px;background:#fdecea;color:#8a1c13;display:none}
 .banner.show{display:block} .muted{color:#6b7785} .ok{color:#1e7d32} .bad{color:#b3261e} .warn{color:#a15c00}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(210px,1fr));gap:10px;margin-bottom:14px}
@@ -233,14 +237,25 @@ def csp(nonce: str) -> str:
     )
 
 
-def render(section: str, base: str, app_id: str, nonce: str) -> str:
+def render(section: str, base: str, app_id: str, nonce: str, apps: Sequence[tuple[str, str, str]] = ()) -> str:
+    """The page of `section` of app instance `app_id`, whose console answers under `base`; `apps`: every instance
+    of this control plane as (app id, app, the same page's address for it): the app selector, when there is more
+    than one."""
     nav = "".join(
         f'<a href="{html.escape(base)}/{s}" class="{"on" if s == section else ""}">{t}</a>' for s, t in TITLES.items()
     )
+    selector = ""
+    if len(apps) > 1:
+        links = "".join(
+            f'<a href="{html.escape(href)}" class="{"on" if a == app_id else ""}" data-app="{html.escape(a)}"'
+            f' title="app {html.escape(name)}">{html.escape(a)}</a>'
+            for a, name, href in apps
+        )
+        selector = f'<nav class="apps" aria-label="app"><span class="muted">app</span>{links}</nav>'
     body = FILTERS if section == "batches" else '<div id="content">loading ...</div>'
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>onceflow · {TITLES[section]}</title>
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>onceflow · {html.escape(app_id)} · {TITLES[section]}</title>
 <style>{CSS}</style></head><body>
-<header><h1>onceflow · {html.escape(app_id)}</h1>{nav}<span class="muted" id="updated"></span></header>
+<header><h1>onceflow · {html.escape(app_id)}</h1>{nav}<span class="muted" id="updated"></span></header>{selector}
 <main><div class="banner" id="banner"></div><div id="flash"></div>{body}</main>
 <script nonce="{nonce}">const BASE = {_js(base)}; const SECTION = {_js(section)}; const APP = {_js(app_id)};
 const dagOf = kind => APP + '_' + kind;  // the app instance's DAG of that kind (dags/onceflow_<kind>.py)</script>
