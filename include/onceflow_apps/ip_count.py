@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 def transform(raw: DataFrame, ctx: Context) -> Results:
-    from onceflow.spark import ip_count_plan  # Spark only where the plan is built, not where the app is read
+    from onceflow_apps import ip_count_plan  # Spark only where the plan is built, not where the app is read
 
     return ip_count_plan.transform(raw, ctx)
 
@@ -25,7 +25,7 @@ app = App(
     name="ip_count",
     transform=transform,
     description="requests per IP in tumbling event-time windows",
-    reference="onceflow.operations.reconcile:ip_count_recount",  # its recount, written apart from its plan
+    reference="onceflow_apps.ip_count_reference:recount",  # its recount, written apart from its plan
     settings={"window_s": 5, "watermark_s": 5, "source_partitions": 4, "sink_partitions": 4},
     reasons=access_log.REASONS,
 )

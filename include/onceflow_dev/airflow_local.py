@@ -96,14 +96,18 @@ def _airflow(
 
 def kafka_env(s: Settings) -> dict[str, str]:
     """On the secured stack, the Kafka connections as AIRFLOW_CONN_* variables (Airflow's environment secrets
-    backend, read before its database): `onceflow_kafka` as the control plane's principal, `onceflow_kafka_<role>`
-    for the job, backfills and the reconciliation (onceflow.control.orchestration). Never on a command line."""
+    backend, read before its database): per app instance of the control plane (ONCEFLOW_APPS), one per role with
+    that instance's principal: `onceflow_kafka` as the control plane's, `onceflow_kafka_<role>` for the job,
+    backfills and the reconciliation of the environment's own instance, `onceflow_kafka_<app_id>[_<role>]` for
+    another's (onceflow.rules.names.connection_id). Never on a command line. Another instance's principals and ACLs
+    are made by `onceflow --app NAME stack provision`, with the same passwords (onceflow_dev.credentials)."""
     if not s.secured:
         return {}
+    from onceflow import config
     from onceflow.kafka import acls
+    from onceflow.rules import names
     from onceflow_dev import credentials
 
-    known = credentials.ensure(s)
     extra = {
         "bootstrap.servers": s.bootstrap_servers,
         "security.protocol": "SASL_SSL",
@@ -111,11 +115,14 @@ def kafka_env(s: Settings) -> dict[str, str]:
         "ssl.ca.location": s.kafka_ca,
     }
     out = {}
-    for role in acls.ROLES:
-        conn_id = s.kafka_conn_id if role == "control" else f"{s.kafka_conn_id}_{role}"
-        user = acls.username(s, role)
-        spec = {"conn_type": "kafka", "login": user, "password": known[user], "extra": extra}
-        out[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(spec)
+    for app_id in config.instances(s):
+        instance = s.replace(app_id=app_id)  # its principals' names and passwords only
+        known = credentials.ensure(instance)
+        for role in acls.ROLES:
+            conn_id = names.connection_id(s.kafka_conn_id, app_id, role, own=app_id == s.app_id)
+            user = acls.username(instance, role)
+            spec = {"conn_type": "kafka", "login": user, "password": known[user], "extra": extra}
+            out[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(spec)
     return out
 
 

@@ -5,7 +5,7 @@ shuffle partitions, state store provider), over the backlog `make bench` writes 
 
 1. read: the Kafka source alone (`read_committed`), as a batch;
 2. + parse: the job's parse and classification (onceflow.spark.parsing), as a batch;
-3. + aggregate: the windowed count and the DLQ split (onceflow.spark.ip_count_plan), as a batch: no state store;
+3. + aggregate: the windowed count and the DLQ split (onceflow_apps.ip_count_plan), as a batch: no state store;
 4. + micro-batches and state store: the streaming query with the job's plan and trigger limits, each batch's
    output computed and dropped (`noop`);
 5. + results to the driver: as 4, with the output streamed to the Python driver (onceflow.spark.partition_stream,
@@ -29,7 +29,7 @@ from onceflow import config
 from onceflow.kafka import topics
 from onceflow.runtime import launcher
 from onceflow.spark import app_plan, kafka_source, parsing, partition_stream
-from onceflow.spark import ip_count_plan as plan_of
+from onceflow_apps import ip_count_plan as plan_of
 from onceflow_dev import bench
 
 log = logging.getLogger("onceflow_dev.bench")

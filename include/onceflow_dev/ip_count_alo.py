@@ -17,7 +17,7 @@ from onceflow import config, wire
 from onceflow.kafka import events as ev
 from onceflow.rules import clock
 from onceflow.spark import app_plan
-from onceflow.spark import ip_count_plan as ip_count
+from onceflow_apps import ip_count_plan as ip_count
 
 
 class Progress(StreamingQueryListener):

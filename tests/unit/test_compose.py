@@ -506,6 +506,30 @@ def entrypoint_environment(env: dict) -> dict:
     return module.environment(env)
 
 
+def test_each_app_instance_gets_its_own_principals_connections_and_the_dags_find_them(embedded, monkeypatch):
+    """A control plane of two instances (ONCEFLOW_APPS): the embedded Airflow gets each instance's role connections,
+    with that instance's principals and passwords, and the DAGs' settings of the second instance take them."""
+    from onceflow.control import orchestration
+    from onceflow_dev import airflow_local, credentials
+
+    s = embedded.replace(apps="ip_count,nets=ip_count")
+    conns = airflow_local.kafka_env(s)
+    nets = s.replace(app_id="nets")
+    for role in acls.ROLES:
+        own = json.loads(conns[f"AIRFLOW_CONN_ONCEFLOW_KAFKA{'' if role == 'control' else '_' + role.upper()}"])
+        other = json.loads(conns[f"AIRFLOW_CONN_ONCEFLOW_KAFKA_NETS{'' if role == 'control' else '_' + role.upper()}"])
+        assert own["login"] == acls.username(s, role) and other["login"] == acls.username(nets, role)
+        assert other["password"] == credentials.ensure(nets)[other["login"]] != own["password"]
+    assert len(conns) == 2 * len(acls.ROLES)
+    for k in [k for k in __import__("os").environ if k.startswith("ONCEFLOW_")]:
+        monkeypatch.delenv(k)
+    for k, v in {**s.as_env(), **conns}.items():
+        monkeypatch.setenv(k, v)
+    job = orchestration.settings(role="job", app_id="nets")
+    assert (job.app_id, job.kafka_username) == ("nets", "onceflow.nets.job")
+    assert job.kafka_password == credentials.ensure(nets)["onceflow.nets.job"]
+
+
 def test_airflow_has_each_roles_connection_and_init_provisions_them(compose, embedded, tmp_path):
     """The Airflow containers get the connections `onceflow airflow up` gives the embedded Airflow
     (onceflow_dev.airflow_local.kafka_env), each password from its role's secret file (filled in by

@@ -58,7 +58,7 @@ def test_the_streaming_plan_parses_each_record_once_per_branch(spark, tmp_path):
     from pyspark.sql import functions as F
 
     from onceflow import config
-    from onceflow.spark import ip_count_plan as ip_count
+    from onceflow_apps import ip_count_plan as ip_count
 
     raw = (
         spark.readStream.format("rate")

@@ -138,6 +138,45 @@ def test_each_airflow_role_takes_its_principal_from_its_connection_and_no_passwo
     assert not any("job-pw" in a for a in argv)
 
 
+def test_another_app_instance_takes_its_own_principals_and_never_the_environments(monkeypatch, tmp_path):
+    """A control plane of two instances (ONCEFLOW_APPS): the second's control plane and job run as its own
+    principals, from `onceflow_kafka_<app_id>[_<role>]`; without those connections it is refused with the
+    connection to create, never run as the first instance's principal."""
+    from onceflow.control import orchestration
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("pem")
+    extra = {"bootstrap.servers": "k1:9093", "security.protocol": "sasl_ssl", "ssl.ca.location": str(ca)}
+    for k in [k for k in __import__("os").environ if k.startswith("ONCEFLOW_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("ONCEFLOW_APPS", "ip_count,nets=ip_count")
+
+    def connection(conn_id, user):
+        spec = {"conn_type": "kafka", "login": user, "password": f"{user}-pw", "extra": extra}
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id}", json.dumps(spec))
+
+    connection("ONCEFLOW_KAFKA", "onceflow.ip_count.control")
+    connection("ONCEFLOW_KAFKA_JOB", "onceflow.ip_count.job")
+    with pytest.raises(ConfigError, match="no Airflow connection onceflow_kafka_nets with the Kafka credentials of "):
+        orchestration.settings(app_id="nets")
+    with pytest.raises(ConfigError, match="onceflow_kafka_nets_job .* onceflow.nets.job"):
+        orchestration.settings(role="job", app_id="nets")
+    connection("ONCEFLOW_KAFKA_NETS", "onceflow.nets.control")
+    connection("ONCEFLOW_KAFKA_NETS_JOB", "onceflow.nets.job")
+    control = orchestration.settings(app_id="nets")
+    assert (control.app_id, control.kafka_username, control.kafka_password, control.bootstrap_servers) == (
+        "nets",
+        "onceflow.nets.control",
+        "onceflow.nets.control-pw",
+        "k1:9093",
+    )
+    assert orchestration.settings(role="job", app_id="nets").kafka_username == "onceflow.nets.job"
+    assert orchestration.for_role(control, "job").kafka_username == "onceflow.nets.job"  # health's restart
+    # the environment's own instance keeps its connections
+    assert orchestration.settings(role="job").kafka_username == "onceflow.ip_count.job"
+    assert orchestration.settings().kafka_username == "onceflow.ip_count.control"
+
+
 def test_only_the_job_may_write_its_events_topic_and_who_reads_it():
     """The job's facts (a batch committed, progress, a transaction timed out) come from the job events topic, which
     no principal but the app's job may write: not a backfill, not the control plane, not another app's job."""

@@ -85,7 +85,7 @@ class App:
       platform's proofs of an app that is not are refused.
     reference: optional `module:function`, an independent second check of the app's results that the
       reconciliation runs beside the replay of the app's own plan (onceflow.operations.replay), written apart from
-      that plan (ip_count's reference recount: onceflow.operations.reconcile.ip_count_recount).
+      that plan (ip_count's reference recount: onceflow_apps.ip_count_reference.recount).
     """
 
     name: str

@@ -7,6 +7,7 @@ import logging
 
 from onceflow import config
 from onceflow.control import alerts
+from onceflow.rules import names
 from onceflow.runtime import launcher
 
 log = logging.getLogger(__name__)
@@ -28,23 +29,41 @@ def instance_settings(app_id: str | None = None) -> config.Settings:
 def settings(kafka_conn_id: str | None = None, role: str = "control", app_id: str | None = None) -> config.Settings:
     """onceflow settings of app instance `app_id` (None: the environment's own) with the Kafka endpoint, and on a
     secured cluster the credentials of `role`, taken from Airflow connections: `kafka_conn_id` (default
-    ONCEFLOW_KAFKA_CONN_ID) for the endpoint and the control plane's principal, `<kafka_conn_id>_<role>` for the
-    job's, the backfills' and the reconciliation's (onceflow.kafka.acls). A connection that does not exist leaves
-    the environment's settings standing."""
+    ONCEFLOW_KAFKA_CONN_ID) for the endpoint, and the role's own connection (onceflow.rules.names.connection_id:
+    `<kafka_conn_id>_<role>` for the environment's instance; another instance's principals are its own,
+    `<kafka_conn_id>_<app_id>[_<role>]`). A connection that does not exist leaves the environment's settings
+    standing, except that another instance never runs with the environment's instance's principal."""
     s = instance_settings(app_id)
-    conn_id = kafka_conn_id or s.kafka_conn_id
-    conn = _connection(conn_id)
+    base = kafka_conn_id or s.kafka_conn_id
+    own = _own(s)
+    conn = _connection(base)
     if conn is None:
-        log.info("no Airflow connection %s; using ONCEFLOW_BOOTSTRAP_SERVERS=%s", conn_id, s.bootstrap_servers)
-    else:
-        s = _with_connection(s, conn)
-    return s if role == "control" else for_role(s, role, conn_id)
+        log.info("no Airflow connection %s; using ONCEFLOW_BOOTSTRAP_SERVERS=%s", base, s.bootstrap_servers)
+    else:  # the endpoint; its principal is the control plane's of the environment's instance only
+        s = _with_connection(s, conn, credentials=own)
+    return s if own and role == "control" else for_role(s, role, base)
 
 
 def for_role(s: config.Settings, role: str, kafka_conn_id: str | None = None) -> config.Settings:
-    """`s` with the credentials of the connection `<kafka_conn_id>_<role>`, when there is one."""
-    conn = _connection(f"{kafka_conn_id or s.kafka_conn_id}_{role}")
-    return _with_connection(s, conn) if conn is not None else s
+    """`s` with the credentials of `role` of its instance from that role's connection, when there is one; on a
+    secured cluster another instance than the environment's must have its own (a clear error otherwise)."""
+    own = _own(s)
+    conn_id = names.connection_id(kafka_conn_id or s.kafka_conn_id, s.app_id, role, own)
+    conn = _connection(conn_id)
+    if conn is not None:
+        return _with_connection(s, conn)
+    if not own and s.secured:
+        raise config.ConfigError(
+            f"app instance {s.app_id}: no Airflow connection {conn_id} with the Kafka credentials of "
+            f"{names.username(s.app_id, role)} (its {role} principal); create it (login, password), or the "
+            f"instance would run as another instance's principal"
+        )
+    return s
+
+
+def _own(s: config.Settings) -> bool:
+    """Is `s` the instance of the environment (ONCEFLOW_APP_ID), whose credentials the environment may carry?"""
+    return s.app_id == config.load().app_id
 
 
 def _connection(conn_id: str):
@@ -56,10 +75,11 @@ def _connection(conn_id: str):
         return None
 
 
-def _with_connection(s: config.Settings, conn) -> config.Settings:
+def _with_connection(s: config.Settings, conn, credentials: bool = True) -> config.Settings:
     """A Kafka connection's endpoint and security: `bootstrap.servers`, `security.protocol`, `sasl.mechanism`,
     `ssl.ca.location` in its extra (librdkafka's names, as the Kafka provider keeps them); the principal in its
-    login and password (the password field, which Airflow masks in logs and the UI)."""
+    login and password (the password field, which Airflow masks in logs and the UI); `credentials=False`: the
+    endpoint only."""
     extra = conn.extra_dejson
     changes: dict = {}
     servers = extra.get("bootstrap.servers") or (f"{conn.host}:{conn.port}" if conn.host else None)
@@ -71,6 +91,8 @@ def _with_connection(s: config.Settings, conn) -> config.Settings:
         changes["kafka_sasl_mechanism"] = extra["sasl.mechanism"]
     if extra.get("ssl.ca.location"):
         changes["kafka_ca_file"] = extra["ssl.ca.location"]
+    if not credentials:
+        return s.replace(**changes) if changes else s
     if conn.login:
         changes["kafka_username"] = conn.login
     password = conn.password or extra.get("sasl.password")

@@ -110,3 +110,12 @@ def dag_id(app: str, kind: str) -> str:
 def username(app: str, role: str) -> str:
     """The principal's name of one role of the app (onceflow.kafka.acls.ROLES)."""
     return f"{PREFIX}.{app}.{role}"
+
+
+def connection_id(base: str, app: str, role: str, own: bool) -> str:
+    """The Airflow connection with the Kafka credentials of one role of app instance `app` (`base`:
+    ONCEFLOW_KAFKA_CONN_ID, which also holds the endpoint). The environment's own instance (`own`): `base` for the
+    control plane, `<base>_<role>` for the others; any other instance of the control plane (ONCEFLOW_APPS):
+    `<base>_<app>` and `<base>_<app>_<role>`, since each instance has principals of its own."""
+    scope = base if own else f"{base}_{app}"
+    return scope if role == "control" else f"{scope}_{role}"
