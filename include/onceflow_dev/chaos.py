@@ -312,7 +312,9 @@ def bounds() -> chaos_plan.Bounds:
 
 
 def commit_times(s) -> list[int]:
-    return [e["ts_ms"] for e in events_of(s, wire.BATCH_COMMITTED)]
+    """When each batch the ledger holds committed (chaos_plan.commit_times)."""
+    events = {e["batch"]: e["ts_ms"] for e in events_of(s, wire.BATCH_COMMITTED)}
+    return chaos_plan.commit_times(events, {e.batch: e.commit_time_ms for e in audit.ledger_entries(s)})
 
 
 def read_events(s, kinds: set[str], since_ms: int) -> list[dict]:

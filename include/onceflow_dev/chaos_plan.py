@@ -139,6 +139,15 @@ def single_node_plan(
     return serialise(steps, settle_s)
 
 
+def commit_times(events: dict[int, int], ledger: dict[int, int]) -> list[int]:
+    """When each committed batch committed: its `batch_committed` event's time (batch -> ms), or, for a batch whose
+    event was lost (the driver killed between its commit and the event's delivery: seed 1 on the cluster counted a
+    leader kill's next commit 67 s late for it), its ledger record's commit time (batch -> ms: written just before
+    the commit, so early by the commit's own duration, and by a stall the run injects after it). The ledger, not
+    the events, says what committed."""
+    return sorted(events.get(b, t) for b, t in ledger.items())
+
+
 def lag_at(samples: list[tuple[int, int]], ms: int) -> int | None:
     """The last lag sample at or before `ms` (samples are (epoch ms, lag) in time order)."""
     before = [lag for t, lag in samples if t <= ms]

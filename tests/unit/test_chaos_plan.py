@@ -64,6 +64,19 @@ def test_liveness_figures_per_fault_and_per_kind():
     }
 
 
+def test_a_commit_whose_event_a_kill_lost_counts_at_its_ledger_time():
+    """Seed 1 on the cluster: batch 19 committed 80 s after a leader kill, and a job kill a second later lost its
+    batch_committed event; the run took batch 20's, 147.6 s after, and failed the bound."""
+    kill = Injected("kill_leader", 1_000, 9_000)
+    events = {18: 500, 20: 148_600}  # batch 19's event never reached the topic
+    ledger = {18: 400, 19: 71_000, 20: 148_000}
+    commits = cp.commit_times(events, ledger)
+    assert commits == [500, 71_000, 148_600]
+    live = cp.liveness([kill], commits, [], Bounds(120.0, 300.0), lag_slack=0)
+    assert live["faults"][0]["to_commit_s"] == 70.0 and not live["violations"]
+    assert cp.commit_times({18: 500}, {}) == []  # an event without its ledger record is not a commit
+
+
 def test_a_fault_never_followed_by_a_commit_or_a_lag_back_in_bound_fails_the_run():
     s = 1000
     lag = [(0, 10), (10 * s, 10), (20 * s, 5000), (200 * s, 5000)]
