@@ -58,6 +58,13 @@ class Action(StrEnum):
 WINDOW = 10  # lag samples kept per partition
 
 
+def lag_noise_s(settings: Settings) -> float:
+    """The input a job that keeps up holds between commits, in seconds: a trigger interval and a batch's own time
+    (at most another interval when it keeps up), so the lag rule's WARN is falling behind, not where in the commit
+    cycle a health run happened to look (onceflow.rules.lag)."""
+    return 2 * settings.trigger_interval_s
+
+
 @dataclass
 class HealthRecord:
     app: str
@@ -155,7 +162,7 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
             "lag": sample.lag,
             # judged over the job's current run only; while it is down the down/restarting rules speak
             "status": (
-                lag.evaluate(samples, since_ms=run_start, run_committed=run_committed)
+                lag.evaluate(samples, since_ms=run_start, run_committed=run_committed, noise_s=lag_noise_s(settings))
                 if st["running"]
                 else lag.Level.OK
             ),

@@ -3,7 +3,10 @@
 Each health run appends one sample per partition (time, committed offset, end offset). Over the window of the
 last samples a partition is:
 - OK      lag is zero at some point in the window, or the committed offset moves and lag does not grow;
-- WARN    the committed offset moves but lag grows across the whole window (falling behind);
+- WARN    the committed offset moves but lag grows across the whole window (falling behind), beyond what a job that
+          keeps up shows between two of its commits (`noise_s`: the input of that many seconds; a micro-batch job
+          commits every trigger interval, so a sample taken at a random point of that cycle sees anything from 0
+          up to a batch of input, and three samples in a row can grow by chance alone);
 - STALL   lag > 0 and the committed offset never moved across the window (the consumer is stuck);
 - STOP    lag > 0 and the newest commit is older than the window's span (the consumer stopped committing);
 - REWIND  the committed offset went backwards.
@@ -65,12 +68,17 @@ def trend(samples: Sequence[Sample]) -> Trend:
 
 
 def evaluate(
-    samples: Sequence[Sample], min_samples: int = 3, since_ms: int | None = None, run_committed: bool = True
+    samples: Sequence[Sample],
+    min_samples: int = 3,
+    since_ms: int | None = None,
+    run_committed: bool = True,
+    noise_s: float = 0.0,
 ) -> Level:
     """The Burrow status of one partition over its sample window (oldest first). With `since_ms` (the job's current
     run's start) the samples before it count only for REWIND, and the run is judged from its first commit on: until
     then (`run_committed` False) it is OK here, and falling behind (WARN) is judged from the first sample that moved:
-    a run begins with a backlog and a slow first batch."""
+    a run begins with a backlog and a slow first batch. `noise_s`: lag up to the input of that many seconds (at the
+    window's own input rate) is the commit cycle's, not falling behind."""
     for a, b in zip(samples, samples[1:]):
         if b.committed < a.committed:
             return Level.REWIND
@@ -94,9 +102,18 @@ def evaluate(
     if since_ms is not None:
         samples = samples[next(i for i, s in enumerate(samples) if s.committed != samples[0].committed) :]
     lags = [s.lag for s in samples]
-    if len(lags) >= min_samples and all(b > a for a, b in zip(lags, lags[1:])):
+    if len(lags) >= min_samples and all(b > a for a, b in zip(lags, lags[1:])) and last.lag > cycle(samples, noise_s):
         return Level.WARN
     return Level.OK
+
+
+def cycle(samples: Sequence[Sample], noise_s: float) -> float:
+    """The lag a job that keeps up may show between two commits: the records `noise_s` seconds of the window's input
+    bring (its end offsets' growth over its span)."""
+    span_s = (samples[-1].ts_ms - samples[0].ts_ms) / 1000
+    if noise_s <= 0 or span_s <= 0:
+        return 0.0
+    return (samples[-1].end - samples[0].end) / span_s * noise_s
 
 
 def worst(statuses: Sequence[str]) -> Level:
