@@ -279,7 +279,8 @@ class TransactionalWriter:
     def send_offsets(self, offsets: list[Any], group_metadata: Any, timeout_s: float = 30.0) -> None:
         """send_offsets_to_transaction, bounded. librdkafka can block in it past its timeout, for good, when the
         group coordinator's broker died (librdkafka #5456, #5511: found by killing that broker mid-transaction).
-        The call runs on its own thread; if it has not returned `hang_grace_s` after its timeout, the producer is
+        The call runs on its own thread; if it has not returned a grace after its timeout (`hang_grace_s`, at most the
+        timeout itself: a short timeout is a short bound), the producer is
         wedged: it is left alone (a call into it is still running, so it is never closed), a new producer with the
         same transactional.id fences it and aborts the open transaction, and OutcomeUnknown sends the caller to
         what is committed (nothing of this transaction is)."""
@@ -300,9 +301,10 @@ class TransactionalWriter:
                 done.set()
 
         threading.Thread(target=call, name=f"send-offsets {self.transactional_id}", daemon=True).start()
-        if not done.wait(timeout_s + self.hang_grace_s):
+        bound_s = timeout_s + min(self.hang_grace_s, timeout_s)
+        if not done.wait(bound_s):
             why = (
-                f"send_offsets_to_transaction of {self.transactional_id} has not returned {timeout_s + self.hang_grace_s:.0f}"
+                f"send_offsets_to_transaction of {self.transactional_id} has not returned {bound_s:.0f}"
                 f" s after it began (its timeout: {timeout_s:.0f} s): the producer waits on a group coordinator that "
                 f"died (librdkafka #5456)"
             )

@@ -134,7 +134,6 @@ class ExactlyOnceSink:
                 self.timeout_ms,
                 init_timeout_s=init_timeout_s,
                 commit_timeout_s=settings.commit_timeout_s,
-                hang_grace_s=min(15.0, settings.send_offsets_timeout_s),
                 on_event=self._writer_event,
                 on_call=self._on_producer_call,
             )

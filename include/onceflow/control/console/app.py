@@ -45,9 +45,9 @@ def instances() -> dict[str, str]:
     """The app instances of this control plane, app id -> app (ONCEFLOW_APPS), the environment's own first."""
     from onceflow.control import orchestration
 
-    own = config.load().app_id
+    own = config.load()
     found = orchestration.instances()
-    return {own: found.get(own, config.load().app)} | found
+    return {own.app_id: found.get(own.app_id, own.app)} | found
 
 
 def app_of(request: Request) -> str:
