@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RUN_RATE ?= 200
 RUN_SECONDS ?= 3600
 
-.PHONY: setup run stop status lint format docs test test-unit test-integration test-topology test-secured bench bench-writer bench-profile bench-sweep chaos chaos-seeds soak clean
+.PHONY: setup run stop status lint format docs test test-unit test-integration test-topology test-secured bench bench-quiet bench-writer bench-profile bench-sweep chaos chaos-seeds soak clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -84,6 +84,11 @@ test-secured: setup
 ## BENCH_FLINK (0: without Flink), BENCH_FLINK_FAST_MS (Flink's short checkpoint interval, default 500).
 bench: setup
 	$(BIN)/python -m onceflow_dev.bench
+
+## bench-quiet: CPU per minute of a job fed 200 records/s (onceflow, Spark's Kafka sink, Flink with 5 s checkpoints,
+## one after another) and its results' latency meanwhile, ~20 min. BENCH_QUIET_RATE, BENCH_QUIET_S, BENCH_FLINK=0.
+bench-quiet: setup
+	$(BIN)/python -m onceflow_dev.bench_quiet
 
 ## bench-writer: records/s of one transaction from the driver (bare producer vs the sink vs streamed from Spark),
 ## on one broker and on three (replication 3, acks=all), ~10 min. BENCH_WRITER_SIZES, BENCH_WRITER_TOPOLOGIES.

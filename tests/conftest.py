@@ -40,7 +40,7 @@ import pytest
 
 from onceflow import config
 from onceflow.kafka import topics
-from onceflow.runtime import jobctl, jvm
+from onceflow.runtime import jobctl, jvm, launcher
 from onceflow_dev import broker
 from tests.support.harness import app_settings
 from tests.support.session import end_on_sigterm, free_port, session_processes
@@ -131,6 +131,7 @@ def spark():
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.streaming.checkpointFileManagerClass", launcher.LOCAL_CHECKPOINT_MANAGER)  # as the jobs'
         .getOrCreate()
     )
     s.sparkContext.setLogLevel("ERROR")

@@ -346,11 +346,17 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     c.stop()
     stamper.stop_ev.set()
     stamper.join(10)
-    delay = s.watermark_s * 1000
     # windows wholly inside the live period after the warm-up, and early enough that a later event closes them
     first = t_live + max(spec.warmup_s, 2 * s.window_s) * 1000
+    return window_latencies(stamper.seen, s, first, t_end) | {f"live_{k}": v for k, v in use.items()}
+
+
+def window_latencies(seen: list[tuple[int, str]], s: config.Settings, first_ms: int, end_ms: int) -> dict:
+    """Percentiles of each result's latency (visible - (window end + watermark delay)) over the windows ending in
+    [first_ms, end_ms - one window]: early enough that a later event closes them."""
+    delay = s.watermark_s * 1000
     lat = sorted(
-        seen - (_iso_ms(we) + delay) for seen, we in stamper.seen if first <= _iso_ms(we) <= t_end - s.window_s * 1000
+        seen_ms - (_iso_ms(we) + delay) for seen_ms, we in seen if first_ms <= _iso_ms(we) <= end_ms - s.window_s * 1000
     )
     if not lat:
         return {"results": 0}
@@ -365,7 +371,7 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
         "p99_ms": pct(0.99),
         "max_ms": lat[-1],
         "mean_ms": round(statistics.mean(lat)),
-    } | {f"live_{k}": v for k, v in use.items()}
+    }
 
 
 def recovery(s: config.Settings, spec: BenchSpec) -> dict:
@@ -452,14 +458,14 @@ def setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-@contextmanager
-def bench_stack(spec: BenchSpec, var: Path):
-    """A private broker with the backlog written to `bench.source`; yields (base settings, end offsets)."""
+def private_settings(var: Path) -> config.Settings:
+    """The embedded defaults on a private broker of free ports under `var` (emptied of the last run's broker, jobs
+    and logs); the caller's ONCEFLOW_* environment is left out."""
     import shutil
 
     for sub in ("kafka", "checkpoints", "run", "log"):
         shutil.rmtree(var / sub, ignore_errors=True)
-    base = config.load(
+    return config.load(
         env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
         var_dir=var,
         bootstrap_servers=f"127.0.0.1:{procs.free_port()}",
@@ -467,6 +473,12 @@ def bench_stack(spec: BenchSpec, var: Path):
         broker_heap="1g",
         restart_delay_s=2.0,
     )
+
+
+@contextmanager
+def bench_stack(spec: BenchSpec, var: Path):
+    """A private broker with the backlog written to `bench.source`; yields (base settings, end offsets)."""
+    base = private_settings(var)
     broker.start(base)
     try:
         backlog = _settings(base, "bench_backlog", "bench.source", spec)

@@ -4,6 +4,7 @@ user would pick instead of onceflow. Used only by `make bench` as the baseline. 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -11,16 +12,16 @@ import threading
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQueryListener
 
 from onceflow import config, wire
 from onceflow.kafka import events as ev
 from onceflow.rules import clock
 from onceflow.spark import app_plan
+from onceflow.spark.progress import JsonProgressListener
 from onceflow_apps import ip_count_plan as ip_count
 
 
-class Progress(StreamingQueryListener):
+class Progress(JsonProgressListener):  # the job's cheap listener: a contender should not pay pyspark's
     def __init__(self, settings):
         self.s = settings
         self.data = {
@@ -31,30 +32,22 @@ class Progress(StreamingQueryListener):
             "started_ms": clock.now_ms(),
         }
 
-    def onQueryStarted(self, event):
-        pass
-
-    def onQueryProgress(self, event):
-        p = event.progress
+    def on_progress(self, progress):
+        p = progress  # Spark's JSON of it
         now = clock.now_ms()
-        if p.numInputRows and "first_batch_ms" not in self.data:
-            self.data["first_batch_ms"] = now - int(p.durationMs.get("triggerExecution", 0))
+        if p.get("numInputRows") and "first_batch_ms" not in self.data:
+            self.data["first_batch_ms"] = now - int((p.get("durationMs") or {}).get("triggerExecution", 0))
+        sources = p.get("sources") or []
         self.data.update(
             batches=self.data["batches"] + 1,
             last_commit_ms=now,
-            last_batch=p.batchId,
-            end_offsets=p.sources[0].endOffset if p.sources else None,
+            last_batch=p["batchId"],
+            end_offsets=json.dumps(sources[0]["endOffset"]) if sources else None,
             # 0: a batch without input (Spark runs one when the watermark moved): it emits the windows the last
             # data batch's watermark closed, so the results of all input read so far are written
-            last_input_rows=p.numInputRows,
+            last_input_rows=p.get("numInputRows", 0),
         )
         ev.write_status(self.s.status_file, self.data)
-
-    def onQueryIdle(self, event):
-        pass
-
-    def onQueryTerminated(self, event):
-        pass
 
 
 def main() -> int:

@@ -2,8 +2,6 @@
 starts, what Spark's progress report becomes, and the exit code each way of ending gets (what the supervisor
 then does)."""
 
-from types import SimpleNamespace
-
 import pytest
 
 from onceflow import config, wire
@@ -53,21 +51,21 @@ def test_pacing_after_a_batch():
 
 
 def test_progress_fields_carry_the_ledger_batch_and_decision():
-    op = SimpleNamespace(numRowsDroppedByWatermark=3, numRowsTotal=100, numRowsUpdated=7)
-    p = SimpleNamespace(
-        batchId=12,
-        numInputRows=500,
-        inputRowsPerSecond=250.04,
-        processedRowsPerSecond=None,
-        durationMs={"triggerExecution": 900},
-        eventTime={"watermark": "2026-11-22T10:00:00.000Z"},
-        stateOperators=[op, op],
-        sources=[SimpleNamespace(endOffset='{"src":{"0":20}}', latestOffset='{"src":{"0":25}}')],
-    )
+    op = {"numRowsDroppedByWatermark": 3, "numRowsTotal": 100, "numRowsUpdated": 7}
+    p = {  # Spark's JSON of a progress report; a rate that is not a number is left out (processedRowsPerSecond)
+        "batchId": 12,
+        "numInputRows": 500,
+        "inputRowsPerSecond": 250.04,
+        "durationMs": {"triggerExecution": 900},
+        "eventTime": {"watermark": "2026-11-22T10:00:00.000Z"},
+        "stateOperators": [op, op],
+        "sources": [{"endOffset": {"src": {"0": 20}}, "latestOffset": {"src": {"0": 25}}}],
+    }
     f = progress_fields(p, {"ledger_batch": 15, "decision": "write", "epoch": 1})
     assert (f["batch"], f["ledger_batch"], f["decision"], f["epoch"]) == (12, 15, "write", 1)
     assert f["rows_dropped_by_watermark"] == 6 and f["state_rows"] == 200 and f["processed_rows_per_s"] == 0
     assert f["input_rows_per_s"] == 250.0 and f["source_latest_offsets"] == '{"src":{"0":25}}'
+    assert f["watermark"] == "2026-11-22T10:00:00.000Z" and f["duration_ms"] == {"triggerExecution": 900}
 
 
 @pytest.mark.parametrize(

@@ -74,3 +74,30 @@ def test_stored_rows_read_twice_are_the_same_rows_not_computed_again(spark):
         first = list(stored)
         second = list(stored)
     assert len(first) == 12 and first == second
+
+
+def _jobs_started(spark) -> int:
+    return spark.sparkContext._jsc.sc().dagScheduler().nextJobId()  # the id the next job will get
+
+
+def test_a_small_stored_output_comes_in_one_spark_job_a_large_one_per_partition_an_empty_one_in_none(
+    spark, monkeypatch
+):
+    """A job per partition costs the scheduler and each task more than a quiet batch's few rows: up to WHOLE_ROWS
+    the writer's rows come in one Spark job; above it a partition at a time (the driver's memory stays flat)."""
+    df = spark.range(0, 40, 1, 8).select("id")
+    with partition_stream.materialised(df) as n:
+        before = _jobs_started(spark)
+        small = [t[0] for t in partition_stream.Stored(df, tuple, n)]
+        one = _jobs_started(spark) - before
+        monkeypatch.setattr(partition_stream, "WHOLE_ROWS", n - 1)
+        before = _jobs_started(spark)
+        large = [t[0] for t in partition_stream.Stored(df, tuple, n)]
+        per_partition = _jobs_started(spark) - before
+    assert small == large == list(range(40))
+    assert (one, per_partition) == (1, 8)
+    empty = spark.range(0, 0, 1, 4)
+    with partition_stream.materialised(empty) as n:
+        before = _jobs_started(spark)
+        assert n == 0 and list(partition_stream.Stored(empty, tuple, n)) == []
+        assert _jobs_started(spark) == before

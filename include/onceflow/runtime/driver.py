@@ -23,7 +23,6 @@ import time
 from typing import Any
 
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQueryListener
 
 from onceflow import config, logs, wire
 from onceflow.faults import Injector
@@ -44,6 +43,7 @@ from onceflow.runtime.driver_state import (
     status_after_batch,
 )
 from onceflow.spark import app_plan, batch_stats, partition_stream
+from onceflow.spark.progress import JsonProgressListener
 from onceflow.storage.checkpoint import HadoopFS
 
 log = logging.getLogger("onceflow.job")
@@ -101,28 +101,21 @@ class Status:
         ev.write_status(self.s.status_file, self.data)
 
 
-class ProgressListener(StreamingQueryListener):
+class ProgressListener(JsonProgressListener):
     """Spark's progress of each batch, as an event and in the status file (onceflow.runtime.driver_state)."""
 
     def __init__(self, bus: ev.EventBus, status: Status, batches: dict):
         self.bus, self.status, self.batches = bus, status, batches
 
-    def onQueryStarted(self, event):
-        pass
-
-    def onQueryProgress(self, event):
-        p = event.progress
-        fields = progress_fields(p, self.batches.pop(p.batchId, {}))
+    def on_progress(self, progress: dict) -> None:
+        fields = progress_fields(progress, self.batches.pop(progress["batchId"], {}))
         self.status.update(progress=fields, last_progress_ms=clock.now_ms())
-        if p.numInputRows or fields["rows_dropped_by_watermark"]:
+        if fields["input_rows"] or fields["rows_dropped_by_watermark"]:
             self.bus.emit(wire.PROGRESS, logging.DEBUG, **fields)
 
-    def onQueryIdle(self, event):
+    def on_idle(self) -> None:
         now = clock.now_ms()
         self.status.update(last_progress_ms=now, last_idle_ms=now)
-
-    def onQueryTerminated(self, event):
-        pass
 
 
 class BatchWriter:
@@ -174,9 +167,9 @@ class BatchWriter:
                 # JVM), moved as Arrow batches (4 to 9 times the rows/s of pickled Rows, docs/performance.md).
                 # The stored output can be read again: a second attempt after an unknown outcome writes it in this
                 # process (partition_stream.Stored), not after a restart.
-                with partition_stream.materialised(df):
+                with partition_stream.materialised(df) as count:
                     t2 = time.monotonic()
-                    rows = partition_stream.Stored(df, lambda r: OutRecord(*r))
+                    rows = partition_stream.Stored(df, lambda r: OutRecord(*r), count)
                     outcome = self.sink.write_batch(plan, rows, decision)
             else:  # committed already: run the batch only to advance Spark's state store
                 df.write.format("noop").mode("overwrite").save()
@@ -285,8 +278,8 @@ def warm_up(
     frame = app_plan.output(settings.declared_app().transform, app_plan.source(spark, sized, starting), settings)
 
     def drain(df, _batch_id: int) -> None:
-        with partition_stream.materialised(df):
-            for _ in partition_stream.tuples(df):
+        with partition_stream.materialised(df) as count:
+            for _ in partition_stream.Stored(df, tuple, count):
                 pass
 
     query = (

@@ -5,6 +5,7 @@ Spark or a broker."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,25 +98,33 @@ def pace_after(settings: Settings, plan: BatchPlan, decision: Decision, max_even
     )
 
 
-def progress_fields(p: Any, batch_info: dict[str, Any]) -> dict[str, Any]:
-    """Spark's progress report of a batch (a StreamingQueryProgress, duck-typed), with the ledger batch and the
-    decision the batch had: Spark's ids repeat after a restore, reconciliation charges late rows by ledger batch,
-    and a catch-up batch's rows belong to no ledger batch."""
-    ops = list(p.stateOperators)
+def progress_fields(p: dict[str, Any], batch_info: dict[str, Any]) -> dict[str, Any]:
+    """Spark's progress report of a batch (its JSON, onceflow.spark.progress), with the ledger batch and the decision
+    the batch had: Spark's ids repeat after a restore, reconciliation charges late rows by ledger batch, and a
+    catch-up batch's rows belong to no ledger batch. Spark leaves a rate out of the JSON when it is not a number."""
+    ops = p.get("stateOperators") or []
+    sources = p.get("sources") or []
     return {
-        "batch": p.batchId,
-        "input_rows": p.numInputRows,
-        "input_rows_per_s": round(p.inputRowsPerSecond or 0, 1),
-        "processed_rows_per_s": round(p.processedRowsPerSecond or 0, 1),
-        "duration_ms": dict(p.durationMs),
-        "watermark": p.eventTime.get("watermark"),
-        "rows_dropped_by_watermark": sum(op.numRowsDroppedByWatermark for op in ops),
-        "state_rows": sum(op.numRowsTotal for op in ops),
-        "state_rows_updated": sum(op.numRowsUpdated for op in ops),
+        "batch": p["batchId"],
+        "input_rows": p.get("numInputRows", 0),
+        "input_rows_per_s": round(p.get("inputRowsPerSecond") or 0, 1),
+        "processed_rows_per_s": round(p.get("processedRowsPerSecond") or 0, 1),
+        "duration_ms": dict(p.get("durationMs") or {}),
+        "watermark": (p.get("eventTime") or {}).get("watermark"),
+        "rows_dropped_by_watermark": sum(op.get("numRowsDroppedByWatermark", 0) for op in ops),
+        "state_rows": sum(op.get("numRowsTotal", 0) for op in ops),
+        "state_rows_updated": sum(op.get("numRowsUpdated", 0) for op in ops),
         **batch_info,
-        "source_end_offsets": p.sources[0].endOffset if p.sources else None,
-        "source_latest_offsets": p.sources[0].latestOffset if p.sources else None,
+        "source_end_offsets": _offsets_text(sources[0].get("endOffset")) if sources else None,
+        "source_latest_offsets": _offsets_text(sources[0].get("latestOffset")) if sources else None,
     }
+
+
+def _offsets_text(offsets: Any) -> str | None:
+    """A source's offsets as Spark prints them (its JSON, compact)."""
+    if offsets is None or isinstance(offsets, str):
+        return offsets
+    return json.dumps(offsets, separators=(",", ":"))
 
 
 def failure_exit_code(err: BaseException | None) -> int:

@@ -19,6 +19,8 @@ JOB_SCRIPT = REPO_ROOT / "jobs" / "stream.py"
 RECONCILE_SCRIPT = REPO_ROOT / "jobs" / "reconcile.py"
 BACKFILL_SCRIPT = REPO_ROOT / "jobs" / "backfill.py"
 LOG4J = REPO_ROOT / "conf" / "log4j2-job.properties"
+# Spark's checkpoint file manager for checkpoints on the local file system (checkpoint_conf).
+LOCAL_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
 def spark_conf(settings: Settings) -> dict[str, str]:
@@ -37,11 +39,24 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.sql.streaming.stopTimeout": "60s",
         "spark.driver.extraJavaOptions": conf_java_log(settings),
+        **checkpoint_conf(settings.checkpoint),
         # With close-out batches the job paces batches itself under a 0 trigger; when a paced batch finds no
         # new input Spark polls the source at this interval (its default, 10 ms, would poll Kafka 100 times/s).
         "spark.sql.streaming.pollingDelay": f"{poll_delay_ms(settings)}ms",
         **driver_bind_conf(settings),
     }
+
+
+def checkpoint_conf(uri: str) -> dict[str, str]:
+    """For a checkpoint on the local file system (`file:`), Spark's FileSystem-based checkpoint file manager instead
+    of its default, Hadoop's FileContext: without Hadoop's native library, FileContext forks `readlink` to check a
+    rename's target and `chmod` after each create. Measured on the job at 200 records/s (Java Flight Recorder,
+    120 s): 3,003 processes started, 25 a second, for the offsets, commits and state files. On a local file system
+    both managers check the target, then rename: neither is more atomic there. HDFS and object stores keep Spark's
+    default."""
+    if not uri.startswith("file:"):
+        return {}
+    return {"spark.sql.streaming.checkpointFileManagerClass": LOCAL_CHECKPOINT_MANAGER}
 
 
 def driver_bind_conf(settings: Settings) -> dict[str, str]:
@@ -268,6 +283,8 @@ def batch_conf(settings: Settings) -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.extraJavaOptions": conf_java_log(settings),
+        # the replay's streaming checkpoint lives under var/ (onceflow.operations.replay)
+        **checkpoint_conf(settings.var_dir.as_uri()),
         **driver_bind_conf(settings),
     }
 

@@ -16,6 +16,9 @@ from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+# Up to this many rows (a few MB) a stored output is fetched by one Spark job over all its partitions.
+WHOLE_ROWS = 50_000
+_python_rdd: dict[int, Any] = {}  # per JVM gateway: PythonRDD's class
 
 
 @contextmanager
@@ -35,19 +38,20 @@ def materialised(df: Any) -> Iterator[int]:
         df.unpersist(blocking=False)
 
 
-def rows(df: Any) -> Iterator[Any]:
+def rows(df: Any, whole: bool = False) -> Iterator[Any]:
     """Every row of `df` (pyspark Rows), partition by partition, in partition order; each partition is computed
     once (as toLocalIterator does, one job per partition: the stages before it run once and are reused)."""
     from pyspark.serializers import BatchedSerializer, CPickleSerializer
 
     jrdd = df._jdf.javaToPython()  # pickled rows, made in the executors' JVMs (no Python on the executors)
     serializer = BatchedSerializer(CPickleSerializer())
-    yield from _stream(df, jrdd, lambda i: list(_load(df, jrdd, i, serializer)))
+    yield from _stream(df, jrdd, lambda ps: list(_load(df, jrdd, ps, serializer)), whole)
 
 
-def tuples(df: Any) -> Iterator[tuple]:
+def tuples(df: Any, whole: bool = False) -> Iterator[tuple]:
     """As `rows`, as plain tuples, moved as Arrow record batches instead of pickled Rows: the executors' JVMs
-    write Arrow, the driver reads each batch's columns at once (no Row object per row)."""
+    write Arrow, the driver reads each batch's columns at once (no Row object per row). `whole`: every partition
+    in one Spark job (a small output)."""
     import pyarrow as pa
     from pyspark.serializers import NoOpSerializer
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -55,14 +59,14 @@ def tuples(df: Any) -> Iterator[tuple]:
     schema = to_arrow_schema(df.schema)
     jrdd = df._jdf.toArrowBatchRdd().toJavaRDD()  # serialized Arrow record batches, no schema in them
 
-    def collect(i: int) -> list[tuple]:
+    def collect(partitions: list[int]) -> list[tuple]:
         out: list[tuple] = []
-        for blob in _load(df, jrdd, i, NoOpSerializer()):
+        for blob in _load(df, jrdd, partitions, NoOpSerializer()):
             batch = pa.ipc.read_record_batch(pa.py_buffer(blob), schema)
             out.extend(zip(*(c.to_pylist() for c in batch.columns), strict=True))
         return out
 
-    yield from _stream(df, jrdd, collect)
+    yield from _stream(df, jrdd, collect, whole)
 
 
 class Stored(Generic[T]):
@@ -71,32 +75,44 @@ class Stored(Generic[T]):
     second attempt after an unknown outcome (a commit timed out, a send_offsets that hung) reads the same rows in the
     same process, without failing the query for Spark to replay the batch after a restart."""
 
-    def __init__(self, df: Any, make: Callable[[tuple], T]):
-        self._df, self._make = df, make
+    def __init__(self, df: Any, make: Callable[[tuple], T], count: int | None = None):
+        """`count`: the rows `materialised` found (none: no Spark job at all; a few: one job for all of them)."""
+        self._df, self._make, self._count = df, make, count
 
     def __iter__(self) -> Iterator[T]:
-        return (self._make(t) for t in tuples(self._df))
+        if self._count == 0:
+            return iter(())
+        whole = self._count is not None and self._count <= WHOLE_ROWS
+        return (self._make(t) for t in tuples(self._df, whole))
 
 
-def _load(df: Any, jrdd: Any, i: int, serializer: Any) -> Iterator[Any]:
+def _load(df: Any, jrdd: Any, partitions: list[int], serializer: Any) -> Iterator[Any]:
     from pyspark.util import _load_from_socket
 
     sc = df.sparkSession.sparkContext
+    # Looked up once: py4j resolves a short class name by trying each of pyspark's imports in turn, and each miss
+    # makes the JVM search every jar on its class path.
+    runner = _python_rdd.get(id(sc._gateway))
+    if runner is None:
+        runner = _python_rdd[id(sc._gateway)] = sc._jvm.PythonRDD
     # read at once: the JVM's one-connection server does not wait long for a reader
-    sock_info = sc._jvm.PythonRDD.runJob(sc._jsc.sc(), jrdd, [i])
+    sock_info = runner.runJob(sc._jsc.sc(), jrdd, partitions)
     with _load_from_socket(sock_info, serializer) as stream:
         yield from stream
 
 
-def _stream(df: Any, jrdd: Any, collect: Any) -> Iterator[Any]:
+def _stream(df: Any, jrdd: Any, collect: Any, whole: bool = False) -> Iterator[Any]:
     n = jrdd.getNumPartitions()
     if n == 0:
         return
+    if whole:
+        yield from collect(list(range(n)))
+        return
     with ThreadPoolExecutor(1, thread_name_prefix="partition-prefetch") as pool:
-        pending = pool.submit(collect, 0)
+        pending = pool.submit(collect, [0])
         for i in range(n):
             partition = pending.result()
             if i + 1 < n:
-                pending = pool.submit(collect, i + 1)
+                pending = pool.submit(collect, [i + 1])
             yield from partition
             del partition

@@ -10,12 +10,15 @@ class HadoopFS:
 
     def __init__(self, spark, uri: str):
         jvm = spark._jvm
-        self._jvm = jvm
-        self._root = jvm.org.apache.hadoop.fs.Path(uri)
+        # The classes are looked up once: each segment of `jvm.org.apache...` is a class lookup that the JVM
+        # answers by searching every jar on its class path (the job reads its offsets file on every batch).
+        self._Path = jvm.org.apache.hadoop.fs.Path
+        self._IOUtils = jvm.org.apache.commons.io.IOUtils
+        self._root = self._Path(uri)
         self._fs = self._root.getFileSystem(spark._jsc.hadoopConfiguration())
 
     def _path(self, rel: str):
-        return self._jvm.org.apache.hadoop.fs.Path(self._root, rel)
+        return self._Path(self._root, rel)
 
     def list_names(self, rel: str) -> list[str]:
         """The names in directory `rel` (none when it does not exist), hidden ones included."""
@@ -33,6 +36,6 @@ class HadoopFS:
             return None
         stream = self._fs.open(p)
         try:
-            return self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+            return self._IOUtils.toString(stream, "UTF-8")
         finally:
             stream.close()

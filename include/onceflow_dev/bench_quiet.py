@@ -1,0 +1,128 @@
+"""`make bench-quiet`: what a job costs when its stream is quiet. Each contender runs on its own topics of one private
+broker, fed live at BENCH_QUIET_RATE records/s (200) with event time = now; after BENCH_QUIET_WARMUP_S (120 s: the
+JVM's JIT and the first state loads are over) the CPU seconds of its process group (the driver JVM and its Python
+process; Flink's one JVM) are read, and again BENCH_QUIET_S (180 s) later. Reported: CPU seconds per minute, the
+share of one core, and the latency of the results of windows ending in the measured period (as `make bench`'s live
+phase). Contenders one after another in one run: onceflow exactly-once, Spark's Kafka sink (at-least-once) and Flink's
+exactly-once KafkaSink with 5 s checkpoints (BENCH_FLINK=0 leaves it out). docs/performance.md has the figures."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+
+from onceflow import config
+from onceflow.kafka import topics
+from onceflow.rules import clock
+from onceflow_dev import broker, generator
+from onceflow_dev.bench import (
+    AtLeastOnce,
+    BenchSpec,
+    Contender,
+    ExactlyOnce,
+    Flink,
+    Stamper,
+    _settings,
+    private_settings,
+    setup_logging,
+    usage,
+    window_latencies,
+)
+
+log = logging.getLogger("onceflow_dev.bench_quiet")
+RATE = int(os.environ.get("BENCH_QUIET_RATE", 200))
+WARMUP_S = int(os.environ.get("BENCH_QUIET_WARMUP_S", 120))
+MEASURE_S = int(os.environ.get("BENCH_QUIET_S", 180))
+
+
+def quiet(c: Contender, s: config.Settings, ips: int = 300) -> dict:
+    """One contender at RATE records/s: CPU over MEASURE_S after WARMUP_S, and its results' latency meanwhile."""
+    stamper = Stamper(s)
+    stamper.start()
+    c.start()
+    t_live = clock.now_ms()
+    spec = generator.GeneratorSpec(
+        count=None,
+        duration_s=WARMUP_S + MEASURE_S,
+        rate=RATE,
+        distinct_ips=ips,
+        late_fraction=0.0,
+        seed=11,
+        out_of_order_fraction=0.02,
+        malformed_fraction=0.01,
+        watermark_s=s.watermark_s,
+        tail_s=0,
+    )
+    feeder = threading.Thread(target=generator.generate, args=(s, spec), daemon=True)
+    feeder.start()
+    try:
+        time.sleep(WARMUP_S)
+        before, t0 = usage(c.pid()), time.monotonic()
+        t_first = clock.now_ms()
+        feeder.join(MEASURE_S + 60)
+        after, t1 = usage(c.pid()), time.monotonic()
+        t_end = clock.now_ms()
+        time.sleep(3 * s.trigger_interval_s + s.watermark_s + s.window_s)  # the last measured windows close
+    finally:
+        c.stop()
+        stamper.stop_ev.set()
+        stamper.join(10)
+    cpu_s = round(after["cpu_s"] - before["cpu_s"], 1)
+    seconds = round(t1 - t0, 1)
+    log.info("  %s: %s CPU s in %s s since %d ms after its start", c.name, cpu_s, seconds, t_first - t_live)
+    return {
+        "cpu_s": cpu_s,
+        "seconds": seconds,
+        "cpu_s_per_min": round(cpu_s / seconds * 60, 1),
+        "cores": round(cpu_s / seconds, 3),
+        "peak_rss_mb": after["peak_rss_mb"],
+    } | window_latencies(stamper.seen, s, t_first, t_end)
+
+
+def main() -> int:
+    setup_logging()
+    spec = BenchSpec()
+    var = config.REPO_ROOT / "var" / "bench-quiet"
+    base = private_settings(var)
+    results: dict = {
+        "method": {"rate": RATE, "warmup_s": WARMUP_S, "measure_s": MEASURE_S, "trigger_s": spec.trigger_s},
+        "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]},
+        "quiet": {},
+    }
+    broker.start(base)
+    try:
+        contenders: list[tuple[str, type[Contender]]] = [("eos", ExactlyOnce), ("alo", AtLeastOnce)]
+        for key, cls in contenders:
+            s = _settings(base, f"quiet_{key}", f"quiet_{key}.source", spec)
+            topics.ensure(s)
+            log.info("quiet: %s", cls.name)
+            results["quiet"][key] = quiet(cls(s), s)
+            log.info("  %s", results["quiet"][key])
+        if spec.flink:
+            s = _settings(base, "quiet_flink_5000", "quiet_flink_5000.source", spec)
+            topics.ensure(s)
+            flink = Flink(s, 5000)
+            log.info("quiet: %s", flink.name)
+            results["quiet"]["flink_5000"] = quiet(flink, s)
+            log.info("  %s", results["quiet"]["flink_5000"])
+    finally:
+        broker.stop(base)
+    out = var / f"results-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.write_text(json.dumps(results, indent=1))
+    print("| | CPU s per minute | cores | p50 ms | p99 ms | results |")
+    print("|---|---|---|---|---|---|")
+    for key, r in results["quiet"].items():
+        print(
+            f"| {key} | {r['cpu_s_per_min']} | {r['cores']} | {r.get('p50_ms', '-')} | {r.get('p99_ms', '-')} "
+            f"| {r['results']} |"
+        )
+    print(f"\nfigures: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
