@@ -217,8 +217,14 @@ def cmd_audit(args, s: config.Settings) -> int:
     )
     rep = audit.audit(s)
     _print(rep.summary(), True)
+    what = (
+        "I1-I4"
+        if s.declared_app().audit is not None
+        else "I1 and the ledger's accounting of every sink and DLQ record (the app declares no audit of its own; "
+        "`onceflow reconcile` replays its plan key by key)"
+    )
     print(
-        f"{'OK' if rep.ok else 'VIOLATED'}: I1-I4 on every batch up to batch {rep.snapshot_batch} "
+        f"{'OK' if rep.ok else 'VIOLATED'}: {what} on every batch up to batch {rep.snapshot_batch} "
         f"(the newest committed when the audit began)",
         file=sys.stderr,
     )

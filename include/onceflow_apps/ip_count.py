@@ -26,6 +26,7 @@ app = App(
     transform=transform,
     description="requests per IP in tumbling event-time windows",
     reference="onceflow_apps.ip_count_reference:recount",  # its recount, written apart from its plan
+    audit="onceflow_apps.ip_count_audit:check",  # its windows recounted without Spark (onceflow audit)
     settings={"window_s": 5, "watermark_s": 5, "source_partitions": 4, "sink_partitions": 4},
     reasons=access_log.REASONS,
 )

@@ -1,6 +1,7 @@
 """Exactly-once, proven against the real broker and real Spark, with real crashes (SIGKILL)."""
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -301,6 +302,21 @@ def test_a_second_app_stateless_and_joined_with_a_table_is_exact_under_kill9(app
     dlq = audit.dlq_provenance(kafka_reading.read_topic(h, s.dlq_topic))
     assert sorted(dlq) == sorted((r.partition, r.offset) for r in by_source.values() if r.reason is not None)
     assert check_coverage(audit.ledger_entries(s), audit.committed_offsets(s, ends), {p: 0 for p in ends}).ok
+    # `onceflow --app ip_networks audit`, as an operator runs it: the ledger's accounting, not ip_count's recount
+    # (which found ip_count's windows missing from this sink and called the history violated)
+    out = subprocess.run(
+        [sys.executable, "-m", "onceflow.cli", "audit"],
+        env={**os.environ, **h.as_env()},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    rep = json.loads(out.stdout)
+    assert rep["sink_records"] == rep["ledger_outputs"] == len(sink) and rep["dlq_records"] == rep["ledger_dlq"] == len(
+        dlq
+    )
+    assert "the ledger's accounting" in out.stderr
 
 
 def test_two_apps_at_once_are_isolated_and_a_kill_of_one_leaves_the_other_committing(app, tmp_path, spark):

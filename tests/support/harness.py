@@ -14,6 +14,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit
 from onceflow.rules import clock, invariants, records
 from onceflow.runtime import jobctl, procs
+from onceflow_apps import ip_count_audit
 from onceflow_dev import credentials, generator
 from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL, GeneratorSpec
 
@@ -103,7 +104,7 @@ def assert_exact(s: Settings, sent: list[generator.Sent]) -> invariants.Report:
     transactions (if any) are invisible to read_committed consumers."""
     s = harness(s)
     ledger = audit.ledger_records(s)
-    src_on_broker = audit.source_records(
+    src_on_broker = ip_count_audit.source_records(
         s, [e for e in ledger if isinstance(e, audit.LedgerEntry) and e.kind == "stream"], audit.quarantined(ledger)
     )
     by_pos = {(r.partition, r.offset): r for r in truth(sent)}

@@ -52,6 +52,15 @@ def test_a_bad_declaration_fails_at_load_with_what_to_change(app, message):
     assert "ONCEFLOW_APP=" in str(e.value)
 
 
+def test_an_apps_hooks_name_a_module_and_a_function():
+    from onceflow.app import App
+
+    for hook in ("reference", "audit"):
+        with pytest.raises(AppError, match=f"{hook} must be 'module:function'"):
+            App(name="hooked", transform=lambda raw, ctx: None, **{hook: "not a function"})
+    assert App(name="hooked", transform=lambda raw, ctx: None, audit="pkg.mod:check").audit == "pkg.mod:check"
+
+
 def test_a_registry_entry_must_name_a_module_and_an_attribute():
     with pytest.raises(AppError, match="name=package.module:attribute"):
         registry.parse("upper=tests.support.apps")

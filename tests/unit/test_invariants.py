@@ -3,7 +3,7 @@
 import json
 
 from onceflow.rules import records as R
-from onceflow.rules.invariants import SinkRecord, SourceRecord, check, expected
+from onceflow.rules.invariants import SinkRecord, SourceRecord, check, check_accounting, expected
 from onceflow.rules.ledger import LedgerEntry
 
 W = 5
@@ -82,3 +82,32 @@ def test_sink_value_must_match_its_key():
     bad = SinkRecord(good[0].key, good[1].value)
     rep = check(entries, {0: 7}, src, [bad] + good[1:], [(0, 3)], W)
     assert rep.malformed_values and not rep.ok
+
+
+def test_an_app_without_its_own_audit_is_held_to_the_ledgers_accounting():
+    """What holds for any app (check_accounting): each output and each reject the committed batches counted is on
+    the sink and the DLQ once, whatever the records mean; a key may repeat (a stateless app keys by IP)."""
+    entries = [entry(0, 0, 4, 0, outputs=2, dlq=1), entry(1, 4, 7, 0, outputs=2)]
+    rows = [
+        SinkRecord("1.1.1.1", b"a"),
+        SinkRecord("2.2.2.2", b"b"),
+        SinkRecord("1.1.1.1", b"c"),
+        SinkRecord("x", b"d"),
+    ]
+    assert check_accounting(entries, {0: 7}, rows, [(0, 3)]).ok
+    foreign = check_accounting(entries, {0: 7}, rows + [SinkRecord("z", b"e")], [(0, 3)])
+    assert not foreign.ok and (foreign.sink_records, foreign.ledger_outputs) == (5, 4)
+    lost = check_accounting(entries, {0: 7}, rows, [])
+    assert not lost.ok and (lost.dlq_records, lost.ledger_dlq) == (0, 1) and lost.summary()["dlq_records"] == 0
+    twice = check_accounting(entries, {0: 7}, rows, [(0, 3), (0, 3)])
+    assert not twice.ok and twice.dlq_duplicates == [(0, 3)]
+    outside = check_accounting(entries, {0: 7}, rows, [(0, 9)])  # no committed batch read offset 9
+    assert not outside.ok and outside.dlq_unexpected == [(0, 9)]
+    gap = check_accounting([entries[1]], {0: 7}, rows[2:], [], starting={0: 0})
+    assert not gap.ok and not gap.coverage.ok
+    assert "dlq_records" not in check(*_ip_count_args()).summary()  # the key-by-key audit counts the DLQ itself
+
+
+def _ip_count_args():
+    src, entries, good = history()
+    return entries, {0: 7}, src, good, [(0, 3)], W

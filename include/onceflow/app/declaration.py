@@ -86,6 +86,10 @@ class App:
     reference: optional `module:function`, an independent second check of the app's results that the
       reconciliation runs beside the replay of the app's own plan (onceflow.operations.replay), written apart from
       that plan (ip_count's reference recount: onceflow_apps.ip_count_reference.recount).
+    audit: optional `module:function`, the app's own key-by-key check for `onceflow audit` (no Spark: the source,
+      sink and DLQ read with a Kafka client), called with (settings, snapshot, sink records, DLQ provenance) and
+      returning an onceflow.rules.invariants.Report (ip_count's: onceflow_apps.ip_count_audit.check). Without it
+      the audit checks what holds for any app: I1 coverage and the ledger's accounting of every sink and DLQ record.
     """
 
     name: str
@@ -96,12 +100,15 @@ class App:
     event_time: bool = True
     deterministic: bool = True
     reference: str | None = None
+    audit: str | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name)
         if not callable(self.transform):
             raise AppError(f"app {self.name}: transform must be a function (source, context) -> Results")
-        if self.reference is not None and not re.fullmatch(r"[\w.]+:\w+", self.reference):
-            raise AppError(f"app {self.name}: reference must be 'module:function', got {self.reference!r}")
+        for hook in ("reference", "audit"):
+            where = getattr(self, hook)
+            if where is not None and not re.fullmatch(r"[\w.]+:\w+", where):
+                raise AppError(f"app {self.name}: {hook} must be 'module:function', got {where!r}")
         if not isinstance(self.settings, Mapping):
             raise AppError(f"app {self.name}: settings must be a mapping of setting names to values")

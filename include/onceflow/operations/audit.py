@@ -1,7 +1,8 @@
 """Read back what the platform committed (ledger, group offsets, sink, DLQ, source) and check I1-I4.
 
 The reading is plain Kafka consumption with `isolation.level=read_committed`; the deciding is in
-`onceflow.rules.invariants`. Used by `onceflow audit` and the tests; the reconciliation recounts with Spark.
+`onceflow.rules.invariants` and, for an app that declares its own audit, in the app (ip_count's:
+onceflow_apps.ip_count_audit). Used by `onceflow audit` and the tests; the reconciliation recounts with Spark.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from typing import cast
 from confluent_kafka import TopicPartition
 
 from onceflow import wire
+from onceflow.app import registry
 from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.protocol import ledger_reader
 from onceflow.protocol.ledger_reader import LedgerNotVisible
-from onceflow.rules import invariants, records
+from onceflow.rules import invariants
 from onceflow.rules.ledger import Committed, LedgerEntry, QuarantineRange, QuarantineRecord, RestoreRecord, parse_record
 
 
@@ -130,33 +132,16 @@ def snapshot(settings: Settings, wait_s: float = 30.0) -> Snapshot:
     return Snapshot(committed, entries, recs)
 
 
-def source_records(
-    settings: Settings, entries: Iterable[LedgerEntry] = (), quarantine: Iterable[QuarantineRange] = ()
-) -> list[invariants.SourceRecord]:
-    """The source, classified by the reference parser (independent of Spark), each record with the rules of the
-    batch that read it (`entries`; records of no batch with the current settings)."""
-    index = invariants.BatchIndex(entries)
-    q = list(quarantine)
-    out = []
-    for m in kafka_reading.read_topic(settings, settings.source_topic):
-        e = index.find(m.partition, m.offset)
-        ahead = e.max_event_ahead_ms if e is not None else settings.max_event_ahead_ms
-        held = any(r.partition == m.partition and r.start <= m.offset < r.end for r in q)
-        p = records.parse(m.value, m.timestamp_ms, ahead, held)
-        out.append(invariants.SourceRecord(m.partition, m.offset, p.ts_us, p.ip, p.reason))
-    return out
-
-
 def dlq_provenance(msgs: Iterable[kafka_reading.Msg]) -> list[tuple[int, int]]:
     return [(int(m.headers[wire.H_SOURCE_PARTITION]), int(m.headers[wire.H_SOURCE_OFFSET])) for m in msgs]
 
 
-def audit(settings: Settings, source: list[invariants.SourceRecord] | None = None) -> invariants.Report:
-    """Check I1-I4 for the live job's committed history against the source as it is on the broker: on a
-    consistent snapshot (everything up to one committed batch), so a running job gives the same verdict as a
-    stopped one."""
+def audit(settings: Settings) -> invariants.Report:
+    """Check the live job's committed history against the source as it is on the broker, on a consistent snapshot
+    (everything up to one committed batch), so a running job gives the same verdict as a stopped one: the app's own
+    key-by-key audit where it declares one (App.audit: ip_count's recounts its windows), else what holds for any
+    app (I1 and the ledger's accounting of every sink and DLQ record: invariants.check_accounting)."""
     snap = snapshot(settings)
-    src = source if source is not None else source_records(settings, snap.entries, quarantined(snap.records))
     # onceflow's sink records always carry a key and a value
     sink = [
         invariants.SinkRecord(cast(bytes, m.key).decode(), cast(bytes, m.value), m.partition, m.offset)
@@ -164,6 +149,10 @@ def audit(settings: Settings, source: list[invariants.SourceRecord] | None = Non
         if snap.includes(m.headers)
     ]
     dlq = dlq_provenance(m for m in kafka_reading.read_topic(settings, settings.dlq_topic) if snap.includes(m.headers))
-    rep = invariants.check(snap.entries, snap.committed.offsets, src, sink, dlq, settings.window_s)
+    app = settings.declared_app()
+    if app.audit is not None:
+        rep = registry.load(app.audit)(settings, snap, sink, dlq)
+    else:
+        rep = invariants.check_accounting(snap.entries, snap.committed.offsets, sink, dlq)
     rep.snapshot_batch = snap.batch
     return rep

@@ -122,6 +122,8 @@ class Report:
     malformed: int = 0
     counted: int = 0
     snapshot_batch: int | None = None  # the last committed batch the check covers
+    # accounting only (check_accounting: an app without its own audit): DLQ records seen, to equal ledger_dlq
+    dlq_records: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -138,6 +140,7 @@ class Report:
                 or self.dlq_duplicates
             )
             and self.ledger_outputs == self.sink_records
+            and (self.dlq_records is None or self.dlq_records == self.ledger_dlq)
         )
 
     def summary(self) -> dict[str, Any]:
@@ -154,6 +157,7 @@ class Report:
             "pending": self.pending,
             "malformed": self.malformed,
             "ledger_dlq": self.ledger_dlq,
+            **({} if self.dlq_records is None else {"dlq_records": self.dlq_records}),
             "duplicates": dict(list(self.duplicates.items())[:20]),
             "missing": dict(list(self.missing.items())[:20]),
             "unexpected": dict(list(self.unexpected.items())[:20]),
@@ -177,6 +181,30 @@ def sink_value_errors(rec: SinkRecord, window_s: int) -> str | None:
     if not isinstance(v["count"], int) or v["count"] <= 0:
         return f"{rec.key}: count {v['count']!r} is not a positive integer"
     return None
+
+
+def check_accounting(
+    entries: Sequence[LedgerEntry],
+    committed: Mapping[int, int] | None,
+    sink: Iterable[SinkRecord],
+    dlq: Iterable[tuple[int, int]],
+    starting: Mapping[int, int] | None = None,
+) -> Report:
+    """What holds for any app, without knowing what its results mean: I1 (coverage), one sink record for each
+    output and one DLQ record for each reject the committed batches counted (a foreign or doubled record, or one
+    lost, breaks the count), and each DLQ record once, naming a source record of a committed batch. Keys may
+    repeat: what a result is, and so whether its key is unique, is the app's (its own `audit`, and the replay of
+    its plan in the reconciliation)."""
+    rep = Report(coverage=check_coverage(entries, committed, starting))
+    rep.ledger_outputs = sum(e.outputs for e in entries)
+    rep.ledger_dlq = sum(e.dlq for e in entries)
+    rep.sink_records = sum(1 for _ in sink)
+    index = BatchIndex(entries)
+    seen = Counter(dlq)
+    rep.dlq_records = sum(seen.values())
+    rep.dlq_duplicates = sorted(k for k, n in seen.items() if n > 1)
+    rep.dlq_unexpected = sorted(k for k in seen if index.find(*k) is None)
+    return rep
 
 
 def check(
