@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from onceflow import config
 from onceflow.kafka import topics
@@ -95,20 +96,19 @@ def main() -> int:
     }
     broker.start(base)
     try:
-        contenders: list[tuple[str, type[Contender]]] = [("eos", ExactlyOnce), ("alo", AtLeastOnce)]
-        for key, cls in contenders:
+        contenders: list[tuple[str, Callable[[config.Settings], Contender]]] = [
+            ("eos", ExactlyOnce),
+            ("alo", AtLeastOnce),
+        ]
+        if spec.flink:
+            contenders.append(("flink_5000", lambda s: Flink(s, 5000)))
+        for key, make in contenders:
             s = _settings(base, f"quiet_{key}", f"quiet_{key}.source", spec)
             topics.ensure(s)
-            log.info("quiet: %s", cls.name)
-            results["quiet"][key] = quiet(cls(s), s)
+            c = make(s)
+            log.info("quiet: %s", c.name)
+            results["quiet"][key] = quiet(c, s)
             log.info("  %s", results["quiet"][key])
-        if spec.flink:
-            s = _settings(base, "quiet_flink_5000", "quiet_flink_5000.source", spec)
-            topics.ensure(s)
-            flink = Flink(s, 5000)
-            log.info("quiet: %s", flink.name)
-            results["quiet"]["flink_5000"] = quiet(flink, s)
-            log.info("  %s", results["quiet"]["flink_5000"])
     finally:
         broker.stop(base)
     out = var / f"results-{time.strftime('%Y%m%dT%H%M%S')}.json"

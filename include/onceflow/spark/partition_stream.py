@@ -38,14 +38,14 @@ def materialised(df: Any) -> Iterator[int]:
         df.unpersist(blocking=False)
 
 
-def rows(df: Any, whole: bool = False) -> Iterator[Any]:
+def rows(df: Any) -> Iterator[Any]:
     """Every row of `df` (pyspark Rows), partition by partition, in partition order; each partition is computed
     once (as toLocalIterator does, one job per partition: the stages before it run once and are reused)."""
     from pyspark.serializers import BatchedSerializer, CPickleSerializer
 
     jrdd = df._jdf.javaToPython()  # pickled rows, made in the executors' JVMs (no Python on the executors)
     serializer = BatchedSerializer(CPickleSerializer())
-    yield from _stream(df, jrdd, lambda ps: list(_load(df, jrdd, ps, serializer)), whole)
+    yield from _stream(df, jrdd, lambda ps: list(_load(df, jrdd, ps, serializer)))
 
 
 def tuples(df: Any, whole: bool = False) -> Iterator[tuple]:
