@@ -60,7 +60,7 @@ test-unit: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/test_dag_integrity.py tests/unit  # the DAG files parse first (seconds)
 
 test-integration: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 \
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 --durations-min=10 \
 		$(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
 		tests/integration tests/airflow
 

@@ -97,6 +97,11 @@ class Settings:
     trigger_interval_s: float = 5.0
     # Run the batch that emits newly closed windows at once instead of one trigger later (onceflow.rules.pacing).
     close_out_batches: bool = True
+    # With close-out batches, paced batches start this long after each multiple of the trigger interval, so that
+    # the record that closes a window, stamped on the multiple, has left its producer and is read by the batch
+    # planned for it (onceflow.rules.pacing). Without it such windows waited one more trigger interval. At most
+    # half the trigger interval is used.
+    trigger_margin_ms: int = 300
     # Per-batch costs (planning, state store commit, checkpoint files, transaction) amortise over the batch:
     # 500,000 drained a backlog ~10-20 % faster than 200,000 (docs/performance.md, make bench-sweep).
     max_offsets_per_trigger: int = 500_000
@@ -403,6 +408,7 @@ class Settings:
             need(getattr(self, name) > 0, f"{ENV_PREFIX}{name.upper()} must be > 0, got {getattr(self, name)}")
         need(self.watermark_s >= 0, f"{ENV_PREFIX}WATERMARK_S must be >= 0, got {self.watermark_s}")
         need(self.trigger_interval_s >= 0, f"{ENV_PREFIX}TRIGGER_INTERVAL_S must be >= 0")
+        need(self.trigger_margin_ms >= 0, f"{ENV_PREFIX}TRIGGER_MARGIN_MS must be >= 0, got {self.trigger_margin_ms}")
         need(self.restart_attempts >= 0, f"{ENV_PREFIX}RESTART_ATTEMPTS must be >= 0")
         need(self.health_restart_attempts >= 0, f"{ENV_PREFIX}HEALTH_RESTART_ATTEMPTS must be >= 0")
         need(self.health_progress_threshold_s > 0, f"{ENV_PREFIX}HEALTH_PROGRESS_THRESHOLD_S must be > 0")
@@ -585,6 +591,7 @@ APP_SETTINGS = frozenset(
         "sink_partitions",
         "trigger_interval_s",
         "close_out_batches",
+        "trigger_margin_ms",
         "max_offsets_per_trigger",
         "shuffle_partitions",
         "window_s",

@@ -167,14 +167,19 @@ def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env
     if not procs.read_pidfile(pidfile(s)):
         _airflow(s, "db", "migrate", timeout=300, extra=extra_env)
         conns = {
-            s.kafka_conn_id: {"conn_type": "kafka", "extra": {"bootstrap.servers": s.bootstrap_servers}},
+            s.kafka_conn_id: {"conn_type": "kafka", "extra_dejson": {"bootstrap.servers": s.bootstrap_servers}},
             s.spark_conn_id: {"conn_type": "spark", "host": "local[*]"},
         }
         if s.secured:  # the Kafka connections carry passwords: Airflow gets them in its environment (kafka_env)
             conns.pop(s.kafka_conn_id)
-        for conn_id, spec in conns.items():
-            _airflow(s, "connections", "delete", conn_id, check=False, extra=extra_env)
-            _airflow(s, "connections", "add", conn_id, "--conn-json", json.dumps(spec), extra=extra_env)
+        # one `airflow` process for all of them (each takes seconds to start): no password in the file
+        conn_file = home(s) / "connections.json"
+        conn_file.parent.mkdir(parents=True, exist_ok=True)
+        conn_file.write_text(json.dumps(conns, indent=1))
+        out = _airflow(s, "connections", "import", "--overwrite", str(conn_file), extra=extra_env)
+        missing = [c for c in conns if f"Imported connection {c}" not in out.stdout]
+        if missing:  # the command reports a connection it could not import and still exits 0
+            raise RuntimeError(f"airflow connections import did not import {missing}:\n{out.stdout[-1500:]}")
         proc = procs.spawn_detached(
             [sys.executable, "-m", "onceflow_dev.airflow_standalone"],  # `airflow standalone`, no log servers
             s.log_dir / "airflow.log",

@@ -46,8 +46,12 @@ def test_pacing_after_a_batch():
     closing = pace_after(s, plan(wm=20_000, ts=30_000), Decision.WRITE, 36_000, 31_000)
     assert closing.closes_windows and closing.delay_s == 0
     # nothing closes: the next batch waits for the trigger's next multiple, never longer than one interval
-    waiting = pace_after(s, plan(wm=20_000, ts=30_000), Decision.WRITE, 21_000, 31_000)
+    waiting = pace_after(s, plan(wm=20_000, ts=30_500), Decision.WRITE, 21_000, 31_000)
     assert not waiting.closes_windows and 0 < waiting.delay_s <= 5
+    # planned at 30.5 s, it is 31 s: the next batch at 35 s plus the settings' margin
+    assert waiting.delay_s == 4.3 and s.trigger_margin_ms == 300
+    no_margin = s.replace(trigger_margin_ms=0)
+    assert pace_after(no_margin, plan(wm=20_000, ts=30_500), Decision.WRITE, 21_000, 31_000).delay_s == 4
 
 
 def test_progress_fields_carry_the_ledger_batch_and_decision():

@@ -74,3 +74,19 @@ def test_a_wall_clock_stepped_back_never_waits_more_than_one_trigger():
         )
         == T / 1000
     )
+
+
+def test_the_margin_plans_the_batch_after_the_boundary_event_has_arrived():
+    # windows and the watermark delay are multiples of T: the event that closes a window is stamped on a multiple
+    # of T (here 102 s) and reaches the broker a little after it; a batch planned on 102.0 s would not read it
+    waiting = timing(9_000, 14_000, batch_ts=100_400)
+    assert delay_before_next_s(waiting, now_ms=100_900, trigger_ms=T, delay_ms=D, window_ms=W, margin_ms=300) == 1.4
+    # planned on the margin (100.3 s), the next batch is one trigger later (102.3 s), not at the multiple between
+    on_margin = timing(9_000, 14_000, batch_ts=100_300)
+    assert delay_before_next_s(on_margin, now_ms=100_500, trigger_ms=T, delay_ms=D, window_ms=W, margin_ms=300) == 1.8
+    # a batch that started between the multiple and its margin (a close-out batch right after a boundary): the
+    # next batch is at that margin, not a whole trigger later
+    early = timing(9_000, 14_000, batch_ts=100_100)
+    assert delay_before_next_s(early, now_ms=100_150, trigger_ms=T, delay_ms=D, window_ms=W, margin_ms=300) == 0.15
+    # a margin never takes more than half the interval: 5 s counts as 1 s, so the next batch is at 101 s
+    assert delay_before_next_s(waiting, now_ms=100_900, trigger_ms=T, delay_ms=D, window_ms=W, margin_ms=5_000) == 0.1

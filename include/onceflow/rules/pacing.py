@@ -8,7 +8,11 @@ could close, plus two batches' processing.
 With close-out on, the job runs Spark's trigger at 0 and paces batches itself, after each batch's transaction:
 - a batch whose input moved the watermark past a window end is followed at once by the next batch (the
   close-out batch, which emits those windows, with whatever input arrived meanwhile);
-- otherwise the next batch starts at the next multiple of T after this batch's start, like Spark's own trigger;
+- otherwise the next batch starts at the next multiple of T after this batch's start, like Spark's own trigger,
+  plus a margin (`trigger_margin_ms`, at most T/2). With windows and watermark delay multiples of T, the event
+  that closes a window is stamped on a multiple of T, and a batch planned on that multiple has not read it yet:
+  it is still in its producer's linger or on the wire. The window then waited one more trigger interval; a batch
+  planned a margin later reads it, and its close-out batch emits the window;
 - replays and catch-up batches (nothing new to write) are followed at once.
 This changes when batches run, never what they contain: each batch's range, the results and the protocol are
 the same as under any other schedule.
@@ -41,11 +45,19 @@ def closes_windows(t: BatchTiming, delay_ms: int, window_ms: int) -> bool:
 
 
 def delay_before_next_s(
-    t: BatchTiming, now_ms: int, trigger_ms: int, delay_ms: int, window_ms: int, wrote: bool = True
+    t: BatchTiming,
+    now_ms: int,
+    trigger_ms: int,
+    delay_ms: int,
+    window_ms: int,
+    wrote: bool = True,
+    margin_ms: int = 0,
 ) -> float:
-    """Seconds to wait before letting Spark plan the next batch: never more than one trigger interval, whatever
-    the wall clock does (a clock stepped back between the batch's start and now must not stall the job)."""
+    """Seconds to wait before letting Spark plan the next batch: until the next multiple of the trigger plus the
+    margin after the batch's start, never more than one trigger interval, whatever the wall clock does (a clock
+    stepped back between the batch's start and now must not stall the job)."""
     if not wrote or trigger_ms <= 0 or closes_windows(t, delay_ms, window_ms):
         return 0.0
-    next_trigger = (t.batch_ts_ms // trigger_ms + 1) * trigger_ms
+    margin_ms = min(margin_ms, trigger_ms // 2)
+    next_trigger = ((t.batch_ts_ms - margin_ms) // trigger_ms + 1) * trigger_ms + margin_ms
     return min(trigger_ms, max(0, next_trigger - now_ms)) / 1000.0

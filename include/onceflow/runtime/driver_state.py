@@ -84,7 +84,8 @@ class Pace:
 
 def pace_after(settings: Settings, plan: BatchPlan, decision: Decision, max_event_ms: int | None, now_ms: int) -> Pace:
     """When the next batch starts (onceflow.rules.pacing): replays and catch-up at once; a written batch that
-    closes windows at once (the close-out batch emits them); otherwise at the next multiple of the trigger."""
+    closes windows at once (the close-out batch emits them); otherwise at the next multiple of the trigger, plus
+    its margin."""
     if not settings.close_out_batches or decision is not Decision.WRITE:
         return Pace(0.0, False)
     timing = pacing.BatchTiming(plan.batch_ts_ms, plan.watermark_ms, max_event_ms)
@@ -94,7 +95,8 @@ def pace_after(settings: Settings, plan: BatchPlan, decision: Decision, max_even
         settings.window_s * 1000,
     )
     return Pace(
-        pacing.delay_before_next_s(timing, now_ms, trigger_ms, wm_ms, w_ms), pacing.closes_windows(timing, wm_ms, w_ms)
+        pacing.delay_before_next_s(timing, now_ms, trigger_ms, wm_ms, w_ms, margin_ms=settings.trigger_margin_ms),
+        pacing.closes_windows(timing, wm_ms, w_ms),
     )
 
 
