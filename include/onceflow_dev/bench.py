@@ -246,6 +246,22 @@ def check(s: config.Settings, exp: bench_check.Expected) -> dict:
     return bench_check.compare(exp, ((m.key, m.value) for m in sink), s.window_s, dlq_records=len(dlq))
 
 
+def check_any_app(s: config.Settings, exp: bench_check.Expected) -> dict:
+    """An app without ip_count's windows (ip_networks): `onceflow audit` (its own audit, or I1 and the ledger's
+    accounting of every sink and DLQ record), and every record of the backlog once, as one result or one DLQ
+    record (ip_networks writes one result per good record)."""
+    rep = audit.audit(s)
+    dlq = rep.dlq_records if rep.dlq_records is not None else rep.malformed
+    exact = rep.ok and rep.sink_records + dlq == exp.records
+    return {
+        "verdict": "exact" if exact else "WRONG",
+        "sink_records": rep.sink_records,
+        "dlq_records": dlq,
+        "records": exp.records,
+        "audit_ok": rep.ok,
+    }
+
+
 # ---------------------------------------------------------------------------- phases
 def throughput(c: Contender, end: dict[int, int], records_: int, timeout: float = 3600) -> dict:
     t0 = time.time()
@@ -540,6 +556,9 @@ def main() -> int:
     results["ratios"] = {
         "eos_vs_alo_throughput": round(tp["eos"]["records_per_s"] / tp["alo"]["records_per_s"], 3),
         "eos_vs_ceiling_throughput": round(tp["eos"]["records_per_s"] / tp["ceiling"]["records_per_s"], 3),
+        "ip_networks_vs_ip_count_throughput": round(
+            tp["eos_ip_networks"]["records_per_s"] / tp["eos"]["records_per_s"], 3
+        ),
         "eos_p99_in_trigger_intervals": round(results["latency"]["eos"].get("p99_ms", 0) / 1000 / spec.trigger_s, 2),
     } | flink_ratios(results)
     out = var / f"results-{time.strftime('%Y%m%dT%H%M%S')}.json"
@@ -587,6 +606,12 @@ def flink_ratios(results: dict) -> dict:
 def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, results: dict) -> None:
     apps = {name: _settings(base, f"bench_{name}", "bench.source", spec) for name in ("eos", "alo", "ceiling")}
     apps |= {key: _settings(base, f"bench_{key}", "bench.source", spec) for key in flink_configs(spec)}
+    # the second app (onceflow_apps.ip_networks: no window, no state, a table join) on the same backlog, with its own
+    # declared settings: what the platform costs a stateless stream
+    net = {"app": "ip_networks"}
+    apps["eos_ip_networks"] = _settings(
+        base, "bench_ip_networks", "bench.source", spec, **net, **config.app_defaults(net)
+    )
     try:
         for s in apps.values():
             topics.ensure(s)
@@ -609,6 +634,11 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
             results["throughput"][key] = throughput(contender, end, n)
             log.info("  %s", results["throughput"][key])
             results["correctness"][key] = _checked(apps[key], exp)
+        log.info("throughput: onceflow exactly-once, ip_networks")
+        results["throughput"]["eos_ip_networks"] = throughput(ExactlyOnce(apps["eos_ip_networks"]), end, n)
+        log.info("  %s", results["throughput"]["eos_ip_networks"])
+        results["correctness"]["eos_ip_networks"] = check_any_app(apps["eos_ip_networks"], exp)
+        log.info("  correctness: %s", results["correctness"]["eos_ip_networks"])
         log.info("throughput: ceiling")
         results["throughput"]["ceiling"] = ceiling(apps["ceiling"], end, n)
         log.info("  %s", results["throughput"]["ceiling"])
@@ -658,6 +688,7 @@ def table(r: dict) -> str:
     rows = [("", "records/s", "p50 ms", "p95 ms", "p99 ms", "peak RSS MB", "CPU s", "output")]
     names = {
         "eos": "onceflow exactly-once",
+        "eos_ip_networks": "onceflow exactly-once, ip_networks (stateless)",
         "alo": "Spark Kafka sink (at-least-once)",
         "ceiling": "confluent-kafka txn loop (no Spark)",
     }
@@ -689,6 +720,7 @@ def table(r: dict) -> str:
         "",
         f"exactly-once / at-least-once throughput: {ra['eos_vs_alo_throughput']}",
         f"exactly-once / ceiling throughput:       {ra['eos_vs_ceiling_throughput']}",
+        f"ip_networks / ip_count throughput (onceflow): {ra.get('ip_networks_vs_ip_count_throughput', '-')}",
         f"exactly-once p99 latency in trigger intervals ({r['spec']['trigger_s']} s): "
         f"{ra['eos_p99_in_trigger_intervals']}",
         *(
@@ -700,6 +732,7 @@ def table(r: dict) -> str:
             f"late records counted by {names[k]}: {c['late_counted']} of {c['late_records']} (any share is correct: "
             f"it depends on how its watermark moved)"
             for k, c in ok.items()
+            if "late_counted" in c
         ),
         *(
             f"recovery after kill -9 ({how}, median and worst of {len(x['runs'])}): next commit in "

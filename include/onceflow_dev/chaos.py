@@ -6,8 +6,9 @@ has committed after the last one (a fault after the input ended would have nothi
 not be measured), while a seeded schedule injects `kill -9`s of the job, hard kills and
 restarts of the broker, SIGSTOP/SIGCONT pauses of the driver, and transactions held past their timeout (the
 job's `stall_in_txn` fault at chosen batches). Then it waits for the job to drain, verifies the whole history
-against the generator's manifest (I1-I4, exact: lost and duplicated must be 0, the DLQ complete) and with a Spark
-reconciliation run, and prints what happened. Exit 1 on any loss, duplicate or failed check.
+(`verify`: the generator's manifest in the source, the app's own audit or the ledger's accounting, lost and
+duplicated must be 0, the DLQ complete) and with a Spark reconciliation run (the replay of the app's plan among its
+checks), and prints what happened. Exit 1 on any loss, duplicate or failed check. Any declared app (CHAOS_APP).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import cast
 
 from confluent_kafka import KafkaException
 
@@ -29,10 +29,10 @@ from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import topics
 from onceflow.operations import audit
-from onceflow.rules import clock, invariants
+from onceflow.rules import clock
 from onceflow.runtime import jobctl, launcher, procs
 from onceflow_dev import broker, chaos_plan, generator
-from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL
+from onceflow_dev.generator import KIND_TAIL
 
 log = logging.getLogger("onceflow_dev.chaos")
 
@@ -51,6 +51,8 @@ class ChaosSpec:
     stalls: int = field(default_factory=lambda: env_or("CHAOS_STALLS", 3))
     pauses: int = field(default_factory=lambda: env_or("CHAOS_PAUSES", 3))
     seed: int = field(default_factory=lambda: env_or("CHAOS_SEED", 1))
+    # the declared app under faults (CHAOS_APP=ip_networks: the stateless one): its own settings, on chaos topics
+    app: str = field(default_factory=lambda: env_or("CHAOS_APP", "ip_count"))
     # a warm standby driver takes over killed drivers (CHAOS_STANDBY=0: every kill is a cold restart)
     standby: int = field(default_factory=lambda: env_or("CHAOS_STANDBY", 1))
     # how long an even kill waits for the standby's session to be up (a loaded 2-core machine takes minutes)
@@ -123,6 +125,7 @@ def stall_batches(spec: ChaosSpec) -> list[int]:
 def run(spec: ChaosSpec, var_dir) -> dict:
     base = config.load(
         env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
+        app=spec.app,
         var_dir=var_dir,
         bootstrap_servers=f"127.0.0.1:{procs.free_port()}",
         controller_port=procs.free_port(),
@@ -241,7 +244,11 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             bounds(),
             lag_slack=int(5 * spec.records / spec.seconds),
         )
-        report = verify(observer, sent)
+        spark = launcher.local_session(s, "chaos-reconcile")
+        from onceflow.operations import reconcile
+
+        res = reconcile.run(spark, recon, with_gx=False)
+        report = verify(observer, sent, recount=res)
         counts = {"kill_job": 0, "restart_broker": 0, "pause_driver": 0, "stall_in_txn": 0} | outcome.counts()
         report |= {
             "plan": [vars(st) for st in steps],
@@ -255,16 +262,13 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             "seed": spec.seed,
             "secured": bool(spec.secured),
         }
-        spark = launcher.local_session(s, "chaos-reconcile")
-        from onceflow.operations import reconcile
-
-        res = reconcile.run(spark, recon, with_gx=False)
         report["reconciliation"] = {c.name: c.status for c in res.checks}
         # every transaction held past its timeout must have been detected and reported as such
         report["ok"] = (
             report["lost"] == 0
             and report["duplicated"] == 0
             and report["dlq_complete"]
+            and report["invariants_ok"]
             and res.ok
             and report["transaction_timeouts"] >= counts["stall_in_txn"]
             and not outcome.missed
@@ -403,46 +407,64 @@ def wait_drained(s, sent, timeout: float) -> None:
     time.sleep(3 * s.trigger_interval_s)  # the windows the tail closes are emitted by the next batches
 
 
-def verify(s, sent) -> dict:
-    """I1-I4 against the manifest: what was lost, what was duplicated, whether the DLQ is complete."""
-    truth = [
-        invariants.SourceRecord(r.partition, r.offset, r.ts_us, r.ip, r.reason if r.kind == KIND_MALFORMED else None)
-        for r in sent
-    ]
-    entries = audit.ledger_entries(s)
-    ends: dict[int, int] = {}
-    for r in sent:
-        ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
-    # onceflow's sink records always carry a key and a value
-    sink = [
-        invariants.SinkRecord(cast(bytes, m.key).decode(), cast(bytes, m.value), m.partition, m.offset)
-        for m in kafka_reading.read_topic(s, s.sink_topic)
-    ]
-    dlq = audit.dlq_provenance(kafka_reading.read_topic(s, s.dlq_topic))
-    rep = invariants.check(
-        entries, audit.committed_offsets(s, ends), truth, sink, dlq, s.window_s, starting={p: 0 for p in ends}
-    )
+def verify(s, sent, recount=None) -> dict:
+    """What the run wrote, against what it was sent (the generator's manifest), for any app: every sent record is
+    in the source where the manifest says; the app's own audit where it declares one (App.audit: ip_count's
+    recounts its windows), else I1 and the ledger's accounting of every sink and DLQ record (onceflow.operations.
+    audit); and, given a reconciliation result (`recount`), the replay of the app's plan over the committed ranges.
+    Lost and duplicated count what either found: results the audit or the replay expected and the job did not
+    write, or wrote more often (the replay names at most its first differences: a lower bound, never 0 by mistake)."""
+    on_broker = {(m.partition, m.offset) for m in kafka_reading.read_topic(s, s.source_topic)}
+    not_in_source = sum(1 for r in sent if (r.partition, r.offset) not in on_broker)
+    rep = audit.audit(s)
     lost = len(rep.missing) + sum(max(0, e - f) for e, f in rep.wrong.values())
     duplicated = (
         sum(n - 1 for n in rep.duplicates.values())
         + sum(max(0, f - e) for e, f in rep.wrong.values())
         + len(rep.unexpected)
     )
+    replay: dict = {}
+    if recount is not None:
+        rp = recount.check("replay")
+        replay_lost, replay_dup = replay_counts(rp.differences)
+        lost, duplicated = max(lost, replay_lost), max(duplicated, replay_dup)
+        replay = {"replay": rp.status, "replay_summary": rp.summary}
+    own_audit = s.declared_app().audit is not None
     return {
+        "app": s.app,
+        "audit": "its own audit" if own_audit else "I1 and the ledger's accounting",
         "records": len(sent),
         "tail_records": sum(1 for r in sent if r.kind == KIND_TAIL),
-        "batches": len(entries),
+        "not_in_source": not_in_source,
+        "batches": len(audit.ledger_entries(s)),
         "sink_records": rep.sink_records,
         "counted": rep.counted,
         "late": rep.late,
-        "malformed": rep.malformed,
+        # what the app rejected: the audit's own classification where it has one, else what the ledger counted
+        "malformed": rep.malformed if own_audit else rep.dlq_records,
         "pending": rep.pending,
         "coverage_ok": rep.coverage.ok,
         "lost": lost,
         "duplicated": duplicated,
         "dlq_complete": not (rep.dlq_missing or rep.dlq_unexpected or rep.dlq_duplicates),
-        "invariants_ok": rep.ok,
+        "invariants_ok": rep.ok and not_in_source == 0,
+        **replay,
     }
+
+
+def replay_counts(differences: list[dict]) -> tuple[int, int]:
+    """(lost, duplicated) from the replay's differences (onceflow.rules.replay.differences): a result the replay
+    has and the job lacks, or has with another value, is lost; one the job wrote more often than the replay, or
+    that no committed batch computes, is a duplicate."""
+    lost = dup = 0
+    for d in differences:
+        if d["kind"] == "missing":
+            lost += d["replayed"] - d["committed"]
+        elif d["kind"] == "different_value":
+            lost += 1
+        elif d["kind"] in ("duplicate", "unexpected"):
+            dup += d["committed"] - d["replayed"]
+    return lost, dup
 
 
 def prepare_var():
@@ -465,6 +487,7 @@ def main() -> int:
     (var / "report.json").write_text(json.dumps(report, indent=1))
     f = report["faults"]
     print(f"""
+app               {report["app"]} (checked by {report["audit"]}{" and the replay of its plan" if "replay" in report else ""})
 stack             {"secured: SASL/SCRAM over TLS, ACLs; the job as its own principal" if report["secured"] else "plaintext"}
 records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late)
 faults injected   {f["kill_job"]} kill -9 of the job, {f["restart_broker"]} broker kill+restart, {f["pause_driver"]} driver SIGSTOP/SIGCONT, {f["stall_in_txn"]} transactions held past their timeout ({report["transaction_timeouts"]} timeouts reported)

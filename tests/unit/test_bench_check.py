@@ -106,3 +106,25 @@ def test_recovery_is_reported_as_median_and_worst_of_its_runs():
     assert (got["to_next_commit_s"], got["to_next_commit_s_max"]) == (5.3, 8.1)
     assert (got["to_lag_recovered_s"], got["to_lag_recovered_s_max"]) == (6.2, 12.9)
     assert got["pre_crash_lag"] == 300 and got["runs"] == runs
+
+
+def test_the_benchs_table_has_a_row_per_app_and_reads_only_what_each_check_reports():
+    """ip_networks' check reports no late records (nothing of a stateless app is late): the table must not ask."""
+    from onceflow_dev import bench
+
+    row = {"records_per_s": 20_000, "peak_rss_mb": 900, "cpu_s": 100.0}
+    r = {
+        "spec": {"trigger_s": 5.0},
+        "settings": {"flink_checkpoint_ms": {}},
+        "throughput": {"eos": row, "eos_ip_networks": row | {"records_per_s": 30_000}, "alo": row, "ceiling": row},
+        "latency": {"eos": {"p50_ms": 1500, "p95_ms": 2000, "p99_ms": 2500}},
+        "correctness": {
+            "eos": {"verdict": "exact", "late_counted": 3, "late_records": 5},
+            "eos_ip_networks": {"verdict": "exact", "sink_records": 9, "dlq_records": 1, "records": 10},
+        },
+        "ratios": {"eos_vs_alo_throughput": 1.0, "eos_vs_ceiling_throughput": 1.0, "eos_p99_in_trigger_intervals": 0.5},
+        "recovery": {},
+    }
+    text = bench.table(r)
+    assert "onceflow exactly-once, ip_networks (stateless)  30,000" in text
+    assert "late records counted by onceflow exactly-once: 3 of 5" in text and "ip_networks / ip_count" in text

@@ -201,3 +201,17 @@ def test_faults_that_come_before_the_lag_is_back_are_judged_from_the_last_of_the
     # one fault alone: its own bound, as before
     alone = cp.liveness([outage], [20 * s], lag, Bounds(lag_s=300), lag_slack=0)
     assert alone["violations"] == ["broker_down at 10000: lag not back at 100 (+0) within 300 s"]
+
+
+def test_the_replays_differences_count_as_lost_and_duplicated_results():
+    from onceflow_dev.chaos import replay_counts
+
+    assert replay_counts([]) == (0, 0)
+    diffs = [
+        {"kind": "missing", "batch": 3, "record": "result", "key": "a", "replayed": 2, "committed": 0},
+        {"kind": "different_value", "batch": 3, "record": "result", "key": "b"},
+        {"kind": "duplicate", "batch": 4, "record": "result", "key": "c", "replayed": 1, "committed": 3},
+        {"kind": "unexpected", "batch": None, "record": "result", "key": "d", "replayed": 0, "committed": 1},
+        {"kind": "watermark", "batch": 5},  # not a record: neither lost nor duplicated
+    ]
+    assert replay_counts(diffs) == (3, 3)
