@@ -79,14 +79,16 @@ test-secured: setup
 		tests/integration/test_exactly_once.py tests/airflow/test_running_airflow.py
 
 ## bench: exactly-once vs Spark's at-least-once Kafka sink vs a plain transactional loop vs Flink 2.x's exactly-once
-## KafkaSink (built with Maven into var/jvm on first use), side by side, each sink checked for correctness (~15 min).
-## BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S, BENCH_WARMUP_S, BENCH_TRIGGER_S, BENCH_MAX_OFFSETS,
+## KafkaSink (built with Maven into var/jvm on first use), side by side, each sink checked for correctness, and the
+## second app (ip_networks) on the same backlog (~30 min). BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S
+## (the latency phase's steady state, after its catch-up: BENCH_STEADY_S, BENCH_CATCHUP_MAX_S), BENCH_TRIGGER_S, BENCH_MAX_OFFSETS,
 ## BENCH_FLINK (0: without Flink), BENCH_FLINK_FAST_MS (Flink's short checkpoint interval, default 500).
 bench: setup
 	$(BIN)/python -m onceflow_dev.bench
 
 ## bench-quiet: CPU per minute of a job fed 200 records/s (onceflow, Spark's Kafka sink, Flink with 5 s checkpoints,
-## one after another) and its results' latency meanwhile, ~20 min. BENCH_QUIET_RATE, BENCH_QUIET_S, BENCH_FLINK=0.
+## one after another) and its results' latency meanwhile, ~20 min. BENCH_QUIET_RATE, BENCH_QUIET_S, BENCH_FLINK=0,
+## BENCH_QUIET_CONTENDERS (e.g. eos,eos_margin_0: onceflow with and without its pacing margin).
 bench-quiet: setup
 	$(BIN)/python -m onceflow_dev.bench_quiet
 

@@ -9,9 +9,12 @@ Phases, each run in turn for every contender on the same machine:
    batch started); peak RSS (VmHWM) and CPU seconds of the contender's processes; then its sink is read with
    read_committed and checked against the counts recounted from the backlog (onceflow_dev.bench_check): a
    contender whose output is wrong is marked WRONG in the table;
-2. latency: records produced live at BENCH_LIVE_RATE/s for BENCH_LIVE_S s with event time = wall clock; a
-   read_committed consumer stamps each result when it sees it; latency = seen - (window end + watermark delay),
-   over the windows ending after the first BENCH_WARMUP_S s;
+2. latency: records produced live at BENCH_LIVE_RATE/s with event time = wall clock, from the contender's start; a
+   read_committed consumer stamps each result when it sees it; latency = seen - (window end + watermark delay).
+   First the catch-up: until the contender's lag (source records past the position it committed) stays within
+   two trigger intervals of input for BENCH_STEADY_S s (at most BENCH_CATCHUP_MAX_S): its time from the first
+   record is a figure of its own (`catch_up_s`). Then the steady state, measured: BENCH_LIVE_S s more of input,
+   over the windows that end in it (`windows`, and p50/p95/p99 of their results);
 3. recovery (exactly-once job only): live input, then kill -9 of the job; the time to its next committed batch
    and until its lag is back to the level before the crash; BENCH_RECOVERY_RUNS times (default 3, each a fresh app:
    the median and the worst) restarted by its supervisor after the fixed delay (a new spark-submit), as many taken
@@ -71,10 +74,12 @@ class BenchSpec:
     ips: int = field(default_factory=lambda: _env_int("BENCH_IPS", 10_000))
     event_rate: int = field(default_factory=lambda: _env_int("BENCH_EVENT_RATE", 20_000))
     live_rate: int = field(default_factory=lambda: _env_int("BENCH_LIVE_RATE", 5_000))
-    live_s: int = field(default_factory=lambda: _env_int("BENCH_LIVE_S", 60))
+    live_s: int = field(default_factory=lambda: _env_int("BENCH_LIVE_S", 120))
     # results of windows ending in the first seconds of the live phase are not counted: the job's first
     # batches include the JVM's warm-up (JIT) and the query's first state store loads
-    warmup_s: int = field(default_factory=lambda: _env_int("BENCH_WARMUP_S", 20))
+    # the latency phase's steady state begins once the lag stayed low this long; catch-up gives up after the max
+    steady_s: int = field(default_factory=lambda: _env_int("BENCH_STEADY_S", 15))
+    catchup_max_s: int = field(default_factory=lambda: _env_int("BENCH_CATCHUP_MAX_S", 300))
     trigger_s: float = field(
         default_factory=lambda: float(os.environ.get("BENCH_TRIGGER_S", config.Settings.trigger_interval_s))
     )
@@ -156,6 +161,18 @@ class Contender:
     def pid(self) -> int | None: ...
     def drained(self, end: dict[int, int]) -> dict | None: ...
 
+    def position(self, partitions: list[int]) -> dict[int, int] | None:
+        """The source offsets (per partition) up to which the contender has committed its output; None if unknown."""
+        return None
+
+    def lag(self, s: config.Settings) -> int | None:
+        """Source records past the committed position; None while unknown (nothing committed yet)."""
+        wm = kafka_reading.watermarks(s, s.source_topic) or {}
+        pos = self.position(list(wm)) if wm else None
+        if not pos:
+            return None
+        return sum(max(0, hi - pos.get(p, lo)) for p, (lo, hi) in wm.items())
+
 
 class ExactlyOnce(Contender):
     name = "onceflow exactly-once"
@@ -178,6 +195,9 @@ class ExactlyOnce(Contender):
             "last_ms": max(e.commit_time_ms for e in entries),
             "batches": len(entries),
         }
+
+    def position(self, partitions):
+        return audit.committed_offsets(self.s, partitions) or None
 
     def stop(self):
         jobctl.stop(self.s)
@@ -209,6 +229,11 @@ class AtLeastOnce(Contender):
         if now != end or "first_batch_ms" not in st or st.get("last_input_rows") != 0:
             return None
         return {"first_ms": st["first_batch_ms"], "last_ms": st["last_commit_ms"], "batches": st["batches"]}
+
+    def position(self, partitions):
+        st = ev.read_status(self.s.status_file) or {}  # the end offsets of its last completed batch
+        offs = json.loads(st["end_offsets"]) if st.get("end_offsets") else {}
+        return {int(p): o for p, o in offs.get(self.s.source_topic, {}).items()} or None
 
     def stop(self):
         procs.stop_process(self.proc.pid, 60)
@@ -335,53 +360,96 @@ def _iso_ms(text: str) -> int:
     return clock.parse_iso_ms(text)
 
 
+RECOVERY_FEED_S = 150
+
+
+def live_feed(s: config.Settings, spec: BenchSpec, duration_s: float, seed: int, stop: threading.Event, **extra):
+    """A thread (not started) producing BENCH_LIVE_RATE records/s with event time = now, until `stop` is set or
+    `duration_s` passed; nothing late on purpose (`extra`: other fractions of the generator's)."""
+    gen = generator.GeneratorSpec(
+        count=None,
+        duration_s=duration_s,
+        rate=spec.live_rate,
+        distinct_ips=spec.ips,
+        late_fraction=0.0,
+        seed=seed,
+        watermark_s=s.watermark_s,
+        tail_s=0,
+        **extra,
+    )
+    return threading.Thread(target=generator.generate, args=(s, gen), kwargs={"stop": stop}, daemon=True)
+
+
 def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
-    """Live input with event time = now; latency of each result = visible - (window end + watermark delay)."""
+    """Live input with event time = now; latency of each result = visible - (window end + watermark delay), over
+    the steady state that follows the contender's catch-up after its cold start (the module's docstring)."""
     stamper = Stamper(s)
     stamper.start()
     c.start()
+    stop = threading.Event()
+    duration_s = spec.catchup_max_s + spec.steady_s + spec.live_s + 60
+    feed = live_feed(s, spec, duration_s, seed=7, stop=stop, out_of_order_fraction=0.05, malformed_fraction=0.01)
     t_live = clock.now_ms()
-    generator.generate(
-        s,
-        generator.GeneratorSpec(
-            count=None,
-            duration_s=spec.live_s,
-            rate=spec.live_rate,
-            distinct_ips=spec.ips,
-            late_fraction=0.0,
-            seed=7,
-            out_of_order_fraction=0.05,
-            malformed_fraction=0.01,
-            watermark_s=s.watermark_s,
-            tail_s=0,
-        ),
-    )
+    feed.start()
+    bound = int(2 * spec.live_rate * max(spec.trigger_s, 1.0))
+    lags: list[tuple[int, int]] = []
+    deadline = time.monotonic() + spec.catchup_max_s + spec.steady_s
+    steady_ms = None
+    while steady_ms is None and time.monotonic() < deadline:
+        time.sleep(1.0)
+        lag = c.lag(s)
+        if lag is not None:
+            lags.append((clock.now_ms(), lag))
+        steady_ms = steady_since(lags, bound, spec.steady_s * 1000)
+    caught_up = steady_ms is not None
+    t_first = steady_ms if steady_ms is not None else clock.now_ms()
+    time.sleep(max(0.0, spec.live_s - (clock.now_ms() - t_first) / 1000))
     t_end = clock.now_ms()
+    stop.set()
+    feed.join(60)
     time.sleep(3 * s.trigger_interval_s + s.watermark_s + s.window_s)
     use = usage(c.pid())
     c.stop()
     stamper.stop_ev.set()
     stamper.join(10)
-    # windows wholly inside the live period after the warm-up, and early enough that a later event closes them
-    first = t_live + max(spec.warmup_s, 2 * s.window_s) * 1000
-    return window_latencies(stamper.seen, s, first, t_end) | {f"live_{k}": v for k, v in use.items()}
+    return window_latencies(stamper.seen, s, t_first, t_end) | {
+        "caught_up": caught_up,
+        "catch_up_s": round((t_first - t_live) / 1000, 1),
+        "steady_lag_bound": bound,
+        "measured_s": round((t_end - t_first) / 1000, 1),
+        **{f"live_{k}": v for k, v in use.items()},
+    }
+
+
+def steady_since(lags: list[tuple[int, int]], bound: int, hold_ms: int) -> int | None:
+    """The moment (epoch ms) from which every lag sample stayed at most `bound`, once that has held for
+    `hold_ms`; None until then. `lags`: (epoch ms, lag) samples in time order."""
+    since = None
+    for ts, lag in lags:
+        if lag > bound:
+            since = None
+        elif since is None:
+            since = ts
+    if since is not None and lags and lags[-1][0] - since >= hold_ms:
+        return since
+    return None
 
 
 def window_latencies(seen: list[tuple[int, str]], s: config.Settings, first_ms: int, end_ms: int) -> dict:
     """Percentiles of each result's latency (visible - (window end + watermark delay)) over the windows ending in
     [first_ms, end_ms - one window]: early enough that a later event closes them."""
     delay = s.watermark_s * 1000
-    lat = sorted(
-        seen_ms - (_iso_ms(we) + delay) for seen_ms, we in seen if first_ms <= _iso_ms(we) <= end_ms - s.window_s * 1000
-    )
+    inside = [(seen_ms, we) for seen_ms, we in seen if first_ms <= _iso_ms(we) <= end_ms - s.window_s * 1000]
+    lat = sorted(seen_ms - (_iso_ms(we) + delay) for seen_ms, we in inside)
     if not lat:
-        return {"results": 0}
+        return {"results": 0, "windows": 0}
 
     def pct(q):
         return lat[min(len(lat) - 1, int(q * len(lat)))]
 
     return {
         "results": len(lat),
+        "windows": len({we for _, we in inside}),
         "p50_ms": pct(0.50),
         "p95_ms": pct(0.95),
         "p99_ms": pct(0.99),
@@ -394,27 +462,11 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
     """kill -9 of the exactly-once job under live input: time to its next commit and until lag recovers."""
     jobctl.start(s)
     jobctl.wait_running(s, timeout=300)
-    feed_s = spec.live_s + 90  # input goes on past the kill and the recovery (a standby is up ~30 s after start)
+    feed_s = RECOVERY_FEED_S  # input goes on past the kill and the recovery (a standby is up ~30 s after start)
     stop_feed = threading.Event()
-    feeder = threading.Thread(
-        target=generator.generate,
-        daemon=True,
-        kwargs={"stop": stop_feed},
-        args=(
-            s,
-            generator.GeneratorSpec(
-                count=None,
-                duration_s=feed_s,
-                rate=spec.live_rate,
-                distinct_ips=spec.ips,
-                late_fraction=0.0,
-                seed=8,
-                watermark_s=s.watermark_s,
-            ),
-        ),
-    )
+    feeder = live_feed(s, spec, feed_s, seed=8, stop=stop_feed)
     feeder.start()
-    time.sleep(spec.live_s / 3)
+    time.sleep(20)
 
     def lag():
         wm = kafka_reading.watermarks(s, s.source_topic)
@@ -685,7 +737,7 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
 def table(r: dict) -> str:
     tp, lat = r["throughput"], r["latency"]
     ok = r.get("correctness", {})
-    rows = [("", "records/s", "p50 ms", "p95 ms", "p99 ms", "peak RSS MB", "CPU s", "output")]
+    rows = [("", "records/s", "p50 ms", "p95 ms", "p99 ms", "windows", "catch-up s", "peak RSS MB", "CPU s", "output")]
     names = {
         "eos": "onceflow exactly-once",
         "eos_ip_networks": "onceflow exactly-once, ip_networks (stateless)",
@@ -699,7 +751,7 @@ def table(r: dict) -> str:
             continue
         l_ = lat.get(k, {})
         if "error" in tp[k]:
-            rows.append((names[k], "FAILED", "-", "-", "-", "-", "-", tp[k]["error"][:60]))
+            rows.append((names[k], "FAILED", "-", "-", "-", "-", "-", "-", "-", tp[k]["error"][:60]))
             continue
         rows.append(
             (
@@ -708,6 +760,8 @@ def table(r: dict) -> str:
                 str(l_.get("p50_ms", "-")),
                 str(l_.get("p95_ms", "-")),
                 str(l_.get("p99_ms", "-")),
+                str(l_.get("windows", "-")),
+                str(l_.get("catch_up_s", "-")) + ("" if l_.get("caught_up", True) else " (never)"),
                 str(tp[k]["peak_rss_mb"]),
                 str(tp[k]["cpu_s"]),
                 ok.get(k, {}).get("verdict", "not checked"),

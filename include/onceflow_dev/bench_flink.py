@@ -250,14 +250,20 @@ class FlinkJob:
         return {"first_ms": first, "last_ms": done_ms, "batches": self.checkpoints()}
 
     def _source_done(self, end: dict[int, int]) -> bool:
+        got = self.position(list(end)) or {}
+        return bool(got) and all(got.get(p, -1) >= o for p, o in end.items())
+
+    def position(self, partitions: list[int]) -> dict[int, int] | None:
+        """The source offsets Flink's Kafka source committed to its group on its last checkpoint (those of the
+        checkpoint whose transactions are committed); None while it has none."""
         c = kafka_clients.read_committed_consumer(self.s, group_id=f"flink.{self.s.app_id}")
         try:
-            got = kafka_reading.committed(c, [TopicPartition(self.s.source_topic, p) for p in end], 10)
-        except Exception:  # the group has no offsets yet, or the coordinator is busy: not done
-            return False
+            got = kafka_reading.committed(c, [TopicPartition(self.s.source_topic, p) for p in partitions], 10)
+        except Exception:  # the group has no offsets yet, or the coordinator is busy: unknown
+            return None
         finally:
             c.close()
-        return all(tp.offset >= end[tp.partition] for tp in got)
+        return {tp.partition: tp.offset for tp in got if tp.offset >= 0} or None
 
     def stop(self) -> dict:
         if self.proc is not None:

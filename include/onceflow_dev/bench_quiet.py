@@ -38,6 +38,8 @@ log = logging.getLogger("onceflow_dev.bench_quiet")
 RATE = int(os.environ.get("BENCH_QUIET_RATE", 200))
 WARMUP_S = int(os.environ.get("BENCH_QUIET_WARMUP_S", 120))
 MEASURE_S = int(os.environ.get("BENCH_QUIET_S", 180))
+# which contenders, one after another (default: eos, alo and, unless BENCH_FLINK=0, flink_5000; eos_margin_0 too)
+CONTENDERS = [k for k in os.environ.get("BENCH_QUIET_CONTENDERS", "").split(",") if k]
 
 
 def quiet(c: Contender, s: config.Settings, ips: int = 300) -> dict:
@@ -96,14 +98,20 @@ def main() -> int:
     }
     broker.start(base)
     try:
-        contenders: list[tuple[str, Callable[[config.Settings], Contender]]] = [
-            ("eos", ExactlyOnce),
-            ("alo", AtLeastOnce),
-        ]
-        if spec.flink:
-            contenders.append(("flink_5000", lambda s: Flink(s, 5000)))
-        for key, make in contenders:
-            s = _settings(base, f"quiet_{key}", f"quiet_{key}.source", spec)
+        known: dict[str, tuple[Callable[[config.Settings], Contender], dict]] = {
+            "eos": (ExactlyOnce, {}),
+            # onceflow without the pacing margin (onceflow.rules.pacing): what the margin changes, in the same run
+            "eos_margin_0": (ExactlyOnce, {"trigger_margin_ms": 0}),
+            "alo": (AtLeastOnce, {}),
+            "flink_5000": (lambda s: Flink(s, 5000), {}),
+        }
+        keys = CONTENDERS or ["eos", "alo", *(["flink_5000"] if spec.flink else [])]
+        unknown = sorted(set(keys) - set(known))
+        if unknown:
+            raise SystemExit(f"BENCH_QUIET_CONTENDERS: unknown {unknown}; known: {sorted(known)}")
+        for key in keys:
+            make, overrides = known[key]
+            s = _settings(base, f"quiet_{key}", f"quiet_{key}.source", spec, **overrides)
             topics.ensure(s)
             c = make(s)
             log.info("quiet: %s", c.name)

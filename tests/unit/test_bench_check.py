@@ -1,6 +1,7 @@
 """`make bench`'s correctness check (onceflow_dev.bench_check): the recount of a backlog, the certain/uncertain split
 of late records, and the comparison of a sink against it. Pure, no broker."""
 
+import datetime
 import json
 
 from onceflow.rules import records as R
@@ -128,3 +129,30 @@ def test_the_benchs_table_has_a_row_per_app_and_reads_only_what_each_check_repor
     text = bench.table(r)
     assert "onceflow exactly-once, ip_networks (stateless)  30,000" in text
     assert "late records counted by onceflow exactly-once: 3 of 5" in text and "ip_networks / ip_count" in text
+
+
+def test_the_steady_state_begins_once_the_lag_stayed_low_for_the_hold():
+    from onceflow_dev.bench import steady_since
+
+    # a cold start's backlog, caught up at t=30 s; held low from there
+    lags = [(t * 1000, lag) for t, lag in [(10, 90_000), (20, 40_000), (30, 5_000), (40, 9_000), (44, 2_000)]]
+    assert steady_since(lags, bound=10_000, hold_ms=15_000) is None  # low for 14 s only
+    assert steady_since([*lags, (45_000, 3_000)], bound=10_000, hold_ms=15_000) == 30_000
+    # one sample over the bound starts the hold again
+    assert steady_since([*lags, (45_000, 30_000), (50_000, 1_000)], bound=10_000, hold_ms=15_000) is None
+    assert steady_since([], bound=10_000, hold_ms=0) is None
+
+
+def test_window_latencies_count_the_windows_measured():
+    from onceflow import config
+    from onceflow_dev.bench import window_latencies
+
+    s = config.load(env={}, window_s=5, watermark_s=5)
+    base = 1_795_000_000_000
+
+    def iso(ms: int) -> str:  # as the sink's window_end
+        return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat()
+
+    seen = [(base + 5_000 * k + 5_000 + 1_200, iso(base + 5_000 * k)) for k in range(1, 9) for _ in range(3)]
+    got = window_latencies(seen, s, first_ms=base + 10_000, end_ms=base + 40_000)
+    assert got["windows"] == 6 and got["results"] == 18 and got["p50_ms"] == 1_200
