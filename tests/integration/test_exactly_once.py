@@ -15,7 +15,8 @@ from onceflow import wire
 from onceflow.faults import Injector
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
-from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord, TransactionConfigError, ZombieFenced
+from onceflow.kafka import transactional as tw
+from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
 from onceflow.rules.ledger import BatchPlan, Decision, check_coverage
 from onceflow.runtime import jobctl, launcher, procs, supervisor
 from tests.support.harness import (
@@ -145,7 +146,7 @@ def test_zombie_is_fenced_and_its_transaction_never_visible(app, tmp_path):
     procs.wait_until(open_txn, 30, what="the zombie's transaction to be open")
     newer = ExactlyOnceSink(s, bus)  # same transactional.id: fences the zombie, aborts its transaction
     t.join(30)
-    assert isinstance(result.get("error"), ZombieFenced)
+    assert isinstance(result.get("error"), tw.Fenced)
     out = newer.write_batch(_plan(s, 0, 0, 10), _rows(0, 10))
     assert out.decision is Decision.WRITE
     assert newer.write_batch(_plan(s, 0, 0, 10), _rows(0, 10)).decision is Decision.SKIP  # replayed: no write
@@ -247,7 +248,7 @@ def test_bad_configuration_fails_at_start_with_a_clear_message(app):
     assert run.returncode == 2
     assert "lower ONCEFLOW_TRANSACTION_TIMEOUT_MS to at most 300000" in supervisor.job_log(too_long).read_text()
     bus = ev.EventBus(too_long)
-    with pytest.raises(TransactionConfigError, match="refused transaction.timeout.ms=600000"):
+    with pytest.raises(tw.TxnConfigError, match="refused transaction.timeout.ms=600000"):
         ExactlyOnceSink(too_long, bus)  # and the broker itself refuses it
     bus.close()
     # 2. a missing topic (on a secured cluster Kafka does not tell a principal whether a topic it may not read

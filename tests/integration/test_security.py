@@ -25,7 +25,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import transactional as tw
 from onceflow.kafka.clients import transactional_producer
 from onceflow.operations import backfill, reconcile, savepoints
-from onceflow.protocol.exactly_once import ExactlyOnceSink, TransactionConfigError
+from onceflow.protocol.exactly_once import ExactlyOnceSink
 from onceflow.runtime import jobctl, launcher, preflight, procs
 from onceflow_dev import broker, credentials, stack, tls
 from tests.support.harness import app_settings, assert_exact, events, now_ms, produce, wait_drained
@@ -109,7 +109,7 @@ def test_job_cannot_write_another_apps_topic_nor_use_its_transactional_id(make_a
     mine, other = make_app("mine"), make_app("other")
     job = mine["job"]
     # another app's transactional id: refused at init, as a configuration error (the job exits, no restart loop)
-    with pytest.raises(TransactionConfigError, match="TRANSACTIONAL_ID_AUTHORIZATION_FAILED|may not use"):
+    with pytest.raises(tw.TxnConfigError, match="TRANSACTIONAL_ID_AUTHORIZATION_FAILED|may not use"):
         ExactlyOnceSink(job.replace(app_id=other["job"].app_id), bus=_NoBus(), init_timeout_s=20)
     # its own transactional id, a topic it does not own: the transaction cannot commit, nothing becomes visible
     w = tw.TransactionalWriter(

@@ -5,7 +5,7 @@ then does)."""
 import pytest
 
 from onceflow import config, wire
-from onceflow.protocol.exactly_once import TransactionConfigError, ZombieFenced
+from onceflow.kafka import transactional as tw
 from onceflow.rules.ledger import BatchPlan, Decision, DivergentHistory
 from onceflow.runtime import preflight, supervisor
 from onceflow.runtime.driver_state import (
@@ -75,7 +75,7 @@ def test_progress_fields_carry_the_ledger_batch_and_decision():
 @pytest.mark.parametrize(
     "err, code",
     [
-        (ZombieFenced("newer instance"), wire.EXIT_FENCED),
+        (tw.Fenced("newer instance"), wire.EXIT_FENCED),
         (DivergentHistory("ranges differ"), wire.EXIT_DIVERGENT),
         (RuntimeError("a crash"), wire.EXIT_FAILED),
         (None, wire.EXIT_FAILED),
@@ -92,8 +92,8 @@ def test_how_a_failed_query_ends(err, code):
         (preflight.BrokerUnreachable("broker down"), wire.EXIT_FAILED),  # transient: the supervisor tries again
         (preflight.PreflightError("topic missing"), wire.EXIT_CONFIG),
         (config.ConfigError("bad setting"), wire.EXIT_CONFIG),
-        (TransactionConfigError("timeout above the broker's"), wire.EXIT_CONFIG),
-        (ZombieFenced("fenced at init"), wire.EXIT_FENCED),
+        (tw.TxnConfigError("timeout above the broker's"), wire.EXIT_CONFIG),
+        (tw.Fenced("fenced at init"), wire.EXIT_FENCED),
     ],
 )
 def test_how_a_refused_start_ends(err, code):

@@ -26,3 +26,16 @@ def test_every_exception_the_platform_defines_is_an_onceflow_error():
                         strays.append(f"{module.__name__}.{name}")
     assert seen >= 40, seen  # the walk found the platform's errors
     assert not strays, strays
+
+
+def test_the_sink_raises_the_writers_errors_as_they_are():
+    """One hierarchy for a transaction's outcome (onceflow.kafka.transactional): the sink defines no error of its
+    own for fencing, the coordinator's timeout or a refused configuration, and the driver's exit codes are told
+    from the writer's classes."""
+    from onceflow.kafka import transactional as tw
+    from onceflow.protocol import exactly_once
+
+    own = {n for n, o in vars(exactly_once).items() if inspect.isclass(o) and issubclass(o, BaseException)}
+    own = {n for n in own if getattr(exactly_once, n).__module__ == exactly_once.__name__}
+    assert own == {"BatchNotCommitted", "UndeliverableRecord"}, own
+    assert all(issubclass(c, tw.TxnError) for c in (tw.Fenced, tw.CoordinatorTimedOut, tw.TxnConfigError))

@@ -156,12 +156,12 @@ def classify(err: KafkaError, *, phase: str, elapsed_ms: float | None, timeout_m
     return Outcome.FATAL if phase == "init" else Outcome.ABORTABLE
 
 
-def _advice(err: KafkaError) -> str:
+def _advice(err: KafkaError, timeout_ms: int) -> str:
     code = err.code()
     if code == KafkaError.INVALID_TRANSACTION_TIMEOUT:
         return (
-            "the broker refuses transaction.timeout.ms: it is above the broker's transaction.max.timeout.ms; "
-            "lower ONCEFLOW_TRANSACTION_TIMEOUT_MS"
+            f"the broker refused transaction.timeout.ms={timeout_ms}: it is above the broker's "
+            "transaction.max.timeout.ms; lower ONCEFLOW_TRANSACTION_TIMEOUT_MS"
         )
     if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
         return "the principal may not use this transactional.id: grant it WRITE and DESCRIBE on it"
@@ -382,7 +382,11 @@ class TransactionalWriter:
         detail = f"; {self._failed_delivery}" if self._failed_delivery else ""
         message = f"{phase} in a transaction of {self.transactional_id} failed: {err.str()}{detail}"
         if kind == Outcome.CONFIG:
-            message += f" ({_advice(err)})"
+            message += f" ({_advice(err, self.timeout_ms)})"
+        elif kind == Outcome.COORDINATOR_TIMEOUT and elapsed is not None:
+            message += f" (aborted by the coordinator after {elapsed:.0f} ms, timeout {self.timeout_ms} ms)"
+        elif kind == Outcome.FENCED:
+            message += " (fenced by a newer instance of the app)"
         exc = _CLASSES[kind](message, err, phase, elapsed)
         if kind in (Outcome.FENCED, Outcome.FATAL):
             self._dead, self._started = exc, None  # never abort or re-initialise a fenced producer
@@ -440,7 +444,9 @@ class TransactionalWriter:
                 _close(producer)
                 message = f"init_transactions of {self.transactional_id} failed: {err.str()}"
                 if kind == Outcome.CONFIG:
-                    message += f" ({_advice(err)})"
+                    message += f" ({_advice(err, self.timeout_ms)})"
+                elif kind == Outcome.FENCED:
+                    message += " (fenced by a newer instance of the app)"
                 raise _CLASSES[kind if kind != Outcome.RETRIABLE else Outcome.FATAL](message, err, "init") from e
 
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import TopicPartition
 
 from onceflow import wire
 from onceflow.config import Settings
@@ -51,14 +51,6 @@ from onceflow.wire import OnceflowError
 
 log = logging.getLogger(__name__)
 H_APP, H_BATCH = wire.H_APP, wire.H_BATCH  # headers of every record the job writes
-
-
-class ZombieFenced(OnceflowError):
-    """Another instance with the same transactional.id took over: this one must stop, not restart."""
-
-
-class TransactionTimedOut(OnceflowError):
-    """The coordinator aborted our transaction after transaction.timeout.ms: restart and replay the batch."""
 
 
 @dataclass(frozen=True)
@@ -126,21 +118,17 @@ class ExactlyOnceSink:
                 },
             )
 
-        # init_transactions fences the previous incarnation and aborts its open transaction, if any.
-        try:
-            self.writer = tw.TransactionalWriter(
-                producer_factory or make_producer,
-                settings.transactional_id,
-                self.timeout_ms,
-                init_timeout_s=init_timeout_s,
-                commit_timeout_s=settings.commit_timeout_s,
-                on_event=self._writer_event,
-                on_call=self._on_producer_call,
-            )
-        except tw.TxnConfigError as e:
-            raise config_error(e, self.timeout_ms) from e
-        except tw.Fenced as e:
-            raise ZombieFenced(f"fenced while initialising {settings.transactional_id}: {e}") from e
+        # init_transactions fences the previous incarnation and aborts its open transaction, if any. The writer's
+        # errors (onceflow.kafka.transactional: fenced, a configuration the broker refuses) are raised as they are.
+        self.writer = tw.TransactionalWriter(
+            producer_factory or make_producer,
+            settings.transactional_id,
+            self.timeout_ms,
+            init_timeout_s=init_timeout_s,
+            commit_timeout_s=settings.commit_timeout_s,
+            on_event=self._writer_event,
+            on_call=self._on_producer_call,
+        )
         self.reads: SinkReads = reads if reads is not None else KafkaSinkReads(settings)
 
     # ------------------------------------------------------------------ what is committed
@@ -292,7 +280,7 @@ class ExactlyOnceSink:
                 error=str(e),
                 action="another instance of this app took over; this one stops",
             )
-            raise ZombieFenced(f"fenced by a newer instance of {self.s.transactional_id}: {e}") from e
+            raise
         except tw.CoordinatorTimedOut as e:
             elapsed_ms = (time.monotonic() - started) * 1000
             self.bus.emit(
@@ -306,11 +294,7 @@ class ExactlyOnceSink:
                 error=str(e),
                 action=timeout_advice(elapsed_ms),
             )
-            raise TransactionTimedOut(
-                f"transaction aborted by the coordinator after {elapsed_ms:.0f} ms (timeout {self.timeout_ms} ms): {e}"
-            ) from e
-        except tw.TxnConfigError as e:
-            raise config_error(e, self.timeout_ms) from e
+            raise
         finally:
             warn.cancel()
         txn_ms = (time.monotonic() - started) * 1000
@@ -386,10 +370,6 @@ class ExactlyOnceSink:
         self.writer.close()
 
 
-class TransactionConfigError(OnceflowError):
-    pass
-
-
 def timeout_advice(elapsed_ms: float | None = None) -> str:
     """What to do about a transaction the coordinator aborted. The batch is replayed with the range Spark planned
     for it, so only a longer timeout gets it through: a smaller ONCEFLOW_MAX_OFFSETS_PER_TRIGGER sizes batches not
@@ -400,15 +380,6 @@ def timeout_advice(elapsed_ms: float | None = None) -> str:
         f"it: raise ONCEFLOW_TRANSACTION_TIMEOUT_MS{above} (at most the broker's transaction.max.timeout.ms) and "
         f"restart the job"
     )
-
-
-def config_error(e: tw.TxnConfigError, timeout_ms: int) -> TransactionConfigError:
-    if e.error is not None and e.error.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
-        return TransactionConfigError(
-            f"the broker refused transaction.timeout.ms={timeout_ms}: it is above the broker's "
-            f"transaction.max.timeout.ms; lower ONCEFLOW_TRANSACTION_TIMEOUT_MS"
-        )
-    return TransactionConfigError(str(e))
 
 
 def dlq_headers(source_topic: str, r: OutRecord) -> list[tuple[str, bytes]]:

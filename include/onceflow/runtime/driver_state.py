@@ -11,7 +11,7 @@ from typing import Any
 
 from onceflow import wire
 from onceflow.config import ConfigError, Settings
-from onceflow.protocol.exactly_once import TransactionConfigError, ZombieFenced
+from onceflow.kafka import transactional as tw
 from onceflow.rules import pacing
 from onceflow.rules.ledger import BatchPlan, Decision, DivergentHistory
 from onceflow.runtime import preflight
@@ -132,7 +132,7 @@ def _offsets_text(offsets: Any) -> str | None:
 def failure_exit_code(err: BaseException | None) -> int:
     """The exit code of a query that failed: fencing and divergent history end the job for good; anything else is a
     crash the supervisor restarts (the batch is replayed)."""
-    if isinstance(err, ZombieFenced):
+    if isinstance(err, tw.Fenced):
         return wire.EXIT_FENCED
     if isinstance(err, DivergentHistory):
         return wire.EXIT_DIVERGENT
@@ -146,8 +146,8 @@ def startup_exit_code(err: BaseException) -> int:
         return wire.EXIT_LOCKED
     if isinstance(err, preflight.BrokerUnreachable):
         return wire.EXIT_FAILED
-    if isinstance(err, (preflight.PreflightError, ConfigError, TransactionConfigError)):
+    if isinstance(err, (preflight.PreflightError, ConfigError, tw.TxnConfigError)):
         return wire.EXIT_CONFIG
-    if isinstance(err, ZombieFenced):
+    if isinstance(err, tw.Fenced):
         return wire.EXIT_FENCED
     return wire.EXIT_FAILED
