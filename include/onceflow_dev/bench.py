@@ -93,21 +93,21 @@ class BenchSpec:
     recovery_runs: int = field(default_factory=lambda: _env_int("BENCH_RECOVERY_RUNS", 3))
 
 
-def _settings(base: config.Settings, app: str, source: str, spec: BenchSpec, **overrides) -> config.Settings:
+def _settings(base: config.Settings, app_id: str, source: str, spec: BenchSpec, **overrides) -> config.Settings:
     return base.replace(
         **(
             {
-                "app_id": app,
+                "app_id": app_id,
                 "source_topic": source,
-                "sink_topic": f"{app}.sink",
-                "dlq_topic": f"{app}.dlq",
-                "ledger_topic": f"{app}.ledger",
-                "events_topic": f"{app}.events",
-                "job_events_topic": f"{app}.job_events",
-                "alerts_topic": f"{app}.alerts",
-                "health_topic": f"{app}.health",
-                "reconciliation_topic": f"{app}.recon",
-                "backfill_topic": f"{app}.backfill",
+                "sink_topic": f"{app_id}.sink",
+                "dlq_topic": f"{app_id}.dlq",
+                "ledger_topic": f"{app_id}.ledger",
+                "events_topic": f"{app_id}.events",
+                "job_events_topic": f"{app_id}.job_events",
+                "alerts_topic": f"{app_id}.alerts",
+                "health_topic": f"{app_id}.health",
+                "reconciliation_topic": f"{app_id}.recon",
+                "backfill_topic": f"{app_id}.backfill",
                 "trigger_interval_s": spec.trigger_s,
                 "max_offsets_per_trigger": spec.max_offsets,
             }

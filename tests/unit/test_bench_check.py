@@ -156,3 +156,19 @@ def test_window_latencies_count_the_windows_measured():
     seen = [(base + 5_000 * k + 5_000 + 1_200, iso(base + 5_000 * k)) for k in range(1, 9) for _ in range(3)]
     got = window_latencies(seen, s, first_ms=base + 10_000, end_ms=base + 40_000)
     assert got["windows"] == 6 and got["results"] == 18 and got["p50_ms"] == 1_200
+
+
+def test_the_benchs_settings_take_another_app_with_its_declared_settings():
+    from onceflow import config
+    from onceflow_dev import bench
+
+    net = {"app": "ip_networks"}
+    s = bench._settings(
+        config.load(env={}), "bench_ip_networks", "bench.source", bench.BenchSpec(), **net, **config.app_defaults(net)
+    )
+    assert (s.app, s.app_id, s.sink_topic, s.close_out_batches) == (
+        "ip_networks",
+        "bench_ip_networks",
+        "bench_ip_networks.sink",
+        False,
+    )
