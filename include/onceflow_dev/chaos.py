@@ -262,7 +262,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             "seed": spec.seed,
             "secured": bool(spec.secured),
         }
-        report["reconciliation"] = {c.name: c.status for c in res.checks}
+        report["reconciliation"] = {c.name: str(c.status) for c in res.checks}
         # every transaction held past its timeout must have been detected and reported as such
         report["ok"] = (
             report["lost"] == 0
