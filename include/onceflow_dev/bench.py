@@ -221,8 +221,7 @@ class AtLeastOnce(Contender):
 
     def drained(self, end) -> dict | None:
         st = ev.read_status(self.s.status_file) or {}
-        offs = json.loads(st["end_offsets"]) if st.get("end_offsets") else {}
-        now = {int(p): o for p, o in offs.get(self.s.source_topic, {}).items()}
+        now = self.position(list(end)) or {}
         # read to the end, and a batch without input ran after that: the one that writes the windows the last
         # data batch's watermark closed (Spark evicts with the previous batch's watermark); without it the sink
         # lacks the backlog's last results (and, with one data batch, every result)
@@ -363,14 +362,22 @@ def _iso_ms(text: str) -> int:
 RECOVERY_FEED_S = 150
 
 
-def live_feed(s: config.Settings, spec: BenchSpec, duration_s: float, seed: int, stop: threading.Event, **extra):
-    """A thread (not started) producing BENCH_LIVE_RATE records/s with event time = now, until `stop` is set or
-    `duration_s` passed; nothing late on purpose (`extra`: other fractions of the generator's)."""
+def live_feed(
+    s: config.Settings,
+    rate: int,
+    ips: int,
+    duration_s: float,
+    seed: int,
+    stop: threading.Event | None = None,
+    **extra,
+):
+    """A thread (not started) producing `rate` records/s over `ips` IPs with event time = now, until `stop` is set
+    or `duration_s` passed; nothing late on purpose (`extra`: other fractions of the generator's)."""
     gen = generator.GeneratorSpec(
         count=None,
         duration_s=duration_s,
-        rate=spec.live_rate,
-        distinct_ips=spec.ips,
+        rate=rate,
+        distinct_ips=ips,
         late_fraction=0.0,
         seed=seed,
         watermark_s=s.watermark_s,
@@ -388,7 +395,9 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     c.start()
     stop = threading.Event()
     duration_s = spec.catchup_max_s + spec.steady_s + spec.live_s + 60
-    feed = live_feed(s, spec, duration_s, seed=7, stop=stop, out_of_order_fraction=0.05, malformed_fraction=0.01)
+    feed = live_feed(
+        s, spec.live_rate, spec.ips, duration_s, seed=7, stop=stop, out_of_order_fraction=0.05, malformed_fraction=0.01
+    )
     t_live = clock.now_ms()
     feed.start()
     bound = int(2 * spec.live_rate * max(spec.trigger_s, 1.0))
@@ -464,7 +473,7 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
     jobctl.wait_running(s, timeout=300)
     feed_s = RECOVERY_FEED_S  # input goes on past the kill and the recovery (a standby is up ~30 s after start)
     stop_feed = threading.Event()
-    feeder = live_feed(s, spec, feed_s, seed=8, stop=stop_feed)
+    feeder = live_feed(s, spec.live_rate, spec.ips, feed_s, seed=8, stop=stop_feed)
     feeder.start()
     time.sleep(20)
 

@@ -12,14 +12,13 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable
 
 from onceflow import config
 from onceflow.kafka import topics
 from onceflow.rules import clock
-from onceflow_dev import broker, generator
+from onceflow_dev import broker
 from onceflow_dev.bench import (
     AtLeastOnce,
     BenchSpec,
@@ -28,6 +27,7 @@ from onceflow_dev.bench import (
     Flink,
     Stamper,
     _settings,
+    live_feed,
     private_settings,
     setup_logging,
     usage,
@@ -48,19 +48,7 @@ def quiet(c: Contender, s: config.Settings, ips: int = 300) -> dict:
     stamper.start()
     c.start()
     t_live = clock.now_ms()
-    spec = generator.GeneratorSpec(
-        count=None,
-        duration_s=WARMUP_S + MEASURE_S,
-        rate=RATE,
-        distinct_ips=ips,
-        late_fraction=0.0,
-        seed=11,
-        out_of_order_fraction=0.02,
-        malformed_fraction=0.01,
-        watermark_s=s.watermark_s,
-        tail_s=0,
-    )
-    feeder = threading.Thread(target=generator.generate, args=(s, spec), daemon=True)
+    feeder = live_feed(s, RATE, ips, WARMUP_S + MEASURE_S, seed=11, out_of_order_fraction=0.02, malformed_fraction=0.01)
     feeder.start()
     try:
         time.sleep(WARMUP_S)

@@ -156,6 +156,17 @@ def classify(err: KafkaError, *, phase: str, elapsed_ms: float | None, timeout_m
     return Outcome.FATAL if phase == "init" else Outcome.ABORTABLE
 
 
+def _meaning(kind: Outcome, err: KafkaError, elapsed_ms: float | None, timeout_ms: int) -> str:
+    """What an error's message adds to the client's text, by outcome: what to change, or what happened."""
+    if kind == Outcome.CONFIG:
+        return f" ({_advice(err, timeout_ms)})"
+    if kind == Outcome.COORDINATOR_TIMEOUT and elapsed_ms is not None:
+        return f" (aborted by the coordinator after {elapsed_ms:.0f} ms, timeout {timeout_ms} ms)"
+    if kind == Outcome.FENCED:
+        return " (fenced by a newer instance of the app)"
+    return ""
+
+
 def _advice(err: KafkaError, timeout_ms: int) -> str:
     code = err.code()
     if code == KafkaError.INVALID_TRANSACTION_TIMEOUT:
@@ -381,12 +392,7 @@ class TransactionalWriter:
         kind = kind or classify(err, phase=phase, elapsed_ms=elapsed, timeout_ms=self.timeout_ms)
         detail = f"; {self._failed_delivery}" if self._failed_delivery else ""
         message = f"{phase} in a transaction of {self.transactional_id} failed: {err.str()}{detail}"
-        if kind == Outcome.CONFIG:
-            message += f" ({_advice(err, self.timeout_ms)})"
-        elif kind == Outcome.COORDINATOR_TIMEOUT and elapsed is not None:
-            message += f" (aborted by the coordinator after {elapsed:.0f} ms, timeout {self.timeout_ms} ms)"
-        elif kind == Outcome.FENCED:
-            message += " (fenced by a newer instance of the app)"
+        message += _meaning(kind, err, elapsed, self.timeout_ms)
         exc = _CLASSES[kind](message, err, phase, elapsed)
         if kind in (Outcome.FENCED, Outcome.FATAL):
             self._dead, self._started = exc, None  # never abort or re-initialise a fenced producer
@@ -443,10 +449,7 @@ class TransactionalWriter:
                     continue
                 _close(producer)
                 message = f"init_transactions of {self.transactional_id} failed: {err.str()}"
-                if kind == Outcome.CONFIG:
-                    message += f" ({_advice(err, self.timeout_ms)})"
-                elif kind == Outcome.FENCED:
-                    message += " (fenced by a newer instance of the app)"
+                message += _meaning(kind, err, None, self.timeout_ms)
                 raise _CLASSES[kind if kind != Outcome.RETRIABLE else Outcome.FATAL](message, err, "init") from e
 
 
