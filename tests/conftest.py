@@ -70,6 +70,7 @@ SLOWEST_FIRST = (  # seconds measured on a serial clean-clone run on 2 cores (20
     "tests/integration/test_reconcile.py",  # ~390
     "tests/integration/test_security.py",  # ~280
     "tests/integration/test_health.py",  # ~100
+    "tests/integration/test_database_sink.py",  # ~170 (measured 2026-11-26, night)
 )
 # Modules that bring up their own many-process topology (a running Airflow with PostgreSQL; three brokers with a
 # Spark master and workers; a broker killed under a job with a warm standby): on a 2-core machine two of them at

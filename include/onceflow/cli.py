@@ -63,9 +63,11 @@ def cmd_stack(args, s: config.Settings) -> int:
         s = s.replace(kafka_security_protocol="SASL_SSL")
     if args.action == "up":
         stack = _dev("stack")
-        info = stack.up(s, spark_workers=args.spark_workers or 0)
+        info = stack.up(s, spark_workers=args.spark_workers or 0, with_postgres=args.postgres)
         if s.brokers > 1 or args.spark_workers or s.secured:
             info["export"] = stack.exports(s)  # what the job, Airflow and the CLI must be started with
+        if args.postgres and s.sink_kind != "postgres":
+            info["postgres_sink"] = "provisioned; ONCEFLOW_SINK_KIND=postgres makes the job write to it"
         _print(info, args.json)
     elif args.action == "topics":  # an existing cluster: create and check the topics only
         from onceflow.kafka import topics
@@ -134,7 +136,7 @@ def cmd_job(args, s: config.Settings) -> int:
     if args.action == "run":
         return supervisor.supervise(s)
     if args.action == "start":
-        info = jobctl.start(s)
+        info = jobctl.start(_with_sink_role(s))
         if args.wait:
             t0 = clock.now_ms()
             jobctl.wait_for_commit(s, after_ms=t0 - 1, timeout=args.wait)
@@ -148,6 +150,51 @@ def cmd_job(args, s: config.Settings) -> int:
         _print(st, args.json)
         return 0 if st["running"] else 1
     return 0
+
+
+def cmd_db(args, s: config.Settings) -> int:
+    from onceflow.database import client, schema
+    from onceflow.rules import names
+
+    if args.action == "provision":
+        job = args.job_role or names.db_role(s.app_id, "job")
+        reader = args.reader_role or names.db_role(s.app_id, "reader")
+        with client.connect(s, "provision") as conn:
+            schema.provision(conn, s.database_schema, job, reader)
+        _print(
+            {"schema": s.database_schema, "tables": list(schema.COLUMNS), "job_role": job, "reader_role": reader},
+            args.json,
+        )
+        return 0
+    s = _with_sink_role(s.replace(sink_kind="postgres"), "reader")
+    entries, results, dlq = client.snapshot(s)
+    newest = entries[-1] if entries else None
+    _print(
+        {
+            "schema": s.database_schema,
+            "committed_batches": len(entries),
+            "last_batch": newest.batch if newest else None,
+            "last_end_offsets": newest.end if newest else None,
+            "results_rows": len(results),
+            "dlq_rows": len(dlq),
+        },
+        args.json,
+    )
+    return 0
+
+
+def _with_sink_role(s: config.Settings, purpose: str = "job") -> config.Settings:
+    """A postgres-sink app's job (or, purpose `reader`, its audit and reconciliation) run from the CLI on the
+    embedded stack gets its database role from the stack (the environment's ONCEFLOW_POSTGRES_PASSWORD wins)."""
+    if s.sink_kind != "postgres" or s.postgres_password:
+        return s
+    postgres = _dev("postgres")
+    if not postgres.serves_sinks(s):
+        raise config.ConfigError(
+            "ONCEFLOW_SINK_KIND=postgres: set ONCEFLOW_POSTGRES_HOST, _PORT, _USER and _PASSWORD of the job's role, "
+            "or start the embedded server with `onceflow stack up --postgres`"
+        )
+    return postgres.sink_settings(s, purpose)
 
 
 def cmd_where(args, s: config.Settings) -> int:
@@ -215,7 +262,7 @@ def cmd_audit(args, s: config.Settings) -> int:
         f"auditing app {s.app_id}: a consistent cut of its committed history (reading the source, sink, "
         f"DLQ and ledger) ..."
     )
-    rep = audit.audit(s)
+    rep = audit.audit(_with_sink_role(s, "reader"))
     _print(rep.summary(), True)
     what = (
         "I1-I4"
@@ -337,10 +384,11 @@ def cmd_reconcile(args, s: config.Settings) -> int:
     spark = _spark(s, "reconcile")
     from onceflow.operations import reconcile
 
+    reader = _with_sink_role(s, "reader")  # a table sink is read as its reader role
     res = (
-        reconcile.run_chain(spark, s, with_gx=not args.no_gx)
+        reconcile.run_chain(spark, reader, with_gx=not args.no_gx)
         if args.chain
-        else reconcile.run(spark, s, **(rng or {}), with_gx=not args.no_gx)
+        else reconcile.run(spark, reader, **(rng or {}), with_gx=not args.no_gx)
     )
     info = reconciliation.record(s, res)
     if args.json:
@@ -531,6 +579,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="SASL/SCRAM over TLS with ACLs (ONCEFLOW_KAFKA_SECURITY_PROTOCOL=SASL_SSL; docs/security.md)",
     )
+    st.add_argument(
+        "--postgres",
+        action="store_true",
+        help="up: also PostgreSQL on loopback under var/, each app's sink schema and its job and reader roles "
+        "(docs/database-sink.md)",
+    )
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_stack)
 
@@ -662,6 +716,19 @@ def parser() -> argparse.ArgumentParser:
     jb.add_argument("--wait", type=float, default=0, help="with start: wait this long for a committed batch")
     jb.add_argument("--json", action="store_true")
     jb.set_defaults(fn=cmd_job)
+
+    db = sub.add_parser("db", help="the app's PostgreSQL sink (docs/database-sink.md)")
+    db.add_argument(
+        "action",
+        choices=["provision", "status"],
+        help="provision: as a role that may create schemas (ONCEFLOW_POSTGRES_USER/PASSWORD), the app's schema and "
+        "tables, granted to its job and reader roles (which must exist); status: the ledger's newest batch and the "
+        "tables' rows",
+    )
+    db.add_argument("--job-role", help="provision: the job's role (default onceflow_<app_id>_job)")
+    db.add_argument("--reader-role", help="provision: the readers' role (default onceflow_<app_id>_reader)")
+    db.add_argument("--json", action="store_true")
+    db.set_defaults(fn=cmd_db)
 
     ap = sub.add_parser("app", help="the declared apps (docs/apps.md)")
     ap.add_argument(

@@ -154,6 +154,27 @@ class Settings:
     # Fixed by the checkpoint: Spark keeps the provider a query started with; a savepoint records it.
     state_store_provider: str = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 
+    # --- where results go (docs/database-sink.md) ---
+    # kafka: the app's sink topic, in the Kafka transaction of each batch; postgres: its PostgreSQL tables, in one
+    # database transaction per batch with the ledger row (the DLQ then is a table too).
+    sink_kind: str = "kafka"
+    # The PostgreSQL server of the postgres sink (the embedded stack's: `onceflow stack up --postgres`).
+    postgres_host: str = "127.0.0.1"
+    # Its port (the embedded server's is chosen free at its first start and printed by `stack up --postgres`).
+    postgres_port: int = 5432
+    # The database that holds every app's schema.
+    postgres_database: str = "onceflow"
+    # The job's role (it writes the app's tables); empty: onceflow_<app_id>_job (onceflow.rules.names.db_role).
+    postgres_user: str = ""
+    # Like kafka_password: redacted by as_dict(), left out of repr(), in a child's environment only (as_env).
+    postgres_password: str = field(default="", repr=False)
+    # The schema of the app's tables (results, dlq, ledger, writer: onceflow.database.schema); empty: its app id.
+    postgres_schema: str = ""
+    # A statement of a batch's transaction that runs longer fails the batch before its commit (it is replayed).
+    postgres_statement_timeout_ms: int = 60_000
+    # ... and one that waits longer for a lock another session holds on the app's tables.
+    postgres_lock_timeout_ms: int = 10_000
+
     # --- savepoints and their rotation (Hadoop-compatible URIs through fsspec: file://, hdfs://, s3://) ---
     savepoint_uri: str = ""  # default: <var_dir>/savepoints/<app_id>
     savepoint_keep: int = 10  # the newest K savepoints are kept ...
@@ -224,6 +245,14 @@ class Settings:
         return declaration(self.app, self.app_registry)
 
     # ------------------------------------------------------------------ derived names
+    @property
+    def database_schema(self) -> str:
+        return self.postgres_schema or names.db_schema(self.app_id)
+
+    @property
+    def database_user(self) -> str:
+        return self.postgres_user or names.db_role(self.app_id, "job")
+
     @property
     def transactional_id(self) -> str:
         """Stable per app: a restarted job fences its predecessor (zombie fencing)."""
@@ -355,9 +384,9 @@ class Settings:
         return s
 
     def without_kafka_credentials(self) -> Settings:
-        """No Kafka principal: for processes that authenticate nowhere (Spark's master and workers) or through their
-        own connections (Airflow)."""
-        return self.replace(kafka_username="", kafka_password="")
+        """No Kafka principal (and no database role): for processes that authenticate nowhere (Spark's master and
+        workers) or through their own connections (Airflow)."""
+        return self.replace(kafka_username="", kafka_password="", postgres_password="")
 
     def as_env(self) -> dict[str, str]:
         """The environment that reproduces these settings in a child process."""
@@ -366,6 +395,7 @@ class Settings:
     def as_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["kafka_password"] = "***" if self.kafka_password else ""
+        d["postgres_password"] = "***" if self.postgres_password else ""
         d["var_dir"] = str(self.var_dir)
         d["jvm_dir"] = str(self.jvm_dir)
         d["checkpoint"] = self.checkpoint
@@ -460,6 +490,13 @@ class Settings:
             self.kafka_sasl_mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256"),
             f"{ENV_PREFIX}KAFKA_SASL_MECHANISM is SCRAM-SHA-512 or SCRAM-SHA-256, got {self.kafka_sasl_mechanism!r}",
         )
+        need(
+            self.sink_kind in ("kafka", "postgres"),
+            f"{ENV_PREFIX}SINK_KIND takes kafka or postgres, got {self.sink_kind!r}",
+        )
+        need(0 < self.postgres_port < 65536, f"{ENV_PREFIX}POSTGRES_PORT must be a port, got {self.postgres_port}")
+        need(self.postgres_statement_timeout_ms > 0, f"{ENV_PREFIX}POSTGRES_STATEMENT_TIMEOUT_MS must be > 0")
+        need(self.postgres_lock_timeout_ms > 0, f"{ENV_PREFIX}POSTGRES_LOCK_TIMEOUT_MS must be > 0")
         need(self.brokers >= 1, f"{ENV_PREFIX}BROKERS must be >= 1, got {self.brokers}")
         # one topic per job: a topic named twice would mix records of different kinds (a job fact read as a shared
         # event, a ledger record as output); the ACLs, too, are granted per topic (docs/security.md)
@@ -604,6 +641,7 @@ APP_SETTINGS = frozenset(
         "executor_memory",
         "executor_cores",
         "cores_max",
+        "sink_kind",
     }
 )
 

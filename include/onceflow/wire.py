@@ -15,6 +15,11 @@ class OnceflowError(RuntimeError):
     """The base of onceflow's own errors: each says what happened and what to change."""
 
 
+class Fenced(OnceflowError):
+    """A newer instance of the app took over its sink (Kafka: its transactional id; a database: its writer row):
+    this one stops for good and is never restarted."""
+
+
 # ---------------------------------------------------------------------------- record headers
 H_APP = "onceflow.app"  # every record the platform writes: the app id
 H_BATCH = "onceflow.batch"  # sink, DLQ and ledger records of the job: the ledger batch

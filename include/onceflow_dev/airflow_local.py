@@ -226,7 +226,8 @@ def down(s: Settings) -> bool:
         procs.stop_process(info["pid"], 60)
         pidfile(s).unlink(missing_ok=True)
     batch_jobs.stop_all(s)
-    postgres.down(s)  # after Airflow: its processes hold connections to it
+    if not postgres.serves_sinks(s):  # else the stack's own `down` stops it, after the jobs writing to it
+        postgres.down(s)  # after Airflow: its processes hold connections to it
     return bool(info)
 
 

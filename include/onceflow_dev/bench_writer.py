@@ -27,7 +27,8 @@ from onceflow import config, logs, wire
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import topics
-from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
+from onceflow.protocol.batch_sink import OutRecord
+from onceflow.protocol.exactly_once import ExactlyOnceSink
 from onceflow.rules.ledger import BatchPlan
 from onceflow.runtime import launcher, procs
 from onceflow.spark import partition_stream

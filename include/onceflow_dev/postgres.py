@@ -271,3 +271,79 @@ def query(s: Settings, sql: str) -> list[tuple]:
             return list(cur.fetchall()) if cur.description else []
     finally:
         conn.close()
+
+
+# ---------------------------------------------------------------------------- the PostgreSQL sink's database
+def serves_sinks(s: Settings) -> bool:
+    """Was the server provisioned as apps' sink database (provision_sink), besides Airflow's?"""
+    return bool((state(s) or {}).get("roles"))
+
+
+def sink_settings(s: Settings, purpose: str = "job") -> Settings:
+    """`s` pointed at the embedded server's sink database (s.postgres_database) as the app's role for `purpose`
+    (job: writes its tables; reader: reads them), with the password made for it by provision_sink."""
+    from onceflow.rules import names
+
+    info = state(s)
+    if info is None or not running(s):
+        raise PostgresError("the embedded PostgreSQL is not running: onceflow stack up --postgres starts it")
+    role = names.db_role(s.app_id, purpose)
+    password = info.get("roles", {}).get(role)
+    if password is None:
+        raise PostgresError(f"role {role} was never made: onceflow stack up --postgres provisions the app's database")
+    return s.replace(
+        sink_kind="postgres",
+        postgres_host="127.0.0.1",
+        postgres_port=int(info["port"]),
+        postgres_user=role,
+        postgres_password=password,
+    )
+
+
+def provision_sink(s: Settings, timeout: float = 60) -> Settings:
+    """Start the server if needed, create the sink's database, the app's job and reader roles (scram-sha-256
+    passwords kept in var/postgres.json, 0600, as the Kafka ones are in var/kafka/credentials.json) and its schema
+    and tables (onceflow.database.schema). Returns `s` as the job's role."""
+    import psycopg
+    from psycopg import sql
+
+    from onceflow.database import schema
+    from onceflow.rules import names
+
+    up(s, timeout)
+    info = dict(state(s) or {})
+    roles = dict(info.get("roles", {}))
+    wanted = [names.db_role(s.app_id, p) for p in ("job", "reader")]
+    roles |= {r: secrets.token_urlsafe(18) for r in wanted if r not in roles}
+    info["roles"] = roles
+    write_private(_state(s), json.dumps(info))
+    admin = dict(host="127.0.0.1", port=info["port"], user=info["user"], password=info["password"])
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            conn = psycopg.connect(**admin, dbname="postgres", autocommit=True)
+            break
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    with conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (s.postgres_database,)).fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(s.postgres_database)))
+        for role in wanted:
+            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is not None
+            verb = "ALTER" if exists else "CREATE"
+            conn.execute(
+                sql.SQL(verb + " ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(roles[role]))
+            )
+    with psycopg.connect(**admin, dbname=s.postgres_database) as conn:
+        schema.provision(conn, s.database_schema, wanted[0], wanted[1])
+    return sink_settings(s)
+
+
+def crash_restart(s: Settings, timeout: float = 60) -> None:
+    """Stop the server as a crash would (immediate: no checkpoint, every session cut, open transactions lost) and
+    start it again: what the sink's tests do to it mid-batch."""
+    log = home(s).resolve() / "server.log"
+    _pg(s, "pg_ctl", "-D", str(_data(s)), "-m", "immediate", "-w", "-t", str(int(timeout)), "stop")
+    _pg(s, "pg_ctl", "-D", str(_data(s)), "-l", str(log), "-w", "-t", str(int(timeout)), "start")

@@ -1,20 +1,23 @@
-"""The embedded stack: one command brings up Kafka (one node or a cluster) and the topics; another takes it down."""
+"""The embedded stack: one command brings up Kafka (one node or a cluster) and the topics, and, asked, Spark's
+standalone cluster and the PostgreSQL sink's server; another takes it down."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from onceflow import config
 from onceflow.config import ENV_PREFIX, STACK_FILE, Settings
 from onceflow.kafka import topics
 from onceflow.runtime import jvm
-from onceflow_dev import broker, spark_cluster
+from onceflow_dev import broker, postgres, spark_cluster
 
 DEFAULT_SPARK_MASTER_PORT = 7077
 
 
-def up(settings: Settings, spark_workers: int = 0) -> dict:
-    """Kafka and the topics; with spark_workers, a Spark standalone master at settings.master and its workers. The
+def up(settings: Settings, spark_workers: int = 0, with_postgres: bool = False) -> dict:
+    """Kafka and the topics; with spark_workers, a Spark standalone master at settings.master and its workers; with
+    with_postgres, the PostgreSQL server (onceflow_dev.postgres) with each app instance's sink schema and roles. The
     topology is remembered under the var dir first (remember), so a later command, or `down`, finds all of it even if
     this one fails halfway."""
     if spark_workers:
@@ -25,6 +28,12 @@ def up(settings: Settings, spark_workers: int = 0) -> dict:
     info["topics_created"] = topics.ensure(provision(settings) if settings.secured else settings)
     if spark_workers:
         spark_cluster.start(settings, workers=spark_workers)
+    if with_postgres:
+        for app_id, app in config.instances(settings).items():
+            inst = settings if app_id == settings.app_id else config.load_instance(app_id, app)
+            postgres.provision_sink(inst)
+        port = str((postgres.state(settings) or {})["port"])
+        remember(settings, spark_workers, {ENV_PREFIX + "POSTGRES_PORT": port})
     return status(settings) | {"topics_created": info["topics_created"]}
 
 
@@ -38,10 +47,11 @@ REMEMBERED = (
 )
 
 
-def remember(settings: Settings, spark_workers: int = 0) -> Path:
-    """Write the stack's topology to <var_dir>/stack.json (config.remembered_stack reads it)."""
+def remember(settings: Settings, spark_workers: int = 0, extra: dict[str, str] | None = None) -> Path:
+    """Write the stack's topology to <var_dir>/stack.json (config.remembered_stack reads it); `extra`: more settings
+    every command shares with it (the PostgreSQL server's port)."""
     env = settings.as_env()
-    topology = exports(settings) | {ENV_PREFIX + k: env[ENV_PREFIX + k] for k in REMEMBERED}
+    topology = exports(settings) | {ENV_PREFIX + k: env[ENV_PREFIX + k] for k in REMEMBERED} | (extra or {})
     if not spark_workers:
         topology.pop(ENV_PREFIX + "MASTER", None)  # no cluster of its own: the settings' master stays the shell's
     path = settings.var_dir / STACK_FILE
@@ -83,6 +93,7 @@ def down(settings: Settings) -> dict:
         "generator_stopped": bool(gen),
         "job_stopped": stopped_job,
         "spark_cluster_stopped": spark_cluster.stop(settings),
+        "postgres_stopped": postgres.down(settings),  # after the jobs that write to it
         "broker_stopped": broker.stop(settings),
     }
 
@@ -108,6 +119,13 @@ def status(settings: Settings) -> dict:
             out["topic_problems"] = [f"could not list topics: {e}"]
     if spark_cluster.started(settings):
         out["spark_cluster"] = spark_cluster.status(settings)
+    if postgres.state(settings) is not None:
+        info = postgres.state(settings) or {}
+        out["postgres"] = {
+            "running": postgres.running(settings),
+            "port": info.get("port"),
+            "roles": sorted(info.get("roles", {})),
+        }
     return out
 
 

@@ -2,11 +2,9 @@
 
 import json
 import os
-import random
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 
 import pytest
@@ -16,7 +14,8 @@ from onceflow.faults import Injector
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import transactional as tw
-from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
+from onceflow.protocol.batch_sink import OutRecord
+from onceflow.protocol.exactly_once import ExactlyOnceSink
 from onceflow.rules.ledger import BatchPlan, Decision, check_coverage
 from onceflow.runtime import jobctl, launcher, procs, supervisor
 from tests.support.harness import (
@@ -25,8 +24,8 @@ from tests.support.harness import (
     audit,
     end_offsets,
     events,
+    fed_and_killed,
     harness,
-    now_ms,
     produce,
     role,
     truth,
@@ -76,7 +75,7 @@ def test_crash_at_every_protocol_point_and_random_kill9(app, tmp_path, spark):
     faults = "crash_before_produce@2,crash_after_produce@4,crash_after_commit@6,raise_after_commit@9"
     s = app(max_offsets_per_trigger=4000, fault=faults, restart_attempts=10)
     spec = dict(rate=2500, event_rate=2500, distinct_ips=500, out_of_order_fraction=0.05, late_fraction=0.01)
-    sent = _fed_and_killed(s, tmp_path, kill_seed=5, count=50_000, malformed_fraction=0.02, tail_s=30, seed=2, **spec)
+    sent = fed_and_killed(s, tmp_path, kill_seed=5, count=50_000, malformed_fraction=0.02, tail_s=30, seed=2, **spec)
     wait_drained(s, sent, timeout=420)
     assert_exact(s, sent)
     assert_replayed(s, spark)  # the generic proof, across the crashes and the replays they caused
@@ -85,27 +84,6 @@ def test_crash_at_every_protocol_point_and_random_kill9(app, tmp_path, spark):
     assert len(events(s, wire.SUPERVISOR_RESTART)) >= 6  # four protocol points, two random kills
     skipped = {e["batch"] for e in events(s, wire.BATCH_REPLAY_SKIPPED)}
     assert {6, 9} <= skipped, "a crash or an error after the commit must lead to a skipped replay"
-
-
-def _fed_and_killed(s, tmp_path, kill_seed: int, kills: int = 2, **spec) -> list:
-    """Start the job, feed it `spec` (the generator's) from a thread, and kill -9 it `kills` times at random moments,
-    each once its (restarted) query runs; the records sent, once the feed is done."""
-    produced: dict = {}
-    feeder = threading.Thread(target=lambda: produced.update(sent=produce(s, tmp_path / "m.csv", **spec)), daemon=True)
-    jobctl.start(s)
-    feeder.start()
-    rng = random.Random(kill_seed)
-    done, last_kill = 0, 0
-    deadline = time.monotonic() + 600
-    while done < kills and time.monotonic() < deadline:  # `make chaos` kills at random many times more
-        jobctl.wait_running(s, after_ms=last_kill, timeout=180)
-        time.sleep(rng.uniform(0.5, 5.0))
-        last_kill = now_ms()
-        if jobctl.kill(s):
-            done += 1
-    assert done == kills
-    feeder.join(timeout=300)
-    return produced["sent"]
 
 
 def _plan(s, batch, start, end):
@@ -281,7 +259,7 @@ def test_a_second_app_stateless_and_joined_with_a_table_is_exact_under_kill9(app
     s = app(app="ip_networks", max_offsets_per_trigger=3000, close_out_batches=False, restart_attempts=10)
     assert s.declared_app() is ip_networks.app
     spec = dict(rate=2500, event_rate=2500, distinct_ips=500, late_fraction=0.02, malformed_fraction=0.02)
-    sent = _fed_and_killed(s, tmp_path, kill_seed=8, count=30_000, seed=8, **spec)
+    sent = fed_and_killed(s, tmp_path, kill_seed=8, count=30_000, seed=8, **spec)
     ends = end_offsets(sent)
     procs.wait_until(lambda: audit.committed_offsets(s, ends) == ends, 420, interval=2.0, what="every record committed")
 

@@ -17,7 +17,8 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit, quarantine
-from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
+from onceflow.protocol.batch_sink import OutRecord
+from onceflow.protocol.exactly_once import ExactlyOnceSink
 from onceflow.rules import records
 from onceflow.rules.ledger import BatchPlan, Decision
 from onceflow.runtime import jobctl, procs

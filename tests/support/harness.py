@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import random
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -216,3 +219,28 @@ def delete_records_before(s: Settings, topic: str, offsets: dict[int, int]) -> N
     )
     for f in futures.values():
         f.result(30)
+
+
+def fed_and_killed(s: Settings, tmp_path: Path, kill_seed: int, kills: int = 2, between=None, **spec) -> list:
+    """Start the job, feed it `spec` (the generator's) from a thread, and kill -9 it `kills` times at random moments,
+    each once its (restarted) query runs; the records sent, once the feed is done. `between(k)`, if given, is called
+    after the k-th kill (1-based) once the job runs again (another fault, e.g. a database restart)."""
+    produced: dict = {}
+    feeder = threading.Thread(target=lambda: produced.update(sent=produce(s, tmp_path / "m.csv", **spec)), daemon=True)
+    jobctl.start(s)
+    feeder.start()
+    rng = random.Random(kill_seed)
+    done, last_kill = 0, 0
+    deadline = time.monotonic() + 600
+    while done < kills and time.monotonic() < deadline:  # `make chaos` kills at random many times more
+        jobctl.wait_running(s, after_ms=last_kill, timeout=180)
+        time.sleep(rng.uniform(0.5, 5.0))
+        last_kill = now_ms()
+        if jobctl.kill(s):
+            done += 1
+            if between is not None:
+                jobctl.wait_running(s, after_ms=last_kill, timeout=180)
+                between(done)
+    assert done == kills
+    feeder.join(timeout=300)
+    return produced["sent"]

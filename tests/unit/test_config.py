@@ -40,6 +40,8 @@ def test_as_env_roundtrip():
         ({"ONCEFLOW_BOOTSTRAP_SERVERS": "nohostport"}, "BOOTSTRAP_SERVERS"),
         ({"ONCEFLOW_MIN_INSYNC_REPLICAS": "2"}, "MIN_INSYNC_REPLICAS"),
         ({"ONCEFLOW_NEAR_TIMEOUT_FRACTION": "1.5"}, "NEAR_TIMEOUT_FRACTION"),
+        ({"ONCEFLOW_SINK_KIND": "mysql"}, "SINK_KIND takes kafka or postgres"),
+        ({"ONCEFLOW_POSTGRES_PORT": "0"}, "POSTGRES_PORT"),
     ],
 )
 def test_bad_values_are_rejected_with_the_variable_name(env, match):

@@ -33,9 +33,25 @@ def test_the_sink_raises_the_writers_errors_as_they_are():
     own for fencing, the coordinator's timeout or a refused configuration, and the driver's exit codes are told
     from the writer's classes."""
     from onceflow.kafka import transactional as tw
-    from onceflow.protocol import exactly_once
+    from onceflow.protocol import batch_sink, exactly_once
 
-    own = {n for n, o in vars(exactly_once).items() if inspect.isclass(o) and issubclass(o, BaseException)}
-    own = {n for n in own if getattr(exactly_once, n).__module__ == exactly_once.__name__}
-    assert own == {"BatchNotCommitted", "UndeliverableRecord"}, own
+    def own(module):
+        found = {n for n, o in vars(module).items() if inspect.isclass(o) and issubclass(o, BaseException)}
+        return {n for n in found if getattr(module, n).__module__ == module.__name__}
+
+    assert own(exactly_once) == set(), own(exactly_once)
+    assert own(batch_sink) == {"BatchNotCommitted", "UndeliverableRecord"}, own(batch_sink)
     assert all(issubclass(c, tw.TxnError) for c in (tw.Fenced, tw.CoordinatorTimedOut, tw.TxnConfigError))
+
+
+def test_fencing_is_one_fact_whatever_the_sink():
+    """A driver fenced by a newer one stops for good, whether its sink is Kafka or a database: both sinks' fencing
+    errors are wire.Fenced, which the driver's exit codes are told from."""
+    from onceflow import wire
+    from onceflow.kafka import transactional as tw
+    from onceflow.protocol import database_sink
+    from onceflow.runtime.driver_state import failure_exit_code, startup_exit_code
+
+    for err in (tw.Fenced("x"), database_sink.Fenced("x")):
+        assert isinstance(err, wire.Fenced)
+        assert failure_exit_code(err) == startup_exit_code(err) == wire.EXIT_FENCED

@@ -9,12 +9,8 @@ from confluent_kafka import KafkaError
 from onceflow import config, wire
 from onceflow.faults import Injector
 from onceflow.kafka import transactional as tw
-from onceflow.protocol.exactly_once import (
-    BatchNotCommitted,
-    ExactlyOnceSink,
-    OutRecord,
-    UndeliverableRecord,
-)
+from onceflow.protocol.batch_sink import BatchNotCommitted, OutRecord, UndeliverableRecord
+from onceflow.protocol.exactly_once import ExactlyOnceSink
 from onceflow.rules.ledger import BatchPlan, Decision, DivergentHistory
 from onceflow.testing.kafka import FakeCluster, FakeSinkReads, Landed, Slow, kafka_error
 

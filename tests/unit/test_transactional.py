@@ -221,6 +221,7 @@ def test_classify(code, flags, phase, elapsed, expected):
 def test_a_streamed_batch_is_not_read_twice_after_an_unknown_outcome():
     """The sink streams a batch's output from Spark once; if its commit's outcome was unknown and it did not land,
     the batch is replayed by Spark after a restart rather than asked for again (a list is written again in place)."""
+    from onceflow.protocol import batch_sink as bs
     from onceflow.protocol import exactly_once as eo
     from onceflow.rules.ledger import BatchPlan, Decision
 
@@ -238,15 +239,15 @@ def test_a_streamed_batch_is_not_read_twice_after_an_unknown_outcome():
             written.append(rows)
             raise t.OutcomeUnknown("commit timed out")
         written.append(rows)
-        return eo.BatchOutcome(plan.batch, Decision.WRITE, len(rows))
+        return bs.BatchOutcome(plan.batch, Decision.WRITE, len(rows))
 
     sink._write = write
     sink.decide = lambda plan: Decision.WRITE  # the commit did not land
     plan = BatchPlan(batch=3, topic="src", start={0: 0}, end={0: 5})
-    rows = [eo.OutRecord(wire.KIND_RESULT, "k", b"v")]
+    rows = [bs.OutRecord(wire.KIND_RESULT, "k", b"v")]
     assert sink.write_batch(plan, rows, Decision.WRITE).outputs == 1 and written == [rows, rows]
     written.clear()
-    with pytest.raises(eo.BatchNotCommitted, match="replays the batch"):
+    with pytest.raises(bs.BatchNotCommitted, match="replays the batch"):
         sink.write_batch(plan, iter(rows), Decision.WRITE)
     assert written == [rows]  # asked for once
 
@@ -254,6 +255,7 @@ def test_a_streamed_batch_is_not_read_twice_after_an_unknown_outcome():
 def test_a_commit_of_unknown_outcome_that_landed_is_reported_as_a_committed_batch():
     """The commit timed out but had landed: decided again, the batch is committed. It was written once, by this
     attempt: reported as every committed batch is (batch_committed, with the ledger's counts), not as a replay."""
+    from onceflow.protocol import batch_sink as bs
     from onceflow.protocol import exactly_once as eo
     from onceflow.rules.ledger import BatchPlan, Decision, LedgerEntry
 
@@ -276,7 +278,7 @@ def test_a_commit_of_unknown_outcome_that_landed_is_reported_as_a_committed_batc
     sink._write = write
     sink.decide = lambda plan: Decision.SKIP  # the group holds batch 3 and the ledger its record: it landed
     sink.ledger_entry = lambda n: LedgerEntry.for_plan("app", plan, 4, 1, 12.5, 0, "onceflow.app")
-    out = sink.write_batch(plan, iter([eo.OutRecord(wire.KIND_RESULT, "k", b"v")]), Decision.WRITE)
+    out = sink.write_batch(plan, iter([bs.OutRecord(wire.KIND_RESULT, "k", b"v")]), Decision.WRITE)
     assert (out.decision, out.outputs, out.dlq) == (Decision.WRITE, 4, 1)
     assert len(attempts) == 1  # written once
     types = [e for e, _ in emitted]

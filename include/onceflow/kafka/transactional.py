@@ -78,7 +78,7 @@ class TxnError(OnceflowError):
         self.error, self.phase, self.elapsed_ms = error, phase, elapsed_ms
 
 
-class Fenced(TxnError):
+class Fenced(TxnError, wire.Fenced):
     """Another producer with this transactional.id took over: stop for good, never re-initialise."""
 
     outcome = Outcome.FENCED

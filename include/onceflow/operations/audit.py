@@ -17,6 +17,7 @@ from confluent_kafka import TopicPartition
 from onceflow import wire
 from onceflow.app import registry
 from onceflow.config import Settings
+from onceflow.database import client as database_client
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.protocol import ledger_reader
@@ -108,6 +109,8 @@ class Snapshot:
 
 
 def snapshot(settings: Settings, wait_s: float = 30.0) -> Snapshot:
+    if settings.sink_kind == "postgres":
+        return table_snapshot(settings)[0]
     md = kafka_clients.admin(settings).list_topics(settings.source_topic, timeout=10).topics[settings.source_topic]
     committed = committed_position(settings, sorted(md.partitions))
     deadline = time.monotonic() + wait_s
@@ -132,6 +135,25 @@ def snapshot(settings: Settings, wait_s: float = 30.0) -> Snapshot:
     return Snapshot(committed, entries, recs)
 
 
+@dataclass
+class TableContents:
+    """A table sink's committed results and DLQ rows, from the same cut as its Snapshot."""
+
+    results: list[tuple[str, str, int]]  # key, value, batch
+    dlq: list[tuple]  # src_partition, src_offset, key, value, reason, batch
+
+
+def table_snapshot(settings: Settings) -> tuple[Snapshot, TableContents]:
+    """A PostgreSQL sink's cut: its ledger rows, results and DLQ rows read in one database transaction (consistent
+    by the database's snapshot, no waiting); the restore and quarantine records are the Kafka ledger's, where the
+    operator's actions write them."""
+    entries, results, dlq = database_client.snapshot(settings)
+    stream = sorted((e for e in entries if e.kind == wire.LEDGER_STREAM), key=lambda e: e.batch)
+    committed = Committed(offsets=stream[-1].end, batch=stream[-1].batch) if stream else Committed({}, None)
+    others = [r for r in ledger_records(settings) if not isinstance(r, LedgerEntry)]
+    return Snapshot(committed, stream, [*stream, *others]), TableContents(results, dlq)
+
+
 def dlq_provenance(msgs: Iterable[kafka_reading.Msg]) -> list[tuple[int, int]]:
     return [(int(m.headers[wire.H_SOURCE_PARTITION]), int(m.headers[wire.H_SOURCE_OFFSET])) for m in msgs]
 
@@ -141,14 +163,21 @@ def audit(settings: Settings) -> invariants.Report:
     (everything up to one committed batch), so a running job gives the same verdict as a stopped one: the app's own
     key-by-key audit where it declares one (App.audit: ip_count's recounts its windows), else what holds for any
     app (I1 and the ledger's accounting of every sink and DLQ record: invariants.check_accounting)."""
-    snap = snapshot(settings)
-    # onceflow's sink records always carry a key and a value
-    sink = [
-        invariants.SinkRecord(cast(bytes, m.key).decode(), cast(bytes, m.value), m.partition, m.offset)
-        for m in kafka_reading.read_topic(settings, settings.sink_topic)
-        if snap.includes(m.headers)
-    ]
-    dlq = dlq_provenance(m for m in kafka_reading.read_topic(settings, settings.dlq_topic) if snap.includes(m.headers))
+    if settings.sink_kind == "postgres":  # one row per key: its latest value (the table's rows are the records)
+        snap, rows = table_snapshot(settings)
+        sink = [invariants.SinkRecord(k, v.encode(), 0, i) for i, (k, v, _) in enumerate(rows.results)]
+        dlq = [(int(r[0]), int(r[1])) for r in rows.dlq]
+    else:
+        snap = snapshot(settings)
+        # onceflow's sink records always carry a key and a value
+        sink = [
+            invariants.SinkRecord(cast(bytes, m.key).decode(), cast(bytes, m.value), m.partition, m.offset)
+            for m in kafka_reading.read_topic(settings, settings.sink_topic)
+            if snap.includes(m.headers)
+        ]
+        dlq = dlq_provenance(
+            m for m in kafka_reading.read_topic(settings, settings.dlq_topic) if snap.includes(m.headers)
+        )
     app = settings.declared_app()
     if app.audit is not None:
         rep = registry.load(app.audit)(settings, snap, sink, dlq)

@@ -25,14 +25,14 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from onceflow import wire
 from onceflow.app import App
 from onceflow.config import Settings
 from onceflow.kafka import reading as kafka_reading
-from onceflow.operations import committed_reads, recon_chain
+from onceflow.operations import audit, committed_reads, recon_chain
 from onceflow.rules import reconciliation as rr
 from onceflow.rules import replay as rp
 from onceflow.rules.ledger import LedgerEntry, QuarantineRange, RestoreRecord
@@ -321,28 +321,11 @@ def _compare(
         F.sha2(F.col("value"), 256).alias("sha"),
         F.col("reason"),
     )
-    sink = committed_reads.bounded(spark, settings, settings.sink_topic, selected, history)
-    dlq = committed_reads.bounded(spark, settings, settings.dlq_topic, selected, history)
-    ours = (F.col("app").isNull()) | (F.col("app") == settings.app_id)
-    committed = (
-        sink.where(ours)
-        .select(
-            "batch",
-            F.lit(wire.KIND_RESULT).alias("kind"),
-            F.col("key").cast("string").alias("key"),
-            F.sha2(F.col("value"), 256).alias("sha"),
-            F.lit(None).cast("string").alias("reason"),
-        )
-        .unionByName(
-            dlq.where(ours).select(
-                "batch",
-                F.lit(wire.KIND_DLQ).alias("kind"),
-                F.col("key").cast("string").alias("key"),
-                F.sha2(F.col("value"), 256).alias("sha"),
-                committed_reads.header(wire.H_REASON).alias("reason"),
-            )
-        )
-    )
+    produced = expected  # every row the replay's batches wrote, for the ledger's counts
+    if settings.sink_kind == "postgres":
+        expected, committed = _table_sides(spark, settings, expected, first, last)
+    else:
+        committed = _topic_side(spark, settings, selected, history)
     e = expected.groupBy(*COMPARED).agg(F.count(F.lit(1)).alias("replayed"))
     c = committed.groupBy(*COMPARED).agg(F.count(F.lit(1)).alias("committed"))
     j = (
@@ -359,7 +342,7 @@ def _compare(
     extra = [r.asDict() for r in j.where(F.col("committed") > F.col("replayed")).select(*cols).limit(CAP).collect()]
     per_batch = {
         r["batch"]: (int(r["results"]), int(r["dlq"]))
-        for r in expected.groupBy("batch")
+        for r in produced.groupBy("batch")
         .agg(
             F.sum((F.col("kind") == wire.KIND_RESULT).cast("long")).alias("results"),
             F.sum((F.col("kind") == wire.KIND_DLQ).cast("long")).alias("dlq"),
@@ -380,3 +363,71 @@ def _compare(
         k: int((totals[k] if totals else 0) or 0) for k in ("results", "dlq", "committed_results", "committed_dlq")
     }
     return rp.check(p, figures, diffs, CAP)
+
+
+def _topic_side(spark: SparkSession, settings: Settings, selected: list[LedgerEntry], history: list[LedgerEntry]):
+    """What the compared batches committed to the sink and DLQ topics (read_committed), as the compared columns."""
+    sink = committed_reads.bounded(spark, settings, settings.sink_topic, selected, history)
+    dlq = committed_reads.bounded(spark, settings, settings.dlq_topic, selected, history)
+    ours = (F.col("app").isNull()) | (F.col("app") == settings.app_id)
+    return (
+        sink.where(ours)
+        .select(
+            "batch",
+            F.lit(wire.KIND_RESULT).alias("kind"),
+            F.col("key").cast("string").alias("key"),
+            F.sha2(F.col("value"), 256).alias("sha"),
+            F.lit(None).cast("string").alias("reason"),
+        )
+        .unionByName(
+            dlq.where(ours).select(
+                "batch",
+                F.lit(wire.KIND_DLQ).alias("kind"),
+                F.col("key").cast("string").alias("key"),
+                F.sha2(F.col("value"), 256).alias("sha"),
+                committed_reads.header(wire.H_REASON).alias("reason"),
+            )
+        )
+    )
+
+
+def _table_sides(spark: SparkSession, settings: Settings, expected: DataFrame, first: int, last: int):
+    """A PostgreSQL sink holds one row per key, its latest value: the replay's results are compared as the latest
+    version of each key, leaving out keys a batch after the compared ones wrote again (proven with that batch); DLQ
+    rows are compared as they are. Both tables are read in one database transaction (audit.table_snapshot)."""
+    _, rows = audit.table_snapshot(settings)
+    results = spark.createDataFrame(rows.results, "key string, value string, batch long")
+    dlq = spark.createDataFrame(
+        [(r[2], bytes(r[3]) if r[3] is not None else None, r[4], r[5]) for r in rows.dlq],
+        "key string, value binary, reason string, batch long",
+    )
+    rewritten = spark.createDataFrame([(k,) for k, _, b in rows.results if b > last], "key string")
+    latest = Window.partitionBy("key").orderBy(F.col("batch").desc())
+    exp_results = (
+        expected.where(F.col("kind") == wire.KIND_RESULT)
+        .withColumn("_n", F.row_number().over(latest))
+        .where(F.col("_n") == 1)
+        .drop("_n")
+        .join(rewritten, "key", "left_anti")
+    )
+    exp = exp_results.select(*COMPARED).unionByName(expected.where(F.col("kind") != wire.KIND_RESULT).select(*COMPARED))
+    committed = (
+        results.where(F.col("batch").between(first, last))
+        .select(
+            "batch",
+            F.lit(wire.KIND_RESULT).alias("kind"),
+            "key",
+            F.sha2(F.col("value"), 256).alias("sha"),
+            F.lit(None).cast("string").alias("reason"),
+        )
+        .unionByName(
+            dlq.where(F.col("batch").between(first, last)).select(
+                "batch",
+                F.lit(wire.KIND_DLQ).alias("kind"),
+                "key",
+                F.sha2(F.col("value"), 256).alias("sha"),
+                "reason",
+            )
+        )
+    )
+    return exp, committed

@@ -1,4 +1,6 @@
-"""The exactly-once protocol (docs/design.md, section 3): one Kafka transaction per Spark micro-batch.
+"""The exactly-once protocol (docs/design.md, section 3): one Kafka transaction per Spark micro-batch. The sequence
+around it (decide, write at most once, settle an unknown outcome) is onceflow.protocol.batch_sink's, shared with the
+PostgreSQL sink (onceflow.protocol.database_sink).
 
 Spark writes `offsets/N` (the planned range) before batch N runs and `commits/N` after foreachBatch returns.
 Between the two, `ExactlyOnceSink.write_batch` does, in ONE transaction of a producer whose transactional.id
@@ -32,8 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import TopicPartition
@@ -44,50 +45,18 @@ from onceflow.faults import Injector
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import transactional as tw
+from onceflow.protocol.batch_sink import BatchOutcome, BatchSink, OutRecord, UndeliverableRecord
 from onceflow.protocol.sink_reads import KafkaSinkReads, SinkReads
 from onceflow.rules import clock, records
-from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, decide, offset_metadata
-from onceflow.wire import OnceflowError
+from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, offset_metadata
 
 log = logging.getLogger(__name__)
 H_APP, H_BATCH = wire.H_APP, wire.H_BATCH  # headers of every record the job writes
 
 
-@dataclass(frozen=True)
-class OutRecord:
-    """One row of a batch's output, as foreachBatch collects it from the query."""
+class ExactlyOnceSink(BatchSink):
+    unknown_outcome = (tw.OutcomeUnknown,)
 
-    kind: str  # wire.KIND_RESULT or wire.KIND_DLQ
-    key: str
-    value: bytes | None
-    src_partition: int | None = None
-    src_offset: int | None = None
-    src_timestamp_ms: int | None = None
-    reason: str | None = None
-    src_size: int | None = None  # the original value's size (DLQ)
-    src_sha256: str | None = None  # set when the DLQ copy holds less than the original value
-
-
-@dataclass(frozen=True)
-class BatchOutcome:
-    batch: int
-    decision: Decision
-    outputs: int = 0
-    dlq: int = 0
-    txn_ms: float = 0.0
-
-
-class BatchNotCommitted(OnceflowError):
-    """The batch's commit had an unknown outcome and turned out not to have landed, and its streamed output cannot
-    be read again: fail the query, and the replay after the restart writes it."""
-
-
-class UndeliverableRecord(OnceflowError):
-    """A record the broker refuses every time (fault `undeliverable`, standing in for a permanent delivery error):
-    its batch can never commit until the operator quarantines the source record (onceflow.operations.quarantine)."""
-
-
-class ExactlyOnceSink:
     def __init__(
         self,
         settings: Settings,
@@ -159,65 +128,18 @@ class ExactlyOnceSink:
                     ledger_batch=newest.batch,
                     action="decided from the ledger; the next commit restores the group's offsets",
                 )
-        try:
-            return decide(plan, committed, entry, newest)
-        except Exception as e:
-            self.bus.emit(
-                wire.DIVERGENT_HISTORY,
-                logging.ERROR,
-                flush=True,
-                batch=plan.batch,
-                spark_batch=plan.spark_batch,
-                error=str(e),
-            )
-            raise
+        return self._decided(plan, committed, entry, newest)
 
-    def write_batch(self, plan: BatchPlan, rows: Iterable[OutRecord], decision: Decision | None = None) -> BatchOutcome:
-        """Write batch `plan` with `rows` in one transaction, unless `decision` (decided now when not given)
-        says it is committed already. `rows` is streamed into the transaction as it is iterated (the driver never
-        holds the batch's output). A transaction whose outcome is unknown (a commit timed out, a call hung) is
-        settled by the writer (a new producer, initialised before anything else is written); the batch is then
-        decided again from what is committed: found committed, or written once more from `rows` iterated again
-        (the driver's are read again from Spark's stored output, onceflow.spark.partition_stream.Stored); a
-        one-shot iterator cannot be, so the query fails and Spark replays the batch after the restart."""
-        decision = decision or self.decide(plan)
-        for attempt in (1, 2):
-            if decision is not Decision.WRITE:
-                self.bus.emit(
-                    wire.BATCH_REPLAY_SKIPPED,
-                    batch=plan.batch,
-                    spark_batch=plan.spark_batch,
-                    ranges=plan.ranges,
-                    catch_up_from=plan.catch_up_from,
-                    decision=decision.value,
-                )
-                return BatchOutcome(plan.batch, decision)
-            try:
-                return self._write(plan, rows)
-            except tw.OutcomeUnknown as e:
-                if attempt == 2:
-                    raise
-                self.bus.emit(
-                    wire.TRANSACTION_OUTCOME_UNKNOWN,
-                    logging.WARNING,
-                    flush=True,
-                    batch=plan.batch,
-                    error=str(e),
-                    transactional_id=self.s.transactional_id,
-                    action="the producer was replaced; the batch is decided again from what is committed",
-                )
-                decision = self.decide(plan)
-                if decision is Decision.SKIP:  # the commit had landed: the batch was written, by this attempt
-                    return self._landed(plan)
-                if decision is Decision.WRITE and isinstance(rows, Iterator):
-                    # The batch is not committed, and its rows were a one-shot iterator: the query fails; Spark
-                    # replays the batch after the restart, and it is written then.
-                    what = "the commit" if e.phase == "commit" else f"the transaction ({e.phase} hung)"
-                    raise BatchNotCommitted(
-                        f"{what} of batch {plan.batch} had an unknown outcome and did not land: the job restarts and "
-                        f"Spark replays the batch"
-                    ) from e
-        raise AssertionError("unreachable")
+    def _outcome_text(self, error: BaseException) -> str:
+        phase = getattr(error, "phase", None)
+        return "the commit" if phase == "commit" else f"the transaction ({phase} hung)"
+
+    def _recover(self, error: BaseException) -> dict[str, Any]:
+        # the writer has replaced its producer already: the new one waited for the pending outcome
+        return {
+            "transactional_id": self.s.transactional_id,
+            "action": "the producer was replaced; the batch is decided again from what is committed",
+        }
 
     def _write(self, plan: BatchPlan, rows: Iterable[OutRecord]) -> BatchOutcome:
         self._fault("crash_before_produce", plan.batch)
@@ -314,30 +236,6 @@ class ExactlyOnceSink:
         self._fault("raise_after_commit", plan.batch)
         return BatchOutcome(plan.batch, Decision.WRITE, outputs, dlq, txn_ms)
 
-    def _committed(self, plan: BatchPlan, outputs: int, dlq: int, txn_ms: float, **extra: Any) -> None:
-        self.bus.emit(
-            wire.BATCH_COMMITTED,
-            batch=plan.batch,
-            spark_batch=plan.spark_batch,
-            outputs=outputs,
-            dlq=dlq,
-            txn_ms=round(txn_ms, 1),
-            records=plan.records,
-            watermark_ms=plan.watermark_ms,
-            end_offsets=plan.end,
-            **extra,
-        )
-
-    def _landed(self, plan: BatchPlan) -> BatchOutcome:
-        """A commit whose outcome was unknown and that is found committed (the group holds the batch, the ledger its
-        record): the batch was written once, by this attempt, and is reported as every committed batch is (so the
-        checks that follow commits, such as Spark's late count against the DLQ's, see it), with the counts the
-        ledger recorded."""
-        entry = self.ledger_entry(plan.batch)
-        outputs, dlq, txn_ms = (entry.outputs, entry.dlq, entry.txn_ms) if entry is not None else (0, 0, 0.0)
-        self._committed(plan, outputs, dlq, txn_ms, settled_after_unknown_outcome=True)
-        return BatchOutcome(plan.batch, Decision.WRITE, outputs, dlq, txn_ms)
-
     # ------------------------------------------------------------------ helpers
     def _writer_event(self, type_: str, fields: dict[str, Any]) -> None:
         self.bus.emit(type_, logging.WARNING, flush=True, **fields)
@@ -356,10 +254,6 @@ class ExactlyOnceSink:
             fraction=self.s.near_timeout_fraction,
             action="the transaction is still open; it will be aborted at the timeout and replayed",
         )
-
-    def _fault(self, point: str, batch: int) -> None:
-        if self.faults is not None:
-            self.faults.hit(point, batch)
 
     def _on_producer_call(self, phase: str) -> None:
         if phase == "send_offsets" and self._batch is not None:

@@ -119,3 +119,18 @@ def connection_id(base: str, app: str, role: str, own: bool) -> str:
     `<base>_<app>` and `<base>_<app>_<role>`, since each instance has principals of its own."""
     scope = base if own else f"{base}_{app}"
     return scope if role == "control" else f"{scope}_{role}"
+
+
+# The PostgreSQL sink (onceflow.database): each app instance has a schema of its own, named by its app id (quoted:
+# an id may hold '-'), holding its results, its DLQ, its ledger and its writer row (the fencing generation); its
+# roles are granted that schema only.
+DB_TABLES = ("results", "dlq", "ledger", "writer")
+
+
+def db_schema(app: str) -> str:
+    return app
+
+
+def db_role(app: str, purpose: str) -> str:
+    """The database role of one purpose of the app instance: `job` writes its tables, `reader` reads them."""
+    return f"{PREFIX}_{app}_{purpose}"

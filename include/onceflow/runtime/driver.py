@@ -28,7 +28,8 @@ from onceflow import config, logs, wire
 from onceflow.faults import Injector
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
-from onceflow.protocol.exactly_once import ExactlyOnceSink, OutRecord
+from onceflow.protocol.batch_sink import BatchSink, OutRecord
+from onceflow.protocol.sinks import open_sink
 from onceflow.rules import checkpoint, clock
 from onceflow.rules.ledger import Decision
 from onceflow.runtime import preflight, standby
@@ -124,7 +125,7 @@ class BatchWriter:
     nor starts a transaction."""
 
     def __init__(
-        self, settings: config.Settings, sink: ExactlyOnceSink, fs: HadoopFS, epoch: checkpoint.Epoch, status: Status
+        self, settings: config.Settings, sink: BatchSink, fs: HadoopFS, epoch: checkpoint.Epoch, status: Status
     ):
         self.s, self.sink, self.fs, self.epoch, self.status = settings, sink, fs, epoch, status
         self.lock = threading.Lock()
@@ -344,7 +345,7 @@ def run(settings: config.Settings) -> int:
         on_fire=lambda f: bus.emit(wire.FAULT_INJECTED, logging.WARNING, flush=True, fault=f.name),
     )
     try:
-        sink = ExactlyOnceSink(settings, bus, injector)  # fences the previous instance of the app
+        sink = open_sink(settings, bus, injector)  # fences the previous instance of the app
         t_producer = time.monotonic()
     except Exception as e:
         if startup_exit_code(e) == wire.EXIT_FAILED:

@@ -11,6 +11,7 @@ from typing import Any
 
 from onceflow import wire
 from onceflow.config import ConfigError, Settings
+from onceflow.database.schema import SchemaError
 from onceflow.kafka import transactional as tw
 from onceflow.rules import pacing
 from onceflow.rules.ledger import BatchPlan, Decision, DivergentHistory
@@ -132,7 +133,7 @@ def _offsets_text(offsets: Any) -> str | None:
 def failure_exit_code(err: BaseException | None) -> int:
     """The exit code of a query that failed: fencing and divergent history end the job for good; anything else is a
     crash the supervisor restarts (the batch is replayed)."""
-    if isinstance(err, tw.Fenced):
+    if isinstance(err, wire.Fenced):
         return wire.EXIT_FENCED
     if isinstance(err, DivergentHistory):
         return wire.EXIT_DIVERGENT
@@ -146,8 +147,8 @@ def startup_exit_code(err: BaseException) -> int:
         return wire.EXIT_LOCKED
     if isinstance(err, preflight.BrokerUnreachable):
         return wire.EXIT_FAILED
-    if isinstance(err, (preflight.PreflightError, ConfigError, tw.TxnConfigError)):
+    if isinstance(err, (preflight.PreflightError, ConfigError, tw.TxnConfigError, SchemaError)):
         return wire.EXIT_CONFIG
-    if isinstance(err, tw.Fenced):
+    if isinstance(err, wire.Fenced):
         return wire.EXIT_FENCED
     return wire.EXIT_FAILED

@@ -1,0 +1,350 @@
+"""The exactly-once protocol with a PostgreSQL table as the sink (docs/database-sink.md): one database transaction
+per Spark micro-batch, beside the Kafka variant (onceflow.protocol.exactly_once), which it mirrors step for step.
+
+Between Spark's `offsets/N` and `commits/N`, `DatabaseSink.write_batch` does, in ONE transaction of the app's
+database role:
+
+    0. SELECT the writer row FOR UPDATE   -> its generation must be this driver's, else Fenced (a newer one took over)
+    1. the batch's results                -> upserted into <schema>.results (key, value, batch; writes + 1 on conflict)
+    2. the batch's rejected input         -> <schema>.dlq (provenance, a capped copy of the value)
+    3. one ledger row                     -> <schema>.ledger (batch, ranges per partition, counts, config hash)
+
+and commits. Before opening it, it reads the ledger table and decides as the Kafka sink does (onceflow.rules.ledger
+.decide, with the newest ledger row as the committed position): write batch N, skip a replay of a batch committed
+with exactly this range, rebuild state only after a restore, or stop with divergent history. The ledger's primary
+key (batch) is the last guard: a second commit of a batch fails whole.
+
+Fencing: at start the driver takes the writer row's next generation (waiting for the row lock a previous driver's
+open transaction holds, so that transaction ends first: committed or rolled back); every batch transaction locks the
+row and checks it still holds that generation. A zombie's next transaction sees the newer one and stops.
+After each commit the source offsets are committed to the app's Kafka group too, outside the transaction: the group
+is a cache for lag and health; the ledger table decides.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import psycopg
+from confluent_kafka import TopicPartition
+from psycopg import errors as pg_errors
+from psycopg import sql
+
+from onceflow import wire
+from onceflow.config import Settings
+from onceflow.database import client, schema
+from onceflow.faults import Injector
+from onceflow.kafka import clients as kafka_clients
+from onceflow.kafka import events as ev
+from onceflow.protocol.batch_sink import BatchOutcome, BatchSink, OutRecord, UndeliverableRecord
+from onceflow.rules import clock, records
+from onceflow.rules.ledger import (
+    BatchPlan,
+    Committed,
+    Decision,
+    LedgerEntry,
+    committed_from_ledger,
+    offset_metadata,
+)
+from onceflow.wire import OnceflowError
+
+log = logging.getLogger(__name__)
+RECONNECT_S = 60.0  # how long a lost connection is tried again before the batch fails (the job restarts)
+
+
+class Fenced(wire.Fenced):
+    """Another driver of this app took the writer row: this one stops."""
+
+
+class StatementTimedOut(OnceflowError):
+    """A statement of the batch's transaction ran past ONCEFLOW_POSTGRES_STATEMENT_TIMEOUT_MS, or waited for a lock
+    past ONCEFLOW_POSTGRES_LOCK_TIMEOUT_MS: the transaction rolled back; the batch is replayed after the restart."""
+
+
+class ConnectionLost(OnceflowError):
+    """The connection broke inside a batch's transaction; during the commit its outcome is unknown."""
+
+    def __init__(self, message: str, phase: str):
+        super().__init__(message)
+        self.phase = phase
+
+
+class DatabaseSink(BatchSink):
+    unknown_outcome = (ConnectionLost,)
+
+    def __init__(
+        self,
+        settings: Settings,
+        bus: ev.EventBus,
+        faults: Injector | None = None,
+        *,
+        connect: Callable[[], Any] | None = None,
+        group: Any | None = None,
+    ):
+        """Connects, checks the app's tables and takes the writer row (fencing the previous driver). Seams: `connect`
+        makes a connection (again after one is lost), `group` caches the committed offsets in Kafka (None: the
+        app's consumer group)."""
+        self.s, self.bus, self.faults = settings, bus, faults
+        self._connect = connect or (lambda: client.connect(settings))
+        self.conn = self._connect()
+        schema.check(self.conn, settings.database_schema)
+        self.holder = f"{settings.app_id}@{clock.now_ms()}"
+        self.generation = self._claim()
+        self.group = (
+            group if group is not None else kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
+        )
+
+    # ------------------------------------------------------------------ fencing
+    def _claim(self) -> int:
+        """The writer row's next generation, for this driver. A previous driver's open batch transaction holds the
+        row's lock: this waits for it to end (at most the statement timeout, then the start fails and is retried)."""
+        t = client.table(self.s, "writer")
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            cur.execute("SELECT set_config('lock_timeout', %s, true)", (str(self.s.postgres_statement_timeout_ms),))
+            cur.execute(
+                sql.SQL(
+                    "INSERT INTO {t} AS w (one, generation, holder) VALUES (true, 1, %s) ON CONFLICT (one) DO UPDATE "
+                    "SET generation = w.generation + 1, holder = EXCLUDED.holder, since = now() RETURNING generation"
+                ).format(t=t),
+                (self.holder,),
+            )
+            row = cur.fetchone()
+        generation = int(row[0])  # type: ignore[index]
+        log.info("took the writer row of %s: generation %d", self.s.database_schema, generation)
+        return generation
+
+    # ------------------------------------------------------------------ the protocol
+    def decide(self, plan: BatchPlan) -> Decision:
+        """As the Kafka sink decides, with the ledger table's newest row as the committed position."""
+        entry, newest = self._reading(
+            lambda: (client.ledger_entry(self.conn, self.s, plan.batch), client.newest_entry(self.conn, self.s))
+        )
+        committed = committed_from_ledger(newest) if newest is not None else Committed(offsets={}, batch=None)
+        return self._decided(plan, committed, entry if committed.batch == plan.batch else None)
+
+    def ledger_entry(self, batch: int) -> LedgerEntry | None:
+        entry: LedgerEntry | None = self._reading(lambda: client.ledger_entry(self.conn, self.s, batch))
+        return entry
+
+    def _recover(self, error: BaseException) -> dict[str, Any]:
+        self._reconnect()
+        return {
+            "sink": "postgres",
+            "phase": getattr(error, "phase", None),
+            "action": "reconnected; the batch is decided again from the ledger table",
+        }
+
+    def _outcome_text(self, error: BaseException) -> str:
+        return f"the transaction, lost with its connection ({getattr(error, 'phase', None)}),"
+
+    def _after_commit(self, plan: BatchPlan) -> None:
+        self._cache_offsets(plan)
+
+    def _write(self, plan: BatchPlan, rows: Iterable[OutRecord]) -> BatchOutcome:
+        self._fault("crash_before_produce", plan.batch)
+        started = time.monotonic()
+        phase = "begin"
+        try:
+            with self.conn.transaction(), self.conn.cursor() as cur:
+                phase = "fence"
+                self._check_generation(cur)
+                phase = "write"
+                outputs, dlq = self._copy(cur, plan, rows)
+                self._fault("crash_after_produce", plan.batch)
+                entry = LedgerEntry.for_plan(
+                    self.s.app_id,
+                    plan,
+                    outputs,
+                    dlq,
+                    (time.monotonic() - started) * 1000,
+                    clock.now_ms(),
+                    f"postgres:{self.s.database_schema}#{self.generation}",
+                    records.RULES_VERSION,
+                    self.s.max_event_ahead_ms,
+                )
+                cur.execute(
+                    sql.SQL(
+                        "INSERT INTO {t} (batch, epoch, ranges, outputs, dlq, config_hash, entry) "
+                        "VALUES (%s, %s, %s::jsonb, %s, %s, %s, %s::jsonb)"
+                    ).format(t=client.table(self.s, "ledger")),
+                    (
+                        plan.batch,
+                        plan.epoch,
+                        _ranges_json(plan),
+                        outputs,
+                        dlq,
+                        self.s.job_config_hash(),
+                        entry.to_json().decode(),
+                    ),
+                )
+                self._fault("stall_in_txn", plan.batch)
+                phase = "commit"  # leaving the block commits
+        except (pg_errors.QueryCanceled, pg_errors.LockNotAvailable) as e:
+            self._rollback_quietly()
+            raise StatementTimedOut(_timeout_advice(plan.batch, e)) from e
+        except psycopg.OperationalError as e:
+            if not self.conn.closed and phase != "commit":
+                raise  # an error the server reported (a full disk, ...): the transaction rolled back; fail the batch
+            raise ConnectionLost(f"batch {plan.batch}: {str(e).strip()[:300]}", phase) from e
+        txn_ms = (time.monotonic() - started) * 1000
+        self._cache_offsets(plan)
+        self._committed(plan, outputs, dlq, txn_ms, sink="postgres")
+        self._fault("crash_after_commit", plan.batch)
+        self._fault("raise_after_commit", plan.batch)
+        return BatchOutcome(plan.batch, Decision.WRITE, outputs, dlq, txn_ms)
+
+    def _check_generation(self, cur: Any) -> None:
+        cur.execute(sql.SQL("SELECT generation, holder FROM {t} FOR UPDATE").format(t=client.table(self.s, "writer")))
+        row = cur.fetchone()
+        if row is None or int(row[0]) != self.generation:
+            now = f"generation {row[0]} ({row[1]})" if row else "nobody"
+            self.bus.emit(
+                wire.FENCED,
+                logging.ERROR,
+                flush=True,
+                sink="postgres",
+                generation=self.generation,
+                error=f"the writer row holds {now}",
+                action="another instance of this app took over; this one stops",
+            )
+            raise Fenced(
+                f"the writer row of {self.s.database_schema} holds {now}, not this driver's generation "
+                f"{self.generation}: another instance of app {self.s.app_id} took over; this one stops"
+            )
+
+    def _copy(self, cur: Any, plan: BatchPlan, rows: Iterable[OutRecord]) -> tuple[int, int]:
+        """Stream the batch's rows into a staging table (COPY), then upsert the results and insert the DLQ rows from
+        it. Returns (results rows written, DLQ rows written)."""
+        cur.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS onceflow_stage (seq bigserial, kind text, key text, value bytea, "
+            "src_partition integer, src_offset bigint, src_timestamp_ms bigint, reason text, original_size integer, "
+            "original_sha256 text) ON COMMIT DELETE ROWS"
+        )
+        columns = (
+            "kind, key, value, src_partition, src_offset, src_timestamp_ms, reason, original_size, original_sha256"
+        )
+        with cur.copy(f"COPY onceflow_stage ({columns}) FROM STDIN") as copy:
+            for r in rows:
+                if r.kind != wire.KIND_RESULT and self.faults is not None and r.value is not None:
+                    if self.faults.undeliverable(r.src_partition, r.src_offset):
+                        raise UndeliverableRecord(
+                            f"the DLQ copy of {plan.topic}[{r.src_partition}] offset {r.src_offset} is refused "
+                            f"(injected fault): quarantine the record (onceflow quarantine add)"
+                        )
+                copy.write_row(
+                    (
+                        r.kind,
+                        r.key,
+                        r.value,
+                        r.src_partition,
+                        r.src_offset,
+                        r.src_timestamp_ms,
+                        r.reason,
+                        r.src_size,
+                        r.src_sha256,
+                    )
+                )
+        try:
+            cur.execute(
+                sql.SQL(
+                    "INSERT INTO {t} AS r (key, value, batch) "
+                    "SELECT DISTINCT ON (key) key, convert_from(value, 'UTF8'), %s FROM onceflow_stage "
+                    "WHERE kind = %s ORDER BY key, seq DESC "
+                    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, batch = EXCLUDED.batch, "
+                    "writes = r.writes + 1, updated_at = now()"
+                ).format(t=client.table(self.s, "results")),
+                (plan.batch, wire.KIND_RESULT),
+            )
+        except pg_errors.CharacterNotInRepertoire as e:
+            raise schema.SchemaError(
+                f"batch {plan.batch}: app {self.s.app} produced a value that is not UTF-8 text; the results table "
+                f"stores values as text (write them as text, e.g. JSON)"
+            ) from e
+        outputs = cur.rowcount
+        cur.execute(
+            sql.SQL(
+                "INSERT INTO {t} (key, src_topic, src_partition, src_offset, src_timestamp_ms, reason, value, "
+                "original_size, original_sha256, batch) SELECT key, %s, src_partition, src_offset, src_timestamp_ms, "
+                "coalesce(reason, ''), value, original_size, original_sha256, %s FROM onceflow_stage WHERE kind <> %s"
+            ).format(t=client.table(self.s, "dlq")),
+            (plan.topic, plan.batch, wire.KIND_RESULT),
+        )
+        return outputs, cur.rowcount
+
+    def _cache_offsets(self, plan: BatchPlan) -> None:
+        """The committed position into the app's Kafka group (not transactional: a cache for lag and health)."""
+        offsets = [
+            TopicPartition(plan.topic, p, off, offset_metadata(plan.batch, plan.epoch))
+            for p, off in sorted(plan.end.items())
+        ]
+        try:
+            self.group.commit(offsets=offsets, asynchronous=False)
+        except Exception as e:  # the ledger table holds the truth; the next commit refreshes the cache
+            log.warning(
+                "batch %s committed; caching its offsets in group %s failed: %s", plan.batch, self.s.group_id, e
+            )
+
+    # ------------------------------------------------------------------ connections
+    def _reading(self, read: Callable[[], Any]) -> Any:
+        """Run `read` in a read-only transaction; a connection lost between batches (the server restarted) is
+        replaced once."""
+        for attempt in (1, 2):
+            try:
+                with self.conn.transaction():
+                    return read()
+            except psycopg.OperationalError:
+                if attempt == 2 or not self.conn.closed:
+                    raise
+                self._reconnect()
+        raise AssertionError("unreachable")
+
+    def _reconnect(self) -> None:
+        """A new connection, tried for up to RECONNECT_S (a restarting server); the generation stays this driver's
+        (each transaction checks it)."""
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+        deadline = time.monotonic() + RECONNECT_S
+        while True:
+            try:
+                self.conn = self._connect()
+                return
+            except client.DatabaseUnreachable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+
+    def _rollback_quietly(self) -> None:
+        try:
+            self.conn.rollback()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        for c in (self.group, self.conn):
+            try:
+                c.close()
+            except Exception:
+                pass
+
+
+def _ranges_json(plan: BatchPlan) -> str:
+    return json.dumps({str(p): [s, e] for p, (s, e) in plan.ranges.items()})
+
+
+def _timeout_advice(batch: int, e: Exception) -> str:
+    if isinstance(e, pg_errors.LockNotAvailable):
+        return (
+            f"batch {batch}: a lock on the app's tables was held by another session past "
+            f"ONCEFLOW_POSTGRES_LOCK_TIMEOUT_MS; the transaction rolled back and the batch is replayed after the "
+            f"restart. Find the session in pg_stat_activity (pg_locks) and end it, or raise the setting"
+        )
+    return (
+        f"batch {batch}: a statement ran past ONCEFLOW_POSTGRES_STATEMENT_TIMEOUT_MS; the transaction rolled back and "
+        f"the batch is replayed after the restart with the same range: raise the setting above what the batch needs"
+    )

@@ -1,0 +1,287 @@
+"""Exactly-once into PostgreSQL (onceflow.protocol.database_sink), proven against a real server, a real broker and
+real Spark: kill -9 of the driver at every step around the database commit, the server crashed mid-run, a lock held
+by another session, a zombie driver fenced, tables the sink cannot write refused at start."""
+
+import json
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from onceflow import wire
+from onceflow.database import client
+from onceflow.database.schema import SchemaError
+from onceflow.kafka import events as ev
+from onceflow.operations import audit, reconcile, replay
+from onceflow.protocol.batch_sink import BatchNotCommitted, OutRecord
+from onceflow.protocol.database_sink import DatabaseSink, Fenced, StatementTimedOut
+from onceflow.rules import invariants
+from onceflow.rules.ledger import BatchPlan, Decision
+from onceflow.rules.reconciliation import Status
+from onceflow.runtime import jobctl, procs
+from onceflow_dev import postgres
+from onceflow_dev.generator import KIND_MALFORMED
+from tests.support.harness import end_offsets, events, fed_and_killed, final_window_end_ms, truth
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def pg_home(tmp_path_factory):
+    """One PostgreSQL server for the module (Debian's binaries, its cluster under a directory of its own)."""
+    from onceflow import config
+
+    home = config.load(env={}, var_dir=tmp_path_factory.mktemp("pgvar"))
+    yield home
+    postgres.remove(home)
+
+
+@pytest.fixture
+def db_app(app, pg_home):
+    """The test's app writing to its own schema on the module's server, as its job's role."""
+
+    def make(**overrides):
+        s = app(**overrides)
+        job = postgres.provision_sink(s.replace(var_dir=pg_home.var_dir))
+        return job.replace(var_dir=s.var_dir)
+
+    return make
+
+
+def _admin(pg_home, s):
+    info = postgres.state(pg_home)
+    return psycopg.connect(
+        host="127.0.0.1",
+        port=info["port"],
+        user=info["user"],
+        password=info["password"],
+        dbname=s.postgres_database,
+        autocommit=True,
+    )
+
+
+def _rows(s, table: str, columns: str) -> list[tuple]:
+    with client.connect(s) as conn:
+        return conn.execute(sql.SQL(f"SELECT {columns} FROM {{}}").format(client.table(s, table))).fetchall()
+
+
+def _entries(s):
+    with client.connect(s) as conn:
+        return client.ledger_entries(conn, s)
+
+
+def test_kill9_around_the_database_commit_and_a_crashed_server_lose_and_duplicate_nothing(
+    db_app, pg_home, tmp_path, spark
+):
+    faults = "crash_before_produce@2,crash_after_produce@4,crash_after_commit@6,raise_after_commit@8"
+    s = db_app(max_offsets_per_trigger=3000, fault=faults, restart_attempts=10)
+
+    def crash_server(k: int) -> None:
+        if k == 1:  # once, while the job runs: every session cut, open transactions lost
+            postgres.crash_restart(pg_home)
+
+    spec = dict(rate=2500, event_rate=2500, distinct_ips=400, out_of_order_fraction=0.05, late_fraction=0.01)
+    sent = fed_and_killed(
+        s, tmp_path, kill_seed=3, between=crash_server, count=30_000, malformed_fraction=0.02, tail_s=30, seed=4, **spec
+    )
+    ends, target_wm = end_offsets(sent), final_window_end_ms(s, sent)
+
+    def drained() -> bool:
+        st = jobctl.status(s)
+        if st.get("error") and not st["running"] and not st["supervisor_pid"]:
+            raise AssertionError(f"job failed: {st['error']}")
+        try:
+            entries = _entries(s)
+        except Exception:  # the server restarting
+            return False
+        return bool(entries) and entries[-1].end == ends and max(e.watermark_ms for e in entries) >= target_wm
+
+    procs.wait_until(drained, 420, interval=2.0, what="the job to drain into the table")
+    assert jobctl.stop(s)
+
+    entries = _entries(s)
+    results = _rows(s, "results", "key, value, writes")
+    dlq = _rows(s, "dlq", "src_partition, src_offset")
+    sink = [invariants.SinkRecord(k, v.encode(), 0, i) for i, (k, v, _) in enumerate(results)]
+    rep = invariants.check(entries, ends, truth(sent), sink, dlq, s.window_s, starting={p: 0 for p in ends})
+    assert rep.ok, json.dumps(rep.summary(), indent=1, default=str)
+    valid = sum(1 for r in sent if r.kind != KIND_MALFORMED)
+    assert rep.counted + rep.late + rep.pending == valid and rep.counted > 0
+    assert len(dlq) == sum(1 for r in sent if r.kind == KIND_MALFORMED) == rep.ledger_dlq
+    # each window's row was written by exactly one batch (an upsert would hide a second write, `writes` does not)
+    assert {w for _, _, w in results} == {1}
+    assert [e.batch for e in entries] == list(range(len(entries)))
+
+    fired = {e["fault"] for e in events(s, wire.FAULT_INJECTED)}
+    assert fired == set(faults.split(","))
+    skipped = {e["batch"] for e in events(s, wire.BATCH_REPLAY_SKIPPED)}
+    assert {6, 8} <= skipped, "a crash or an error after the commit must lead to a skipped replay"
+    # the group's offsets are the ledger's cache: where the last batch ended
+    assert audit.committed_offsets(s, ends) == ends
+
+    # the platform's proofs read the table: the app's plan replayed over the committed ranges, and `onceflow audit`
+    res = reconcile.run(spark, s)  # what `onceflow reconcile` and the reconciliation DAG run
+    assert res.ok and res.check("replay").status == Status.PASS and res.check("I1_coverage").status == Status.PASS
+    assert res.check("replay").figures["results"] == len(results) and res.check("replay").figures["dlq"] == len(dlq)
+    assert audit.audit(s).ok
+    # ... and they fail on a table changed behind the sink's back
+    key, value, _ = results[0]
+    with _admin(pg_home, s) as admin:
+        admin.execute(
+            sql.SQL("UPDATE {} SET value = %s WHERE key = %s").format(client.table(s, "results")),
+            (value.replace('"count":', '"count":1'), key),
+        )
+    snap = audit.snapshot(s)
+    res = replay.check(spark, s, s.declared_app(), snap.entries, snap.entries, audit.quarantined(snap.records))
+    assert res.status == Status.FAIL and {d.get("key") for d in res.differences} == {key}, res.differences[:4]
+    assert not audit.audit(s).ok
+
+
+def _plan(s, batch, start, end):
+    return BatchPlan(batch=batch, topic=s.source_topic, start={0: start}, end={0: end})
+
+
+def _out(batch, n):
+    return [OutRecord(wire.KIND_RESULT, f"k{batch}-{i}", json.dumps({"n": i}).encode()) for i in range(n)]
+
+
+class _Group:
+    """The offsets' Kafka cache, not under test here."""
+
+    def commit(self, **_):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_fencing_a_held_lock_a_crash_mid_batch_and_bad_tables(db_app, pg_home):
+    s = db_app(postgres_lock_timeout_ms=2000)
+    bus = ev.EventBus.for_job(s)
+
+    def sink():
+        return DatabaseSink(s, bus, group=_Group())
+
+    a = sink()
+    assert a.write_batch(_plan(s, 0, 0, 10), _out(0, 10)).decision is Decision.WRITE
+    b = sink()  # a newer driver of the app: the older one is a zombie from now on
+    with pytest.raises(Fenced, match="another instance"):
+        a.write_batch(_plan(s, 1, 10, 20), _out(1, 10))
+    assert b.decide(_plan(s, 0, 0, 10)) is Decision.SKIP  # a replay of the committed batch writes nothing
+    assert b.write_batch(_plan(s, 1, 10, 20), _out(1, 10)).outputs == 10
+
+    # a lock another session holds: the batch fails before its commit, saying which setting, and is written after
+    with _admin(pg_home, s) as other:
+        with other.transaction():
+            other.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(client.table(s, "results")))
+            with pytest.raises(StatementTimedOut, match="POSTGRES_LOCK_TIMEOUT_MS"):
+                b.write_batch(_plan(s, 2, 20, 30), _out(2, 10))
+    assert b.write_batch(_plan(s, 2, 20, 30), _out(2, 10)).outputs == 10
+
+    # the server crashes while the batch's rows stream in: the transaction is lost with its connection, the sink
+    # reconnects, finds the batch not committed and writes it again from its stored rows
+    def crash():  # the server stopped as a crash would, then started: every session of the sink's is cut
+        postgres.crash_restart(pg_home)
+
+    class CrashOnce(list):  # re-iterable, as the driver's stored output is
+        crashed = False
+
+        def __iter__(self):
+            if not self.crashed:
+                self.crashed = True
+                crash()
+            return super().__iter__()
+
+    assert b.write_batch(_plan(s, 3, 30, 40), CrashOnce(_out(3, 10))).outputs == 10
+    assert any(e["batch"] == 3 for e in events(s, wire.TRANSACTION_OUTCOME_UNKNOWN))
+
+    def one_shot():  # ... a one-shot iterator cannot be read again: the query fails and Spark replays the batch
+        crash()
+        yield from _out(4, 10)
+
+    with pytest.raises(BatchNotCommitted):
+        b.write_batch(_plan(s, 4, 40, 50), one_shot())
+    assert b.write_batch(_plan(s, 4, 40, 50), _out(4, 10)).outputs == 10
+    b.close()
+    a.close()
+
+    assert [e.batch for e in _entries(s)] == [0, 1, 2, 3, 4]
+    assert len(_rows(s, "results", "key")) == 50 and {w for (w,) in _rows(s, "results", "writes")} == {1}
+
+    # a role per purpose: the readers' may not write, the job's may not change the tables
+    reader = postgres.sink_settings(s.replace(var_dir=pg_home.var_dir), "reader")
+    with client.connect(reader) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(sql.SQL("DELETE FROM {}").format(client.table(s, "results")))
+    with client.connect(s) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN writes").format(client.table(s, "results")))
+
+    # tables the sink cannot write are refused at start, saying what is wrong
+    with _admin(pg_home, s) as admin:
+        admin.execute(sql.SQL("ALTER TABLE {} DROP COLUMN writes").format(client.table(s, "results")))
+    with pytest.raises(SchemaError, match=r"results has no column writes"):
+        sink()
+
+
+def test_an_operator_runs_an_app_into_postgresql_from_a_fresh_shell(tmp_path):
+    """The path docs/database-sink.md gives: `stack up --postgres`, the job started with ONCEFLOW_SINK_KIND=postgres,
+    records in, `db status` showing them committed, `stack down` stopping everything, the server too; each command
+    a process of its own with only the var dir in its environment (the stack remembers the rest). The job's process
+    holds its own role's password and no other."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from onceflow import config
+    from onceflow.runtime import supervisor
+
+    var = tmp_path / "var"
+    shell = {k: os.environ[k] for k in ("PATH", "HOME", "JAVA_HOME", "LANG") if k in os.environ}
+    shell["ONCEFLOW_VAR_DIR"] = str(var)
+
+    def cli(*args: str, timeout: float = 300, **env: str) -> dict:
+        json_flag = [] if args[0] == "audit" else ["--json"]  # audit prints its verdict as JSON always
+        out = subprocess.run(
+            [sys.executable, "-m", "onceflow.cli", *args, *json_flag],
+            env={**shell, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+        return json.loads(out.stdout)
+
+    first = dict(
+        ONCEFLOW_BOOTSTRAP_SERVERS=f"127.0.0.1:{procs.free_port()}",
+        ONCEFLOW_CONTROLLER_PORT=str(procs.free_port()),
+    )
+    s = config.load(env={**shell, **first})
+    try:
+        up = cli("stack", "up", "--postgres", **first)
+        assert up["postgres"]["running"] and up["postgres"]["roles"] == [
+            "onceflow_ip_count_job",
+            "onceflow_ip_count_reader",
+        ]
+        cli("job", "start", ONCEFLOW_SINK_KIND="postgres", ONCEFLOW_TRIGGER_INTERVAL_S="1")
+        sent = cli("produce", "--count", "3000", "--tail", "12", "--seed", "3")["sent"]  # the tail's records too
+
+        def committed() -> dict | None:
+            st = cli("db", "status")
+            done = st["last_end_offsets"] and sum(st["last_end_offsets"].values()) == sent and st["results_rows"] > 0
+            return st if done else None
+
+        st = procs.wait_until(committed, 240, interval=2.0, what="every record committed to the table")
+        assert st["dlq_rows"] > 0  # --malformed 0.01 by default: rejects in the DLQ table, in the same transactions
+        verdict = cli("audit", timeout=120, ONCEFLOW_SINK_KIND="postgres")  # as the reader role, on a running job
+        assert verdict["ok"] and verdict["sink_records"] == st["results_rows"], verdict
+
+        info = postgres.state(s)
+        job_pid = procs.read_pidfile(supervisor.job_pidfile(s))["pid"]
+        env = (Path("/proc") / str(job_pid) / "environ").read_bytes()
+        assert info["roles"]["onceflow_ip_count_job"].encode() in env
+        assert info["roles"]["onceflow_ip_count_reader"].encode() not in env and info["password"].encode() not in env
+    finally:
+        down = cli("stack", "down")
+    assert down["job_stopped"] and down["postgres_stopped"] and down["broker_stopped"]
+    assert not postgres.running(s)
+    postgres.remove(s)
