@@ -92,7 +92,8 @@ bench: setup
 bench-quiet: setup
 	$(BIN)/python -m onceflow_dev.bench_quiet
 
-## bench-writer: records/s of one transaction from the driver (bare producer vs the sink vs streamed from Spark),
+## bench-writer: records/s of one transaction from the driver (bare producer vs the sink vs streamed from Spark, and
+## the PostgreSQL sink both ways),
 ## on one broker and on three (replication 3, acks=all), ~10 min. BENCH_WRITER_SIZES, BENCH_WRITER_TOPOLOGIES.
 bench-writer: setup
 	$(BIN)/python -m onceflow_dev.bench_writer
@@ -110,7 +111,8 @@ bench-sweep: setup
 ## chaos: ~10 min of kill -9s, broker restarts, driver pauses and timed-out transactions, then an exact check.
 ## CHAOS_SECONDS, CHAOS_RECORDS, CHAOS_JOB_KILLS, CHAOS_BROKER_RESTARTS, CHAOS_STALLS, CHAOS_PAUSES, CHAOS_SEED,
 ## CHAOS_STANDBY (default 1), CHAOS_SECURED=1 (SASL/SCRAM over TLS with ACLs, the job as its own principal),
-## CHAOS_APP (default ip_count; ip_networks: the stateless app, proven by its audit and the replay of its plan).
+## CHAOS_APP (default ip_count; ip_networks: the stateless app, proven by its audit and the replay of its plan),
+## CHAOS_SINK=postgres (the results in PostgreSQL, its server crash-restarted CHAOS_DATABASE_CRASHES times too).
 ## CHAOS_TOPOLOGY=cluster: three brokers and a Spark master with two workers; kill -9 of the sink's leader, of the
 ## transaction coordinator mid-transaction, of a Spark worker, of the driver, one broker down for minutes
 ## (CHAOS_BROKER_DOWN_S, CHAOS_LEADER_KILLS, CHAOS_COORDINATOR_KILLS, CHAOS_WORKER_KILLS; CHAOS_SECURED=1 too;

@@ -126,6 +126,33 @@ def kafka_env(s: Settings) -> dict[str, str]:
     return out
 
 
+def database_env(s: Settings) -> dict[str, str]:
+    """When the embedded PostgreSQL serves apps' sinks (`stack up --postgres`): each instance's job and reader roles
+    as AIRFLOW_CONN_ONCEFLOW_POSTGRES_<APP_ID>_<PURPOSE> (type postgres), as the Kafka ones are given (kafka_env)."""
+    if not postgres.serves_sinks(s):
+        return {}
+    from onceflow import config
+    from onceflow.rules import names
+
+    info = postgres.state(s) or {}
+    out = {}
+    for app_id in config.instances(s):
+        for purpose in ("job", "reader"):
+            role = names.db_role(app_id, purpose)
+            if role not in info.get("roles", {}):
+                continue
+            spec = {
+                "conn_type": "postgres",
+                "host": "127.0.0.1",
+                "port": info["port"],
+                "login": role,
+                "password": info["roles"][role],
+                "schema": s.postgres_database,
+            }
+            out[f"AIRFLOW_CONN_{names.db_connection_id(app_id, purpose).upper()}"] = json.dumps(spec)
+    return out
+
+
 def password_file(s: Settings) -> Path:
     """The embedded Airflow's admin password (its simple auth manager's file): 0600, printed by nobody."""
     return home(s) / "passwords.json"
@@ -183,7 +210,7 @@ def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env
         proc = procs.spawn_detached(
             [sys.executable, "-m", "onceflow_dev.airflow_standalone"],  # `airflow standalone`, no log servers
             s.log_dir / "airflow.log",
-            env=env(s, kafka_env(s) | (extra_env or {})),
+            env=env(s, kafka_env(s) | database_env(s) | (extra_env or {})),
         )
         procs.write_pidfile(pidfile(s), proc.pid, "airflow")
     procs.wait_until(lambda: _healthy(s), timeout, interval=2, what=f"Airflow at port {s.airflow_port}")

@@ -46,7 +46,7 @@ from onceflow.kafka import topics
 from onceflow.operations import audit
 from onceflow.rules import clock
 from onceflow.runtime import jobctl, launcher, procs, supervisor
-from onceflow_dev import bench_check, bench_flink, broker, generator
+from onceflow_dev import bench_check, bench_flink, broker, generator, postgres
 
 log = logging.getLogger("onceflow_dev.bench")
 # The job settings a tuning run varies (docs/performance.md); recorded with every result.
@@ -264,7 +264,12 @@ def expected_counts(s: config.Settings, topic: str, end: dict[int, int]) -> benc
 
 
 def check(s: config.Settings, exp: bench_check.Expected) -> dict:
-    """A contender's sink (and DLQ) as read_committed consumers see them, against the recount."""
+    """A contender's sink (and DLQ) as read_committed consumers see them (a table sink: its tables, in one
+    transaction), against the recount."""
+    if s.sink_kind == "postgres":
+        _, rows = audit.table_snapshot(s)
+        pairs = ((k.encode(), v.encode()) for k, v, _ in rows.results)
+        return bench_check.compare(exp, pairs, s.window_s, dlq_records=len(rows.dlq))
     sink = kafka_reading.read_topic(s, s.sink_topic, timeout_s=600)
     dlq = kafka_reading.read_topic(s, s.dlq_topic, timeout_s=600)
     return bench_check.compare(exp, ((m.key, m.value) for m in sink), s.window_s, dlq_records=len(dlq))
@@ -620,6 +625,7 @@ def main() -> int:
         "ip_networks_vs_ip_count_throughput": round(
             tp["eos_ip_networks"]["records_per_s"] / tp["eos"]["records_per_s"], 3
         ),
+        "postgres_vs_kafka_sink_throughput": round(tp["eos_postgres"]["records_per_s"] / tp["eos"]["records_per_s"], 3),
         "eos_p99_in_trigger_intervals": round(results["latency"]["eos"].get("p99_ms", 0) / 1000 / spec.trigger_s, 2),
     } | flink_ratios(results)
     out = var / f"results-{time.strftime('%Y%m%dT%H%M%S')}.json"
@@ -673,6 +679,8 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
     apps["eos_ip_networks"] = _settings(
         base, "bench_ip_networks", "bench.source", spec, **net, **config.app_defaults(net)
     )
+    # ip_count with its results in PostgreSQL (docs/database-sink.md): the server under the bench's var dir
+    apps["eos_postgres"] = postgres.provision_sink(_settings(base, "bench_postgres", "bench.source", spec))
     try:
         for s in apps.values():
             topics.ensure(s)
@@ -700,6 +708,10 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
         log.info("  %s", results["throughput"]["eos_ip_networks"])
         results["correctness"]["eos_ip_networks"] = check_any_app(apps["eos_ip_networks"], exp)
         log.info("  correctness: %s", results["correctness"]["eos_ip_networks"])
+        log.info("throughput: onceflow exactly-once into PostgreSQL")
+        results["throughput"]["eos_postgres"] = throughput(ExactlyOnce(apps["eos_postgres"]), end, n)
+        log.info("  %s", results["throughput"]["eos_postgres"])
+        results["correctness"]["eos_postgres"] = _checked(apps["eos_postgres"], exp)
         log.info("throughput: ceiling")
         results["throughput"]["ceiling"] = ceiling(apps["ceiling"], end, n)
         log.info("  %s", results["throughput"]["ceiling"])
@@ -741,6 +753,7 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
     finally:
         for s in apps.values():
             jobctl.stop(s, timeout=30)
+        postgres.remove(base)
 
 
 def table(r: dict) -> str:
@@ -750,6 +763,7 @@ def table(r: dict) -> str:
     names = {
         "eos": "onceflow exactly-once",
         "eos_ip_networks": "onceflow exactly-once, ip_networks (stateless)",
+        "eos_postgres": "onceflow exactly-once into PostgreSQL",
         "alo": "Spark Kafka sink (at-least-once)",
         "ceiling": "confluent-kafka txn loop (no Spark)",
     }
@@ -784,6 +798,7 @@ def table(r: dict) -> str:
         f"exactly-once / at-least-once throughput: {ra['eos_vs_alo_throughput']}",
         f"exactly-once / ceiling throughput:       {ra['eos_vs_ceiling_throughput']}",
         f"ip_networks / ip_count throughput (onceflow): {ra.get('ip_networks_vs_ip_count_throughput', '-')}",
+        f"PostgreSQL sink / Kafka sink throughput (onceflow): {ra.get('postgres_vs_kafka_sink_throughput', '-')}",
         f"exactly-once p99 latency in trigger intervals ({r['spec']['trigger_s']} s): "
         f"{ra['eos_p99_in_trigger_intervals']}",
         *(

@@ -9,7 +9,10 @@ acks=all):
   from a Python loop: the ceiling of one Python thread producing;
 - `sink`:      the job's sink, the rows from a Python generator: the protocol's cost over the ceiling;
 - `streamed`:  the job's sink, the rows streamed from a Spark DataFrame (`onceflow.spark.partition_stream`, as the job does), the
-  DataFrame built from `spark.range` in BENCH_WRITER_PARTITIONS partitions: what a batch costs end to end.
+  DataFrame built from `spark.range` in BENCH_WRITER_PARTITIONS partitions: what a batch costs end to end;
+- `postgres`, `pg_streamed`: the same two with the PostgreSQL sink (onceflow.protocol.database_sink: COPY into a
+  staging table, the upsert, the ledger row, one database transaction), on the embedded server under the bench's
+  var dir; its group cache is committed on the topology's brokers.
 records/s = records / (the first record handed to the producer .. the commit returned). Prints a table and
 writes var/bench-writer/results-<time>.json.
 """
@@ -28,11 +31,11 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import topics
 from onceflow.protocol.batch_sink import OutRecord
-from onceflow.protocol.exactly_once import ExactlyOnceSink
+from onceflow.protocol.sinks import open_sink
 from onceflow.rules.ledger import BatchPlan
 from onceflow.runtime import launcher, procs
 from onceflow.spark import partition_stream
-from onceflow_dev import broker
+from onceflow_dev import broker, postgres
 
 log = logging.getLogger("onceflow_dev.bench_writer")
 VALUE = b'{"window_start":"2026-11-23T00:00:00Z","window_end":"2026-11-23T00:00:05Z","ip":"%s","count":1}'
@@ -86,7 +89,7 @@ def run_producer(s: config.Settings, n: int) -> float:
 
 
 def run_sink(s: config.Settings, n: int, rows=None) -> float:
-    sink = ExactlyOnceSink(s, ev.EventBus.for_job(s))
+    sink = open_sink(s, ev.EventBus.for_job(s))
     try:
         t0 = time.monotonic()
         out = sink.write_batch(_plan(s), rows if rows is not None else _rows(n))
@@ -123,6 +126,7 @@ def main() -> int:
     sizes = [int(x) for x in os.environ.get("BENCH_WRITER_SIZES", "100000,500000,2000000").split(",")]
     topologies = [int(x) for x in os.environ.get("BENCH_WRITER_TOPOLOGIES", "1,3").split(",")]
     partitions = int(os.environ.get("BENCH_WRITER_PARTITIONS", "4"))
+    contenders = os.environ.get("BENCH_WRITER_CONTENDERS", "producer,sink,streamed,postgres,pg_streamed").split(",")
     var = config.REPO_ROOT / "var" / "bench-writer"
     shutil.rmtree(var, ignore_errors=True)
     var.mkdir(parents=True)
@@ -148,11 +152,13 @@ def main() -> int:
             broker.start(base)
             try:
                 for n in sizes:
-                    for contender in ("producer", "sink", "streamed"):
+                    for contender in contenders:
                         s = _app(base, f"w{nodes}_{contender}_{n}")
+                        if contender in ("postgres", "pg_streamed"):  # the server's files under the bench's var
+                            s = postgres.provision_sink(s.replace(var_dir=var)).replace(var_dir=topo_var)
                         if contender == "producer":
                             secs = run_producer(s, n)
-                        elif contender == "sink":
+                        elif contender in ("sink", "postgres"):
                             secs = run_sink(s, n)
                         else:
                             secs = run_streamed(spark, s, n, partitions)
@@ -170,6 +176,7 @@ def main() -> int:
                 broker.stop(base)
     finally:
         spark.stop()
+        postgres.remove(config.load(env={}, var_dir=var))
     out = var / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(results, indent=1))
     print(f"\n{'brokers':>7} {'records':>9} {'contender':>9} {'seconds':>8} {'records/s':>10} {'of producer':>11}")

@@ -9,6 +9,8 @@ job's `stall_in_txn` fault at chosen batches). Then it waits for the job to drai
 (`verify`: the generator's manifest in the source, the app's own audit or the ledger's accounting, lost and
 duplicated must be 0, the DLQ complete) and with a Spark reconciliation run (the replay of the app's plan among its
 checks), and prints what happened. Exit 1 on any loss, duplicate or failed check. Any declared app (CHAOS_APP).
+CHAOS_SINK=postgres: the app writes to PostgreSQL (its server under the run's var dir), which is crash-restarted
+CHAOS_DATABASE_CRASHES times too; a held transaction is then ended by the server's idle-in-transaction timeout.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from onceflow.kafka import topics
 from onceflow.operations import audit
 from onceflow.rules import clock
 from onceflow.runtime import jobctl, launcher, procs
-from onceflow_dev import broker, chaos_plan, generator
+from onceflow_dev import broker, chaos_plan, generator, postgres
 from onceflow_dev.generator import KIND_TAIL
 
 log = logging.getLogger("onceflow_dev.chaos")
@@ -59,6 +61,9 @@ class ChaosSpec:
     standby_wait_s: float = field(default_factory=lambda: env_or("CHAOS_STANDBY_WAIT_S", 300.0))
     # CHAOS_SECURED=1: on the secured stack (SASL/SCRAM over TLS, ACLs), the job on its least-privileged principal
     secured: int = field(default_factory=lambda: env_or("CHAOS_SECURED", 0))
+    # CHAOS_SINK=postgres: the app writes to PostgreSQL (docs/database-sink.md), whose server crashes too
+    sink: str = field(default_factory=lambda: env_or("CHAOS_SINK", "kafka"))
+    database_crashes: int = field(default_factory=lambda: env_or("CHAOS_DATABASE_CRASHES", 3))
     ips: int = 5000
 
 
@@ -112,7 +117,14 @@ class Feed:
 def plan(spec: ChaosSpec) -> list[chaos_plan.Step]:
     """The seeded schedule (chaos_plan.single_node_plan). Faults land between 5 % and 85 % of the run, so the last
     part of the input is processed by a job that is left alone; broker restarts one at a time."""
-    return chaos_plan.single_node_plan(spec.seed, spec.seconds, spec.job_kills, spec.broker_restarts, spec.pauses)
+    return chaos_plan.single_node_plan(
+        spec.seed,
+        spec.seconds,
+        spec.job_kills,
+        spec.broker_restarts,
+        spec.pauses,
+        database_crashes=spec.database_crashes if spec.sink == "postgres" else 0,
+    )
 
 
 def stall_batches(spec: ChaosSpec) -> list[int]:
@@ -165,6 +177,13 @@ def run(spec: ChaosSpec, var_dir) -> dict:
 
         observer = stack.provision(s)
         job, recon = credentials.as_role(s, "job"), credentials.as_role(s, "reconcile")
+    if spec.sink == "postgres":  # the job writes as its database role, the checks read as the reader's
+        job = postgres.provision_sink(job)
+        reader = postgres.sink_settings(job, "reader")
+        observer, recon = (
+            observer.replace(**{k: getattr(reader, k) for k in DATABASE_FIELDS}),
+            recon.replace(**{k: getattr(reader, k) for k in DATABASE_FIELDS}),
+        )
     outcome = chaos_plan.Outcome()
     t0 = time.monotonic()
     manifest = var_dir / "chaos-manifest.csv"
@@ -203,6 +222,11 @@ def run(spec: ChaosSpec, var_dir) -> dict:
                 time.sleep(st.duration)
                 broker.start(base)
                 # one node: nothing commits while it is down, by nature; figures from its return
+                outcome.injected.append(chaos_plan.Injected(st.kind, at, clock.now_ms(), from_end=True))
+            elif st.kind == "crash_database":
+                at = clock.now_ms()
+                postgres.crash_restart(job, down_s=st.duration)
+                # nothing commits while the server is down, by nature; figures from its return
                 outcome.injected.append(chaos_plan.Injected(st.kind, at, clock.now_ms(), from_end=True))
             elif st.kind == "pause_driver":
                 # a fault for a job that is still coming back would hit nothing: wait for its query to run
@@ -250,6 +274,8 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         res = reconcile.run(spark, recon, with_gx=False)
         report = verify(observer, sent, recount=res)
         counts = {"kill_job": 0, "restart_broker": 0, "pause_driver": 0, "stall_in_txn": 0} | outcome.counts()
+        if spec.sink == "postgres":
+            counts.setdefault("crash_database", 0)
         report |= {
             "plan": [vars(st) for st in steps],
             "faults": counts,
@@ -261,6 +287,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             "wall_s": round(time.monotonic() - t0, 1),
             "seed": spec.seed,
             "secured": bool(spec.secured),
+            "sink": spec.sink,
         }
         report["reconciliation"] = {c.name: str(c.status) for c in res.checks}
         # every transaction held past its timeout must have been detected and reported as such
@@ -280,6 +307,8 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             sampler.stopping.set()
         jobctl.stop(job, timeout=30)
         broker.stop(base)
+        if spec.sink == "postgres":
+            postgres.remove(base)
 
 
 class LagSampler(threading.Thread):
@@ -307,6 +336,10 @@ class LagSampler(threading.Thread):
         self.stopping.set()
         self.join(30)
         return list(self.samples)
+
+
+# the settings that name a database role (onceflow_dev.postgres.sink_settings)
+DATABASE_FIELDS = ("sink_kind", "postgres_host", "postgres_port", "postgres_user", "postgres_password")
 
 
 def bounds() -> chaos_plan.Bounds:

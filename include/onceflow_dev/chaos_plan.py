@@ -128,14 +128,22 @@ def cluster_plan(
 
 
 def single_node_plan(
-    seed: int, seconds: float, job_kills: int, broker_restarts: int, pauses: int, settle_s: float = 15.0
+    seed: int,
+    seconds: float,
+    job_kills: int,
+    broker_restarts: int,
+    pauses: int,
+    settle_s: float = 15.0,
+    database_crashes: int = 0,
 ) -> list[Step]:
     """The one-node run's schedule: faults between 5 % and 85 % of the run (the rest is a job left alone), broker
-    restarts one at a time."""
+    restarts one at a time. With a PostgreSQL sink, `database_crashes` crash-restarts of its server (drawn after the
+    rest, so a seed's other faults stay where they were)."""
     rng = random.Random(seed)
     steps = [Step(t, "kill_job") for t in spread(rng, job_kills, 0.05, 0.85, seconds)]
     steps += [Step(t, "restart_broker", rng.uniform(2, 8)) for t in spread(rng, broker_restarts, 0.1, 0.8, seconds)]
     steps += [Step(t, "pause_driver", rng.uniform(2, 12)) for t in spread(rng, pauses, 0.05, 0.85, seconds)]
+    steps += [Step(t, "crash_database", rng.uniform(1, 6)) for t in spread(rng, database_crashes, 0.05, 0.85, seconds)]
     return serialise(steps, settle_s)
 
 

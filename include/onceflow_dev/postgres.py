@@ -341,9 +341,10 @@ def provision_sink(s: Settings, timeout: float = 60) -> Settings:
     return sink_settings(s)
 
 
-def crash_restart(s: Settings, timeout: float = 60) -> None:
-    """Stop the server as a crash would (immediate: no checkpoint, every session cut, open transactions lost) and
-    start it again: what the sink's tests do to it mid-batch."""
+def crash_restart(s: Settings, timeout: float = 60, down_s: float = 0.0) -> None:
+    """Stop the server as a crash would (immediate: no checkpoint, every session cut, open transactions lost), leave
+    it down `down_s` seconds and start it again: what the sink's tests and `make chaos` do to it mid-batch."""
     log = home(s).resolve() / "server.log"
     _pg(s, "pg_ctl", "-D", str(_data(s)), "-m", "immediate", "-w", "-t", str(int(timeout)), "stop")
+    time.sleep(down_s)
     _pg(s, "pg_ctl", "-D", str(_data(s)), "-l", str(log), "-w", "-t", str(int(timeout)), "start")

@@ -9,14 +9,16 @@ import pytest
 from psycopg import sql
 
 from onceflow import wire
+from onceflow.control.console import readers
 from onceflow.database import client
 from onceflow.database.schema import SchemaError
+from onceflow.faults import Injector
 from onceflow.kafka import events as ev
 from onceflow.operations import audit, reconcile, replay
 from onceflow.protocol.batch_sink import BatchNotCommitted, OutRecord
 from onceflow.protocol.database_sink import DatabaseSink, Fenced, StatementTimedOut
 from onceflow.rules import invariants
-from onceflow.rules.ledger import BatchPlan, Decision
+from onceflow.rules.ledger import BatchPlan, Committed, Decision
 from onceflow.rules.reconciliation import Status
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import postgres
@@ -155,7 +157,7 @@ class _Group:
         pass
 
 
-def test_fencing_a_held_lock_a_crash_mid_batch_and_bad_tables(db_app, pg_home):
+def test_fencing_timeouts_a_crash_mid_batch_and_bad_tables(db_app, pg_home, tmp_path):
     s = db_app(postgres_lock_timeout_ms=2000)
     bus = ev.EventBus.for_job(s)
 
@@ -177,6 +179,26 @@ def test_fencing_a_held_lock_a_crash_mid_batch_and_bad_tables(db_app, pg_home):
             with pytest.raises(StatementTimedOut, match="POSTGRES_LOCK_TIMEOUT_MS"):
                 b.write_batch(_plan(s, 2, 20, 30), _out(2, 10))
     assert b.write_batch(_plan(s, 2, 20, 30), _out(2, 10)).outputs == 10
+    # ... a statement past its timeout (the lock waited for longer than the statement may run): the same, named
+    slow = s.replace(postgres_statement_timeout_ms=1500, postgres_lock_timeout_ms=30_000)
+    with _admin(pg_home, s) as other:
+        with other.transaction():
+            # writes wait, reads do not: the batch is decided, then its ledger insert waits
+            other.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(client.table(s, "ledger")))
+            c = DatabaseSink(slow, bus, group=_Group())  # a newer driver again: b is fenced from here on
+            with pytest.raises(StatementTimedOut, match="POSTGRES_STATEMENT_TIMEOUT_MS"):
+                c.write_batch(_plan(s, 3, 30, 40), _out(3, 10))
+    b.close()
+    # a driver stalled inside its transaction past the transaction timeout: the server ends the transaction, as
+    # Kafka's coordinator would; the sink decides again and writes the batch once, without a restart
+    stalled = DatabaseSink(
+        s.replace(transaction_timeout_ms=1000), bus, Injector("stall_in_txn@3:3", tmp_path / "faults"), group=_Group()
+    )
+    assert stalled.write_batch(_plan(s, 3, 30, 40), _out(3, 10)).outputs == 10
+    assert [e["batch"] for e in events(s, wire.TRANSACTION_TIMEOUT)] == [3]
+    stalled.close()
+    c.close()
+    b = sink()
 
     # the server crashes while the batch's rows stream in: the transaction is lost with its connection, the sink
     # reconnects, finds the batch not committed and writes it again from its stored rows
@@ -192,21 +214,32 @@ def test_fencing_a_held_lock_a_crash_mid_batch_and_bad_tables(db_app, pg_home):
                 crash()
             return super().__iter__()
 
-    assert b.write_batch(_plan(s, 3, 30, 40), CrashOnce(_out(3, 10))).outputs == 10
-    assert any(e["batch"] == 3 for e in events(s, wire.TRANSACTION_OUTCOME_UNKNOWN))
+    assert b.write_batch(_plan(s, 4, 40, 50), CrashOnce(_out(4, 10))).outputs == 10
+    assert any(e["batch"] == 4 for e in events(s, wire.TRANSACTION_OUTCOME_UNKNOWN))
 
     def one_shot():  # ... a one-shot iterator cannot be read again: the query fails and Spark replays the batch
         crash()
-        yield from _out(4, 10)
+        yield from _out(5, 10)
 
     with pytest.raises(BatchNotCommitted):
-        b.write_batch(_plan(s, 4, 40, 50), one_shot())
-    assert b.write_batch(_plan(s, 4, 40, 50), _out(4, 10)).outputs == 10
+        b.write_batch(_plan(s, 5, 50, 60), one_shot())
+    assert b.write_batch(_plan(s, 5, 50, 60), _out(5, 10)).outputs == 10
     b.close()
     a.close()
 
-    assert [e.batch for e in _entries(s)] == [0, 1, 2, 3, 4]
-    assert len(_rows(s, "results", "key")) == 50 and {w for (w,) in _rows(s, "results", "writes")} == {1}
+    assert [e.batch for e in _entries(s)] == [0, 1, 2, 3, 4, 5]
+    # the console's pages of the ledger table, newest first
+    pages, before = [], None
+    for _ in range(4):
+        entries, before = readers.ledger_page(s, 2, before)
+        pages.append([e.batch for e in entries])
+        if before is None:
+            break
+    assert pages == [[5, 4], [3, 2], [1, 0]]
+    # the group holds no offsets of this app (its cache was a fake here, as if Kafka's offset retention had deleted
+    # it): how far the app consumed comes from the ledger table (health's lag, savepoints)
+    assert audit.consumed_position(s, [0]) == Committed(offsets={0: 60}, batch=5)
+    assert len(_rows(s, "results", "key")) == 60 and {w for (w,) in _rows(s, "results", "writes")} == {1}
 
     # a role per purpose: the readers' may not write, the job's may not change the tables
     reader = postgres.sink_settings(s.replace(var_dir=pg_home.var_dir), "reader")

@@ -215,3 +215,16 @@ def test_the_replays_differences_count_as_lost_and_duplicated_results():
         {"kind": "watermark", "batch": 5},  # not a record: neither lost nor duplicated
     ]
     assert replay_counts(diffs) == (3, 3)
+
+
+def test_database_crashes_join_a_seeds_plan_without_moving_its_other_faults():
+    """`make chaos` with CHAOS_SINK=postgres crashes the database too; the seed's kills, broker restarts and pauses
+    stay where they were (its crashes are drawn after them), so a seed's two runs compare."""
+    from onceflow_dev import chaos_plan
+
+    plain = chaos_plan.single_node_plan(7, 600, 20, 3, 3)
+    with_db = chaos_plan.single_node_plan(7, 600, 20, 3, 3, database_crashes=3)
+    crashes = [st for st in with_db if st.kind == "crash_database"]
+    assert len(crashes) == 3 and all(0.05 * 600 <= st.at <= 0.85 * 600 and 1 <= st.duration <= 6 for st in crashes)
+    others = [st for st in with_db if st.kind != "crash_database"]
+    assert [(st.at, st.kind) for st in others] == [(st.at, st.kind) for st in plain]

@@ -281,3 +281,67 @@ def test_the_job_publishes_its_events_on_its_own_topic_everyone_else_on_the_shar
     ev.EventBus.for_job(s, job).emit("batch_committed")
     ev.EventBus(s, other).emit("savepoint_created")
     assert (job.sent, other.sent) == ([s.job_events_topic], [s.events_topic])
+
+
+def test_a_table_sinks_roles_take_their_database_role_from_their_own_connection(monkeypatch):
+    """A postgres-sink app under Airflow: the job (deploy, health's restart) writes as the job's database role,
+    the console and the reconciliation read as the reader's, a backfill gets none; each from its own connection."""
+    from onceflow.control import orchestration
+
+    for k in [k for k in __import__("os").environ if k.startswith("ONCEFLOW_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("ONCEFLOW_SINK_KIND", "postgres")
+    for purpose in ("job", "reader"):
+        spec = {
+            "conn_type": "postgres",
+            "host": "db",
+            "port": 6543,
+            "login": f"r-{purpose}",
+            "password": f"{purpose}-pw",
+        }
+        monkeypatch.setenv(
+            f"AIRFLOW_CONN_ONCEFLOW_POSTGRES_IP_COUNT_{purpose.upper()}", json.dumps(spec | {"schema": "d"})
+        )
+    job = orchestration.settings(role="job")
+    assert (job.postgres_user, job.postgres_password, job.postgres_host, job.postgres_port) == (
+        "r-job",
+        "job-pw",
+        "db",
+        6543,
+    )
+    assert job.postgres_database == "d"
+    for reader in (orchestration.settings(), orchestration.settings(role="reconcile")):
+        assert (reader.postgres_user, reader.postgres_password) == ("r-reader", "reader-pw")
+    assert orchestration.settings(role="backfill").postgres_password == ""
+    assert orchestration.for_role(orchestration.settings(), "job").postgres_password == "job-pw"  # health's restart
+    monkeypatch.setenv("ONCEFLOW_SINK_KIND", "kafka")
+    assert orchestration.settings(role="job").postgres_password == ""  # a Kafka sink's job holds no database role
+
+
+def test_the_embedded_stack_gives_airflow_each_database_role_as_a_connection_the_dags_read(monkeypatch, tmp_path):
+    """`airflow up` on a stack started with --postgres: the job's and the reader's roles as Airflow connections in
+    Airflow's environment (onceflow_dev.airflow_local.database_env), read back by the DAGs' settings."""
+    from onceflow import config
+    from onceflow.control import orchestration
+    from onceflow_dev import airflow_local, postgres
+    from onceflow_dev.private_files import write_private
+
+    s = config.load(env={}, var_dir=tmp_path)
+    assert airflow_local.database_env(s) == {}  # no sink database: nothing
+    roles = {"onceflow_ip_count_job": "j-pw", "onceflow_ip_count_reader": "r-pw"}
+    write_private(tmp_path / "postgres.json", json.dumps({"port": 45678, "password": "su", "roles": roles}))
+    env = airflow_local.database_env(s)
+    assert sorted(env) == [
+        "AIRFLOW_CONN_ONCEFLOW_POSTGRES_IP_COUNT_JOB",
+        "AIRFLOW_CONN_ONCEFLOW_POSTGRES_IP_COUNT_READER",
+    ]
+    assert "su" not in json.dumps(env)  # the server's own password is Airflow's metadata database's, not the DAGs'
+    assert postgres.serves_sinks(s)
+    for k in [k for k in __import__("os").environ if k.startswith("ONCEFLOW_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("ONCEFLOW_SINK_KIND", "postgres")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    job = orchestration.settings(role="job")
+    assert (job.postgres_port, job.postgres_user, job.postgres_password) == (45678, "onceflow_ip_count_job", "j-pw")
+    assert orchestration.settings().postgres_password == "r-pw"

@@ -41,7 +41,29 @@ def settings(kafka_conn_id: str | None = None, role: str = "control", app_id: st
         log.info("no Airflow connection %s; using ONCEFLOW_BOOTSTRAP_SERVERS=%s", base, s.bootstrap_servers)
     else:  # the endpoint; its principal is the control plane's of the environment's instance only
         s = _with_connection(s, conn, credentials=own)
-    return s if own and role == "control" else for_role(s, role, base)
+    return with_database_role(s, role) if own and role == "control" else for_role(s, role, base)
+
+
+def with_database_role(s: config.Settings, role: str) -> config.Settings:
+    """A table-sink app's settings with the database role its Kafka `role` uses (names.DB_PURPOSE_OF_ROLE), from the
+    connection `onceflow_postgres_<app_id>_<purpose>` (host, port, login, password; its schema field: the database)
+    when there is one. A Kafka sink's, or a role without a database purpose, are returned as they are."""
+    purpose = names.DB_PURPOSE_OF_ROLE.get(role)
+    if s.sink_kind != "postgres":
+        return s
+    if purpose is None:  # no database role: none carried over from the settings it was made from
+        return s.replace(postgres_password="") if s.postgres_password else s
+    conn = _connection(names.db_connection_id(s.app_id, purpose))
+    if conn is None:
+        return s
+    changes: dict = {"postgres_user": conn.login or s.database_user, "postgres_password": conn.password or ""}
+    if conn.host:
+        changes["postgres_host"] = conn.host
+    if conn.port:
+        changes["postgres_port"] = int(conn.port)
+    if conn.schema:
+        changes["postgres_database"] = conn.schema
+    return s.replace(**changes)
 
 
 def for_role(s: config.Settings, role: str, kafka_conn_id: str | None = None) -> config.Settings:
@@ -51,14 +73,14 @@ def for_role(s: config.Settings, role: str, kafka_conn_id: str | None = None) ->
     conn_id = names.connection_id(kafka_conn_id or s.kafka_conn_id, s.app_id, role, own)
     conn = _connection(conn_id)
     if conn is not None:
-        return _with_connection(s, conn)
-    if not own and s.secured:
+        s = _with_connection(s, conn)
+    elif not own and s.secured:
         raise config.ConfigError(
             f"app instance {s.app_id}: no Airflow connection {conn_id} with the Kafka credentials of "
             f"{names.username(s.app_id, role)} (its {role} principal); create it (login, password), or the "
             f"instance would run as another instance's principal"
         )
-    return s
+    return with_database_role(s, role)
 
 
 def _own(s: config.Settings) -> bool:

@@ -22,10 +22,12 @@ class DatabaseUnreachable(OnceflowError):
 def connect(settings: Settings, purpose: str = "job") -> psycopg.Connection:
     """A connection as the settings' role (postgres_user/password), not in autocommit: the sink's transactions are
     explicit."""
+    # A transaction left idle longer than the job's transaction timeout (a driver stalled inside it) is ended by the
+    # server, as Kafka's coordinator aborts one: the batch is decided again and written once.
     options = (
         f"-c statement_timeout={settings.postgres_statement_timeout_ms} "
-        f"-c lock_timeout={settings.postgres_lock_timeout_ms} -c idle_in_transaction_session_timeout="
-        f"{max(settings.postgres_statement_timeout_ms, settings.transaction_timeout_ms)}"
+        f"-c lock_timeout={settings.postgres_lock_timeout_ms} "
+        f"-c idle_in_transaction_session_timeout={settings.transaction_timeout_ms}"
     )
     try:
         return psycopg.connect(
@@ -73,6 +75,21 @@ def ledger_entries(conn: Any, settings: Settings) -> list[LedgerEntry]:
     with conn.cursor() as cur:
         cur.execute(sql.SQL("SELECT entry::text FROM {} ORDER BY batch").format(_table(settings, "ledger")))
         return [LedgerEntry.from_json(r[0]) for r in cur.fetchall()]
+
+
+def ledger_page(settings: Settings, size: int, before: int | None) -> tuple[list[LedgerEntry], int | None]:
+    """One page of the ledger table, newest first: `size` batches below batch `before` (None: the newest), and the
+    cursor of the next page (None: no older batch). What the console shows of a table sink."""
+    with connect(settings, "console") as conn:
+        conn.read_only = True
+        rows = conn.execute(
+            sql.SQL("SELECT entry::text FROM {} WHERE batch < %s ORDER BY batch DESC LIMIT %s").format(
+                table(settings, "ledger")
+            ),
+            (before if before is not None else 2**62, size + 1),
+        ).fetchall()
+    entries = [LedgerEntry.from_json(r[0]) for r in rows[:size]]
+    return entries, (entries[-1].batch if len(rows) > size else None)
 
 
 def table(settings: Settings, name: str) -> sql.Composed:

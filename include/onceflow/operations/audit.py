@@ -38,6 +38,11 @@ def ledger_records(settings: Settings, app: str | None = None) -> list[LedgerEnt
 
 
 def ledger_entries(settings: Settings, app: str | None = None, kind: str = wire.LEDGER_STREAM) -> list[LedgerEntry]:
+    """The app's committed ledger entries of `kind`, oldest first: a table sink's stream batches from its ledger
+    table, everything else from the ledger topic."""
+    if settings.sink_kind == "postgres" and kind == wire.LEDGER_STREAM and app in (None, settings.app_id):
+        with database_client.connect(settings, "audit") as conn:
+            return database_client.ledger_entries(conn, settings)
     return [e for e in ledger_records(settings, app) if isinstance(e, LedgerEntry) and e.kind == kind]
 
 
@@ -76,11 +81,15 @@ def consumed_position(settings: Settings, partitions: Iterable[int]) -> Committe
     got = committed_position(settings, parts)
     if got.offsets:
         return got
-    c = kafka_clients.read_committed_consumer(settings)
-    try:
-        newest = ledger_reader.newest_entry(c, settings)
-    finally:
-        c.close()
+    if settings.sink_kind == "postgres":  # a table sink's ledger is its table; the group only caches it
+        with database_client.connect(settings, "audit") as conn:
+            newest = database_client.newest_entry(conn, settings)
+    else:
+        c = kafka_clients.read_committed_consumer(settings)
+        try:
+            newest = ledger_reader.newest_entry(c, settings)
+        finally:
+            c.close()
     if newest is None:
         return got  # nothing committed anywhere: nothing consumed, truly
     return Committed(offsets={p: o for p, o in newest.end.items() if p in parts}, batch=newest.batch)

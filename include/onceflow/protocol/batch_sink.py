@@ -7,6 +7,7 @@ supply the transaction, the reads and the recovery; the sequence is this one.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -173,6 +174,22 @@ class BatchSink:
         self._after_commit(plan)
         self._committed(plan, outputs, dlq, txn_ms, settled_after_unknown_outcome=True)
         return BatchOutcome(plan.batch, Decision.WRITE, outputs, dlq, txn_ms)
+
+    def _timed_out(
+        self, plan: BatchPlan, started: float, timeout_ms: int, error: str, action: str, **extra: Any
+    ) -> None:
+        """Report a transaction its transaction timeout ended (Kafka's coordinator, or the database's idle timeout)."""
+        self.bus.emit(
+            wire.TRANSACTION_TIMEOUT,
+            logging.ERROR,
+            flush=True,
+            batch=plan.batch,
+            elapsed_ms=round((time.monotonic() - started) * 1000),
+            timeout_ms=timeout_ms,
+            error=error,
+            action=action,
+            **extra,
+        )
 
     def _fault(self, point: str, batch: int) -> None:
         if self.faults is not None:

@@ -186,6 +186,13 @@ class DatabaseSink(BatchSink):
         except (pg_errors.QueryCanceled, pg_errors.LockNotAvailable) as e:
             self._rollback_quietly()
             raise StatementTimedOut(_timeout_advice(plan.batch, e)) from e
+        except pg_errors.IdleInTransactionSessionTimeout as e:
+            advice = (
+                "the server ended the transaction; the batch is decided again and written once. If the driver is "
+                "slow rather than stalled, raise ONCEFLOW_TRANSACTION_TIMEOUT_MS"
+            )
+            self._timed_out(plan, started, self.s.transaction_timeout_ms, str(e).strip()[:300], advice, sink="postgres")
+            raise ConnectionLost(f"batch {plan.batch}: the transaction was idle past its timeout", phase) from e
         except psycopg.OperationalError as e:
             if not self.conn.closed and phase != "commit":
                 raise  # an error the server reported (a full disk, ...): the transaction rolled back; fail the batch

@@ -204,18 +204,8 @@ class ExactlyOnceSink(BatchSink):
             )
             raise
         except tw.CoordinatorTimedOut as e:
-            elapsed_ms = (time.monotonic() - started) * 1000
-            self.bus.emit(
-                wire.TRANSACTION_TIMEOUT,
-                logging.ERROR,
-                flush=True,
-                batch=plan.batch,
-                elapsed_ms=round(elapsed_ms),
-                timeout_ms=self.timeout_ms,
-                transactional_id=self.s.transactional_id,
-                error=str(e),
-                action=timeout_advice(elapsed_ms),
-            )
+            advice = timeout_advice((time.monotonic() - started) * 1000)
+            self._timed_out(plan, started, self.timeout_ms, str(e), advice, transactional_id=self.s.transactional_id)
             raise
         finally:
             warn.cancel()

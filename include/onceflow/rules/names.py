@@ -134,3 +134,13 @@ def db_schema(app: str) -> str:
 def db_role(app: str, purpose: str) -> str:
     """The database role of one purpose of the app instance: `job` writes its tables, `reader` reads them."""
     return f"{PREFIX}_{app}_{purpose}"
+
+
+# Which database role each of an app's Kafka roles (onceflow.kafka.acls.ROLES) uses when its sink is a table: the job
+# writes; the control plane (the console, health) and the reconciliation read; a backfill writes to Kafka only.
+DB_PURPOSE_OF_ROLE = {"job": "job", "control": "reader", "reconcile": "reader"}
+
+
+def db_connection_id(app: str, purpose: str) -> str:
+    """The Airflow connection (type postgres) with the database role of one purpose of app instance `app`."""
+    return f"{PREFIX}_postgres_{app}_{purpose}"

@@ -167,7 +167,12 @@ def _entry(m: reading.Msg) -> LedgerEntry | None:
 
 
 def ledger_page(settings: Settings, size: int, before: int | None) -> tuple[list[LedgerEntry], int | None]:
-    """One page of the app's stream batches, newest first: `size` records back from offset `before`."""
+    """One page of the app's stream batches, newest first: `size` records back from offset `before` (a table sink:
+    its ledger table, below batch `before`)."""
+    if settings.sink_kind == "postgres":
+        from onceflow.database import client
+
+        return client.ledger_page(settings, size, before)
 
     def ours(m: reading.Msg) -> bool:
         if m.key != settings.app_id.encode():
