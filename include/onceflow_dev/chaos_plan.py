@@ -147,6 +147,14 @@ def single_node_plan(
     return serialise(steps, settle_s)
 
 
+def cut_short(injected: list[Injected]) -> int:
+    """How many held transactions (stall_in_txn) a kill of the job cut before their timeout: such a transaction ends
+    with its driver (the next one fences it, or the database rolls it back) and no timeout can be reported for it.
+    The job's stalls come at the batches it chose, so the schedule cannot always keep its kills clear of them."""
+    kills = [f.start_ms for f in injected if f.kind == "kill_job"]
+    return sum(1 for f in injected if f.kind == "stall_in_txn" and any(f.start_ms <= k < f.end_ms for k in kills))
+
+
 def commit_times(events: dict[int, int], ledger: dict[int, int]) -> list[int]:
     """When each committed batch committed: its `batch_committed` event's time (batch -> ms), or, for a batch whose
     event was lost (the driver killed between its commit and the event's delivery: seed 1 on the cluster counted a

@@ -228,3 +228,14 @@ def test_database_crashes_join_a_seeds_plan_without_moving_its_other_faults():
     assert len(crashes) == 3 and all(0.05 * 600 <= st.at <= 0.85 * 600 and 1 <= st.duration <= 6 for st in crashes)
     others = [st for st in with_db if st.kind != "crash_database"]
     assert [(st.at, st.kind) for st in others] == [(st.at, st.kind) for st in plain]
+
+
+def test_a_held_transaction_cut_by_a_kill_owes_no_timeout_report():
+    """A kill of the job inside a held transaction ends it with its driver: the run's verdict does not ask a timeout
+    report of it; a kill before or after the hold does not count."""
+    from onceflow_dev.chaos_plan import Injected, cut_short
+
+    stalls = [Injected("stall_in_txn", 1000, 13_000), Injected("stall_in_txn", 50_000, 62_000)]
+    assert cut_short(stalls + [Injected("kill_job", 1700, 1700)]) == 1
+    assert cut_short(stalls + [Injected("kill_job", 13_000, 13_000), Injected("kill_job", 900, 900)]) == 0
+    assert cut_short(stalls) == 0
