@@ -82,7 +82,8 @@ test-secured: setup
 ## KafkaSink (built with Maven into var/jvm on first use), side by side, each sink checked for correctness, and the
 ## second app (ip_networks) on the same backlog (~35 min). BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S
 ## (the latency phase's steady state, after its catch-up: BENCH_STEADY_S, BENCH_CATCHUP_MAX_S), BENCH_TRIGGER_S, BENCH_MAX_OFFSETS,
-## BENCH_FLINK (0: without Flink), BENCH_FLINK_FAST_MS (Flink's short checkpoint interval, default 500).
+## BENCH_FLINK (0: without Flink), BENCH_FLINK_FAST_MS (Flink's short checkpoint interval, default 500),
+## BENCH_POSTGRES=1 (a throughput row for ip_count into PostgreSQL; not yet run).
 bench: setup
 	$(BIN)/python -m onceflow_dev.bench
 
