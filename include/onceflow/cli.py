@@ -167,16 +167,17 @@ def cmd_db(args, s: config.Settings) -> int:
         )
         return 0
     s = _with_sink_role(s.replace(sink_kind="postgres"), "reader")
-    entries, results, dlq = client.snapshot(s)
-    newest = entries[-1] if entries else None
+    with client.connect(s, "status") as conn:
+        newest = client.newest_entry(conn, s)
+    rows = client.row_counts(s)
     _print(
         {
             "schema": s.database_schema,
-            "committed_batches": len(entries),
+            "committed_batches": rows["ledger"],
             "last_batch": newest.batch if newest else None,
             "last_end_offsets": newest.end if newest else None,
-            "results_rows": len(results),
-            "dlq_rows": len(dlq),
+            "results_rows": rows["results"],
+            "dlq_rows": rows["dlq"],
         },
         args.json,
     )

@@ -179,11 +179,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         job, recon = credentials.as_role(s, "job"), credentials.as_role(s, "reconcile")
     if spec.sink == "postgres":  # the job writes as its database role, the checks read as the reader's
         job = postgres.provision_sink(job)
-        reader = postgres.sink_settings(job, "reader")
-        observer, recon = (
-            observer.replace(**{k: getattr(reader, k) for k in DATABASE_FIELDS}),
-            recon.replace(**{k: getattr(reader, k) for k in DATABASE_FIELDS}),
-        )
+        observer, recon = postgres.sink_settings(observer, "reader"), postgres.sink_settings(recon, "reader")
     outcome = chaos_plan.Outcome()
     t0 = time.monotonic()
     manifest = var_dir / "chaos-manifest.csv"
@@ -338,10 +334,6 @@ class LagSampler(threading.Thread):
         self.stopping.set()
         self.join(30)
         return list(self.samples)
-
-
-# the settings that name a database role (onceflow_dev.postgres.sink_settings)
-DATABASE_FIELDS = ("sink_kind", "postgres_host", "postgres_port", "postgres_user", "postgres_password")
 
 
 def bounds() -> chaos_plan.Bounds:

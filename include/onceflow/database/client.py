@@ -48,33 +48,34 @@ def connect(settings: Settings, purpose: str = "job") -> psycopg.Connection:
         ) from e
 
 
-def _table(settings: Settings, name: str) -> sql.Composed:
+def table(settings: Settings, name: str) -> sql.Composed:
+    """The qualified name of one of the app's tables (onceflow.database.schema.COLUMNS)."""
     return sql.SQL("{}.{}").format(sql.Identifier(settings.database_schema), sql.Identifier(name))
+
+
+def _entries(conn: Any, settings: Settings, clause: str = "", params: tuple = ()) -> list[LedgerEntry]:
+    """The ledger rows `clause` (SQL after the FROM) selects, as LedgerEntry."""
+    query = sql.SQL("SELECT entry::text FROM {} " + clause).format(table(settings, "ledger"))
+    with conn.cursor() as cur:
+        cur.execute(query, params)
+        return [LedgerEntry.from_json(r[0]) for r in cur.fetchall()]
 
 
 def ledger_entry(conn: Any, settings: Settings, batch: int) -> LedgerEntry | None:
     """The committed ledger row of batch `batch` (None: not committed)."""
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT entry::text FROM {} WHERE batch = %s").format(_table(settings, "ledger")), (batch,))
-        row = cur.fetchone()
-    return LedgerEntry.from_json(row[0]) if row else None
+    got = _entries(conn, settings, "WHERE batch = %s", (batch,))
+    return got[0] if got else None
 
 
 def newest_entry(conn: Any, settings: Settings) -> LedgerEntry | None:
     """The app's newest committed ledger row (None: it has committed nothing)."""
-    with conn.cursor() as cur:
-        cur.execute(
-            sql.SQL("SELECT entry::text FROM {} ORDER BY batch DESC LIMIT 1").format(_table(settings, "ledger"))
-        )
-        row = cur.fetchone()
-    return LedgerEntry.from_json(row[0]) if row else None
+    got = _entries(conn, settings, "ORDER BY batch DESC LIMIT 1")
+    return got[0] if got else None
 
 
 def ledger_entries(conn: Any, settings: Settings) -> list[LedgerEntry]:
     """Every committed ledger row, by batch."""
-    with conn.cursor() as cur:
-        cur.execute(sql.SQL("SELECT entry::text FROM {} ORDER BY batch").format(_table(settings, "ledger")))
-        return [LedgerEntry.from_json(r[0]) for r in cur.fetchall()]
+    return _entries(conn, settings, "ORDER BY batch")
 
 
 def ledger_page(settings: Settings, size: int, before: int | None) -> tuple[list[LedgerEntry], int | None]:
@@ -82,19 +83,24 @@ def ledger_page(settings: Settings, size: int, before: int | None) -> tuple[list
     cursor of the next page (None: no older batch). What the console shows of a table sink."""
     with connect(settings, "console") as conn:
         conn.read_only = True
-        rows = conn.execute(
-            sql.SQL("SELECT entry::text FROM {} WHERE batch < %s ORDER BY batch DESC LIMIT %s").format(
-                table(settings, "ledger")
-            ),
+        got = _entries(
+            conn,
+            settings,
+            "WHERE batch < %s ORDER BY batch DESC LIMIT %s",
             (before if before is not None else 2**62, size + 1),
-        ).fetchall()
-    entries = [LedgerEntry.from_json(r[0]) for r in rows[:size]]
-    return entries, (entries[-1].batch if len(rows) > size else None)
+        )
+    entries = got[:size]
+    return entries, (entries[-1].batch if len(got) > size else None)
 
 
-def table(settings: Settings, name: str) -> sql.Composed:
-    """The qualified name of one of the app's tables (onceflow.database.schema.COLUMNS)."""
-    return _table(settings, name)
+def row_counts(settings: Settings) -> dict[str, int]:
+    """How many rows each of the app's tables holds (`onceflow db status`)."""
+    with connect(settings, "status") as conn:
+        conn.read_only = True
+        return {
+            name: int(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(settings, name))).fetchone()[0])  # type: ignore[index]
+            for name in ("results", "dlq", "ledger")
+        }
 
 
 def snapshot(settings: Settings) -> tuple[list[LedgerEntry], list[tuple[str, str, int]], list[tuple]]:

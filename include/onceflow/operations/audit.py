@@ -23,7 +23,15 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.protocol import ledger_reader
 from onceflow.protocol.ledger_reader import LedgerNotVisible
 from onceflow.rules import invariants
-from onceflow.rules.ledger import Committed, LedgerEntry, QuarantineRange, QuarantineRecord, RestoreRecord, parse_record
+from onceflow.rules.ledger import (
+    Committed,
+    LedgerEntry,
+    QuarantineRange,
+    QuarantineRecord,
+    RestoreRecord,
+    committed_from_ledger,
+    parse_record,
+)
 
 
 def ledger_records(settings: Settings, app: str | None = None) -> list[LedgerEntry | RestoreRecord | QuarantineRecord]:
@@ -118,8 +126,8 @@ class Snapshot:
 
 
 def snapshot(settings: Settings, wait_s: float = 30.0) -> Snapshot:
-    if settings.sink_kind == "postgres":
-        return table_snapshot(settings)[0]
+    if settings.sink_kind == "postgres":  # the ledger table alone: one query is a consistent cut
+        return _table_cut(ledger_entries(settings), settings)
     md = kafka_clients.admin(settings).list_topics(settings.source_topic, timeout=10).topics[settings.source_topic]
     committed = committed_position(settings, sorted(md.partitions))
     deadline = time.monotonic() + wait_s
@@ -157,10 +165,15 @@ def table_snapshot(settings: Settings) -> tuple[Snapshot, TableContents]:
     by the database's snapshot, no waiting); the restore and quarantine records are the Kafka ledger's, where the
     operator's actions write them."""
     entries, results, dlq = database_client.snapshot(settings)
+    return _table_cut(entries, settings), TableContents(results, dlq)
+
+
+def _table_cut(entries: list[LedgerEntry], settings: Settings) -> Snapshot:
+    """A table sink's Snapshot from its ledger rows, with the Kafka ledger's restore and quarantine records."""
     stream = sorted((e for e in entries if e.kind == wire.LEDGER_STREAM), key=lambda e: e.batch)
-    committed = Committed(offsets=stream[-1].end, batch=stream[-1].batch) if stream else Committed({}, None)
+    committed = committed_from_ledger(stream[-1]) if stream else Committed({}, None)
     others = [r for r in ledger_records(settings) if not isinstance(r, LedgerEntry)]
-    return Snapshot(committed, stream, [*stream, *others]), TableContents(results, dlq)
+    return Snapshot(committed, stream, [*stream, *others])
 
 
 def dlq_provenance(msgs: Iterable[kafka_reading.Msg]) -> list[tuple[int, int]]:

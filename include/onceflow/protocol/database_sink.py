@@ -23,7 +23,6 @@ is a cache for lag and health; the ledger table decides.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -166,25 +165,18 @@ class DatabaseSink(BatchSink):
                     records.RULES_VERSION,
                     self.s.max_event_ahead_ms,
                 )
+                # the row's columns are the entry's, for queries; the entry is the record
                 cur.execute(
                     sql.SQL(
-                        "INSERT INTO {t} (batch, epoch, ranges, outputs, dlq, config_hash, entry) "
-                        "VALUES (%s, %s, %s::jsonb, %s, %s, %s, %s::jsonb)"
+                        "INSERT INTO {t} (batch, epoch, ranges, outputs, dlq, config_hash, entry) SELECT "
+                        "(e->>'batch')::bigint, (e->>'epoch')::integer, e->'ranges', (e->>'outputs')::bigint, "
+                        "(e->>'dlq')::bigint, %s, e FROM (SELECT %s::jsonb AS e) AS x"
                     ).format(t=client.table(self.s, "ledger")),
-                    (
-                        plan.batch,
-                        plan.epoch,
-                        _ranges_json(plan),
-                        outputs,
-                        dlq,
-                        self.s.job_config_hash(),
-                        entry.to_json().decode(),
-                    ),
+                    (self.s.job_config_hash(), entry.to_json().decode()),
                 )
                 self._fault("stall_in_txn", plan.batch)
                 phase = "commit"  # leaving the block commits
-        except (pg_errors.QueryCanceled, pg_errors.LockNotAvailable) as e:
-            self._rollback_quietly()
+        except (pg_errors.QueryCanceled, pg_errors.LockNotAvailable) as e:  # rolled back by leaving the block
             raise StatementTimedOut(_timeout_advice(plan.batch, e)) from e
         except pg_errors.IdleInTransactionSessionTimeout as e:
             advice = (
@@ -326,22 +318,12 @@ class DatabaseSink(BatchSink):
                     raise
                 time.sleep(1.0)
 
-    def _rollback_quietly(self) -> None:
-        try:
-            self.conn.rollback()
-        except Exception:
-            pass
-
     def close(self) -> None:
         for c in (self.group, self.conn):
             try:
                 c.close()
             except Exception:
                 pass
-
-
-def _ranges_json(plan: BatchPlan) -> str:
-    return json.dumps({str(p): [s, e] for p, (s, e) in plan.ranges.items()})
 
 
 def _timeout_advice(batch: int, e: Exception) -> str:
