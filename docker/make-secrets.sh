@@ -15,7 +15,8 @@ chmod 0700 "$dir"
 hex() { head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 for name in kafka_admin_password kafka_job_password kafka_backfill_password kafka_control_password \
     kafka_reconcile_password kafka_keystore_password airflow_db_password airflow_api_secret_key \
-    airflow_jwt_secret spark_auth_secret airflow_fernet_key; do
+    airflow_jwt_secret spark_auth_secret airflow_fernet_key postgres_sink_job_password \
+    postgres_sink_reader_password; do
     [[ -s $dir/$name ]] && continue
     if [[ $name == airflow_fernet_key ]]; then
         head -c 32 /dev/urandom | base64 | tr '+/' '-_' >"$dir/$name.new"

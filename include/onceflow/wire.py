@@ -12,7 +12,10 @@ import enum
 
 
 class OnceflowError(RuntimeError):
-    """The base of onceflow's own errors: each says what happened and what to change."""
+    """The base of onceflow's own errors: each says what happened and what to change. One that ends the streaming
+    job sets the job's exit code (None: the kind of error decides, onceflow.runtime.driver_state)."""
+
+    exit_code: ExitCode | None = None
 
 
 class Fenced(OnceflowError):

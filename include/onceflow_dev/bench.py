@@ -91,8 +91,8 @@ class BenchSpec:
     flink_fast_ms: int = field(default_factory=lambda: _env_int("BENCH_FLINK_FAST_MS", 500))
     # the recovery phase's kills per mode (restart, standby): median and worst are reported
     recovery_runs: int = field(default_factory=lambda: _env_int("BENCH_RECOVERY_RUNS", 3))
-    # BENCH_POSTGRES=1: a throughput row for ip_count into PostgreSQL (docs/database-sink.md); off until a run of it
-    # has been measured (make bench-writer measures the sink alone)
+    # BENCH_POSTGRES=1: rows for ip_count into PostgreSQL (docs/database-sink.md), throughput and latency (its
+    # results polled from the table every 200 ms); off until a run of it has been measured
     postgres: bool = field(default_factory=lambda: os.environ.get("BENCH_POSTGRES", "0") == "1")
 
 
@@ -363,6 +363,27 @@ class Stamper(threading.Thread):
         c.close()
 
 
+class TableStamper(Stamper):
+    """A table sink's Stamper: polls the results table every 200 ms (as a dashboard would) for the rows of batches
+    it has not seen; each is visible from its transaction's commit."""
+
+    def run(self):
+        from psycopg import sql
+
+        from onceflow.database import client
+
+        last = -1
+        with client.connect(self.s, "bench") as conn:
+            conn.autocommit = True  # each poll sees what has committed since the last
+            query = sql.SQL("SELECT batch, value FROM {} WHERE batch > %s").format(client.table(self.s, "results"))
+            while not self.stop_ev.wait(0.2):
+                rows = conn.execute(query, (last,)).fetchall()
+                now = clock.now_ms()
+                for batch, value in rows:
+                    self.seen.append((now, json.loads(value)["window_end"]))
+                    last = max(last, batch)
+
+
 def _iso_ms(text: str) -> int:
     return clock.parse_iso_ms(text)
 
@@ -398,7 +419,7 @@ def live_feed(
 def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     """Live input with event time = now; latency of each result = visible - (window end + watermark delay), over
     the steady state that follows the contender's catch-up after its cold start (the module's docstring)."""
-    stamper = Stamper(s)
+    stamper = TableStamper(s) if s.sink_kind == "postgres" else Stamper(s)
     stamper.start()
     c.start()
     stop = threading.Event()
@@ -739,6 +760,14 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
             log.info("latency: %s", cls.name)
             results["latency"][key] = latency(cls(s), s, spec)
             log.info("  %s", results["latency"][key])
+        if "eos_postgres" in apps:
+            s = postgres.provision_sink(
+                _settings(base, "bench_live_eos_postgres", "bench_live_eos_postgres.source", spec)
+            )
+            topics.ensure(s)
+            log.info("latency: onceflow exactly-once into PostgreSQL")
+            results["latency"]["eos_postgres"] = latency(ExactlyOnce(s), s, spec)
+            log.info("  %s", results["latency"]["eos_postgres"])
         for key, ms in flink_configs(spec).items():
             s = _settings(base, f"bench_live_{key}", f"bench_live_{key}.source", spec)
             topics.ensure(s)

@@ -305,7 +305,6 @@ def provision_sink(s: Settings, timeout: float = 60) -> Settings:
     passwords kept in var/postgres.json, 0600, as the Kafka ones are in var/kafka/credentials.json) and its schema
     and tables (onceflow.database.schema). Returns `s` as the job's role."""
     import psycopg
-    from psycopg import sql
 
     from onceflow.database import schema
     from onceflow.rules import names
@@ -328,14 +327,9 @@ def provision_sink(s: Settings, timeout: float = 60) -> Settings:
                 raise
             time.sleep(0.2)
     with conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (s.postgres_database,)).fetchone() is None:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(s.postgres_database)))
+        schema.ensure_database(conn, s.postgres_database)
         for role in wanted:
-            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is not None
-            verb = "ALTER" if exists else "CREATE"
-            conn.execute(
-                sql.SQL(verb + " ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(roles[role]))
-            )
+            schema.ensure_login_role(conn, role, roles[role])
     with psycopg.connect(**admin, dbname=s.postgres_database) as conn:
         schema.provision(conn, s.database_schema, wanted[0], wanted[1])
     return sink_settings(s)

@@ -16,7 +16,7 @@ from onceflow.faults import Injector
 from onceflow.kafka import events as ev
 from onceflow.operations import audit, reconcile, replay
 from onceflow.protocol.batch_sink import BatchNotCommitted, OutRecord
-from onceflow.protocol.database_sink import DatabaseSink, Fenced, StatementTimedOut
+from onceflow.protocol.database_sink import DatabaseRefused, DatabaseSink, Fenced, StatementTimedOut
 from onceflow.rules import invariants
 from onceflow.rules.ledger import BatchPlan, Committed, Decision
 from onceflow.rules.reconciliation import Status
@@ -224,22 +224,51 @@ def test_fencing_timeouts_a_crash_mid_batch_and_bad_tables(db_app, pg_home, tmp_
     with pytest.raises(BatchNotCommitted):
         b.write_batch(_plan(s, 5, 50, 60), one_shot())
     assert b.write_batch(_plan(s, 5, 50, 60), _out(5, 10)).outputs == 10
+
+    # the server refuses the batch, the connection stays up: the transaction rolls back, nothing of the batch is
+    # written, and the error says what happened and what to change; whether a restart can help is its exit code
+    def refused(out, match, code):
+        with pytest.raises(DatabaseRefused, match=match) as e:
+            b.write_batch(_plan(s, 6, 60, 70), out)
+        assert e.value.exit_code == code
+        assert [x.batch for x in _entries(s)][-1] == 5 and len(_rows(s, "results", "key")) == 60
+
+    full_disk = sql.SQL(
+        "CREATE FUNCTION {s}.full_disk() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION "
+        "'could not extend file: No space left on device' USING ERRCODE = 'disk_full'; END $$; "
+        "CREATE TRIGGER full_disk BEFORE INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION {s}.full_disk()"
+    ).format(s=sql.Identifier(s.database_schema), t=client.table(s, "results"))
+    with _admin(pg_home, s) as admin:  # a full disk, as the server reports it
+        admin.execute(full_disk)
+    refused(_out(6, 10), r"disk is full .*53100.* Free space .* restarts and writes the batch once", wire.EXIT_FAILED)
+    with _admin(pg_home, s) as admin:
+        admin.execute(sql.SQL("DROP TRIGGER full_disk ON {t}").format(t=client.table(s, "results")))
+    # a value of the wrong type for the table (not UTF-8 text), a constraint someone added: the job stops
+    bad = [OutRecord(wire.KIND_RESULT, "k6-bad", b"\xff\xfe")] + _out(6, 9)
+    refused(bad, r"not UTF-8 text .*22021.*The job stops", wire.EXIT_CONFIG)
+    with _admin(pg_home, s) as admin:
+        admin.execute(sql.SQL("ALTER TABLE {t} ADD CONSTRAINT short CHECK (length(key) < 4) NOT VALID").format(
+            t=client.table(s, "results")))  # fmt: skip
+    refused(_out(6, 10), r"constraint .* refused a row .*23514.*drop the one that was added", wire.EXIT_CONFIG)
+    with _admin(pg_home, s) as admin:
+        admin.execute(sql.SQL("ALTER TABLE {t} DROP CONSTRAINT short").format(t=client.table(s, "results")))
+    assert b.write_batch(_plan(s, 6, 60, 70), _out(6, 10)).outputs == 10  # once the cause is gone, written once
     b.close()
     a.close()
 
-    assert [e.batch for e in _entries(s)] == [0, 1, 2, 3, 4, 5]
+    assert [e.batch for e in _entries(s)] == [0, 1, 2, 3, 4, 5, 6]
     # the console's pages of the ledger table, newest first
     pages, before = [], None
-    for _ in range(4):
+    for _ in range(5):
         entries, before = readers.ledger_page(s, 2, before)
         pages.append([e.batch for e in entries])
         if before is None:
             break
-    assert pages == [[5, 4], [3, 2], [1, 0]]
+    assert pages == [[6, 5], [4, 3], [2, 1], [0]]
     # the group holds no offsets of this app (its cache was a fake here, as if Kafka's offset retention had deleted
     # it): how far the app consumed comes from the ledger table (health's lag, savepoints)
-    assert audit.consumed_position(s, [0]) == Committed(offsets={0: 60}, batch=5)
-    assert len(_rows(s, "results", "key")) == 60 and {w for (w,) in _rows(s, "results", "writes")} == {1}
+    assert audit.consumed_position(s, [0]) == Committed(offsets={0: 70}, batch=6)
+    assert len(_rows(s, "results", "key")) == 70 and {w for (w,) in _rows(s, "results", "writes")} == {1}
 
     # a role per purpose: the readers' may not write, the job's may not change the tables
     reader = postgres.sink_settings(s.replace(var_dir=pg_home.var_dir), "reader")
@@ -253,6 +282,47 @@ def test_fencing_timeouts_a_crash_mid_batch_and_bad_tables(db_app, pg_home, tmp_
         admin.execute(sql.SQL("ALTER TABLE {} DROP COLUMN writes").format(client.table(s, "results")))
     with pytest.raises(SchemaError, match=r"results has no column writes"):
         sink()
+
+
+def test_db_provision_creates_the_database_and_roles_from_password_files(kafka, pg_home, tmp_path):
+    """docker-compose.yaml's airflow-init path: `onceflow db provision` as the server's superuser, each role's
+    password from a file of one line: a database of its own, both login roles, the tables; run again, it changes
+    nothing but the passwords. The job's role then opens the sink, the reader's reads and may not write."""
+    import os
+    import subprocess
+    import sys
+
+    info = postgres.state(pg_home)
+    files = {}
+    for purpose in ("job", "reader"):
+        files[purpose] = tmp_path / f"{purpose}.pw"
+        files[purpose].write_text(f"{purpose}-secret-{purpose}\n")
+    env = {
+        "PATH": os.environ["PATH"],
+        "ONCEFLOW_VAR_DIR": str(tmp_path / "var"),
+        "ONCEFLOW_APP_ID": "composed",
+        "ONCEFLOW_POSTGRES_PORT": str(info["port"]),
+        "ONCEFLOW_POSTGRES_DATABASE": "composed_db",
+        "ONCEFLOW_POSTGRES_USER": info["user"],
+        "ONCEFLOW_POSTGRES_PASSWORD": info["password"],
+    }
+    argv = [sys.executable, "-m", "onceflow.cli", "db", "provision", "--json"]
+    argv += ["--job-password-file", str(files["job"]), "--reader-password-file", str(files["reader"])]
+    for _ in range(2):
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert json.loads(out.stdout)["job_role"] == "onceflow_composed_job"
+    s = kafka.replace(
+        app_id="composed", sink_kind="postgres", postgres_port=info["port"], postgres_database="composed_db"
+    )
+    job = s.replace(postgres_password="job-secret-job")
+    sink = DatabaseSink(job, ev.EventBus.for_job(s), group=_Group())  # checks the tables, takes the writer row
+    sink.close()
+    reader = s.replace(postgres_user="onceflow_composed_reader", postgres_password="reader-secret-reader")
+    with client.connect(reader) as conn:
+        assert conn.execute(sql.SQL("SELECT count(*) FROM {}").format(client.table(s, "results"))).fetchone() == (0,)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(sql.SQL("DELETE FROM {}").format(client.table(s, "results")))
 
 
 def test_an_operator_runs_an_app_into_postgresql_from_a_fresh_shell(tmp_path):

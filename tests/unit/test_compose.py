@@ -20,6 +20,7 @@ import yaml
 
 from onceflow import config
 from onceflow.kafka import acls, topics
+from onceflow.rules import names
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKERS = ("kafka-1", "kafka-2", "kafka-3")
@@ -577,9 +578,35 @@ def test_airflow_has_each_roles_connection_and_init_provisions_them(compose, emb
     assert not any(k.endswith("_SECRET_FILE") and k.startswith("ONCEFLOW_") for k in init_started)
     assert config.load(env={k: v for k, v in init_started.items() if k.startswith(config.ENV_PREFIX)}).kafka_password
     steps = [x.strip() for x in init["command"][-1].split("&&")]
-    assert steps == ["airflow db migrate", "onceflow stack provision", "onceflow stack topics"]
+    assert steps[:3] == ["airflow db migrate", "onceflow stack provision", "onceflow stack topics"]
     for step in steps[1:]:
         cli.parser().parse_args(step.split()[1:])  # the CLI has the command
+
+    # the PostgreSQL sink's roles: the connections `airflow up` gives on a stack started with --postgres, pointed at
+    # the compose server, each password from its own secret file; airflow-init, as the server's superuser, creates
+    # the database and both login roles with the passwords those connections carry
+    pg = {k: json.loads(started[k]) for k in airflow_env if k.startswith("AIRFLOW_CONN_ONCEFLOW_POSTGRES")}
+    assert set(pg) == {f"AIRFLOW_CONN_{names.db_connection_id(s.app_id, p).upper()}" for p in ("job", "reader")}
+    role_files = {}
+    for purpose in ("job", "reader"):
+        c = pg[f"AIRFLOW_CONN_{names.db_connection_id(s.app_id, purpose).upper()}"]
+        assert c == {
+            "conn_type": "postgres",
+            "host": airflow_env["ONCEFLOW_POSTGRES_HOST"],
+            "port": 5432,
+            "login": names.db_role(s.app_id, purpose),
+            "password": f"postgres_sink_{purpose}_password-value",
+            "schema": s.postgres_database,
+        }
+        role_files[purpose] = json.loads(airflow_env[f"AIRFLOW_CONN_{names.db_connection_id(s.app_id, purpose).upper()}"])[
+            "password_file"
+        ]  # fmt: skip
+    provision = cli.parser().parse_args(steps[3].split()[1:])
+    assert (provision.command, provision.action) == ("db", "provision")
+    assert (provision.job_password_file, provision.reader_password_file) == (role_files["job"], role_files["reader"])
+    assert init_started["ONCEFLOW_POSTGRES_USER"] == "airflow"  # Airflow's database owner, a superuser in the image
+    assert init_started["ONCEFLOW_POSTGRES_PASSWORD"] == "airflow_db_password-value"
+    assert "ONCEFLOW_POSTGRES_PASSWORD" not in env_of(svcs["airflow-scheduler"])
     for name in AIRFLOW_SERVICES:
         env = env_of(svcs[name])
         assert not {
@@ -643,6 +670,8 @@ SECRET_NAMES = {
     "airflow_fernet_key",
     "airflow_api_secret_key",
     "airflow_jwt_secret",
+    "postgres_sink_job_password",
+    "postgres_sink_reader_password",
     "spark_auth_secret",
 }
 

@@ -72,6 +72,12 @@ def test_progress_fields_carry_the_ledger_batch_and_decision():
     assert f["watermark"] == "2026-11-22T10:00:00.000Z" and f["duration_ms"] == {"triggerExecution": 900}
 
 
+class _Refused(wire.OnceflowError):
+    def __init__(self, code):
+        super().__init__("refused")
+        self.exit_code = code
+
+
 @pytest.mark.parametrize(
     "err, code",
     [
@@ -79,6 +85,8 @@ def test_progress_fields_carry_the_ledger_batch_and_decision():
         (DivergentHistory("ranges differ"), wire.EXIT_DIVERGENT),
         (RuntimeError("a crash"), wire.EXIT_FAILED),
         (None, wire.EXIT_FAILED),
+        (_Refused(wire.EXIT_CONFIG), wire.EXIT_CONFIG),  # an error that names its own code (a table sink's refusal)
+        (_Refused(None), wire.EXIT_FAILED),
     ],
 )
 def test_how_a_failed_query_ends(err, code):

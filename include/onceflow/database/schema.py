@@ -142,6 +142,20 @@ def check(conn: Any, schema: str) -> None:
         )
 
 
+def ensure_database(server: Any, name: str) -> None:
+    """Create database `name` if it is missing (`server`: an autocommit connection to another database of the
+    server, as a role that may create databases)."""
+    if server.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+        server.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def ensure_login_role(server: Any, role: str, password: str) -> None:
+    """Create login role `role`, or set its password again (the server stores it as scram-sha-256, its default)."""
+    exists = server.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is not None
+    verb = sql.SQL("ALTER" if exists else "CREATE")
+    server.execute(sql.SQL("{} ROLE {} LOGIN PASSWORD {}").format(verb, sql.Identifier(role), sql.Literal(password)))
+
+
 def provision(conn: Any, schema: str, job_role: str, reader_role: str) -> None:
     """Create the app's schema and tables and grant its roles (which must exist), in one transaction."""
     with conn.transaction(), conn.cursor() as cur:

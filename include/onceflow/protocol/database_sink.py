@@ -35,7 +35,7 @@ from psycopg import sql
 
 from onceflow import wire
 from onceflow.config import Settings
-from onceflow.database import client, schema
+from onceflow.database import client, refusals, schema
 from onceflow.faults import Injector
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
@@ -62,6 +62,23 @@ class Fenced(wire.Fenced):
 class StatementTimedOut(OnceflowError):
     """A statement of the batch's transaction ran past ONCEFLOW_POSTGRES_STATEMENT_TIMEOUT_MS, or waited for a lock
     past ONCEFLOW_POSTGRES_LOCK_TIMEOUT_MS: the transaction rolled back; the batch is replayed after the restart."""
+
+
+class DatabaseRefused(OnceflowError):
+    """The server refused the batch's transaction while the connection stayed up (a full disk, a row that does not
+    fit, a revoked grant: onceflow.database.refusals): it rolled back, nothing of the batch was written. The exit
+    code says whether the job's restart can help."""
+
+    def __init__(self, batch: int, error: psycopg.Error):
+        sqlstate = getattr(error, "sqlstate", None)
+        why = refusals.refusal(sqlstate)
+        self.sqlstate = sqlstate
+        self.exit_code = wire.EXIT_FAILED if why.restart else wire.EXIT_CONFIG
+        first_line = (str(error).strip().splitlines() or [""])[0][:300]
+        super().__init__(
+            f"batch {batch}: {why.condition} (SQLSTATE {sqlstate}: {first_line}); the transaction rolled back and "
+            f"nothing of the batch was written. {why.advice}"
+        )
 
 
 class ConnectionLost(OnceflowError):
@@ -185,10 +202,10 @@ class DatabaseSink(BatchSink):
             )
             self._timed_out(plan, started, self.s.transaction_timeout_ms, str(e).strip()[:300], advice, sink="postgres")
             raise ConnectionLost(f"batch {plan.batch}: the transaction was idle past its timeout", phase) from e
-        except psycopg.OperationalError as e:
-            if not self.conn.closed and phase != "commit":
-                raise  # an error the server reported (a full disk, ...): the transaction rolled back; fail the batch
-            raise ConnectionLost(f"batch {plan.batch}: {str(e).strip()[:300]}", phase) from e
+        except psycopg.Error as e:
+            if self.conn.closed or phase == "commit":  # lost with its connection; in the commit, maybe landed
+                raise ConnectionLost(f"batch {plan.batch}: {str(e).strip()[:300]}", phase) from e
+            raise DatabaseRefused(plan.batch, e) from e  # reported by the server: rolled back, nothing written
         txn_ms = (time.monotonic() - started) * 1000
         self._cache_offsets(plan)
         self._committed(plan, outputs, dlq, txn_ms, sink="postgres")
@@ -247,22 +264,16 @@ class DatabaseSink(BatchSink):
                         r.src_sha256,
                     )
                 )
-        try:
-            cur.execute(
-                sql.SQL(
-                    "INSERT INTO {t} AS r (key, value, batch) "
-                    "SELECT DISTINCT ON (key) key, convert_from(value, 'UTF8'), %s FROM onceflow_stage "
-                    "WHERE kind = %s ORDER BY key, seq DESC "
-                    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, batch = EXCLUDED.batch, "
-                    "writes = r.writes + 1, updated_at = now()"
-                ).format(t=client.table(self.s, "results")),
-                (plan.batch, wire.KIND_RESULT),
-            )
-        except pg_errors.CharacterNotInRepertoire as e:
-            raise schema.SchemaError(
-                f"batch {plan.batch}: app {self.s.app} produced a value that is not UTF-8 text; the results table "
-                f"stores values as text (write them as text, e.g. JSON)"
-            ) from e
+        cur.execute(
+            sql.SQL(
+                "INSERT INTO {t} AS r (key, value, batch) "
+                "SELECT DISTINCT ON (key) key, convert_from(value, 'UTF8'), %s FROM onceflow_stage "
+                "WHERE kind = %s ORDER BY key, seq DESC "
+                "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, batch = EXCLUDED.batch, "
+                "writes = r.writes + 1, updated_at = now()"
+            ).format(t=client.table(self.s, "results")),
+            (plan.batch, wire.KIND_RESULT),
+        )
         outputs = cur.rowcount
         cur.execute(
             sql.SQL(

@@ -132,7 +132,9 @@ def _offsets_text(offsets: Any) -> str | None:
 
 def failure_exit_code(err: BaseException | None) -> int:
     """The exit code of a query that failed: fencing and divergent history end the job for good; anything else is a
-    crash the supervisor restarts (the batch is replayed)."""
+    crash the supervisor restarts (the batch is replayed), unless the error names its own exit code."""
+    if isinstance(err, wire.OnceflowError) and err.exit_code is not None:
+        return err.exit_code
     if isinstance(err, wire.Fenced):
         return wire.EXIT_FENCED
     if isinstance(err, DivergentHistory):
