@@ -50,19 +50,22 @@ format: setup
 	$(BIN)/ruff format $(LINTED)
 
 ## test: lint, unit tests (no broker), then integration tests against a real broker, real Spark and Airflow
-## (started and stopped by the tests), one module after another, slowest first; each step stops the run on a
-## failure. TEST_WORKERS=2 runs them on pytest-xdist workers (whole modules each, the many-process ones one at a
-## time: tests/conftest.py); on 2 cores that thrashes (load average 12) and is slower, docs/testing.md.
-TEST_WORKERS ?= 1
+## (started and stopped by the tests); each step stops the run on a failure. The running-Airflow module runs alone
+## first (with the job beside Airflow's processes it keeps both cores busy); then the rest on TEST_WORKERS pytest-xdist
+## workers (whole modules each, slowest first: tests/conftest.py), since one module at a time left a core idle about
+## half the time (jobs starting, waiting on triggers, timeouts and restarts: docs/testing.md). TEST_WORKERS=1: serial.
+TEST_WORKERS ?= 2
+AIRFLOW_RUNNING := tests/airflow/test_running_airflow.py
 test: lint test-unit test-integration
 
 test-unit: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/test_dag_integrity.py tests/unit  # the DAG files parse first (seconds)
 
 test-integration: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 --durations-min=10 $(AIRFLOW_RUNNING)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 --durations-min=10 \
 		$(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
-		tests/integration tests/airflow
+		--ignore=$(AIRFLOW_RUNNING) tests/integration tests/airflow
 
 ## test-topology: the tests that bring up a topology of their own, ~20 min: three brokers with a Spark master and
 ## two workers (tests/topology/test_cluster.py: broker and worker deaths, a batch far larger than the driver, `stack
@@ -83,7 +86,7 @@ test-secured: setup
 ## second app (ip_networks) on the same backlog (~35 min). BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S
 ## (the latency phase's steady state, after its catch-up: BENCH_STEADY_S, BENCH_CATCHUP_MAX_S), BENCH_TRIGGER_S, BENCH_MAX_OFFSETS,
 ## BENCH_FLINK (0: without Flink), BENCH_FLINK_FAST_MS (Flink's short checkpoint interval, default 500),
-## BENCH_POSTGRES=1 (a throughput row for ip_count into PostgreSQL; not yet run).
+## BENCH_POSTGRES=1 (rows for ip_count into PostgreSQL: throughput, and latency polled from the table; not yet run).
 bench: setup
 	$(BIN)/python -m onceflow_dev.bench
 

@@ -53,24 +53,25 @@ end_on_sigterm()  # a run ended by SIGTERM (`timeout`, CI) still stops what its 
 SECURITY = os.environ.get("ONCEFLOW_TEST_KAFKA_SECURITY", "PLAINTEXT").upper()
 
 
-# The modules measured slowest, slowest first (seconds on this machine, alone). `make test-integration` runs on two
-# workers handing out whole modules in collection order: longest first keeps both busy until the end instead of
-# leaving one module of minutes running alone. A module not listed runs after these (keep new slow tests listed).
-SLOWEST_FIRST = (  # seconds measured on a serial clean-clone run on 2 cores (2026-11-25, evening)
-    "tests/airflow/test_running_airflow.py",  # ~900 } ONE_AT_A_TIME: one xdist scope, first to the first worker
+# The modules measured slowest, slowest first (seconds of a serial clean-clone run on 2 cores, 2026-11-27). `make
+# test-integration` runs the running-Airflow module alone, then the rest on two workers handing out whole modules in
+# this order: longest first keeps both busy until the end instead of leaving one module of minutes running alone. A
+# module not listed runs after these (keep new slow tests listed).
+SLOWEST_FIRST = (
+    "tests/airflow/test_running_airflow.py",  # ~560 (alone, before the others: the Makefile)
     "tests/topology/test_cluster.py",  # ~900 (make test-topology)
     "tests/topology/test_chaos.py",  # ~300 (make test-topology)
-    "tests/integration/test_standby.py",  # ~200
-    "tests/integration/test_exactly_once.py",  # ~470: first to the second worker
-    # xdist queues a second scope behind each worker's first at the start: the shortest one goes behind the group
-    "tests/integration/test_backfill.py",  # ~190
-    "tests/integration/test_protocol_edges.py",  # ~220
-    "tests/integration/test_savepoints.py",  # ~320
-    "tests/airflow/test_dags.py",  # ~200
-    "tests/integration/test_reconcile.py",  # ~390
-    "tests/integration/test_security.py",  # ~280
-    "tests/integration/test_health.py",  # ~100
-    "tests/integration/test_database_sink.py",  # ~170 (measured 2026-11-26, night)
+    "tests/integration/test_reconcile.py",  # ~550: first to the first worker
+    "tests/integration/test_exactly_once.py",  # ~350: first to the second worker
+    "tests/integration/test_security.py",  # ~205
+    "tests/airflow/test_dags.py",  # ~185
+    "tests/integration/test_protocol_edges.py",  # ~180
+    "tests/integration/test_database_sink.py",  # ~175
+    "tests/integration/test_savepoints.py",  # ~170
+    "tests/integration/test_backfill.py",  # ~100
+    "tests/integration/test_health.py",  # ~70
+    "tests/integration/test_standby.py",  # ~65
+    "tests/integration/test_apps.py",  # ~40
 )
 # Modules that bring up their own many-process topology (a running Airflow with PostgreSQL; three brokers with a
 # Spark master and workers; a broker killed under a job with a warm standby): on a 2-core machine two of them at
