@@ -4,7 +4,7 @@ time, as a read_committed consumer sees them. Generic: nothing here knows what t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,27 @@ def committed(consumer: Consumer, tps: list, timeout_s: float = 60.0) -> list:
             if e.args[0].code() not in retriable or time.monotonic() >= deadline:
                 raise
             time.sleep(0.2)
+
+
+def group_offsets(
+    settings: Settings,
+    partitions: Iterable[int],
+    *,
+    group: str | None = None,
+    topic: str | None = None,
+    consumer: Consumer | None = None,
+) -> list[tuple[int, int | None, str]]:
+    """What a group (default the job's) has committed on `topic` (default the source): (partition, offset or None,
+    its metadata), by partition. The one reader of a group's position: the job's, the reconciliation chain's, a
+    backfill's (each keeps its protocol state in the offsets' metadata). `consumer`: a consumer of the group to ask
+    instead (left open)."""
+    c = consumer or read_committed_consumer(settings, group_id=group or settings.group_id)
+    try:
+        got = committed(c, [TopicPartition(topic or settings.source_topic, p) for p in sorted(partitions)])
+    finally:
+        if consumer is None:
+            c.close()
+    return [(tp.partition, tp.offset if tp.offset >= 0 else None, tp.metadata or "") for tp in got]
 
 
 def consume_to_end(consumer: Consumer, partitions: list, timeout_s: float = 120.0):

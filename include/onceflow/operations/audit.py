@@ -12,8 +12,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
-from confluent_kafka import TopicPartition
-
 from onceflow import wire
 from onceflow.app import registry
 from onceflow.config import Settings
@@ -65,14 +63,7 @@ def quarantined(recs: Iterable) -> list[QuarantineRange]:
 def committed_position(settings: Settings, partitions: Iterable[int], group: str | None = None) -> Committed:
     """The group's committed offsets on the source with the batch their metadata names (`group`: another of the
     app's groups than the job's, e.g. the reconciliation chain's)."""
-    c = kafka_clients.read_committed_consumer(settings, group_id=group or settings.group_id)
-    try:
-        got = kafka_reading.committed(c, [TopicPartition(settings.source_topic, p) for p in partitions])
-        return Committed.from_partitions(
-            (tp.partition, tp.offset if tp.offset >= 0 else None, tp.metadata) for tp in got
-        )
-    finally:
-        c.close()
+    return Committed.from_partitions(kafka_reading.group_offsets(settings, partitions, group=group))
 
 
 def committed_offsets(settings: Settings, partitions: Iterable[int], group: str | None = None) -> dict[int, int]:

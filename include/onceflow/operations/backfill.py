@@ -130,9 +130,10 @@ class Progress:
     ends: dict[int, int] = field(default_factory=dict)
 
 
-def read_progress(consumer, topic: str, partitions) -> Progress:
-    got = kafka_reading.committed(consumer, [TopicPartition(topic, p) for p in sorted(partitions)])
-    metas = {tp.partition: (tp.offset, json.loads(tp.metadata)) for tp in got if tp.offset >= 0 and tp.metadata}
+def read_progress(settings: Settings, topic: str, partitions, *, group: str | None = None, consumer=None) -> Progress:
+    """The progress a backfill's group (`group`, or `consumer`'s) holds in its offsets' metadata."""
+    got = kafka_reading.group_offsets(settings, partitions, group=group, topic=topic, consumer=consumer)
+    metas = {p: (off, json.loads(meta)) for p, off, meta in got if off is not None and meta}
     if not metas:
         return Progress()
     first = metas[min(metas)][1]
@@ -147,11 +148,8 @@ def read_progress(consumer, topic: str, partitions) -> Progress:
 def progress(settings: Settings, spec: br.Spec) -> Progress:
     """The last chunk this backfill committed (None: none), from its group's offset metadata, or from the ledger
     when the group holds nothing."""
-    c = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings, spec.id))
-    try:
-        got = read_progress(c, spec.source_topic, spec.start or topic_facts(settings, spec.source_topic).high)
-    finally:
-        c.close()
+    parts = spec.start or topic_facts(settings, spec.source_topic).high
+    got = read_progress(settings, spec.source_topic, parts, group=group_id(settings, spec.id))
     return got if got.chunk is not None else ledger_progress(settings, spec.id)
 
 
@@ -314,7 +312,7 @@ class ChunkWriter:
         self.group = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings, spec.id))
 
     def write(self, chunk: int, rows: list[tuple[str, bytes]], injector: Injector) -> None:
-        done = read_progress(self.group, self.spec.source_topic, self.spec.end).chunk
+        done = read_progress(self.s, self.spec.source_topic, self.spec.end, consumer=self.group).chunk
         if done is None and chunk > 0:  # the group's offsets expired: its first new commit restores them
             done = ledger_progress(self.s, self.spec.id).chunk
         br.check_next_chunk(chunk, done, self.spec.id)

@@ -61,13 +61,8 @@ def _partitions(settings: Settings) -> list[int]:
 def position(settings: Settings, consumer=None) -> ChainPosition:
     """The last batch the chain has proven: from its group's committed offsets, or, when the group holds nothing,
     from the newest chain result that moved it."""
-    c = consumer or kafka_clients.read_committed_consumer(settings, group_id=group_id(settings))
-    try:
-        got = kafka_reading.committed(c, [TopicPartition(settings.source_topic, p) for p in _partitions(settings)])
-        pos = chain_position(tp.metadata for tp in got if tp.offset >= 0)
-    finally:
-        if consumer is None:
-            c.close()
+    got = kafka_reading.group_offsets(settings, _partitions(settings), group=group_id(settings), consumer=consumer)
+    pos = chain_position(meta for _, off, meta in got if off is not None)
     return pos if pos.batch is not None else position_from_results(settings)
 
 

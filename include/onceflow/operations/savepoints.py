@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from confluent_kafka import TopicPartition
-
 from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
@@ -114,13 +112,8 @@ def runtime(settings: Settings) -> Runtime:
 
 # ---------------------------------------------------------------------------- Kafka facts
 def _group_position(settings: Settings, partitions) -> tuple[Committed, dict[int, str]]:
-    c = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
-    try:
-        got = kafka_reading.committed(c, [TopicPartition(settings.source_topic, p) for p in sorted(partitions)])
-    finally:
-        c.close()
-    items = [(tp.partition, tp.offset if tp.offset >= 0 else None, tp.metadata) for tp in got]
-    return Committed.from_partitions(items), {p: m or "" for p, off, m in items if off is not None}
+    items = kafka_reading.group_offsets(settings, partitions)
+    return Committed.from_partitions(items), {p: m for p, off, m in items if off is not None}
 
 
 def _ledger_entry(settings: Settings, batch: int | None, wait_s: float = 15.0):
