@@ -159,11 +159,13 @@ def cmd_db(args, s: config.Settings) -> int:
     if args.action == "provision":
         job = args.job_role or names.db_role(s.app_id, "job")
         reader = args.reader_role or names.db_role(s.app_id, "reader")
-        files = {job: args.job_password_file, reader: args.reader_password_file}
-        if any(files.values()):  # the database and the two login roles too (docker-compose.yaml's airflow-init)
-            if not all(files.values()):
-                raise config.ConfigError("db provision: give both --job-password-file and --reader-password-file")
-            passwords = {role: _one_line(path) for role, path in files.items()}
+        # as `stack provision` takes the Kafka roles' passwords: from the environment (docker-compose.yaml's
+        # airflow-init fills it from secret files, docker/airflow-entrypoint.py), never from an argument
+        names_ = {job: "ONCEFLOW_POSTGRES_JOB_PASSWORD", reader: "ONCEFLOW_POSTGRES_READER_PASSWORD"}
+        passwords = {role: os.environ.get(var, "") for role, var in names_.items()}
+        if any(passwords.values()):  # the database and the two login roles too
+            if not all(passwords.values()):
+                raise config.ConfigError(f"db provision: set both {' and '.join(names_.values())}, or neither")
             with client.connect(s.replace(postgres_database="postgres"), "provision") as server:
                 server.autocommit = True  # CREATE DATABASE runs outside a transaction
                 schema.ensure_database(server, s.postgres_database)
@@ -178,8 +180,9 @@ def cmd_db(args, s: config.Settings) -> int:
         return 0
     s = _with_sink_role(s.replace(sink_kind="postgres"), "reader")
     with client.connect(s, "status") as conn:
+        conn.read_only = True
         newest = client.newest_entry(conn, s)
-    rows = client.row_counts(s)
+        rows = client.row_counts(conn, s)
     _print(
         {
             "schema": s.database_schema,
@@ -192,14 +195,6 @@ def cmd_db(args, s: config.Settings) -> int:
         args.json,
     )
     return 0
-
-
-def _one_line(path: str) -> str:
-    """A secret from a file of one line (a Docker secret, say), so that it is in no argument or environment."""
-    value = Path(path).read_text().removesuffix("\n")
-    if not value or "\n" in value:
-        raise config.ConfigError(f"{path} must hold one non-empty line (a password)")
-    return value
 
 
 def _with_sink_role(s: config.Settings, purpose: str = "job") -> config.Settings:
@@ -741,17 +736,11 @@ def parser() -> argparse.ArgumentParser:
         "action",
         choices=["provision", "status"],
         help="provision: as a role that may create schemas (ONCEFLOW_POSTGRES_USER/PASSWORD), the app's schema and "
-        "tables, granted to its job and reader roles (which must exist, unless their password files are given); status: the ledger's newest batch and the "
+        "tables, granted to its job and reader roles (which must exist, unless ONCEFLOW_POSTGRES_JOB_PASSWORD and _READER_PASSWORD are set: then the database and both login roles are created too); status: the ledger's newest batch and the "
         "tables' rows",
     )
     db.add_argument("--job-role", help="provision: the job's role (default onceflow_<app_id>_job)")
     db.add_argument("--reader-role", help="provision: the readers' role (default onceflow_<app_id>_reader)")
-    for purpose in ("job", "reader"):
-        db.add_argument(
-            f"--{purpose}-password-file",
-            help=f"provision: create the database and the {purpose} role as login roles too (as a role that may "
-            f"create them), with the password this file's one line holds",
-        )
     db.add_argument("--json", action="store_true")
     db.set_defaults(fn=cmd_db)
 

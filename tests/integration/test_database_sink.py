@@ -284,19 +284,15 @@ def test_fencing_timeouts_a_crash_mid_batch_and_bad_tables(db_app, pg_home, tmp_
         sink()
 
 
-def test_db_provision_creates_the_database_and_roles_from_password_files(kafka, pg_home, tmp_path):
+def test_db_provision_creates_the_database_and_roles_with_the_environments_passwords(kafka, pg_home, tmp_path):
     """docker-compose.yaml's airflow-init path: `onceflow db provision` as the server's superuser, each role's
-    password from a file of one line: a database of its own, both login roles, the tables; run again, it changes
-    nothing but the passwords. The job's role then opens the sink, the reader's reads and may not write."""
+    password from the environment (there filled from secret files): a database of its own, both login roles, the
+    tables; run again, it changes nothing but the passwords. The job's role then opens the sink, the reader's reads and may not write."""
     import os
     import subprocess
     import sys
 
     info = postgres.state(pg_home)
-    files = {}
-    for purpose in ("job", "reader"):
-        files[purpose] = tmp_path / f"{purpose}.pw"
-        files[purpose].write_text(f"{purpose}-secret-{purpose}\n")
     env = {
         "PATH": os.environ["PATH"],
         "ONCEFLOW_VAR_DIR": str(tmp_path / "var"),
@@ -305,9 +301,10 @@ def test_db_provision_creates_the_database_and_roles_from_password_files(kafka, 
         "ONCEFLOW_POSTGRES_DATABASE": "composed_db",
         "ONCEFLOW_POSTGRES_USER": info["user"],
         "ONCEFLOW_POSTGRES_PASSWORD": info["password"],
+        "ONCEFLOW_POSTGRES_JOB_PASSWORD": "job-secret-job",
+        "ONCEFLOW_POSTGRES_READER_PASSWORD": "reader-secret-reader",
     }
     argv = [sys.executable, "-m", "onceflow.cli", "db", "provision", "--json"]
-    argv += ["--job-password-file", str(files["job"]), "--reader-password-file", str(files["reader"])]
     for _ in range(2):
         out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-3000:]

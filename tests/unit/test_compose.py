@@ -603,7 +603,11 @@ def test_airflow_has_each_roles_connection_and_init_provisions_them(compose, emb
         ]  # fmt: skip
     provision = cli.parser().parse_args(steps[3].split()[1:])
     assert (provision.command, provision.action) == ("db", "provision")
-    assert (provision.job_password_file, provision.reader_password_file) == (role_files["job"], role_files["reader"])
+    for purpose in ("job", "reader"):  # the passwords the connections carry, from the same secret files
+        assert init_env[f"ONCEFLOW_POSTGRES_{purpose.upper()}_PASSWORD_SECRET_FILE"] == role_files[purpose]
+        assert (
+            init_started[f"ONCEFLOW_POSTGRES_{purpose.upper()}_PASSWORD"] == f"postgres_sink_{purpose}_password-value"
+        )
     assert init_started["ONCEFLOW_POSTGRES_USER"] == "airflow"  # Airflow's database owner, a superuser in the image
     assert init_started["ONCEFLOW_POSTGRES_PASSWORD"] == "airflow_db_password-value"
     assert "ONCEFLOW_POSTGRES_PASSWORD" not in env_of(svcs["airflow-scheduler"])

@@ -93,14 +93,12 @@ def ledger_page(settings: Settings, size: int, before: int | None) -> tuple[list
     return entries, (entries[-1].batch if len(got) > size else None)
 
 
-def row_counts(settings: Settings) -> dict[str, int]:
+def row_counts(conn: Any, settings: Settings) -> dict[str, int]:
     """How many rows each of the app's tables holds (`onceflow db status`)."""
-    with connect(settings, "status") as conn:
-        conn.read_only = True
-        return {
-            name: int(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(settings, name))).fetchone()[0])  # type: ignore[index]
-            for name in ("results", "dlq", "ledger")
-        }
+    return {
+        name: int(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(settings, name))).fetchone()[0])
+        for name in ("results", "dlq", "ledger")
+    }
 
 
 def snapshot(settings: Settings) -> tuple[list[LedgerEntry], list[tuple[str, str, int]], list[tuple]]:
