@@ -57,23 +57,24 @@ def build(app_id: str) -> DAG:
             else:
                 out = rotation.take_savepoint(s, orchestration.alert_sink(s))
             print(f"savepoint: {out}")
-            return out
+            return out.as_dict()
 
         @task
         def retention(taken: dict) -> dict:
-            if taken.get("action") == rotation.Action.VERIFY:
+            if rotation.SavepointStep.from_dict(taken).action == rotation.Action.VERIFY:
                 return {"skipped": "a verification run keeps every savepoint"}
             out = rotation.apply_retention(orchestration.settings(app_id=app_id))
             print(f"retention: {out}")
-            return out
+            return out.as_dict()
 
         @task
         def report(taken: dict, kept: dict) -> dict:
             s = orchestration.settings(app_id=app_id)
             out = rotation.report_checkpoint(s, orchestration.alert_sink(s))
             print(f"checkpoint: {out}")
-            if taken["status"] == rotation.Result.FAILED:  # after retention and the report, so both still ran
-                raise RuntimeError(f"the savepoint failed: {taken['error']}")
+            step = rotation.SavepointStep.from_dict(taken)
+            if step.failed:  # after retention and the report, so both still ran
+                raise RuntimeError(f"the savepoint failed: {step.error}")
             return out
 
         taken = savepoint()

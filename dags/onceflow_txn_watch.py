@@ -33,7 +33,7 @@ def build(app_id: str) -> DAG:
             s = orchestration.settings(app_id=app_id)
             result = txnwatch.watch(s, orchestration.alert_sink(s))
             print(f"{app_id} transaction watch: {result}")
-            return result
+            return result.as_dict()
 
         watch()
 

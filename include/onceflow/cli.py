@@ -298,6 +298,7 @@ def cmd_savepoint(args, s: config.Settings) -> int:
     from onceflow.operations import savepoints
     from onceflow.runtime import jobctl
 
+    s = _with_sink_role(s)  # a table sink's ledger is its table; a restore fences its drivers (the job's role)
     if args.action == "create":
         m = savepoints.create(s, stop=args.stop, bus=ev.EventBus(s))
         _print(
@@ -345,8 +346,8 @@ def cmd_savepoint(args, s: config.Settings) -> int:
         _print({"kept": pruned.keep, "deleted": pruned.delete, "dry_run": args.dry_run}, args.json)
     elif args.action == "rotate":
         report = rotation.rotate(s)
-        _print(report, args.json)
-        return 0 if report["ok"] else 1
+        _print(report.as_dict(), args.json)
+        return 0 if report.ok else 1
     else:
         _print(savepoints.checkpoint_stats(s), args.json)
     return 0
@@ -470,6 +471,7 @@ def cmd_backfill(args, s: config.Settings) -> int:
 def cmd_quarantine(args, s: config.Settings) -> int:
     from onceflow.operations import quarantine
 
+    s = _with_sink_role(s)  # a table sink's ledger is its table; a quarantine fences its drivers (the job's role)
     if args.action == "add":
         if args.partition is None or args.offset is None:
             raise SystemExit("onceflow quarantine add: give --partition and --offset (and --reason)")

@@ -33,6 +33,7 @@ from onceflow.kafka import topics
 from onceflow.operations import audit
 from onceflow.rules import clock
 from onceflow.runtime import jobctl, launcher, procs
+from onceflow.runtime.run_files import JobStatus
 from onceflow_dev import broker, chaos_plan, generator, postgres
 from onceflow_dev.generator import KIND_TAIL
 
@@ -232,7 +233,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
                 except TimeoutError:
                     outcome.miss(st, "no running job to pause within 300 s")
                     continue
-                pid = (ev.read_status(s.status_file) or {}).get("pid")
+                pid = getattr(JobStatus.read(s.status_file), "pid", None)
                 if not (pid and procs.pid_alive(pid)):
                     outcome.miss(st, "the running job's driver pid was not in its status file")
                     continue

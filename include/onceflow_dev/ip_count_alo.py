@@ -14,8 +14,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from onceflow import config, wire
-from onceflow.kafka import events as ev
 from onceflow.rules import clock
+from onceflow.runtime import run_files
 from onceflow.spark import app_plan
 from onceflow.spark.progress import JsonProgressListener
 from onceflow_apps import ip_count_plan as ip_count
@@ -47,7 +47,7 @@ class Progress(JsonProgressListener):  # the job's cheap listener: a contender s
             # data batch's watermark closed, so the results of all input read so far are written
             last_input_rows=p.get("numInputRows", 0),
         )
-        ev.write_status(self.s.status_file, self.data)
+        run_files.write_json(self.s.status_file, self.data)
 
 
 def main() -> int:

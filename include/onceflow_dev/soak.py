@@ -28,11 +28,11 @@ import time
 from dataclasses import dataclass, field
 
 from onceflow import config, logs, wire
-from onceflow.kafka import events as ev
 from onceflow.kafka import topics
 from onceflow.operations import audit, recon_chain
 from onceflow.rules import clock
 from onceflow.runtime import jobctl, procs
+from onceflow.runtime.run_files import JobStatus
 from onceflow_dev import airflow_local, broker, chaos, generator
 from onceflow_dev.chaos_plan import Injected
 from onceflow_dev.webhook_receiver import Receiver
@@ -199,7 +199,7 @@ def run(spec: SoakSpec, var_dir) -> dict:
                 broker.start(base)
                 faults.append(Injected(kind, start_ms, clock.now_ms(), note=f"down {dur:.0f} s"))
             elif kind == "pause_driver":
-                pid = (ev.read_status(s.status_file) or {}).get("pid")
+                pid = getattr(JobStatus.read(s.status_file), "pid", None)
                 if not (pid and procs.pid_alive(pid)):
                     continue
                 os.kill(pid, signal.SIGSTOP)

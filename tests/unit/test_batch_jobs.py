@@ -137,6 +137,7 @@ def test_the_first_commit_wait_fires_on_a_commit_after_the_launch_or_on_a_superv
     from onceflow.control.operators import WaitForFirstCommit
     from onceflow.control.triggers import FirstCommitTrigger
     from onceflow.runtime import jobctl, supervisor
+    from onceflow.runtime.run_files import JobStatus
 
     # a live process stands in for the supervisor: its pid file marks it as running
     sleeper = procs.spawn_detached([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "sleep.log")
@@ -144,10 +145,12 @@ def test_the_first_commit_wait_fires_on_a_commit_after_the_launch_or_on_a_superv
         procs.write_pidfile(supervisor.supervisor_pidfile(s), sleeper.pid, "time.sleep(60)")
         now = int(time.time() * 1000)
         wait = jobctl.CommitWait.of(s, now, 30, or_idle=True)
-        s.status_file.parent.mkdir(parents=True, exist_ok=True)
-        s.status_file.write_text(json.dumps({"last_commit_ms": now - 5000, "last_batch": 7}))  # before the launch
+        # before the launch
+        JobStatus(app=s.app_id, pid=41, started_ms=now - 6000, last_commit_ms=now - 5000, last_batch=7).write(
+            s.status_file
+        )
         assert wait.check() is None
-        s.status_file.write_text(json.dumps({"last_commit_ms": now + 5, "last_batch": 8, "pid": 42}))
+        JobStatus(app=s.app_id, pid=42, started_ms=now, last_commit_ms=now + 5, last_batch=8).write(s.status_file)
         [event] = _events(FirstCommitTrigger({"launched": True, "wait": wait.as_dict()}, poll_s=0.05))
         assert event.payload["status"] == "done"
         op = WaitForFirstCommit(task_id="w", launched={"launched": True, "wait": wait.as_dict(), "log": "l"})
@@ -159,7 +162,7 @@ def test_the_first_commit_wait_fires_on_a_commit_after_the_launch_or_on_a_superv
         }
     finally:
         procs.stop_process(sleeper.pid, 5)
-    s.status_file.write_text(json.dumps({"last_commit_ms": 0}))
+    JobStatus(app=s.app_id, pid=42, started_ms=0, last_commit_ms=0).write(s.status_file)
     [event] = _events(FirstCommitTrigger({"launched": True, "wait": wait.as_dict()}, poll_s=0.05))
     assert event.payload["status"] == "failed" and "not running" in event.payload["error"]
     assert WaitForFirstCommit(task_id="w2", launched={"launched": False}).execute({}) == {"launched": False}

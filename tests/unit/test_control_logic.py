@@ -2,9 +2,9 @@
 
 from onceflow import config, wire
 from onceflow.control import alerts, health, txnwatch
-from onceflow.kafka import events as ev
 from onceflow.rules import lag
 from onceflow.rules.lag import Sample
+from onceflow.runtime.run_files import JobStatus
 
 
 def samples(pairs, t0=0, step=60_000, commit_ts=None):
@@ -292,16 +292,15 @@ def test_a_relaunched_job_is_not_judged_by_its_predecessors_status(tmp_path):
 
     s = config.load(env={}, app_id="a", var_dir=tmp_path)
     old_start = int(time.time() * 1000) - 3600_000
-    ev.write_status(
-        s.status_file,
-        {
-            "state": "running",
-            "started_ms": old_start,
-            "running_batch": 7,
-            "batch_started_ms": old_start + 1000,
-            "last_commit_ms": old_start + 500,
-        },
-    )
+    JobStatus(
+        app="a",
+        pid=1,
+        state=wire.JobState.RUNNING,
+        started_ms=old_start,
+        running_batch=7,
+        batch_started_ms=old_start + 1000,
+        last_commit_ms=old_start + 500,
+    ).write(s.status_file)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", supervisor.JOB_MARKER])
     try:
         procs.write_pidfile(supervisor.job_pidfile(s), proc.pid, supervisor.JOB_MARKER)
@@ -311,17 +310,17 @@ def test_a_relaunched_job_is_not_judged_by_its_predecessors_status(tmp_path):
         assert st["running_batch"] is None and st["batch_started_ms"] is None
         # the new driver writes its own status: from then on it is the truth
         now = int(time.time() * 1000) + 1000
-        ev.write_status(
-            s.status_file, {"state": "running", "started_ms": now, "running_batch": 0, "batch_started_ms": now + 10}
-        )
+        JobStatus(
+            app="a", pid=2, state=wire.JobState.RUNNING, started_ms=now, running_batch=0, batch_started_ms=now + 10
+        ).write(s.status_file)
         st = jobctl.status(s)
         assert (st["state"], st["started_ms"], st["running_batch"]) == ("running", now, 0)
     finally:
         proc.kill()
         proc.wait()
-    ev.write_status(
-        s.status_file, {"state": "failed", "started_ms": old_start, "exit_code": wire.EXIT_FENCED, "error": "fenced"}
-    )
+    JobStatus(
+        app="a", pid=2, state=wire.JobState.FAILED, started_ms=old_start, exit_code=wire.EXIT_FENCED, error="fenced"
+    ).write(s.status_file)
     st = jobctl.status(s)
     assert not st["running"] and st["last_exit"]["exit_code"] == wire.EXIT_FENCED
     rec = record(running=False, job_pid=None, last_exit=st["last_exit"])

@@ -28,11 +28,11 @@ def plan(batch=7, wm=20_000, ts=30_000):
 def test_a_written_batch_counts_and_a_replay_is_skipped():
     s = config.load(env={}, app_id="a")
     st = initial_status(s, pid=42, now_ms=1000)
-    assert st["state"] == "starting" and st["committed_batches"] == 0 and st["pid"] == 42
+    assert st.state == "starting" and st.committed_batches == 0 and st.pid == 42
     w = status_after_batch(st, plan(), 7, Decision.WRITE, 5, 1, 12.34, {"txn_ms": 12}, 2000)
     assert w["committed_batches"] == 1 and w["last_batch"] == 7 and w["running_batch"] is None
     assert (w["last_outputs"], w["last_dlq"], w["last_txn_ms"], w["watermark_ms"]) == (5, 1, 12.3, 20_000)
-    skipped = status_after_batch(st | w, plan(8), 8, Decision.SKIP, 0, 0, 0.0, {}, 3000)
+    skipped = status_after_batch(st.updated(**w), plan(8), 8, Decision.SKIP, 0, 0, 0.0, {}, 3000)
     assert skipped["replays_skipped"] == 1 and "committed_batches" not in skipped and skipped["last_batch"] == 8
     assert status_after_batch(st, plan(9), 9, Decision.CATCH_UP, 0, 0, 0.0, {}, 4000)["replays_skipped"] == 1
 
@@ -152,8 +152,8 @@ def test_a_standby_counts_as_ready_only_once_its_session_is_up(tmp_path):
     import subprocess
     import sys
 
-    from onceflow.kafka import events as ev
     from onceflow.runtime import standby
+    from onceflow.runtime.run_files import StandbyReady
 
     s = config.Settings(var_dir=tmp_path, standby=True)
     launches = supervisor.Launches(s, [], {})
@@ -162,9 +162,9 @@ def test_a_standby_counts_as_ready_only_once_its_session_is_up(tmp_path):
     try:
         assert not launches.standby_ready()  # alive, still warming up
         standby.ready_file(s).parent.mkdir(parents=True, exist_ok=True)
-        ev.write_status(standby.ready_file(s), {"pgid": launches.standby.pid + 1, "ready_ms": 1})
+        StandbyReady(pgid=launches.standby.pid + 1, pid=1, ready_ms=1).write(standby.ready_file(s))
         assert not launches.standby_ready()  # another launch's word
-        ev.write_status(standby.ready_file(s), {"pgid": launches.standby.pid, "ready_ms": 1})
+        StandbyReady(pgid=launches.standby.pid, pid=1, ready_ms=1).write(standby.ready_file(s))
         assert launches.standby_ready()
     finally:
         launches.standby.kill()

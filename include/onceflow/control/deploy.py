@@ -7,7 +7,6 @@ detached, and the health DAG watches it from then on.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from enum import StrEnum
 from urllib.parse import urlparse
@@ -16,6 +15,7 @@ from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.rules import clock
 from onceflow.runtime import jobctl, preflight, supervisor
+from onceflow.runtime.run_files import JobStatus
 from onceflow.wire import OnceflowError
 
 
@@ -71,7 +71,7 @@ def preflight_checks(settings: Settings, allow_running: bool = False) -> dict:
     if other is not None:
         raise DeployError(
             f"another driver of app {settings.app_id} committed batch {other.get('batch')} "
-            f"{(time.time() * 1000 - other['ts_ms']) / 1000:.0f} s ago from {other.get('host')} "
+            f"{(clock.now_ms() - other['ts_ms']) / 1000:.0f} s ago from {other.get('host')} "
             f"pid {other.get('pid')}: stop it before starting one here"
         )
     return info | {"checkpoint": settings.checkpoint}
@@ -117,8 +117,8 @@ def stop(settings: Settings, timeout: float = 120.0) -> dict:
 
 def check_upgrade(settings: Settings) -> dict:
     """Before anything stops: the new configuration must be able to continue from the running job's state."""
-    st = ev.read_status(settings.status_file) or {}
-    running_hash, new_hash = st.get("job_config_hash"), settings.job_config_hash()
+    st = JobStatus.read(settings.status_file)
+    running_hash, new_hash = st.job_config_hash if st else None, settings.job_config_hash()
     if running_hash and running_hash != new_hash:
         raise DeployError(
             f"the new configuration changes the query incompatibly (job config hash {running_hash} -> {new_hash}: "

@@ -32,7 +32,7 @@ from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit
 from onceflow.rules import lag
-from onceflow.runtime import jobctl
+from onceflow.runtime import jobctl, run_files
 from onceflow.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -392,7 +392,7 @@ def remediate(
 
 def publish(rec: HealthRecord, settings: Settings) -> None:
     settings.run_dir.mkdir(parents=True, exist_ok=True)
-    ev.write_status(health_file(settings), json.loads(rec.to_json()))
+    run_files.write_json(health_file(settings), json.loads(rec.to_json()))
     p = kafka_clients.idempotent_producer(settings)
     p.produce(settings.health_topic, key=settings.app_id.encode(), value=rec.to_json())
     p.flush(15)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -41,31 +42,90 @@ class Result(StrEnum):
     FAILED = "failed"  # taken or verified wrong: alerted, and the run fails after its report
 
 
+@dataclass(frozen=True)
+class SavepointStep:
+    """The savepoint step's result: a savepoint taken and verified by a rotation (or skipped, or failed), or one
+    savepoint verified (`action` verify: its verification's fields in `verification`)."""
+
+    status: Result
+    action: Action = Action.ROTATE
+    id: str | None = None
+    batch: int | None = None
+    mode: str | None = None
+    size_bytes: int | None = None
+    files: int | None = None
+    compatible: bool | None = None
+    incompatibilities: tuple[str, ...] = ()
+    why: str | None = None  # skipped: why
+    error: str | None = None  # failed: what
+    verification: dict[str, Any] | None = None
+    alerts: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        return self.status == Result.FAILED
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON (a DAG task's XCom); `from_dict` reads it back in the next task."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SavepointStep:
+        return cls(
+            **d
+            | {
+                "status": Result(d["status"]),
+                "action": Action(d.get("action", Action.ROTATE)),
+                "incompatibilities": tuple(d.get("incompatibilities") or ()),
+                "alerts": tuple(d.get("alerts") or ()),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class Retained:
+    """The retention step's result: the savepoints kept and deleted (with why), the replaced checkpoints deleted."""
+
+    kept: tuple[str, ...]
+    deleted: tuple[dict[str, str], ...]
+    replaced_checkpoints_deleted: tuple[str, ...]
+    keep: int
+    max_age_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def _raise(sink: alerts.AlertSink | None, conditions: list, prefix: str) -> list[str]:
     if sink is None:
         return []
     return [f"{a.key}:{a.status}" for a in sink.raise_and_resolve(conditions, source="rotation", scope_prefix=prefix)]
 
 
-def verify_savepoint(settings: Settings, sp_id: str | None) -> dict:
+def verify_savepoint(settings: Settings, sp_id: str | None) -> SavepointStep:
     """Verify one savepoint (its verdict is kept beside it); a damaged one is reported "failed" like a failed
     savepoint, so the run fails after its report."""
     if not sp_id:
         raise SavepointError("action=verify needs savepoint_id (`onceflow savepoint list` shows the ids)")
     # by the id asked for (or "latest"), never by the id a manifest claims: verify checks the two agree
     v = savepoints.verify(settings, sp_id)
-    out = {"action": Action.VERIFY} | v.as_dict()
-    if not v.ok:
-        return out | {"status": Result.FAILED, "error": f"savepoint {v.id} did not verify: {'; '.join(v.problems)}"}
-    return out | {"status": Result.OK}
+    out = SavepointStep(
+        Result.OK if v.ok else Result.FAILED,
+        Action.VERIFY,
+        id=v.id,
+        compatible=v.compatible,
+        incompatibilities=tuple(v.incompatibilities),
+        verification=v.as_dict(),
+    )
+    return out if v.ok else replace(out, error=f"savepoint {v.id} did not verify: {'; '.join(v.problems)}")
 
 
-def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> dict:
+def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> SavepointStep:
     """Create and verify a savepoint; a failure is alerted and reported (status "failed"), not raised."""
     key = f"rotation:{settings.app_id}:savepoint_failed"
     conditions = []
     if savepoints.checkpoint_stats(settings)["latest_committed_batch"] is None:
-        out: dict[str, Any] = {"status": Result.SKIPPED, "why": "the checkpoint has no committed batch yet"}
+        out = SavepointStep(Result.SKIPPED, why="the checkpoint has no committed batch yet")
     else:
         try:
             m = savepoints.create(settings, bus=ev.EventBus(settings))
@@ -73,19 +133,19 @@ def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> 
             if not v.ok:
                 savepoints.delete(settings, m.id)
                 raise SavepointError(f"savepoint {m.id} did not verify: {'; '.join(v.problems)}")
-            out = {
-                "status": Result.OK,
-                "id": m.id,
-                "batch": m.ledger_batch,
-                "mode": m.mode,
-                "size_bytes": m.total_size,
-                "files": len(m.files),
-                "compatible": v.compatible,
-                "incompatibilities": v.incompatibilities,
-            }
+            out = SavepointStep(
+                Result.OK,
+                id=m.id,
+                batch=m.ledger_batch,
+                mode=m.mode,
+                size_bytes=m.total_size,
+                files=len(m.files),
+                compatible=v.compatible,
+                incompatibilities=tuple(v.incompatibilities),
+            )
         except Exception as e:  # reported and alerted; the DAG task fails on it
             log.error("savepoint failed: %s", e)
-            out = {"status": Result.FAILED, "error": str(e)}
+            out = SavepointStep(Result.FAILED, error=str(e))
             conditions.append(
                 alerts.Condition(
                     key,
@@ -95,20 +155,19 @@ def take_savepoint(settings: Settings, sink: alerts.AlertSink | None = None) -> 
                     {"error": str(e)[:2000]},
                 )
             )
-    out["alerts"] = _raise(sink, conditions, key)
-    return out
+    return replace(out, alerts=tuple(_raise(sink, conditions, key)))
 
 
-def apply_retention(settings: Settings, now_ms: int | None = None) -> dict:
+def apply_retention(settings: Settings, now_ms: int | None = None) -> Retained:
     now_ms = now_ms or clock.now_ms()
     plan = savepoints.prune(settings, now_ms)
-    return {
-        "kept": plan.keep,
-        "deleted": [{"id": i, "why": w} for i, w in plan.delete],
-        "replaced_checkpoints_deleted": savepoints.prune_replaced(settings, now_ms),
-        "keep": settings.savepoint_keep,
-        "max_age_s": settings.savepoint_max_age_s,
-    }
+    return Retained(
+        kept=tuple(plan.keep),
+        deleted=tuple({"id": i, "why": w} for i, w in plan.delete),
+        replaced_checkpoints_deleted=tuple(savepoints.prune_replaced(settings, now_ms)),
+        keep=settings.savepoint_keep,
+        max_age_s=settings.savepoint_max_age_s,
+    )
 
 
 def report_checkpoint(settings: Settings, sink: alerts.AlertSink | None = None, now_ms: int | None = None) -> dict:
@@ -144,12 +203,27 @@ def report_checkpoint(settings: Settings, sink: alerts.AlertSink | None = None, 
     return stats
 
 
-def rotate(settings: Settings, sink: alerts.AlertSink | None = None) -> dict:
-    report: dict[str, Any] = {
-        "app": settings.app_id,
-        "savepoint": take_savepoint(settings, sink),
-        "retention": apply_retention(settings),
-        "checkpoint": report_checkpoint(settings, sink),
-    }
-    report["ok"] = report["savepoint"]["status"] != Result.FAILED
-    return report
+@dataclass(frozen=True)
+class Rotation:
+    """`onceflow savepoint rotate`: the three steps of one rotation."""
+
+    app: str
+    savepoint: SavepointStep
+    retention: Retained
+    checkpoint: dict[str, Any]  # report_checkpoint's figures
+
+    @property
+    def ok(self) -> bool:
+        return not self.savepoint.failed
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"ok": self.ok}
+
+
+def rotate(settings: Settings, sink: alerts.AlertSink | None = None) -> Rotation:
+    return Rotation(
+        app=settings.app_id,
+        savepoint=take_savepoint(settings, sink),
+        retention=apply_retention(settings),
+        checkpoint=report_checkpoint(settings, sink),
+    )

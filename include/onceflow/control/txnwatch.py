@@ -186,8 +186,27 @@ def new_events(settings: Settings, types: set[str], timeout_s: float = 60.0) -> 
     return ev.read(settings, types, group=names.txn_watch_group(settings.app_id), timeout_s=timeout_s)
 
 
-def watch(settings: Settings, sink: alerts.AlertSink, now_ms: int | None = None) -> dict:
-    """One run of the transaction watch: returns what it found and the alerts it sent."""
+@dataclass(frozen=True)
+class WatchResult:
+    """What one run of the transaction watch found, and the alerts it sent (`key status` each)."""
+
+    events: int  # the job's timeout, near-timeout and commit events new since the last run
+    open_transactions: tuple[OpenTxn, ...]
+    hanging: tuple[dict, ...]  # the details of each transaction held open past the timeout
+    alerts: tuple[str, ...]
+
+    def as_dict(self) -> dict:
+        """The DAG task's return value (its XCom): JSON."""
+        return {
+            "events": self.events,
+            "open_transactions": [t.__dict__ for t in self.open_transactions],
+            "hanging": list(self.hanging),
+            "alerts": list(self.alerts),
+        }
+
+
+def watch(settings: Settings, sink: alerts.AlertSink, now_ms: int | None = None) -> WatchResult:
+    """One run of the transaction watch: what it found and the alerts it sent."""
     now_ms = now_ms or clock.now_ms()
     evs = new_events(settings, {wire.TRANSACTION_TIMEOUT, wire.TRANSACTION_NEAR_TIMEOUT, wire.BATCH_COMMITTED})
     # every topic the platform writes in transactions: the job's sink, DLQ and ledger (shared with restores and
@@ -213,9 +232,9 @@ def watch(settings: Settings, sink: alerts.AlertSink, now_ms: int | None = None)
     if len(unresolved) < len(found):
         sent += sink.raise_and_resolve(unresolved, "txn_watch", scope_prefix="txn_watch:event:")
     sent += sink.raise_and_resolve(hang, "txn_watch", scope_prefix="txn_watch:hanging:")
-    return {
-        "events": len(evs),
-        "open_transactions": [t.__dict__ for t in txns],
-        "hanging": [c.details for c in hang],
-        "alerts": [a.key + " " + a.status for a in sent],
-    }
+    return WatchResult(
+        events=len(evs),
+        open_transactions=tuple(txns),
+        hanging=tuple(c.details for c in hang),
+        alerts=tuple(a.key + " " + a.status for a in sent),
+    )

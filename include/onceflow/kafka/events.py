@@ -18,7 +18,6 @@ import os
 import socket
 import threading
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
@@ -190,18 +189,3 @@ def _unseen(settings: Settings, topic: str, group: str, timeout_s: float) -> lis
         return out
     finally:
         c.close()
-
-
-def write_status(path: Path, status: dict) -> None:
-    """Atomically replace the status file `onceflow job status --json` reads."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(status, default=str, indent=1, sort_keys=True))
-    tmp.replace(path)
-
-
-def read_status(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

@@ -90,16 +90,16 @@ class Status:
     def __init__(self, settings: config.Settings):
         self.s = settings
         self.lock = threading.Lock()
-        self.data = initial_status(settings, os.getpid(), clock.now_ms(), socket.gethostname())
+        self.record = initial_status(settings, os.getpid(), clock.now_ms(), socket.gethostname())
         self.flush()
 
     def update(self, **fields: Any) -> None:
         with self.lock:
-            self.data.update(fields)
+            self.record = self.record.updated(**fields)
             self.flush()
 
     def flush(self) -> None:
-        ev.write_status(self.s.status_file, self.data)
+        self.record.write(self.s.status_file)
 
 
 class ProgressListener(JsonProgressListener):
@@ -198,7 +198,7 @@ class BatchWriter:
         now = clock.now_ms()
         self.status.update(
             **status_after_batch(
-                self.status.data,
+                self.status.record,
                 plan,
                 batch_id,
                 outcome.decision,
@@ -217,7 +217,7 @@ class BatchWriter:
         )
         pace = pace_after(self.s, plan, outcome.decision, max_event, now)
         if pace.closes_windows:
-            self.status.update(close_out_batches=self.status.data.get("close_out_batches", 0) + 1)
+            self.status.update(close_out_batches=self.status.record.close_out_batches + 1)
         return pace.delay_s
 
     def stop_at_boundary(self, query) -> None:
@@ -420,7 +420,7 @@ def run(settings: config.Settings) -> int:
     if writer.stop.is_set() and not writer.failure:
         writer.stop_at_boundary(query)
         status.update(state=wire.JobState.STOPPED, stopped_ms=clock.now_ms())
-        bus.emit(wire.JOB_STOPPED, flush=True, last_batch=status.data.get("last_batch"))
+        bus.emit(wire.JOB_STOPPED, flush=True, last_batch=status.record.last_batch)
         sink.close()
         return wire.EXIT_OK
     err = writer.failure[-1] if writer.failure else query.exception()

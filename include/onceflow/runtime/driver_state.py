@@ -16,6 +16,7 @@ from onceflow.kafka import transactional as tw
 from onceflow.rules import pacing
 from onceflow.rules.ledger import BatchPlan, Decision, DivergentHistory
 from onceflow.runtime import preflight
+from onceflow.runtime.run_files import JobStatus
 from onceflow.wire import OnceflowError
 
 
@@ -28,24 +29,22 @@ class InstanceLocked(wire.OnceflowError):
     """Another driver of the app runs on this machine: not a misconfiguration, and nothing a restart fixes."""
 
 
-def initial_status(settings: Settings, pid: int, now_ms: int, host: str = "") -> dict[str, Any]:
-    return {
-        "app": settings.app_id,
-        "host": host,
-        "pid": pid,
-        "state": wire.JobState.STARTING,
-        "started_ms": now_ms,
-        "checkpoint": settings.checkpoint,
-        "bootstrap_servers": settings.bootstrap_servers,
-        "transactional_id": settings.transactional_id,
-        "group_id": settings.group_id,
-        "committed_batches": 0,
-        "replays_skipped": 0,
-    }
+def initial_status(settings: Settings, pid: int, now_ms: int, host: str = "") -> JobStatus:
+    return JobStatus(
+        app=settings.app_id,
+        host=host,
+        pid=pid,
+        state=wire.JobState.STARTING,
+        started_ms=now_ms,
+        checkpoint=settings.checkpoint,
+        bootstrap_servers=settings.bootstrap_servers,
+        transactional_id=settings.transactional_id,
+        group_id=settings.group_id,
+    )
 
 
 def status_after_batch(
-    status: dict[str, Any],
+    status: JobStatus,
     plan: BatchPlan,
     spark_batch: int,
     decision: Decision,
@@ -72,9 +71,9 @@ def status_after_batch(
             "watermark_ms": plan.watermark_ms,
             "end_offsets": plan.end,
             "last_timings": timings,
-            "committed_batches": status.get("committed_batches", 0) + 1,
+            "committed_batches": status.committed_batches + 1,
         }
-    return out | {"replays_skipped": status.get("replays_skipped", 0) + 1}
+    return out | {"replays_skipped": status.replays_skipped + 1}
 
 
 @dataclass(frozen=True)

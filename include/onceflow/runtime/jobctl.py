@@ -18,6 +18,7 @@ from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.rules import clock
 from onceflow.runtime import jvm, launcher, preflight, procs, standby, supervisor
+from onceflow.runtime.run_files import Desired, Exited, JobStatus
 from onceflow.wire import OnceflowError
 
 
@@ -31,69 +32,64 @@ def desired_file(settings: Settings):
 
 def desired_state(settings: Settings) -> wire.Intent | None:
     """What the operator asked for last: RUNNING after a start, STOPPED after a stop; None if never."""
-    st = ev.read_status(desired_file(settings))
-    return wire.Intent(st["state"]) if st and st.get("state") else None
+    d = Desired.read(desired_file(settings))
+    return d.state if d else None
 
 
 def _set_desired(settings: Settings, state: wire.Intent) -> None:
-    ev.write_status(desired_file(settings), {"state": state, "ts_ms": clock.now_ms()})
+    Desired(state=state, ts_ms=clock.now_ms()).write(desired_file(settings))
 
 
 def status(settings: Settings) -> dict:
     sup = procs.read_pidfile(supervisor.supervisor_pidfile(settings))
     job = procs.read_pidfile(supervisor.job_pidfile(settings))
-    st = ev.read_status(settings.status_file) or {}
+    st = JobStatus.read(settings.status_file)
     now = clock.now_ms()
-    last = st.get("last_commit_ms")
+    last = st.last_commit_ms if st else None
     # Until the new driver writes its own status (after spark-submit, preflight and the lock), the file is the
     # previous process's: its start and its running batch are not this launch's, or health would judge a job
     # that is still starting by how long ago its predecessor began.
     launched_ms = int(float(job.get("started", 0)) * 1000) if job else 0
-    fresh = bool(job) and int(st.get("started_ms") or 0) >= launched_ms
-    started = (st.get("started_ms") if fresh else launched_ms) if job else None
-    batch_since = st.get("batch_started_ms") if fresh and st.get("running_batch") is not None else None
-    exited = (
-        None
-        if job
-        else (
-            ev.read_status(supervisor.exit_file(settings))
-            or (
-                {"exit_code": st["exit_code"], "reason": st.get("error", "")[:200]}
-                if st.get("exit_code") is not None
-                else None
-            )
-        )
-    )
+    fresh = st if job and st and st.started_ms >= launched_ms else None
+    started = (fresh.started_ms if fresh else launched_ms) if job else None
+    batch_since = fresh.batch_started_ms if fresh and fresh.running_batch is not None else None
+    exited = None
+    if not job:
+        ended = Exited.read(supervisor.exit_file(settings))
+        if ended is not None:
+            exited = {"exit_code": ended.exit_code, "reason": ended.reason, "ts_ms": ended.ts_ms}
+        elif st and st.exit_code is not None:
+            exited = {"exit_code": st.exit_code, "reason": (st.error or "")[:200]}
     return {
         "app": settings.app_id,
         "supervisor_pid": sup["pid"] if sup else None,
         "job_pid": job["pid"] if job else None,
-        "host": st.get("host") if fresh else None,  # where the driver runs
+        "host": fresh.host if fresh else None,  # where the driver runs
         "running": job is not None,
         "restarts": job.get("restarts", 0) if job else None,
-        "state": (st.get("state") if fresh else wire.JobState.STARTING)
+        "state": (fresh.state if fresh else wire.JobState.STARTING)
         if job
-        else (wire.JobState.STOPPED if not st else f"{st.get('state')} (not running)"),
-        "last_batch": st.get("last_batch"),
+        else (wire.JobState.STOPPED if not st else f"{st.state} (not running)"),
+        "last_batch": st.last_batch if st else None,
         "last_commit_age_s": round((now - last) / 1000, 1) if last else None,
-        "committed_batches": st.get("committed_batches"),
-        "replays_skipped": st.get("replays_skipped"),
-        "watermark_ms": st.get("watermark_ms"),
-        "end_offsets": st.get("end_offsets"),
-        "last_txn_ms": st.get("last_txn_ms"),
-        "last_timings": st.get("last_timings"),
-        "close_out_batches": st.get("close_out_batches", 0),
-        "progress": st.get("progress"),
+        "committed_batches": st.committed_batches if st else None,
+        "replays_skipped": st.replays_skipped if st else None,
+        "watermark_ms": st.watermark_ms if st else None,
+        "end_offsets": st.end_offsets if st else None,
+        "last_txn_ms": st.last_txn_ms if st else None,
+        "last_timings": st.last_timings if st else None,
+        "close_out_batches": st.close_out_batches if st else 0,
+        "progress": st.progress if st else None,
         "checkpoint": settings.checkpoint,
         "bootstrap_servers": settings.bootstrap_servers,
         "transactional_id": settings.transactional_id,
         "status_file": str(settings.status_file),
         "log": str(supervisor.job_log(settings)),
-        "error": st.get("error"),
+        "error": st.error if st else None,
         "desired_state": desired_state(settings),
         "started_ms": started,
         "last_commit_ms": last,
-        "running_batch": st.get("running_batch") if fresh else None,
+        "running_batch": fresh.running_batch if fresh else None,
         "batch_started_ms": batch_since,
         "last_exit": exited,
         "standby": _standby_status(settings),
@@ -106,7 +102,7 @@ def _standby_status(settings: Settings) -> dict | None:
     if not sb:
         return None
     ready = standby.ready(settings, sb["pid"])
-    return {"pid": sb["pid"], "ready": bool(ready), "ready_ms": ready.get("ready_ms") if ready else None}
+    return {"pid": sb["pid"], "ready": bool(ready), "ready_ms": ready.ready_ms if ready else None}
 
 
 def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | None:
@@ -213,12 +209,12 @@ class CommitWait:
         """The status once the job committed after `after_ms` (with `or_idle`: or reports that its query runs
         with no input waiting, as a job that restarts on a drained source does); None until then; raises at once
         if its supervisor has given up."""
-        st = ev.read_status(Path(self.status_file)) or {}
-        if int(st.get("last_commit_ms") or 0) > self.after_ms:
-            return st
-        idle = int(st.get("last_idle_ms") or 0) > self.after_ms and int(st.get("started_ms") or 0) > self.after_ms
-        if self.or_idle and idle:
-            return st
+        st = JobStatus.read(Path(self.status_file))
+        if st and (st.last_commit_ms or 0) > self.after_ms:
+            return st.as_json()
+        idle = st is not None and (st.last_idle_ms or 0) > self.after_ms and st.started_ms > self.after_ms
+        if st is not None and self.or_idle and idle:
+            return st.as_json()
         if not procs.read_pidfile(Path(self.supervisor_pidfile)):
             log = Path(self.job_log)
             tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
@@ -236,9 +232,9 @@ def wait_running(settings: Settings, after_ms: int = 0, timeout: float = 180.0) 
     """Until a job process started after `after_ms` has its streaming query running."""
 
     def running():
-        st = ev.read_status(settings.status_file) or {}
-        ok = int(st.get("started_ms") or 0) > after_ms and st.get("state") == wire.JobState.RUNNING
-        return st if ok and procs.read_pidfile(supervisor.job_pidfile(settings)) else None
+        st = JobStatus.read(settings.status_file)
+        ok = st is not None and st.started_ms > after_ms and st.state == wire.JobState.RUNNING
+        return st.as_json() if st and ok and procs.read_pidfile(supervisor.job_pidfile(settings)) else None
 
     return procs.wait_until(running, timeout, interval=0.5, what=f"{settings.app_id}'s query to run")
 

@@ -15,9 +15,9 @@ import os
 import threading
 
 from onceflow.config import Settings
-from onceflow.kafka import events as ev
 from onceflow.rules import clock
 from onceflow.runtime import procs
+from onceflow.runtime.run_files import StandbyGo, StandbyReady
 
 STANDBY_ENV = "ONCEFLOW_STANDBY_OF"  # set on a standby launch: the pid of the supervisor it serves
 POLL_S = 0.05
@@ -41,7 +41,7 @@ def is_standby() -> bool:
 
 def signal_go(settings: Settings, launch_pid: int) -> None:
     """Tell the standby launched as `launch_pid` (the leader of its process group) to take over."""
-    ev.write_status(go_file(settings), {"pgid": launch_pid, "ts_ms": clock.now_ms()})
+    StandbyGo(pgid=launch_pid, ts_ms=clock.now_ms()).write(go_file(settings))
 
 
 def clear(settings: Settings) -> None:
@@ -49,10 +49,10 @@ def clear(settings: Settings) -> None:
         f.unlink(missing_ok=True)
 
 
-def ready(settings: Settings, launch_pid: int) -> dict | None:
+def ready(settings: Settings, launch_pid: int) -> StandbyReady | None:
     """The standby launched as `launch_pid` has its session up: when, and its driver's pid."""
-    st = ev.read_status(ready_file(settings))
-    return st if st and st.get("pgid") == launch_pid else None
+    st = StandbyReady.read(ready_file(settings))
+    return st if st and st.pgid == launch_pid else None
 
 
 def wait_for_turn(settings: Settings, stop: threading.Event) -> bool:
@@ -60,10 +60,10 @@ def wait_for_turn(settings: Settings, stop: threading.Event) -> bool:
     it is stopped or its supervisor is gone (it then exits without having touched anything)."""
     supervisor_pid = int(os.environ[STANDBY_ENV])
     me = os.getpgid(0)
-    ev.write_status(ready_file(settings), {"pgid": me, "pid": os.getpid(), "ready_ms": clock.now_ms()})
+    StandbyReady(pgid=me, pid=os.getpid(), ready_ms=clock.now_ms()).write(ready_file(settings))
     while not stop.is_set():
-        go = ev.read_status(go_file(settings))
-        if go and go.get("pgid") == me:
+        go = StandbyGo.read(go_file(settings))
+        if go and go.pgid == me:
             go_file(settings).unlink(missing_ok=True)  # consumed: a later standby waits for its own word
             ready_file(settings).unlink(missing_ok=True)
             return True

@@ -25,6 +25,7 @@ from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.rules import clock
 from onceflow.runtime import launcher, procs, standby
+from onceflow.runtime.run_files import Exited, JobStatus
 
 log = logging.getLogger(__name__)
 JOB_MARKER = str(launcher.JOB_SCRIPT)
@@ -51,14 +52,15 @@ def exit_file(settings: Settings):
 
 
 def _ended(settings: Settings, rc: int, reason: str) -> int:
-    ev.write_status(exit_file(settings), {"exit_code": rc, "reason": reason, "ts_ms": clock.now_ms()})
+    Exited(exit_code=rc, reason=reason, ts_ms=clock.now_ms()).write(exit_file(settings))
     return rc
 
 
 def driver_pid(settings: Settings, launcher_pid: int) -> int | None:
     """The Python driver of the launch `launcher_pid` (spark-submit's JVM runs it as a child, in its process
     group), from the pid the job writes into its status file."""
-    pid = (ev.read_status(settings.status_file) or {}).get("pid")
+    st = JobStatus.read(settings.status_file)
+    pid = st.pid if st else None
     try:
         if pid and procs.pid_alive(pid) and os.getpgid(pid) == os.getpgid(launcher_pid):
             return int(pid)
@@ -68,8 +70,8 @@ def driver_pid(settings: Settings, launcher_pid: int) -> int | None:
 
 
 def _committed_since(settings: Settings, since_ms: int) -> bool:
-    st = ev.read_status(settings.status_file) or {}
-    return int(st.get("last_commit_ms") or 0) >= since_ms
+    st = JobStatus.read(settings.status_file)
+    return bool(st and (st.last_commit_ms or 0) >= since_ms)
 
 
 def driver_lost(rc: int) -> bool:
