@@ -3,6 +3,7 @@ real Spark: kill -9 of the driver at every step around the database commit, the 
 by another session, a zombie driver fenced, tables the sink cannot write refused at start."""
 
 import json
+import threading
 
 import psycopg
 import pytest
@@ -14,7 +15,7 @@ from onceflow.database import client
 from onceflow.database.schema import SchemaError
 from onceflow.faults import Injector
 from onceflow.kafka import events as ev
-from onceflow.operations import audit, reconcile, replay
+from onceflow.operations import audit, reconcile, replay, savepoints
 from onceflow.protocol.batch_sink import BatchNotCommitted, OutRecord
 from onceflow.protocol.database_sink import DatabaseRefused, DatabaseSink, Fenced, StatementTimedOut
 from onceflow.rules import invariants
@@ -23,7 +24,7 @@ from onceflow.rules.reconciliation import Status
 from onceflow.runtime import jobctl, procs
 from onceflow_dev import postgres
 from onceflow_dev.generator import KIND_MALFORMED
-from tests.support.harness import end_offsets, events, fed_and_killed, final_window_end_ms, truth
+from tests.support.harness import end_offsets, events, fed_and_killed, final_window_end_ms, produce, truth
 
 pytestmark = pytest.mark.integration
 
@@ -72,6 +73,41 @@ def _entries(s):
         return client.ledger_entries(conn, s)
 
 
+def _wait_drained_into_the_table(s, sent, timeout: float) -> None:
+    """Until the ledger table's newest batch ends where the input ends and its watermark closed the last window."""
+    ends, target_wm = end_offsets(sent), final_window_end_ms(s, sent)
+
+    def drained() -> bool:
+        st = jobctl.status(s)
+        if st.get("error") and not st["running"] and not st["supervisor_pid"]:
+            raise AssertionError(f"job failed: {st['error']}")
+        try:
+            entries = _entries(s)
+        except Exception:  # the server restarting
+            return False
+        return bool(entries) and entries[-1].end == ends and max(e.watermark_ms for e in entries) >= target_wm
+
+    procs.wait_until(drained, timeout, interval=2.0, what="the job to drain into the table")
+
+
+def _assert_exact_table(s, sent):
+    """I1-I3 on the tables against the generator's record of what it sent; every window's row written once."""
+    ends = end_offsets(sent)
+    entries = _entries(s)
+    results = _rows(s, "results", "key, value, writes")
+    dlq = _rows(s, "dlq", "src_partition, src_offset")
+    sink = [invariants.SinkRecord(k, v.encode(), 0, i) for i, (k, v, _) in enumerate(results)]
+    rep = invariants.check(entries, ends, truth(sent), sink, dlq, s.window_s, starting={p: 0 for p in ends})
+    assert rep.ok, json.dumps(rep.summary(), indent=1, default=str)
+    valid = sum(1 for r in sent if r.kind != KIND_MALFORMED)
+    assert rep.counted + rep.late + rep.pending == valid and rep.counted > 0
+    assert len(dlq) == sum(1 for r in sent if r.kind == KIND_MALFORMED) == rep.ledger_dlq
+    # each window's row was written by exactly one batch (an upsert would hide a second write, `writes` does not)
+    assert {w for _, _, w in results} == {1}
+    assert [e.batch for e in entries] == list(range(len(entries)))
+    return entries, results, dlq
+
+
 def test_kill9_around_the_database_commit_and_a_crashed_server_lose_and_duplicate_nothing(
     db_app, pg_home, tmp_path, spark
 ):
@@ -86,39 +122,16 @@ def test_kill9_around_the_database_commit_and_a_crashed_server_lose_and_duplicat
     sent = fed_and_killed(
         s, tmp_path, kill_seed=3, between=crash_server, count=30_000, malformed_fraction=0.02, tail_s=30, seed=4, **spec
     )
-    ends, target_wm = end_offsets(sent), final_window_end_ms(s, sent)
-
-    def drained() -> bool:
-        st = jobctl.status(s)
-        if st.get("error") and not st["running"] and not st["supervisor_pid"]:
-            raise AssertionError(f"job failed: {st['error']}")
-        try:
-            entries = _entries(s)
-        except Exception:  # the server restarting
-            return False
-        return bool(entries) and entries[-1].end == ends and max(e.watermark_ms for e in entries) >= target_wm
-
-    procs.wait_until(drained, 420, interval=2.0, what="the job to drain into the table")
+    _wait_drained_into_the_table(s, sent, 420)
     assert jobctl.stop(s)
-
-    entries = _entries(s)
-    results = _rows(s, "results", "key, value, writes")
-    dlq = _rows(s, "dlq", "src_partition, src_offset")
-    sink = [invariants.SinkRecord(k, v.encode(), 0, i) for i, (k, v, _) in enumerate(results)]
-    rep = invariants.check(entries, ends, truth(sent), sink, dlq, s.window_s, starting={p: 0 for p in ends})
-    assert rep.ok, json.dumps(rep.summary(), indent=1, default=str)
-    valid = sum(1 for r in sent if r.kind != KIND_MALFORMED)
-    assert rep.counted + rep.late + rep.pending == valid and rep.counted > 0
-    assert len(dlq) == sum(1 for r in sent if r.kind == KIND_MALFORMED) == rep.ledger_dlq
-    # each window's row was written by exactly one batch (an upsert would hide a second write, `writes` does not)
-    assert {w for _, _, w in results} == {1}
-    assert [e.batch for e in entries] == list(range(len(entries)))
+    entries, results, dlq = _assert_exact_table(s, sent)
 
     fired = {e["fault"] for e in events(s, wire.FAULT_INJECTED)}
     assert fired == set(faults.split(","))
     skipped = {e["batch"] for e in events(s, wire.BATCH_REPLAY_SKIPPED)}
     assert {6, 8} <= skipped, "a crash or an error after the commit must lead to a skipped replay"
     # the group's offsets are the ledger's cache: where the last batch ended
+    ends = end_offsets(sent)
     assert audit.committed_offsets(s, ends) == ends
 
     # the platform's proofs read the table: the app's plan replayed over the committed ranges, and `onceflow audit`
@@ -137,6 +150,59 @@ def test_kill9_around_the_database_commit_and_a_crashed_server_lose_and_duplicat
     res = replay.check(spark, s, s.declared_app(), snap.entries, snap.entries, audit.quarantined(snap.records))
     assert res.status == Status.FAIL and {d.get("key") for d in res.differences} == {key}, res.differences[:4]
     assert not audit.audit(s).ok
+
+
+def test_a_savepoint_behind_a_table_sink_taken_under_load_and_restored_after_kill9_is_exact(db_app, tmp_path, spark):
+    """The rotation DAG's savepoint and the deploy DAG's restore, on an app whose ledger is its table: the savepoint
+    finds its batch's row in the ledger table, the restore catches up to the table's newest batch (not the group's
+    cache of it), and the catch-up batch writes nothing (every window's row still written once)."""
+    s = db_app(max_offsets_per_trigger=2500, restart_attempts=10)
+    fed: dict = {}
+    spec = dict(count=30_000, rate=2500, event_rate=2500, distinct_ips=500, late_fraction=0.01, tail_s=30, seed=41)
+    feeder = threading.Thread(
+        target=lambda: fed.update(sent=produce(s, tmp_path / "m.csv", malformed_fraction=0.02, **spec)), daemon=True
+    )
+    feeder.start()
+    jobctl.start(s)
+
+    def committed(at_least: int) -> int | None:
+        entries = _entries(s)
+        return entries[-1].batch if entries and entries[-1].batch >= at_least else None
+
+    procs.wait_until(lambda: committed(2), 180, interval=0.5, what="batch 2 in the ledger table")
+    m = savepoints.create(s)  # the job keeps committing meanwhile
+    assert m.mode == "running" and m.ledger_entry["batch"] == m.ledger_batch
+    assert savepoints.verify(s, m.id).compatible
+    procs.wait_until(lambda: committed(m.ledger_batch + 3), 180, interval=0.5, what="three more batches")
+    jobctl.kill(s, with_supervisor=True)  # kill -9 of the driver's whole process tree, maybe mid-transaction
+    newest = _entries(s)[-1]
+    sink_batch = newest.batch
+    zombie = DatabaseSink(s, ev.EventBus(s), group=_Group())  # a driver of the app still alive somewhere
+
+    plan = savepoints.restore(s, "latest", bus=ev.EventBus(s))
+    assert plan.manifest.id == m.id and not plan.rewind
+    # the restore fenced it: its next batch transaction fails before it writes anything
+    nothing = BatchPlan(batch=sink_batch + 1, topic=s.source_topic, start=newest.end, end=newest.end)
+    with pytest.raises(Fenced, match="another instance"):
+        zombie.write_batch(nothing, [], decision=Decision.WRITE)
+    zombie.close()
+    assert (plan.catch_up.ledger_from, plan.catch_up.ledger_to) == (m.ledger_batch + 1, sink_batch)
+    jobctl.start(s)
+    feeder.join(timeout=300)
+    _wait_drained_into_the_table(s, fed["sent"], 300)
+    assert jobctl.stop(s)
+    entries, _, _ = _assert_exact_table(s, fed["sent"])
+    skipped = [e for e in events(s, wire.BATCH_REPLAY_SKIPPED) if e.get("decision") == "catch_up"]
+    assert [(e["batch"], e["catch_up_from"]) for e in skipped][:1] == [(sink_batch, m.ledger_batch + 1)]
+    [rec] = audit.restore_records(s)
+    after = [e for e in entries if e.batch > sink_batch]
+    assert after and after[0].epoch == rec.epoch and rec.sink_batch == sink_batch
+    assert audit.audit(s).ok
+    # the reconciliation of the whole history, across the restore: green (coverage from the ledger table; the replay
+    # of the plan across a restore is not built yet, for either sink: it says so, and the audit above is key by key)
+    res = reconcile.run(spark, s)
+    assert res.ok and res.check("I1_coverage").status == Status.PASS, [c.__dict__ for c in res.failures()]
+    assert res.check("replay").status == Status.WARN and "restore" in res.check("replay").summary
 
 
 def _plan(s, batch, start, end):

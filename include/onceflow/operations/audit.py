@@ -72,23 +72,28 @@ def committed_offsets(settings: Settings, partitions: Iterable[int], group: str 
 
 def consumed_position(settings: Settings, partitions: Iterable[int]) -> Committed:
     """How far the job has consumed: its group's committed position, or, when the group holds nothing, the
-    ledger's newest batch. Kafka deletes a group's offsets `offsets.retention.minutes` (7 days by default) after
+    ledger's newest batch (a table sink: its ledger table's newest row, always). Kafka deletes a group's offsets `offsets.retention.minutes` (7 days by default) after
     its last commit, so an idle week would read as "nothing consumed": the whole topic as lag, a stalled job, a
     savepoint of "another history" (protocol review N-4). The ledger is kept forever and says the same: each
     batch's end offsets were committed with its record, in one transaction."""
     parts = list(partitions)
+    if settings.sink_kind == "postgres":
+        # a table sink's ledger is its table, read first: the group only caches it, written after each commit, so
+        # a crash between the two leaves the group a batch behind (a restore planned from it would catch up to the
+        # wrong batch)
+        with database_client.connect(settings, "audit") as conn:
+            newest = database_client.newest_entry(conn, settings)
+        if newest is None:
+            return Committed(offsets={}, batch=None)
+        return Committed(offsets={p: o for p, o in newest.end.items() if p in parts}, batch=newest.batch)
     got = committed_position(settings, parts)
     if got.offsets:
         return got
-    if settings.sink_kind == "postgres":  # a table sink's ledger is its table; the group only caches it
-        with database_client.connect(settings, "audit") as conn:
-            newest = database_client.newest_entry(conn, settings)
-    else:
-        c = kafka_clients.read_committed_consumer(settings)
-        try:
-            newest = ledger_reader.newest_entry(c, settings)
-        finally:
-            c.close()
+    c = kafka_clients.read_committed_consumer(settings)
+    try:
+        newest = ledger_reader.newest_entry(c, settings)
+    finally:
+        c.close()
     if newest is None:
         return got  # nothing committed anywhere: nothing consumed, truly
     return Committed(offsets={p: o for p, o in newest.end.items() if p in parts}, batch=newest.batch)

@@ -25,7 +25,7 @@ from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit
-from onceflow.protocol import ledger_writes
+from onceflow.protocol import ledger_writes, sinks
 from onceflow.rules import clock
 from onceflow.rules.checkpoint import QUARANTINE_FILE, render_quarantine
 from onceflow.rules.ledger import QuarantineRange, QuarantineRecord
@@ -74,7 +74,7 @@ def add(
             raise QuarantineError(f"the source topic {settings.source_topic} has no partition {partition}")
         if end > wm[partition][1]:
             raise QuarantineError(f"partition {partition} ends at offset {wm[partition][1]}; {end} is beyond it")
-        writer = ledger_writes.app_writer(settings)  # fences any driver of the app, here or elsewhere
+        writer = sinks.operator_writer(settings, "quarantine")  # fences any driver of the app, here or elsewhere
         try:
             snap = audit.snapshot(settings)  # after the fence: nothing can commit past it any more
             done = (

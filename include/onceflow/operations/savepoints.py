@@ -25,7 +25,7 @@ from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
-from onceflow.protocol import ledger_reader, ledger_writes
+from onceflow.protocol import ledger_reader, ledger_writes, sinks
 from onceflow.rules import clock, retention
 from onceflow.rules.checkpoint import (
     EPOCH_FILE,
@@ -35,7 +35,7 @@ from onceflow.rules.checkpoint import (
     render_offsets_file,
     render_quarantine,
 )
-from onceflow.rules.ledger import Committed, LedgerEntry, RestoreRecord
+from onceflow.rules.ledger import Committed, RestoreRecord
 from onceflow.rules.records import RULES_VERSION
 from onceflow.rules.savepoints import (
     DATA_DIR,
@@ -111,17 +111,29 @@ def runtime(settings: Settings) -> Runtime:
 
 
 # ---------------------------------------------------------------------------- Kafka facts
-def _group_position(settings: Settings, partitions) -> tuple[Committed, dict[int, str]]:
+def _sink_position(settings: Settings, partitions) -> tuple[Committed, dict[int, str]]:
+    """Where the sink stands: the job's group (its offsets and their metadata), or, for a table sink, the ledger
+    table's newest row (its group is a cache written after each commit, a batch behind after a crash between)."""
+    if settings.sink_kind == "postgres":
+        from onceflow.operations import audit
+
+        return audit.consumed_position(settings, partitions), {}
     items = kafka_reading.group_offsets(settings, partitions)
     return Committed.from_partitions(items), {p: m for p, off, m in items if off is not None}
 
 
 def _ledger_entry(settings: Settings, batch: int | None, wait_s: float = 15.0):
-    """The ledger record of a batch known to be committed. commit_transaction() returns before the
-    coordinator has written the commit markers into every partition, so a record committed a moment ago may
-    not be readable yet: look again for a little while before calling it missing."""
+    """The ledger record of a batch known to be committed (a table sink's: its ledger table's row).
+    commit_transaction() returns before the coordinator has written the commit markers into every partition, so a
+    Kafka record committed a moment ago may not be readable yet: look again for a little while before calling it
+    missing."""
     if batch is None:
         return None
+    if settings.sink_kind == "postgres":  # a committed row is visible at once
+        from onceflow.database import client as database_client
+
+        with database_client.connect(settings, "savepoints") as conn:
+            return database_client.ledger_entry(conn, settings, batch)
     c = kafka_clients.read_committed_consumer(settings)
     deadline = time.monotonic() + wait_s
     try:
@@ -166,7 +178,7 @@ def create(settings: Settings, stop: bool = False, bus: ev.EventBus | None = Non
             f"the ledger has no record of batch {ledger_batch} (Spark batch {batch}), which the "
             f"checkpoint says is committed: run `onceflow audit` before taking a savepoint"
         )
-    group, group_meta = _group_position(settings, end)
+    group, group_meta = _sink_position(settings, end)
 
     now_ms = clock.now_ms()
     sp_id = new_id(ledger_batch, now_ms)
@@ -390,15 +402,11 @@ def restore_facts(settings: Settings, m: Manifest) -> RestoreFacts:
 
     committed = audit.consumed_position(settings, m.end_offsets)  # the ledger's, when the group has expired
     after = committed.batch is not None and m.ledger_batch is not None and committed.batch > m.ledger_batch
-    records = audit.ledger_records(settings)
+    records = audit.ledger_records(settings)  # restore and quarantine records: on the ledger topic for every sink
     catch_up = [
         e
-        for e in records
-        if after
-        and committed.batch is not None
-        and isinstance(e, LedgerEntry)
-        and e.kind == wire.LEDGER_STREAM
-        and m.ledger_batch < e.batch <= committed.batch
+        for e in (audit.ledger_entries(settings) if after else [])  # a table sink's: its ledger table's rows
+        if committed.batch is not None and m.ledger_batch < e.batch <= committed.batch
     ]
     return RestoreFacts(
         committed=committed,
@@ -459,7 +467,7 @@ def _restore(settings: Settings, sp_id: str, allow_rewind: bool, dry_run: bool, 
     from onceflow.operations import audit
 
     # Fence first: a zombie driver of the app can no longer commit, so the facts read next stay true.
-    writer = ledger_writes.app_writer(settings)
+    writer = sinks.operator_writer(settings, "restore")
     try:
         plan = check_restore(settings, sp_id, allow_rewind)
         m = plan.manifest

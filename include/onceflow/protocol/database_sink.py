@@ -116,22 +116,7 @@ class DatabaseSink(BatchSink):
 
     # ------------------------------------------------------------------ fencing
     def _claim(self) -> int:
-        """The writer row's next generation, for this driver. A previous driver's open batch transaction holds the
-        row's lock: this waits for it to end (at most the statement timeout, then the start fails and is retried)."""
-        t = client.table(self.s, "writer")
-        with self.conn.transaction(), self.conn.cursor() as cur:
-            cur.execute("SELECT set_config('lock_timeout', %s, true)", (str(self.s.postgres_statement_timeout_ms),))
-            cur.execute(
-                sql.SQL(
-                    "INSERT INTO {t} AS w (one, generation, holder) VALUES (true, 1, %s) ON CONFLICT (one) DO UPDATE "
-                    "SET generation = w.generation + 1, holder = EXCLUDED.holder, since = now() RETURNING generation"
-                ).format(t=t),
-                (self.holder,),
-            )
-            row = cur.fetchone()
-        generation = int(row[0])  # type: ignore[index]
-        log.info("took the writer row of %s: generation %d", self.s.database_schema, generation)
-        return generation
+        return claim_writer(self.conn, self.s, self.holder)
 
     # ------------------------------------------------------------------ the protocol
     def decide(self, plan: BatchPlan) -> Decision:
@@ -335,6 +320,33 @@ class DatabaseSink(BatchSink):
                 c.close()
             except Exception:
                 pass
+
+
+def claim_writer(conn: Any, settings: Settings, holder: str) -> int:
+    """The writer row's next generation, for `holder`: every driver that took an earlier one is fenced (its next
+    batch transaction finds the row moved on and fails). A driver's open batch transaction holds the row's lock:
+    this waits for it to end (at most the statement timeout, then it fails and the caller may retry)."""
+    t = client.table(settings, "writer")
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute("SELECT set_config('lock_timeout', %s, true)", (str(settings.postgres_statement_timeout_ms),))
+        cur.execute(
+            sql.SQL(
+                "INSERT INTO {t} AS w (one, generation, holder) VALUES (true, 1, %s) ON CONFLICT (one) DO UPDATE "
+                "SET generation = w.generation + 1, holder = EXCLUDED.holder, since = now() RETURNING generation"
+            ).format(t=t),
+            (holder,),
+        )
+        row = cur.fetchone()
+    generation = int(row[0])
+    log.info("took the writer row of %s for %s: generation %d", settings.database_schema, holder, generation)
+    return generation
+
+
+def fence(settings: Settings, holder: str) -> int:
+    """Fence every driver of the app (an operator's change to its history: a restore, a quarantine), as a newer
+    driver would: take the writer row's next generation on a connection of its own."""
+    with client.connect(settings, "fence") as conn:
+        return claim_writer(conn, settings, holder)
 
 
 def _timeout_advice(batch: int, e: Exception) -> str:
