@@ -86,7 +86,8 @@ test-secured: setup
 ## second app (ip_networks) on the same backlog (~35 min). BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S
 ## (the latency phase's steady state, after its catch-up: BENCH_STEADY_S, BENCH_CATCHUP_MAX_S), BENCH_TRIGGER_S, BENCH_MAX_OFFSETS,
 ## BENCH_FLINK (0: without Flink), BENCH_FLINK_FAST_MS (Flink's short checkpoint interval, default 500),
-## BENCH_POSTGRES=1 (rows for ip_count into PostgreSQL: throughput, and latency polled from the table; not yet run).
+## BENCH_POSTGRES=0 (without the rows for ip_count into PostgreSQL: throughput, and latency polled from the table),
+## BENCH_CONTENDERS (e.g. alo,flink: only these rows beside onceflow's). Its short variant is in `make test`.
 bench: setup
 	$(BIN)/python -m onceflow_dev.bench
 

@@ -61,12 +61,13 @@ SLOWEST_FIRST = (
     "tests/airflow/test_running_airflow.py",  # ~560 (alone, before the others: the Makefile)
     "tests/topology/test_cluster.py",  # ~900 (make test-topology)
     "tests/topology/test_chaos.py",  # ~300 (make test-topology)
-    "tests/integration/test_reconcile.py",  # ~550: first to the first worker
-    "tests/integration/test_exactly_once.py",  # ~350: first to the second worker
+    "tests/integration/test_reconcile.py",  # ~550
+    "tests/integration/test_bench.py",  # ~410 (beside test_database_sink.py, 2026-11-27)
+    "tests/integration/test_exactly_once.py",  # ~350
     "tests/integration/test_security.py",  # ~205
     "tests/airflow/test_dags.py",  # ~185
     "tests/integration/test_protocol_edges.py",  # ~180
-    "tests/integration/test_database_sink.py",  # ~175
+    "tests/integration/test_database_sink.py",  # ~230
     "tests/integration/test_savepoints.py",  # ~170
     "tests/integration/test_backfill.py",  # ~100
     "tests/integration/test_health.py",  # ~70

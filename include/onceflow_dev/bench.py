@@ -1,7 +1,8 @@
 """`make bench`: onceflow's exactly-once job, the same query on Spark's at-least-once Kafka sink, a plain
 transactional confluent-kafka loop (the ceiling), and the same query on Flink 2.x with its exactly-once KafkaSink
 (checkpoints every 5 s, and every BENCH_FLINK_FAST_MS; onceflow_dev.bench_flink), side by side on one generated
-workload and one private broker.
+workload and one private broker; ip_networks (the stateless second app) and ip_count into a PostgreSQL table too.
+BENCH_CONTENDERS picks rows (CONTENDERS); `run` is the whole run, which tests/integration/test_bench.py runs small.
 
 Phases, each run in turn for every contender on the same machine:
 1. throughput: a backlog of BENCH_RECORDS records (4 partitions, BENCH_IPS distinct IPs) is written once; each
@@ -45,7 +46,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import topics
 from onceflow.operations import audit
 from onceflow.rules import clock
-from onceflow.runtime import jobctl, launcher, procs, supervisor
+from onceflow.runtime import jobctl, launcher, procs, run_files, supervisor
 from onceflow_dev import bench_check, bench_flink, broker, generator, postgres
 
 log = logging.getLogger("onceflow_dev.bench")
@@ -91,9 +92,26 @@ class BenchSpec:
     flink_fast_ms: int = field(default_factory=lambda: _env_int("BENCH_FLINK_FAST_MS", 500))
     # the recovery phase's kills per mode (restart, standby): median and worst are reported
     recovery_runs: int = field(default_factory=lambda: _env_int("BENCH_RECOVERY_RUNS", 3))
-    # BENCH_POSTGRES=1: rows for ip_count into PostgreSQL (docs/database-sink.md), throughput and latency (its
-    # results polled from the table every 200 ms); off until a run of it has been measured
-    postgres: bool = field(default_factory=lambda: os.environ.get("BENCH_POSTGRES", "0") == "1")
+    # rows for ip_count into PostgreSQL (docs/database-sink.md), throughput and latency (its results polled from the
+    # table every 200 ms), on a server of the bench's own; BENCH_POSTGRES=0 leaves them out
+    postgres: bool = field(default_factory=lambda: os.environ.get("BENCH_POSTGRES", "1") != "0")
+    # BENCH_CONTENDERS=eos,alo,...: only these rows (onceflow's own, `eos`, always runs: every ratio is to it);
+    # empty: every row the flags above allow. The short variant in `make test` (tests/integration/test_bench.py)
+    # leaves out `flink_fast`, the same code as `flink` at another interval
+    contenders: frozenset[str] = field(
+        default_factory=lambda: frozenset(filter(None, os.environ.get("BENCH_CONTENDERS", "").split(",")))
+    )
+
+    def runs(self, key: str) -> bool:
+        """Whether the row `key` (one of CONTENDERS) is in this run."""
+        if key not in CONTENDERS:
+            raise ValueError(f"unknown bench contender {key!r}: one of {', '.join(CONTENDERS)}")
+        allowed = {"flink": self.flink, "flink_fast": self.flink, "eos_postgres": self.postgres}.get(key, True)
+        return key == "eos" or (allowed and (not self.contenders or key in self.contenders))
+
+
+# every row `make bench` can have, in the table's order
+CONTENDERS = ("eos", "eos_ip_networks", "eos_postgres", "alo", "ceiling", "flink", "flink_fast")
 
 
 def _settings(base: config.Settings, app_id: str, source: str, spec: BenchSpec, **overrides) -> config.Settings:
@@ -214,7 +232,7 @@ class AtLeastOnce(Contender):
         argv = launcher.submit_argv(self.s)[:-1] + [str(Path(__file__).with_name("ip_count_alo.py"))]
         self.proc = procs.spawn_detached(argv, self.s.log_dir / f"{self.s.app_id}.log", env=launcher.submit_env(self.s))
         procs.wait_until(
-            lambda: (ev.read_status(self.s.status_file) or {}).get("state") == wire.JobState.RUNNING,
+            lambda: (run_files.read_json(self.s.status_file) or {}).get("state") == wire.JobState.RUNNING,
             300,
             what="the at-least-once query to run",
         )
@@ -223,7 +241,7 @@ class AtLeastOnce(Contender):
         return self.proc.pid
 
     def drained(self, end) -> dict | None:
-        st = ev.read_status(self.s.status_file) or {}
+        st = run_files.read_json(self.s.status_file) or {}  # the at-least-once query's own status file
         now = self.position(list(end)) or {}
         # read to the end, and a batch without input ran after that: the one that writes the windows the last
         # data batch's watermark closed (Spark evicts with the previous batch's watermark); without it the sink
@@ -233,7 +251,7 @@ class AtLeastOnce(Contender):
         return {"first_ms": st["first_batch_ms"], "last_ms": st["last_commit_ms"], "batches": st["batches"]}
 
     def position(self, partitions):
-        st = ev.read_status(self.s.status_file) or {}  # the end offsets of its last completed batch
+        st = run_files.read_json(self.s.status_file) or {}  # the end offsets of its last completed batch
         offs = json.loads(st["end_offsets"]) if st.get("end_offsets") else {}
         return {int(p): o for p, o in offs.get(self.s.source_topic, {}).items()} or None
 
@@ -637,28 +655,41 @@ def _warm_up(s: config.Settings, end: dict[int, int]) -> None:
 
 def main() -> int:
     setup_logging()
-    spec = BenchSpec()
     var = config.REPO_ROOT / "var" / "bench"
-    results: dict = {"spec": spec.__dict__, "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]}}
-    with bench_stack(spec, var) as (base, end):
-        run_contenders(base, end, spec, results)
-    tp = results["throughput"]
-    results["ratios"] = {
-        "eos_vs_alo_throughput": round(tp["eos"]["records_per_s"] / tp["alo"]["records_per_s"], 3),
-        "eos_vs_ceiling_throughput": round(tp["eos"]["records_per_s"] / tp["ceiling"]["records_per_s"], 3),
-        "ip_networks_vs_ip_count_throughput": round(
-            tp["eos_ip_networks"]["records_per_s"] / tp["eos"]["records_per_s"], 3
-        ),
-        "postgres_vs_kafka_sink_throughput": (
-            round(tp["eos_postgres"]["records_per_s"] / tp["eos"]["records_per_s"], 3) if "eos_postgres" in tp else None
-        ),
-        "eos_p99_in_trigger_intervals": round(results["latency"]["eos"].get("p99_ms", 0) / 1000 / spec.trigger_s, 2),
-    } | flink_ratios(results)
+    results = run(BenchSpec(), var)
     out = var / f"results-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(results, indent=1))
     print(table(results))
     print(f"\nfigures: {out}")
     return 0
+
+
+def run(spec: BenchSpec, var: Path) -> dict:
+    """Every phase for every contender of `spec` on a private broker under `var`; the figures, with the ratios."""
+    spec_out = spec.__dict__ | {"contenders": sorted(spec.contenders)}
+    results: dict = {"spec": spec_out, "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]}}
+    with bench_stack(spec, var) as (base, end):
+        run_contenders(base, end, spec, results)
+    results["ratios"] = ratios(results, spec.trigger_s)
+    return results
+
+
+def ratios(results: dict, trigger_s: float) -> dict:
+    """onceflow's figures over each other row's of the same run (None where that row did not run)."""
+    tp = results["throughput"]
+
+    def over(key: str, base: str = "eos") -> float | None:
+        if not tp.get(key, {}).get("records_per_s") or not tp.get(base, {}).get("records_per_s"):
+            return None
+        return round(tp[base]["records_per_s"] / tp[key]["records_per_s"], 3)
+
+    return {
+        "eos_vs_alo_throughput": over("alo"),
+        "eos_vs_ceiling_throughput": over("ceiling"),
+        "ip_networks_vs_ip_count_throughput": over("eos", "eos_ip_networks"),
+        "postgres_vs_kafka_sink_throughput": over("eos", "eos_postgres"),
+        "eos_p99_in_trigger_intervals": round(results["latency"]["eos"].get("p99_ms", 0) / 1000 / trigger_s, 2),
+    } | flink_ratios(results)
 
 
 def _checked(s: config.Settings, exp: bench_check.Expected) -> dict:
@@ -682,7 +713,8 @@ def _reported(flink: Flink, phase) -> dict:
 def flink_configs(spec: BenchSpec) -> dict[str, int]:
     """The Flink rows: checkpoint interval (ms) per key. 5 s is the classic setting (as the Spark trigger);
     BENCH_FLINK_FAST_MS the short one that gives Flink its best latency (docs/performance.md)."""
-    return {"flink": 5000, "flink_fast": spec.flink_fast_ms} if spec.flink else {}
+    configs = {"flink": 5000, "flink_fast": spec.flink_fast_ms}
+    return {key: ms for key, ms in configs.items() if spec.runs(key)}
 
 
 def flink_ratios(results: dict) -> dict:
@@ -697,16 +729,18 @@ def flink_ratios(results: dict) -> dict:
 
 
 def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, results: dict) -> None:
-    apps = {name: _settings(base, f"bench_{name}", "bench.source", spec) for name in ("eos", "alo", "ceiling")}
+    names = [key for key in ("eos", "alo", "ceiling") if spec.runs(key)]
+    apps = {name: _settings(base, f"bench_{name}", "bench.source", spec) for name in names}
     apps |= {key: _settings(base, f"bench_{key}", "bench.source", spec) for key in flink_configs(spec)}
     # the second app (onceflow_apps.ip_networks: no window, no state, a table join) on the same backlog, with its own
     # declared settings: what the platform costs a stateless stream
     net = {"app": "ip_networks"}
-    apps["eos_ip_networks"] = _settings(
-        base, "bench_ip_networks", "bench.source", spec, **net, **config.app_defaults(net)
-    )
+    if spec.runs("eos_ip_networks"):
+        apps["eos_ip_networks"] = _settings(
+            base, "bench_ip_networks", "bench.source", spec, **net, **config.app_defaults(net)
+        )
     # ip_count with its results in PostgreSQL (docs/database-sink.md): the server under the bench's var dir
-    if spec.postgres:
+    if spec.runs("eos_postgres"):
         apps["eos_postgres"] = postgres.provision_sink(_settings(base, "bench_postgres", "bench.source", spec))
     try:
         for s in apps.values():
@@ -725,25 +759,30 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
             exp.uncertain_records,
         )
         results["throughput"], results["correctness"] = {}, {}
-        for key, contender in (("eos", ExactlyOnce(apps["eos"])), ("alo", AtLeastOnce(apps["alo"]))):
+        for key, cls in (("eos", ExactlyOnce), ("alo", AtLeastOnce)):
+            if key not in apps:
+                continue
+            contender = cls(apps[key])
             log.info("throughput: %s", contender.name)
             results["throughput"][key] = throughput(contender, end, n)
             log.info("  %s", results["throughput"][key])
             results["correctness"][key] = _checked(apps[key], exp)
-        log.info("throughput: onceflow exactly-once, ip_networks")
-        results["throughput"]["eos_ip_networks"] = throughput(ExactlyOnce(apps["eos_ip_networks"]), end, n)
-        log.info("  %s", results["throughput"]["eos_ip_networks"])
-        results["correctness"]["eos_ip_networks"] = check_any_app(apps["eos_ip_networks"], exp)
-        log.info("  correctness: %s", results["correctness"]["eos_ip_networks"])
+        if "eos_ip_networks" in apps:
+            log.info("throughput: onceflow exactly-once, ip_networks")
+            results["throughput"]["eos_ip_networks"] = throughput(ExactlyOnce(apps["eos_ip_networks"]), end, n)
+            log.info("  %s", results["throughput"]["eos_ip_networks"])
+            results["correctness"]["eos_ip_networks"] = check_any_app(apps["eos_ip_networks"], exp)
+            log.info("  correctness: %s", results["correctness"]["eos_ip_networks"])
         if "eos_postgres" in apps:
             log.info("throughput: onceflow exactly-once into PostgreSQL")
             results["throughput"]["eos_postgres"] = throughput(ExactlyOnce(apps["eos_postgres"]), end, n)
             log.info("  %s", results["throughput"]["eos_postgres"])
             results["correctness"]["eos_postgres"] = _checked(apps["eos_postgres"], exp)
-        log.info("throughput: ceiling")
-        results["throughput"]["ceiling"] = ceiling(apps["ceiling"], end, n)
-        log.info("  %s", results["throughput"]["ceiling"])
-        results["correctness"]["ceiling"] = _checked(apps["ceiling"], exp)
+        if "ceiling" in apps:
+            log.info("throughput: ceiling")
+            results["throughput"]["ceiling"] = ceiling(apps["ceiling"], end, n)
+            log.info("  %s", results["throughput"]["ceiling"])
+            results["correctness"]["ceiling"] = _checked(apps["ceiling"], exp)
         for key, ms in flink_configs(spec).items():
             flink = Flink(apps[key], ms, exp)
             log.info("throughput: %s", flink.name)
@@ -755,6 +794,8 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
             results["correctness"][key] = _checked(apps[key], exp)
         results["latency"] = {}
         for key, cls in (("eos", ExactlyOnce), ("alo", AtLeastOnce)):
+            if key not in apps:
+                continue
             s = _settings(base, f"bench_live_{key}", f"bench_live_{key}.source", spec)
             topics.ensure(s)
             log.info("latency: %s", cls.name)
@@ -832,9 +873,9 @@ def table(r: dict) -> str:
     ra, rec = r["ratios"], r["recovery"]
     lines += [
         "",
-        f"exactly-once / at-least-once throughput: {ra['eos_vs_alo_throughput']}",
-        f"exactly-once / ceiling throughput:       {ra['eos_vs_ceiling_throughput']}",
-        f"ip_networks / ip_count throughput (onceflow): {ra.get('ip_networks_vs_ip_count_throughput', '-')}",
+        f"exactly-once / at-least-once throughput: {ra.get('eos_vs_alo_throughput') or '-'}",
+        f"exactly-once / ceiling throughput:       {ra.get('eos_vs_ceiling_throughput') or '-'}",
+        f"ip_networks / ip_count throughput (onceflow): {ra.get('ip_networks_vs_ip_count_throughput') or '-'}",
         f"PostgreSQL sink / Kafka sink throughput (onceflow): {ra.get('postgres_vs_kafka_sink_throughput') or '-'}",
         f"exactly-once p99 latency in trigger intervals ({r['spec']['trigger_s']} s): "
         f"{ra['eos_p99_in_trigger_intervals']}",

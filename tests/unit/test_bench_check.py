@@ -4,6 +4,8 @@ of late records, and the comparison of a sink against it. Pure, no broker."""
 import datetime
 import json
 
+import pytest
+
 from onceflow.rules import records as R
 from onceflow_dev import bench_check as B
 from onceflow_dev import bench_flink
@@ -172,3 +174,38 @@ def test_the_benchs_settings_take_another_app_with_its_declared_settings():
         "bench_ip_networks.sink",
         False,
     )
+
+
+def test_a_bench_run_picks_its_rows_and_onceflows_own_always_runs():
+    from onceflow_dev.bench import CONTENDERS, BenchSpec
+
+    every = BenchSpec(flink=True, postgres=True, contenders=frozenset())
+    assert [k for k in CONTENDERS if every.runs(k)] == list(CONTENDERS)
+    short = BenchSpec(flink=True, postgres=True, contenders=frozenset({"alo", "flink"}))
+    assert [k for k in CONTENDERS if short.runs(k)] == ["eos", "alo", "flink"]
+    # the flags still leave their rows out when the list names them
+    off = BenchSpec(flink=False, postgres=False, contenders=frozenset({"flink", "eos_postgres"}))
+    assert [k for k in CONTENDERS if off.runs(k)] == ["eos"]
+    with pytest.raises(ValueError, match="unknown bench contender 'flnk'"):
+        short.runs("flnk")
+
+
+def test_the_ratios_of_a_run_without_some_rows_are_none_and_the_table_says_so():
+    from onceflow_dev import bench
+
+    row = {"records_per_s": 20_000, "peak_rss_mb": 900, "cpu_s": 100.0}
+    r = {
+        "spec": {"trigger_s": 5.0},
+        "settings": {"flink_checkpoint_ms": {}},
+        "throughput": {"eos": row, "eos_postgres": row | {"records_per_s": 10_000}},
+        "latency": {"eos": {"p99_ms": 2500}},
+        "correctness": {"eos": {"verdict": "ok"}, "eos_postgres": {"verdict": "ok"}},
+        "recovery": {},
+    }
+    r["ratios"] = bench.ratios(r, 5.0)
+    assert r["ratios"]["eos_vs_alo_throughput"] is None and r["ratios"]["eos_vs_ceiling_throughput"] is None
+    assert r["ratios"]["postgres_vs_kafka_sink_throughput"] == 0.5
+    assert r["ratios"]["eos_p99_in_trigger_intervals"] == 0.5
+    text = bench.table(r)
+    assert "exactly-once / at-least-once throughput: -" in text
+    assert "PostgreSQL sink / Kafka sink throughput (onceflow): 0.5" in text
