@@ -72,10 +72,11 @@ def committed_offsets(settings: Settings, partitions: Iterable[int], group: str 
 
 def consumed_position(settings: Settings, partitions: Iterable[int]) -> Committed:
     """How far the job has consumed: its group's committed position, or, when the group holds nothing, the
-    ledger's newest batch (a table sink: its ledger table's newest row, always). Kafka deletes a group's offsets `offsets.retention.minutes` (7 days by default) after
-    its last commit, so an idle week would read as "nothing consumed": the whole topic as lag, a stalled job, a
-    savepoint of "another history" (protocol review N-4). The ledger is kept forever and says the same: each
-    batch's end offsets were committed with its record, in one transaction."""
+    ledger's newest batch (a table sink: its ledger table's newest row, always). Kafka deletes a group's offsets
+    `offsets.retention.minutes` (7 days by default) after its last commit, so an idle week would read as "nothing
+    consumed": the whole topic as lag, a stalled job, a savepoint of "another history" (protocol review N-4). The
+    ledger is kept forever and says the same: each batch's end offsets were committed with its record, in one
+    transaction."""
     parts = list(partitions)
     if settings.sink_kind == "postgres":
         # a table sink's ledger is its table, read first: the group only caches it, written after each commit, so
