@@ -43,7 +43,11 @@ def _emit_closed(producer: Any, settings: config.Settings, state: dict[tuple[int
 
 
 def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_000) -> dict:
-    consumer = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
+    # end of partition events: a partition is read to its end when one comes (its last offsets may be a
+    # transaction's marker, which no record shows)
+    consumer = kafka_clients.read_committed_consumer(
+        settings, group_id=settings.group_id, **{"enable.partition.eof": True}
+    )
     producer = kafka_clients.transactional_producer(
         settings, settings.transactional_id, **{"linger.ms": 20, "batch.num.messages": 10000}
     )
@@ -76,16 +80,22 @@ def run(settings: config.Settings, end: dict[int, int], batch_records: int = 50_
                 consumer.resume([TopicPartition(topic, p) for p in paused - full])
             paused.clear()
             paused.update(full)
+            eof = []
             for m in consumer.consume(num_messages=10_000, timeout=0.2):
                 e = m.error()
+                p = m.partition()
                 if e is not None and e.code() == KafkaError._PARTITION_EOF:
+                    eof.append(p)
                     continue
-                p, off = m.partition(), m.offset() or 0
+                off = m.offset() or 0
                 if p is not None and off >= read[p]:  # a paused partition is fetched again from its position
                     buf[p].append(m)
                     read[p] = off + 1
-            # the consumer's position, not the last offset seen: it steps over transaction markers
-            for tp in consumer.position([TopicPartition(topic, p) for p in end if p not in paused]):
+            # At its end, the consumer's position steps over the transaction markers no record shows. Only there:
+            # read ahead of what was delivered (the position taken while records were still in flight, under
+            # load), a partition counted as read to its end drops records from the batches (found by the bench's
+            # check in `make test`: 200 windows missing).
+            for tp in consumer.position([TopicPartition(topic, p) for p in eof if p is not None]):
                 if tp.offset is not None and tp.offset > read[tp.partition]:
                     read[tp.partition] = tp.offset
 
