@@ -84,19 +84,17 @@ def consumed_position(settings: Settings, partitions: Iterable[int]) -> Committe
         # wrong batch)
         with database_client.connect(settings, "audit") as conn:
             newest = database_client.newest_entry(conn, settings)
-        if newest is None:
-            return Committed(offsets={}, batch=None)
-        return Committed(offsets={p: o for p, o in newest.end.items() if p in parts}, batch=newest.batch)
-    got = committed_position(settings, parts)
-    if got.offsets:
-        return got
-    c = kafka_clients.read_committed_consumer(settings)
-    try:
-        newest = ledger_reader.newest_entry(c, settings)
-    finally:
-        c.close()
+    else:
+        got = committed_position(settings, parts)
+        if got.offsets:
+            return got
+        c = kafka_clients.read_committed_consumer(settings)
+        try:
+            newest = ledger_reader.newest_entry(c, settings)
+        finally:
+            c.close()
     if newest is None:
-        return got  # nothing committed anywhere: nothing consumed, truly
+        return Committed(offsets={}, batch=None)  # nothing committed anywhere: nothing consumed, truly
     return Committed(offsets={p: o for p, o in newest.end.items() if p in parts}, batch=newest.batch)
 
 
