@@ -145,6 +145,20 @@ def test_the_steady_state_begins_once_the_lag_stayed_low_for_the_hold():
     assert steady_since([], bound=10_000, hold_ms=0) is None
 
 
+def test_a_contender_committing_on_a_checkpoint_counts_as_caught_up_by_its_own_interval(tmp_path):
+    from onceflow import config
+    from onceflow_dev import bench
+
+    s = config.Settings(var_dir=tmp_path, trigger_interval_s=2.0)
+    flink, eos = bench.Flink(s, checkpoint_ms=5000), bench.ExactlyOnce(s)
+    assert (flink.commit_interval_s(), eos.commit_interval_s()) == (5.0, 2.0)
+    # Flink's lag at 1,000 records/s: its position moves on a checkpoint every 5 s, so the lag saws up to ~6,000
+    saw = [(t * 1000, 1_000 * (t % 5) + 1_500) for t in range(0, 30)]
+    assert bench.steady_since(saw, bench.steady_lag_bound(1_000, flink.commit_interval_s()), 5_000) == 0
+    # held to a 2 s trigger's bound it never counted as caught up (the short bench's Flink row, before)
+    assert bench.steady_since(saw, bench.steady_lag_bound(1_000, eos.commit_interval_s()), 5_000) is None
+
+
 def test_window_latencies_count_the_windows_measured():
     from onceflow import config
     from onceflow_dev.bench import window_latencies
