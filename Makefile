@@ -65,11 +65,10 @@ test-integration: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 --durations-min=10 $(AIRFLOW_RUNNING)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 --durations-min=10 \
 		$(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
-		--ignore=$(AIRFLOW_RUNNING) --ignore=$(BENCH_SHORT) tests/integration tests/airflow tests/topology/test_chaos.py
+		--ignore=$(AIRFLOW_RUNNING) tests/integration tests/airflow tests/topology/test_chaos.py
 
-## bench-short: the short variant of `make bench` (every row, every phase, a 30,000-record backlog; ~7 min). Not in
-## `make test` yet: under the suite's load it found two races in the bench's own harness (docs/testing.md), both fixed,
-## and it has not yet passed a run beside the rest of the suite.
+## bench-short: the short variant of `make bench` (every row, every phase, a 30,000-record backlog; ~7 min), alone.
+## `make test` runs it too, beside the other integration modules.
 BENCH_SHORT := tests/integration/test_bench.py
 bench-short: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=5 $(BENCH_SHORT)
