@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 from onceflow.app import registry
 from onceflow.app.declaration import App, AppError
@@ -33,6 +33,47 @@ class ConfigError(OnceflowError, ValueError):
     """A setting is invalid; the message says which one and what to change."""
 
 
+# ---------------------------------------------------------------------------- what one setting may hold
+# A setting's own rule (its range, its choices, that it is secret) is part of its type, so `load` checks it for
+# every field alike and the reference shows it; `Settings.validate` keeps only the rules between settings.
+@dataclass(frozen=True)
+class Range:
+    """Bounds of a number setting; None: unbounded on that side."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # the bound itself is outside the range (> rather than >=)
+    high_open: bool = False
+
+    def holds(self, v: float) -> bool:
+        above = self.low is None or (v > self.low if self.low_open else v >= self.low)
+        below = self.high is None or (v < self.high if self.high_open else v <= self.high)
+        return above and below
+
+    def text(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.low is None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+class Secret:
+    """Marks a setting never written anywhere: as_dict() redacts it, repr() leaves it out; it reaches a child
+    process only in its environment (as_env)."""
+
+
+POSITIVE = Range(low=0, low_open=True)
+NOT_NEGATIVE = Range(low=0)
+PosInt = Annotated[int, POSITIVE]
+PosFloat = Annotated[float, POSITIVE]
+NonNegInt = Annotated[int, NOT_NEGATIVE]
+NonNegFloat = Annotated[float, NOT_NEGATIVE]
+Fraction = Annotated[float, Range(low=0, high=1, low_open=True, high_open=True)]
+Port = Annotated[int, Range(low=1, high=65535)]
+SecretStr = Annotated[str, Secret]
+
+
 @dataclass(frozen=True)
 class Settings:
     # --- where runtime state lives (git-ignored) ---
@@ -46,7 +87,7 @@ class Settings:
     # Kafka nodes of the embedded stack (each a broker and a controller; 3 = a controller quorum of three). With
     # more than one, an unset bootstrap list names every node (ports spaced by NODE_PORT_STEP from the first), and
     # unset replication settings become 3 and 2 (see `load`).
-    brokers: int = 1
+    brokers: PosInt = 1
     # An app's own topics; empty: named from its app_id (onceflow.rules.names), e.g. <app_id>_source.
     source_topic: str = ""
     sink_topic: str = ""
@@ -60,24 +101,24 @@ class Settings:
     health_topic: str = names.SHARED_TOPICS["health_topic"]
     reconciliation_topic: str = names.SHARED_TOPICS["reconciliation_topic"]
     backfill_topic: str = ""
-    source_partitions: int = 4
-    sink_partitions: int = 4
-    replication_factor: int = 1
-    min_insync_replicas: int = 1
+    source_partitions: PosInt = 4
+    sink_partitions: PosInt = 4
+    replication_factor: PosInt = 1
+    min_insync_replicas: PosInt = 1
     # The broker's ceiling for any producer's transaction.timeout.ms (Kafka default 15 min).
-    broker_transaction_max_timeout_ms: int = 900_000
+    broker_transaction_max_timeout_ms: PosInt = 900_000
     # How often the coordinator looks for timed-out transactions (Kafka default 10 s).
     broker_txn_abort_check_interval_ms: int = 10_000
     broker_heap: str = "512m"
     # --- Kafka security (docs/security.md) ---
     # PLAINTEXT (the embedded default) or SASL_SSL: SCRAM over TLS, every client authenticated as its role's
     # principal (onceflow.kafka.acls), the brokers' certificates checked against kafka_ca_file.
-    kafka_security_protocol: str = "PLAINTEXT"
-    kafka_sasl_mechanism: str = "SCRAM-SHA-512"
+    kafka_security_protocol: Literal["PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256"] = "SCRAM-SHA-512"
     kafka_username: str = ""
     # Never written anywhere: as_dict() redacts it, repr() leaves it out; it reaches a child process only in its
     # environment (as_env), and comes from an Airflow connection or ONCEFLOW_KAFKA_PASSWORD.
-    kafka_password: str = field(default="", repr=False)
+    kafka_password: SecretStr = field(default="", repr=False)
     # PEM file of the CA that signed the brokers' certificates; empty: the embedded stack's (var/kafka/tls/ca.pem)
     kafka_ca_file: str = ""
 
@@ -94,37 +135,37 @@ class Settings:
     apps: str = ""
     master: str = "local[2]"
     checkpoint_uri: str = ""  # default: <var_dir>/checkpoints/<app_id>
-    trigger_interval_s: float = 5.0
+    trigger_interval_s: NonNegFloat = 5.0
     # Run the batch that emits newly closed windows at once instead of one trigger later (onceflow.rules.pacing).
     close_out_batches: bool = True
     # With close-out batches, paced batches start this long after each multiple of the trigger interval, so that
     # the record that closes a window, stamped on the multiple, has left its producer and is read by the batch
     # planned for it (onceflow.rules.pacing). Without it such windows waited one more trigger interval. At most
     # half the trigger interval is used.
-    trigger_margin_ms: int = 300
+    trigger_margin_ms: NonNegInt = 300
     # Per-batch costs (planning, state store commit, checkpoint files, transaction) amortise over the batch:
     # 500,000 drained a backlog ~10-20 % faster than 200,000 (docs/performance.md, make bench-sweep).
-    max_offsets_per_trigger: int = 500_000
-    shuffle_partitions: int = 4
-    min_batches_to_retain: int = 100
-    window_s: int = 5
-    watermark_s: int = 5
-    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: PosInt = 500_000
+    shuffle_partitions: PosInt = 4
+    min_batches_to_retain: PosInt = 100
+    window_s: PosInt = 5
+    watermark_s: NonNegInt = 5
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
     # The classic setting for this job in Flink. Must not exceed broker_transaction_max_timeout_ms.
-    transaction_timeout_ms: int = 60_000
-    near_timeout_fraction: float = 0.8
+    transaction_timeout_ms: PosInt = 60_000
+    near_timeout_fraction: Fraction = 0.8
     # The transactional producer's batching (the whole batch is produced, then committed at once).
-    producer_linger_ms: int = 5
-    producer_batch_messages: int = 10_000
+    producer_linger_ms: NonNegInt = 5
+    producer_batch_messages: PosInt = 10_000
     driver_memory: str = "1g"
     # Spark on a cluster (ONCEFLOW_MASTER spark://..., k8s://..., yarn): the executors, and where the driver runs
     # ("client": where it is launched; "cluster": in the cluster, Kubernetes and YARN only for Python).
-    deploy_mode: str = "client"
+    deploy_mode: Literal["client", "cluster"] = "client"
     executor_memory: str = "1g"
     executor_cores: int = 1
     # Standalone: the most cores the streaming job takes from the cluster (spark.cores.max; 0 = all, Spark's
     # default). A long-lived job that takes every core starves the reconciliation recount and backfills.
-    cores_max: int = 0
+    cores_max: NonNegInt = 0
     # Kubernetes cluster mode: the image (onceflow installed at app_root_in_image, as docker/ builds it), its
     # namespace and the driver's service account.
     k8s_image: str = ""
@@ -138,54 +179,54 @@ class Settings:
     app_root_in_image: str = "/opt/onceflow"
     # An event time more than this after its Kafka record's timestamp is quarantined (DLQ `timestamp_ahead`):
     # a broken client clock must not move the watermark. Recorded per batch in the ledger.
-    max_event_ahead_s: float = 60.0
+    max_event_ahead_s: NonNegFloat = 60.0
     # DLQ copies carry at most this many bytes of the original value (size and sha256 in headers), so a record
     # near the broker's size limit still fits into the DLQ with its provenance.
-    dlq_max_value_bytes: int = 64 * 1024
+    dlq_max_value_bytes: Annotated[int, Range(low=0, high=900_000, low_open=True)] = 64 * 1024
     # How long a replay waits for the ledger's record of its batch when another producer's open transaction
     # (a backfill chunk) holds the ledger's last stable offset back.
-    ledger_wait_s: float = 120.0
+    ledger_wait_s: PosFloat = 120.0
     # A commit or abort that does not finish in this time has an unknown outcome: the producer is replaced.
-    commit_timeout_s: float = 120.0
+    commit_timeout_s: PosFloat = 120.0
     # send_offsets_to_transaction's timeout. librdkafka can block in that call past it when the group's coordinator
     # died (librdkafka #5456): past it and a grace (itself, at most 15 s) the producer is taken for wedged, replaced,
     # and the batch written again by the same driver.
-    send_offsets_timeout_s: float = 30.0
+    send_offsets_timeout_s: PosFloat = 30.0
     # Fixed by the checkpoint: Spark keeps the provider a query started with; a savepoint records it.
     state_store_provider: str = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 
     # --- where results go (docs/database-sink.md) ---
     # kafka: the app's sink topic, in the Kafka transaction of each batch; postgres: its PostgreSQL tables, in one
     # database transaction per batch with the ledger row (the DLQ then is a table too).
-    sink_kind: str = "kafka"
+    sink_kind: Literal["kafka", "postgres"] = "kafka"
     # The PostgreSQL server of the postgres sink (the embedded stack's: `onceflow stack up --postgres`).
     postgres_host: str = "127.0.0.1"
     # Its port (the embedded server's is chosen free at its first start and printed by `stack up --postgres`).
-    postgres_port: int = 5432
+    postgres_port: Port = 5432
     # The database that holds every app's schema.
     postgres_database: str = "onceflow"
     # The job's role (it writes the app's tables); empty: onceflow_<app_id>_job (onceflow.rules.names.db_role).
     postgres_user: str = ""
     # Like kafka_password: redacted by as_dict(), left out of repr(), in a child's environment only (as_env).
-    postgres_password: str = field(default="", repr=False)
+    postgres_password: SecretStr = field(default="", repr=False)
     # The schema of the app's tables (results, dlq, ledger, writer: onceflow.database.schema); empty: its app id.
     postgres_schema: str = ""
     # A statement of a batch's transaction that runs longer fails the batch before its commit (it is replayed).
-    postgres_statement_timeout_ms: int = 60_000
+    postgres_statement_timeout_ms: PosInt = 60_000
     # ... and one that waits longer for a lock another session holds on the app's tables.
-    postgres_lock_timeout_ms: int = 10_000
+    postgres_lock_timeout_ms: PosInt = 10_000
 
     # --- savepoints and their rotation (Hadoop-compatible URIs through fsspec: file://, hdfs://, s3://) ---
     savepoint_uri: str = ""  # default: <var_dir>/savepoints/<app_id>
-    savepoint_keep: int = 10  # the newest K savepoints are kept ...
-    savepoint_max_age_s: float = 86_400.0  # ... and none older than this, except the newest
+    savepoint_keep: PosInt = 10  # the newest K savepoints are kept ...
+    savepoint_max_age_s: PosFloat = 86_400.0  # ... and none older than this, except the newest
     savepoint_incomplete_grace_s: float = 3600.0  # a savepoint without manifest this old was abandoned
-    rotation_interval_minutes: float = 60.0
-    checkpoint_size_alert_bytes: int = 1 << 30
+    rotation_interval_minutes: PosFloat = 60.0
+    checkpoint_size_alert_bytes: PosInt = 1 << 30
 
     # --- the supervisor (Flink's classic fixed-delay restart strategy: 3 attempts, 10 s apart) ---
-    restart_attempts: int = 3
-    restart_delay_s: float = 10.0
+    restart_attempts: NonNegInt = 3
+    restart_delay_s: NonNegFloat = 10.0
     # A warm standby driver (its JVM and Spark session up, waiting on the app's lock) takes over at once when the
     # active driver's process is lost (kill -9, OOM kill); other failures keep the fixed delay. Client mode only.
     standby: bool = False
@@ -193,31 +234,31 @@ class Settings:
     # --- the control plane (Airflow) ---
     kafka_conn_id: str = "onceflow_kafka"  # Airflow connection holding bootstrap.servers
     # The schedules of the watching DAGs (read when the DAG files are parsed; shortened for tests and soaks).
-    health_interval_s: float = 120.0
-    txn_watch_interval_s: float = 60.0
-    reconcile_interval_minutes: float = 60.0
+    health_interval_s: PosFloat = 120.0
+    txn_watch_interval_s: PosFloat = 60.0
+    reconcile_interval_minutes: PosFloat = 60.0
     # The scheduled reconciliation chain proves at most this many committed batches per run; the rest is the
     # next run's (onceflow.operations.recon_chain).
-    reconcile_max_batches: int = 2000
+    reconcile_max_batches: PosInt = 2000
     # The batch jobs the control plane launches (the recount and replay, a backfill) run at this nice level
     # (0-19), below the streaming job's: where they share its machine, a proof may wait, the stream should not.
-    batch_job_nice: int = 10
+    batch_job_nice: Annotated[int, Range(low=0, high=19)] = 10
     spark_conn_id: str = "spark_default"  # Airflow connection: Spark master / deploy mode
     airflow_port: int = 8080
     # The embedded Airflow's metadata database: postgres (Debian's PostgreSQL server, started under var/ on
     # loopback, as Airflow recommends beyond a trial: onceflow_dev.postgres) or sqlite (a file; one writer at a time)
-    airflow_db: str = "postgres"
+    airflow_db: Literal["postgres", "sqlite"] = "postgres"
     # The address the embedded stack's servers (Airflow's api-server, the Spark standalone master and workers
     # and their web UIs) and a Spark driver on this machine (local[...] or a loopback spark:// master) bind: an
     # IP address. Loopback by default; 0.0.0.0 (or ::) opens them to the network (docs/security.md).
     listen_host: str = "127.0.0.1"
-    health_progress_threshold_s: float = 120.0  # no committed batch for this long while input waits = stalled
+    health_progress_threshold_s: PosFloat = 120.0  # no committed batch for this long while input waits = stalled
     checkpoint_freshness_threshold_s: float = 600.0
-    health_restart_attempts: int = 3  # restarts by the health check per window, then page
+    health_restart_attempts: NonNegInt = 3  # restarts by the health check per window, then page
     health_restart_window_s: float = 3600.0
-    health_batch_grace_s: float = 900.0  # a batch in progress may run this much longer (catch-up, backlog)
+    health_batch_grace_s: NonNegFloat = 900.0  # a batch in progress may run this much longer (catch-up, backlog)
     # Late records over recent batches (health) or a reconciled range above this share: "everything is late"
-    late_fraction_threshold: float = 0.5
+    late_fraction_threshold: Annotated[float, Range(low=0, high=1, low_open=True)] = 0.5
     # The watermark this far behind wall-clock time while the job has caught up: producers' clocks are behind,
     # or an old topic is being replayed
     health_event_time_lag_threshold_s: float = 3600.0
@@ -394,8 +435,9 @@ class Settings:
 
     def as_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["kafka_password"] = "***" if self.kafka_password else ""
-        d["postgres_password"] = "***" if self.postgres_password else ""
+        for rule in field_rules().values():
+            if rule.secret:
+                d[rule.name] = "***" if d[rule.name] else ""
         d["var_dir"] = str(self.var_dir)
         d["jvm_dir"] = str(self.jvm_dir)
         d["checkpoint"] = self.checkpoint
@@ -410,42 +452,8 @@ class Settings:
             if not cond:
                 raise ConfigError(msg)
 
-        for name in (
-            "source_partitions",
-            "sink_partitions",
-            "replication_factor",
-            "min_insync_replicas",
-            "max_offsets_per_trigger",
-            "shuffle_partitions",
-            "min_batches_to_retain",
-            "window_s",
-            "transaction_timeout_ms",
-            "broker_transaction_max_timeout_ms",
-            "savepoint_keep",
-            "savepoint_max_age_s",
-            "rotation_interval_minutes",
-            "checkpoint_size_alert_bytes",
-            "producer_batch_messages",
-            "dlq_max_value_bytes",
-            "ledger_wait_s",
-            "commit_timeout_s",
-            "send_offsets_timeout_s",
-            "health_interval_s",
-            "txn_watch_interval_s",
-            "reconcile_interval_minutes",
-            "reconcile_max_batches",
-        ):
-            need(getattr(self, name) > 0, f"{ENV_PREFIX}{name.upper()} must be > 0, got {getattr(self, name)}")
-        need(self.watermark_s >= 0, f"{ENV_PREFIX}WATERMARK_S must be >= 0, got {self.watermark_s}")
-        need(self.trigger_interval_s >= 0, f"{ENV_PREFIX}TRIGGER_INTERVAL_S must be >= 0")
-        need(self.trigger_margin_ms >= 0, f"{ENV_PREFIX}TRIGGER_MARGIN_MS must be >= 0, got {self.trigger_margin_ms}")
-        need(self.restart_attempts >= 0, f"{ENV_PREFIX}RESTART_ATTEMPTS must be >= 0")
-        need(self.health_restart_attempts >= 0, f"{ENV_PREFIX}HEALTH_RESTART_ATTEMPTS must be >= 0")
-        need(self.health_progress_threshold_s > 0, f"{ENV_PREFIX}HEALTH_PROGRESS_THRESHOLD_S must be > 0")
-        need(
-            self.airflow_db in ("postgres", "sqlite"),
-            f"{ENV_PREFIX}AIRFLOW_DB takes postgres or sqlite, got {self.airflow_db!r}",
-        )
+        for rule in field_rules().values():
+            rule.check(getattr(self, rule.name))
         channels = {c.strip() for c in self.alert_channels.split(",") if c.strip()}
         need(
             channels <= {"webhook", "slack", "smtp"},
@@ -456,25 +464,9 @@ class Settings:
             f"{ENV_PREFIX}ALERT_EMAIL_TO is needed when the smtp alert channel is on",
         )
         need(
-            self.dlq_max_value_bytes <= 900_000,
-            f"{ENV_PREFIX}DLQ_MAX_VALUE_BYTES must leave room for the provenance within the producer's 1,000,000-"
-            f"byte record limit: at most 900000, got {self.dlq_max_value_bytes}",
-        )
-        need(self.max_event_ahead_s >= 0, f"{ENV_PREFIX}MAX_EVENT_AHEAD_S must be >= 0")
-        need(0 < self.late_fraction_threshold <= 1, f"{ENV_PREFIX}LATE_FRACTION_THRESHOLD must be in (0, 1]")
-        need(self.health_batch_grace_s >= 0, f"{ENV_PREFIX}HEALTH_BATCH_GRACE_S must be >= 0")
-        need(self.producer_linger_ms >= 0, f"{ENV_PREFIX}PRODUCER_LINGER_MS must be >= 0")
-        need(self.restart_delay_s >= 0, f"{ENV_PREFIX}RESTART_DELAY_S must be >= 0")
-        need(0 <= self.batch_job_nice <= 19, f"{ENV_PREFIX}BATCH_JOB_NICE must be between 0 and 19")
-        need(0 < self.near_timeout_fraction < 1, f"{ENV_PREFIX}NEAR_TIMEOUT_FRACTION must be in (0, 1)")
-        need(
             self.min_insync_replicas <= self.replication_factor,
             f"{ENV_PREFIX}MIN_INSYNC_REPLICAS ({self.min_insync_replicas}) must be <= "
             f"{ENV_PREFIX}REPLICATION_FACTOR ({self.replication_factor})",
-        )
-        need(
-            self.starting_offsets in ("earliest", "latest"),
-            f"{ENV_PREFIX}STARTING_OFFSETS must be 'earliest' or 'latest', got {self.starting_offsets!r}",
         )
         need(
             # no '.': it separates an app's name from the parts of its group and transactional ids, and an app
@@ -482,22 +474,6 @@ class Settings:
             bool(self.app_id) and all(c.isalnum() or c in "_-" for c in self.app_id),
             f"{ENV_PREFIX}APP_ID must be non-empty and use only letters, digits, '_', '-' (got {self.app_id!r})",
         )
-        need(
-            self.kafka_security_protocol in ("PLAINTEXT", "SASL_SSL"),
-            f"{ENV_PREFIX}KAFKA_SECURITY_PROTOCOL is PLAINTEXT or SASL_SSL, got {self.kafka_security_protocol!r}",
-        )
-        need(
-            self.kafka_sasl_mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256"),
-            f"{ENV_PREFIX}KAFKA_SASL_MECHANISM is SCRAM-SHA-512 or SCRAM-SHA-256, got {self.kafka_sasl_mechanism!r}",
-        )
-        need(
-            self.sink_kind in ("kafka", "postgres"),
-            f"{ENV_PREFIX}SINK_KIND takes kafka or postgres, got {self.sink_kind!r}",
-        )
-        need(0 < self.postgres_port < 65536, f"{ENV_PREFIX}POSTGRES_PORT must be a port, got {self.postgres_port}")
-        need(self.postgres_statement_timeout_ms > 0, f"{ENV_PREFIX}POSTGRES_STATEMENT_TIMEOUT_MS must be > 0")
-        need(self.postgres_lock_timeout_ms > 0, f"{ENV_PREFIX}POSTGRES_LOCK_TIMEOUT_MS must be > 0")
-        need(self.brokers >= 1, f"{ENV_PREFIX}BROKERS must be >= 1, got {self.brokers}")
         # one topic per job: a topic named twice would mix records of different kinds (a job fact read as a shared
         # event, a ledger record as output); the ACLs, too, are granted per topic (docs/security.md)
         topics = {f: getattr(self, f) for f in TOPIC_FIELDS}
@@ -514,8 +490,6 @@ class Settings:
             f"{ENV_PREFIX}LISTEN_HOST is the IP address the embedded servers bind (127.0.0.1, or 0.0.0.0 to open "
             f"them to the network), got {self.listen_host!r}",
         )
-        need(self.cores_max >= 0, f"{ENV_PREFIX}CORES_MAX must be >= 0 (0: every core), got {self.cores_max}")
-        need(self.deploy_mode in ("client", "cluster"), f"{ENV_PREFIX}DEPLOY_MODE is client or cluster")
         need(
             self.deploy_mode == "client" or self.master.startswith(("k8s://", "yarn")),
             f"{ENV_PREFIX}DEPLOY_MODE=cluster needs Kubernetes or YARN ({ENV_PREFIX}MASTER k8s://... or yarn): "
@@ -580,24 +554,80 @@ def check_transaction_timeout(job_timeout_ms: int, broker_max_ms: int) -> None:
         )
 
 
-def _coerce(raw: str, typ: Any, name: str) -> Any:
-    t = (
-        typ
-        if isinstance(typ, type)
-        else {"int": int, "float": float, "str": str, "Path": Path, "bool": bool}.get(str(typ), str)
+@dataclass(frozen=True)
+class FieldRule:
+    """What one setting may hold, read from its type: the Python type, its choices (a Literal), its Range, and
+    whether it is a Secret."""
+
+    name: str
+    type: type
+    choices: tuple[str, ...] = ()
+    range: Range | None = None
+    secret: bool = False
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    def check(self, v: Any) -> None:
+        if self.choices and v not in self.choices:
+            raise ConfigError(f"{self.env} takes {_either(self.choices)}, got {v!r}")
+        if self.range is not None and not self.range.holds(v):
+            raise ConfigError(f"{self.env} must be {self.range.text()}, got {v}")
+
+    def coerce(self, raw: str) -> Any:
+        t = self.type
+        try:
+            if t is bool:
+                if raw.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if raw.lower() in ("0", "false", "no", "off", ""):
+                    return False
+                raise ValueError(raw)
+            if t is int:
+                return int(raw.replace("_", ""))
+            return t(raw)
+        except ValueError:
+            raise ConfigError(f"{self.env}={raw!r} is not a valid {t.__name__}") from None
+
+    def describe(self) -> str:
+        """The type as the reference shows it: `int > 0`, `kafka or postgres`, `str (secret)`."""
+        if self.choices:
+            return _either(self.choices)
+        out = self.type.__name__
+        if self.range is not None:
+            out += " " + self.range.text()
+        return out + (" (secret)" if self.secret else "")
+
+
+def _either(choices: tuple[str, ...]) -> str:
+    return ", ".join(choices[:-1]) + " or " + choices[-1] if len(choices) > 1 else choices[0]
+
+
+def _rule(name: str, hint: Any) -> FieldRule:
+    extras: tuple[Any, ...] = ()
+    if get_origin(hint) is Annotated:
+        hint, *rest = get_args(hint)
+        extras = tuple(rest)
+    if get_origin(hint) is Literal:
+        return FieldRule(name, str, choices=tuple(get_args(hint)))
+    return FieldRule(
+        name,
+        hint,
+        range=next((x for x in extras if isinstance(x, Range)), None),
+        secret=Secret in extras,
     )
-    try:
-        if t is bool:
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off", ""):
-                return False
-            raise ValueError(raw)
-        if t is int:
-            return int(raw.replace("_", ""))
-        return t(raw)
-    except ValueError:
-        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {t.__name__}") from None
+
+
+_RULES: dict[str, FieldRule] = {}
+
+
+def field_rules() -> dict[str, FieldRule]:
+    """Each setting's rule, by name, in the order Settings declares them."""
+    if not _RULES:
+        hints = get_type_hints(Settings, include_extras=True)
+        _RULES.update({f.name: _rule(f.name, hints[f.name]) for f in fields(Settings)})
+    return _RULES
 
 
 def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -607,7 +637,7 @@ def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     for f in fields(Settings):
         key = ENV_PREFIX + f.name.upper()
         if key in env:
-            values[f.name] = _coerce(env[key], f.type, f.name)
+            values[f.name] = field_rules()[f.name].coerce(env[key])
     values.update(overrides)
     unknown = set(values) - {f.name for f in fields(Settings)}
     if unknown:

@@ -172,7 +172,7 @@ def _md(text: str) -> str:
 
 def _default(f: dataclasses.Field) -> str:
     value: Any = f.default if f.default is not dataclasses.MISSING else None
-    if f.name == "kafka_password":
+    if config.field_rules()[f.name].secret:
         return "(empty; secret: never written anywhere)"
     if f.name in names.APP_TOPICS:
         return f"`{names.app_topic('<app_id>', f.name)}`"
@@ -191,7 +191,8 @@ def _default(f: dataclasses.Field) -> str:
 
 
 def _type(f: dataclasses.Field) -> str:
-    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    """The setting's type with its own rule (range, choices, secret: onceflow.config.FieldRule)."""
+    return config.field_rules()[f.name].describe()
 
 
 def _doc(fn: Any) -> str:
@@ -220,6 +221,9 @@ def render() -> str:
         "([security.md](security.md)). Values are checked when they are loaded: a misconfiguration fails at start",
         "with a message that says what to change ([troubleshooting.md](troubleshooting.md#a-setting-is-refused)).",
         "Booleans take `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`); integers may use `_` (`500_000`).",
+        "The type column carries each setting's own rule, part of its type in `config.py` (`int > 0`, `float in",
+        "(0, 1)`, the choices of a `Literal`, `secret`), checked alike for every setting; the rules between settings",
+        "(`min_insync_replicas` at most `replication_factor`, a topic named once) are `Settings.validate`'s.",
         "",
     ]
     for section, fs in by_section.items():

@@ -149,3 +149,30 @@ def test_the_airflow_database_is_postgres_or_sqlite():
     assert config.load(env={"ONCEFLOW_AIRFLOW_DB": "sqlite"}).airflow_db == "sqlite"
     with pytest.raises(config.ConfigError, match="ONCEFLOW_AIRFLOW_DB takes postgres or sqlite, got 'mysql'"):
         config.load(env={"ONCEFLOW_AIRFLOW_DB": "mysql"})
+
+
+def test_each_settings_own_rule_is_in_its_type_and_checked_on_load():
+    rules = config.field_rules()
+    assert rules["sink_kind"].choices == ("kafka", "postgres")
+    assert rules["near_timeout_fraction"].describe() == "float in (0, 1)"
+    assert rules["batch_job_nice"].describe() == "int in [0, 19]"
+    assert rules["postgres_port"].describe() == "int in [1, 65535]"
+    with pytest.raises(ConfigError, match=r"ONCEFLOW_DEPLOY_MODE takes client or cluster, got 'both'"):
+        config.load(env={"ONCEFLOW_DEPLOY_MODE": "both"})
+    with pytest.raises(ConfigError, match=r"ONCEFLOW_BATCH_JOB_NICE must be in \[0, 19\], got 20"):
+        config.load(env={"ONCEFLOW_BATCH_JOB_NICE": "20"})
+    with pytest.raises(ConfigError, match=r"ONCEFLOW_LATE_FRACTION_THRESHOLD must be in \(0, 1\], got 0.0"):
+        config.load(env={"ONCEFLOW_LATE_FRACTION_THRESHOLD": "0"})
+    assert config.load(env={"ONCEFLOW_LATE_FRACTION_THRESHOLD": "1"}).late_fraction_threshold == 1.0
+    # replace() checks them too, not only load()
+    with pytest.raises(ConfigError, match="ONCEFLOW_WATERMARK_S must be >= 0, got -1"):
+        config.load(env={}).replace(watermark_s=-1)
+
+
+def test_the_secret_settings_are_marked_in_their_type_and_redacted():
+    secret = {r.name for r in config.field_rules().values() if r.secret}
+    assert secret == {"kafka_password", "postgres_password"}
+    s = config.load(env={}, kafka_password="k-pw", postgres_password="p-pw")
+    d = s.as_dict()
+    assert d["kafka_password"] == d["postgres_password"] == "***"
+    assert "k-pw" not in repr(s) and "p-pw" not in repr(s)

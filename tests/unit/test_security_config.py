@@ -33,7 +33,7 @@ def test_the_password_is_never_in_repr_as_dict_but_reaches_children_in_their_env
 
 
 def test_bad_security_settings_are_refused_with_what_to_change(tmp_path):
-    with pytest.raises(ConfigError, match="KAFKA_SECURITY_PROTOCOL is PLAINTEXT or SASL_SSL"):
+    with pytest.raises(ConfigError, match="KAFKA_SECURITY_PROTOCOL takes PLAINTEXT or SASL_SSL"):
         config.load(env={"ONCEFLOW_KAFKA_SECURITY_PROTOCOL": "SSL"})
     with pytest.raises(ConfigError, match="KAFKA_SASL_MECHANISM"):
         config.load(env={"ONCEFLOW_KAFKA_SASL_MECHANISM": "PLAIN"})
