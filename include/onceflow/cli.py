@@ -140,15 +140,15 @@ def cmd_job(args, s: config.Settings) -> int:
         if args.wait:
             t0 = clock.now_ms()
             jobctl.wait_for_commit(s, after_ms=t0 - 1, timeout=args.wait)
-        _print(info | {"status": jobctl.status(s)}, args.json)
+        _print(info | {"status": jobctl.status(s).as_dict()}, args.json)
     elif args.action == "stop":
         _print({"stopped": jobctl.stop(s)}, args.json)
     elif args.action == "kill":
         _print({"killed_pid": jobctl.kill(s)}, args.json)
     else:
         st = jobctl.status(s)
-        _print(st, args.json)
-        return 0 if st["running"] else 1
+        _print(st.as_dict(), args.json)
+        return 0 if st.running else 1
     return 0
 
 
@@ -227,8 +227,8 @@ def cmd_where(args, s: config.Settings) -> int:
 onceflow is running on the embedded stack.
 {ui}
   Kafka (KRaft)        {s.bootstrap_servers}   topics: {s.source_topic} -> {s.sink_topic} (+ {s.dlq_topic}, {s.ledger_topic}, {s.job_events_topic}, {s.events_topic})
-  job                  pid {st["job_pid"]}, last committed batch {st["last_batch"]}, checkpoint {s.checkpoint}
-  job log              {st["log"]}
+  job                  pid {st.job_pid}, last committed batch {st.last_batch}, checkpoint {s.checkpoint}
+  job log              {st.log}
 Look at the results:
   .venv/bin/onceflow show sink --limit 10      committed window counts (read_committed)
   .venv/bin/onceflow show ledger --limit 5     one record per committed batch

@@ -258,12 +258,12 @@ def down(s: Settings) -> bool:
     return bool(info)
 
 
-def wait_job_started(s: Settings, timeout: float = 420) -> dict:
+def wait_job_started(s: Settings, timeout: float = 420):
     from onceflow.runtime import jobctl
 
     def started():
         st = jobctl.status(s)
-        return st if st["running"] and st.get("committed_batches") else None
+        return st if st.running and st.committed_batches else None
 
     return procs.wait_until(started, timeout, interval=3, what="the deploy DAG to start the job")
 

@@ -553,7 +553,7 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
         return sum(hi[p] - got.get(p, 0) for p in hi)
 
     if s.standby:  # the kill lands on a job whose standby is up (it is launched after the job's first commit)
-        procs.wait_until(lambda: (jobctl.status(s)["standby"] or {}).get("ready"), 300, what="a warm standby")
+        procs.wait_until(lambda: (sb := jobctl.status(s).standby) is not None and sb.ready, 300, what="a warm standby")
     before = []
     for _ in range(int(2 * spec.trigger_s) + 3):
         time.sleep(0.5)

@@ -420,7 +420,9 @@ def _wait_stall_over(s, stall_s: float) -> None:
 
 def _wait_standby(s, timeout: float = 180.0) -> None:
     try:
-        procs.wait_until(lambda: (jobctl.status(s)["standby"] or {}).get("ready"), timeout, what="a warm standby")
+        procs.wait_until(
+            lambda: (sb := jobctl.status(s).standby) is not None and sb.ready, timeout, what="a warm standby"
+        )
     except TimeoutError:
         log.warning("no warm standby after %.0f s: this kill is a cold restart", timeout)
 

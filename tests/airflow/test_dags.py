@@ -87,9 +87,9 @@ def test_rotation_and_savepoint_actions_of_the_deploy_dag(airflow_app, webhook, 
 
     # (upgrade, a stop-with-savepoint and a start, is triggered through the REST API in test_running_airflow)
     # restore: an older savepoint is refused in preflight (nothing stops) ...
-    pid = jobctl.status(s)["job_pid"]
+    pid = jobctl.status(s).job_pid
     state, tis = _run(s, "deploy", action="restore", savepoint_id=taken[1])
-    assert state == "failed" and tis["preflight"] == "failed" and jobctl.status(s)["job_pid"] == pid
+    assert state == "failed" and tis["preflight"] == "failed" and jobctl.status(s).job_pid == pid
     # ... the newest restores, and the job continues exactly once.
     state, tis = _run(s, "deploy", action="restore", savepoint_id="latest", wait_timeout_s=240)
     assert state == "success", tis

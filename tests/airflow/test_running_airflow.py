@@ -197,7 +197,7 @@ def test_scheduled_runs_do_their_work(platform):
 def test_a_killed_job_is_brought_back_by_the_scheduled_health_check(platform):
     s, api, webhook, _ = platform
     jobctl.wait_running(s, timeout=240)
-    before = jobctl.status(s)["last_batch"]
+    before = jobctl.status(s).last_batch
     jobctl.kill(s, with_supervisor=True)  # the whole process tree, as when a machine loses it
     killed_ms = int(time.time() * 1000)
     key = f"health:{s.app_id}:down"
@@ -215,7 +215,7 @@ def test_a_killed_job_is_brought_back_by_the_scheduled_health_check(platform):
     # between its Kafka commit and Spark's commits/N)
     jobctl.wait_for_commit(s, after_ms=killed_ms, timeout=240)
     procs.wait_until(
-        lambda: (jobctl.status(s)["last_batch"] or -1) > before, 240, interval=2, what="a batch after the restart"
+        lambda: (jobctl.status(s).last_batch or -1) > before, 240, interval=2, what="a batch after the restart"
     )
     # one more scheduled health run after the resolution: still exactly one alert and one resolution
     resolved_ms = [a for a in webhook.alerts(key) if a["ts_ms"] >= killed_ms][-1]["ts_ms"]
@@ -303,13 +303,13 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
     assert f"reconciliation of batches {a}..{b}: the replay done" in log, log[-3000:]
 
     # deploy: a second start refuses to launch a second driver; restart, then upgrade (stop-with-savepoint, start)
-    pid = jobctl.status(s)["job_pid"]
+    pid = jobctl.status(s).job_pid
     dup = _wait(api, f"{APP}_deploy", api.trigger(f"{APP}_deploy", {"action": "start", "wait_timeout_s": 300}))
     tis = api.task_instances(f"{APP}_deploy", dup["dag_run_id"])
     assert dup["state"] == "failed" and tis["preflight"] == "failed" and tis["launch"] != "success", tis
-    assert jobctl.status(s)["job_pid"] == pid
+    assert jobctl.status(s).job_pid == pid
     for action in ("restart", "upgrade"):
-        pid = jobctl.status(s)["job_pid"]
+        pid = jobctl.status(s).job_pid
         run = _wait(
             api,
             f"{APP}_deploy",
@@ -324,7 +324,7 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
             f"{APP}_deploy", run["dag_run_id"], "first_commit"
         )
         st = jobctl.status(s)
-        assert st["running"] and st["job_pid"] != pid and st["desired_state"] == "running"
+        assert st.running and st.job_pid != pid and st.desired_state == "running"
     assert [m for m in savepoints.list_all(s) if m.mode == "stop"], "the upgrade's stop-with-savepoint"
     with pytest.raises(AirflowApiError) as e:
         api.trigger(f"{APP}_deploy", {"action": "explode"})
@@ -356,7 +356,7 @@ def test_the_live_audit_agrees_with_a_running_job(platform):
     s, *_ = platform
     env = {**os.environ, **s.as_env()}
     for _ in range(3):
-        before = jobctl.status(s)["last_batch"]
+        before = jobctl.status(s).last_batch
         out = subprocess.run(
             [sys.executable, "-m", "onceflow.cli", "audit"], env=env, capture_output=True, text=True, timeout=300
         )
@@ -365,7 +365,7 @@ def test_the_live_audit_agrees_with_a_running_job(platform):
         assert rep["ok"] and rep["snapshot_batch"] >= before, rep
         assert f"up to batch {rep['snapshot_batch']}" in out.stderr
         assert "INFO" not in out.stderr  # quiet: library log lines go to the log file
-    assert jobctl.status(s)["last_batch"] > before, "the job committed while the audits ran"
+    assert jobctl.status(s).last_batch > before, "the job committed while the audits ran"
 
 
 @contextlib.contextmanager
@@ -460,13 +460,13 @@ def test_the_operator_console_in_a_real_browser(platform):
         page.get_by_role("link", name="onceflow").first.wait_for(timeout=60_000)
 
         # live data: the batch shown was committed no earlier than the page was asked for, and no later than now
-        before = jobctl.status(s)["last_batch"]
+        before = jobctl.status(s).last_batch
         page.goto(f"{base}/onceflow/now", wait_until="networkidle")
         page.get_by_text("last committed batch").wait_for(timeout=60_000)
         page.wait_for_function("document.querySelector('#content').innerText.includes('Lag per partition')")
         shown = re.search(r"last committed batch\s+(\d+)", page.inner_text("#content"))
         assert shown, page.inner_text("#content")[:500]
-        assert before <= int(shown.group(1)) <= jobctl.status(s)["last_batch"], (before, shown.group(1))
+        assert before <= int(shown.group(1)) <= jobctl.status(s).last_batch, (before, shown.group(1))
         shots["now"] = page.screenshot(path=str(SCREENSHOTS / "console-now.png"), full_page=True)
 
         page.goto(f"{base}/onceflow/batches", wait_until="networkidle")
@@ -547,7 +547,7 @@ def test_the_operator_console_in_a_real_browser(platform):
         assert run["conf"]["action"] == "restore" and run["conf"]["savepoint_id"] == ids[0]
         assert not run["conf"]["allow_rewind"] and run["triggering_user_name"] == info["user"]
         assert api.wait_run(f"{APP}_deploy", run["dag_run_id"], timeout=600)["state"] == "success"
-        assert jobctl.status(s)["running"]
+        assert jobctl.status(s).running
         api.unpause(f"{APP}_checkpoint_rotation")
     for name in shots:
         assert (SCREENSHOTS / f"console-{name}.png").stat().st_size > 10_000
@@ -640,7 +640,7 @@ def test_nothing_the_platform_starts_listens_beyond_loopback(platform):
     s, _, _, _ = platform
     from tests.support.session import session_processes
 
-    procs.wait_until(lambda: jobctl.status(s)["running"], 300, interval=2, what="the job to run")
+    procs.wait_until(lambda: jobctl.status(s).running, 300, interval=2, what="the job to run")
     # (and their descendants: a process renamed by setproctitle, as Airflow's api-server is, loses the session's
     # token from the environment /proc shows)
     pids = procs.with_descendants(pid for pid, _ in session_processes()) - _harness_jvm()
@@ -671,9 +671,9 @@ def test_the_jobs_processes_hold_their_own_role_and_none_of_airflows_secrets(pla
     AIRFLOW__*) nor another role's password."""
     s, _, _, _ = platform
     st = procs.wait_until(
-        lambda: (x := jobctl.status(s))["running"] and x.get("supervisor_pid") and x, 300, what="the job to run"
+        lambda: (x := jobctl.status(s)).running and x.supervisor_pid and x, 300, what="the job to run"
     )
-    pids = procs.with_descendants([st["supervisor_pid"]])
+    pids = procs.with_descendants([st.supervisor_pid])
     assert len(pids) >= 3, pids  # the supervisor, spark-submit's JVM, the driver's Python
     others: dict[str, str] = {}
     if s.secured:

@@ -79,8 +79,8 @@ def _wait_drained_into_the_table(s, sent, timeout: float) -> None:
 
     def drained() -> bool:
         st = jobctl.status(s)
-        if st.get("error") and not st["running"] and not st["supervisor_pid"]:
-            raise AssertionError(f"job failed: {st['error']}")
+        if st.error and not st.running and not st.supervisor_pid:
+            raise AssertionError(f"job failed: {st.error}")
         try:
             entries = _entries(s)
         except Exception:  # the server restarting

@@ -70,9 +70,9 @@ def test_two_concurrent_starts_launch_one_driver(app):
     assert codes == [0, 2], outs
     assert any("already running" in err for _, err in outs)
     jobctl.wait_running(s, timeout=180)  # the one launched driver runs
-    assert jobctl.status(s)["running"]
+    assert jobctl.status(s).running
     assert jobctl.stop(s)
-    assert not jobctl.status(s)["running"]
+    assert not jobctl.status(s).running
 
 
 def test_preflight_refuses_an_unwritable_checkpoint(app, tmp_path):

@@ -57,17 +57,17 @@ def test_happy_path_100k_records_exact(app, tmp_path):
     rep = assert_exact(s, sent)
     assert rep.late > 0 and rep.malformed > 1000 and rep.expected_keys > 1000
     st = jobctl.status(s)
-    assert st["running"] and st["committed_batches"] >= 4 and st["last_batch"] is not None
-    assert st["progress"]["watermark"] and st["transactional_id"] == f"onceflow.{s.app_id}"
+    assert st.running and st.committed_batches >= 4 and st.last_batch is not None
+    assert st.progress["watermark"] and st.transactional_id == f"onceflow.{s.app_id}"
     # every backlog batch spans windows: each is followed at once by the batch that emits them (onceflow.pacing)
-    assert st["close_out_batches"] >= 3, st
+    assert st.close_out_batches >= 3, st
     committed = events(s, wire.BATCH_COMMITTED)
     assert {e["batch"] for e in committed} >= {0, 1, 2, 3}
     # each transaction was measured: positive, below the timeout, and the ledger's figure is taken inside it
     ledger_ms = {e.batch: e.txn_ms for e in audit.ledger_entries(s)}
     assert all(0 < ledger_ms[e["batch"]] <= e["txn_ms"] < s.transaction_timeout_ms for e in committed), committed
     assert jobctl.stop(s)
-    assert not jobctl.status(s)["running"]
+    assert not jobctl.status(s).running
 
 
 def test_crash_at_every_protocol_point_and_random_kill9(app, tmp_path, spark):
@@ -165,7 +165,7 @@ def test_running_job_fenced_by_newer_instance_stops_without_restart(app, tmp_pat
     control = role(s, "control")  # as the health DAG runs it
     sink = alerts.AlertSink(control)
     rec = health.check(control, sink, start_fn=jobctl.start)
-    assert rec.action == health.Action.NONE and not jobctl.status(s)["running"], rec
+    assert rec.action == health.Action.NONE and not jobctl.status(s).running, rec
     assert [a.key for a in sink.history()] == [f"health:{s.app_id}:not_restartable"]
     newer.close()
     newer.bus.close()
@@ -247,7 +247,7 @@ def test_bad_configuration_fails_at_start_with_a_clear_message(app):
         timeout=60,
     )
     assert cli.returncode == 2 and missing in cli.stderr
-    assert not jobctl.status(s)["running"]
+    assert not jobctl.status(s).running
 
 
 def test_a_second_app_stateless_and_joined_with_a_table_is_exact_under_kill9(app, tmp_path, spark):
@@ -323,13 +323,13 @@ def test_two_apps_at_once_are_isolated_and_a_kill_of_one_leaves_the_other_commit
         f.start()
 
     def last(x):
-        return jobctl.status(x)["last_batch"]
+        return jobctl.status(x).last_batch
 
     procs.wait_until(lambda: None not in (last(a), last(b)), 240, what="both apps committing")
     assert jobctl.kill(a)
     a_last, b_last = last(a), last(b)
     procs.wait_until(lambda: last(b) >= b_last + 2, 120, what=f"{b.app_id} committing while {a.app_id} is down")
-    assert last(a) == a_last and not jobctl.status(a)["running"]  # nothing restarted it, nothing else wrote for it
+    assert last(a) == a_last and not jobctl.status(a).running  # nothing restarted it, nothing else wrote for it
     locks = {p.name for p in a.run_dir.glob("*.lock")}
     assert {f"{a.app_id}.lock", f"{b.app_id}.lock"} <= locks
     done.set()

@@ -43,9 +43,9 @@ def test_health_leaves_a_long_first_batch_alone_and_a_failed_restart_keeps_the_i
     jobctl.start(s)
     # batch 0 holds its transaction open for 20 s; the job has no commit yet, and input waits
     st = procs.wait_until(
-        lambda: (lambda st: st if st.get("running_batch") == 0 else None)(jobctl.status(s)), 180, what="batch 0 to run"
+        lambda: (lambda st: st if st.running_batch == 0 else None)(jobctl.status(s)), 180, what="batch 0 to run"
     )
-    procs.wait_until(lambda: time.time() * 1000 - st["batch_started_ms"] > 8000, 30, what="batch 0 to pass 5 s")
+    procs.wait_until(lambda: time.time() * 1000 - st.batch_started_ms > 8000, 30, what="batch 0 to pass 5 s")
     rec = health.check(s, sink, start_fn=jobctl.start)
     assert rec.action == health.Action.NONE and rec.batch_running_s > s.health_progress_threshold_s, rec
     assert not firing(sink), sink.state()

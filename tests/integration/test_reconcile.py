@@ -170,9 +170,9 @@ def test_a_running_job_reconciles_green_while_it_commits(app, spark, tmp_path, m
     real_position = audit.committed_position
 
     def after_the_next_commit(settings, partitions):
-        seen = jobctl.status(s)["last_batch"]
+        seen = jobctl.status(s).last_batch
         procs.wait_until(
-            lambda: (jobctl.status(s)["last_batch"] or -1) > (seen or -1), 120, what="a commit between the reads"
+            lambda: (jobctl.status(s).last_batch or -1) > (seen or -1), 120, what="a commit between the reads"
         )
         return real_position(settings, partitions)
 

@@ -22,7 +22,7 @@ def wait_batch(s, at_least: int, timeout: float = 180.0) -> int:
     """Until the job has committed ledger batch `at_least` (or later)."""
 
     def reached():
-        b = jobctl.status(s)["last_batch"]
+        b = jobctl.status(s).last_batch
         return b if b is not None and b >= at_least else None
 
     return procs.wait_until(reached, timeout, interval=0.3, what=f"{s.app_id} to commit batch {at_least}")
@@ -103,7 +103,7 @@ def test_stop_with_savepoint_upgrade_continues_exact_and_damaged_savepoints_are_
     # A change of the query's meaning is refused before anything stops.
     with pytest.raises(deploy.DeployError, match="incompatibly"):
         deploy.upgrade(s.replace(window_s=10))
-    assert jobctl.status(s)["running"]
+    assert jobctl.status(s).running
 
     s2 = s.replace(max_offsets_per_trigger=7000, trigger_interval_s=2.0)  # a compatible change
     out = deploy.upgrade(s2, wait_s=240)
@@ -111,7 +111,7 @@ def test_stop_with_savepoint_upgrade_continues_exact_and_damaged_savepoints_are_
     assert m.mode == "stop"
     # Stopped at a batch boundary: the savepoint is exactly where the sink stood.
     assert m.group_offsets == m.end_offsets and json.loads(m.group_metadata[0])["batch"] == m.ledger_batch
-    assert jobctl.status(s2)["running"]
+    assert jobctl.status(s2).running
     started = [e for e in events(s2, wire.JOB_STARTED)]
     assert len(started) == 2
     second = produce(

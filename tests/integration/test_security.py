@@ -101,7 +101,7 @@ def test_no_credentials_a_wrong_password_plaintext_or_a_foreign_ca_are_refused_c
     # an operator's start refuses before anything is launched or written
     with pytest.raises(preflight.PreflightError, match="refused to authenticate"):
         jobctl.start(job.replace(kafka_password="not-the-password"))
-    assert not jobctl.status(job)["running"]
+    assert not jobctl.status(job).running
     assert kafka_reading.read_topic(a["admin"], job.ledger_topic) == []
 
 
@@ -165,7 +165,7 @@ def test_preflight_names_the_missing_acl_and_the_job_does_not_start(make_app):
     msg = str(e.value)
     assert f"WRITE on TOPIC '{job.dlq_topic}' for User:{job.kafka_username}" in msg, msg
     assert f"kafka-acls.sh --bootstrap-server {job.bootstrap_servers}" in msg and "--operation Write" in msg, msg
-    assert not jobctl.status(job)["running"]
+    assert not jobctl.status(job).running
     assert kafka_reading.read_topic(admin, job.ledger_topic) == []
     stack.provision(job)  # granted again: the check passes
     assert security.missing(job, "job") == []
@@ -206,7 +206,7 @@ def test_exactly_once_under_kill9_on_least_privilege_and_no_secret_written(make_
 
     # each process holds its own role only: the job's (supervisor, spark-submit, driver, Python workers) and a
     # backfill's (watched while it runs), read from /proc/<pid>/environ
-    job_pids = procs.with_descendants([jobctl.status(job)["supervisor_pid"]])
+    job_pids = procs.with_descendants([jobctl.status(job).supervisor_pid])
     assert len(job_pids) >= 3 and _environs(job_pids), job_pids
     _assert_own_role_only(a, "job", _environs(job_pids))
     ends = {p: hi for p, (_, hi) in kafka_reading.watermarks(admin, job.source_topic).items()}

@@ -6,18 +6,18 @@ from __future__ import annotations
 import threading
 
 from onceflow import wire
-from onceflow.runtime import jobctl, procs, standby
+from onceflow.runtime import job_view, jobctl, procs, standby
 from tests.support.harness import assert_exact, events, now_ms, produce, wait_drained
 
 
-def _standby_ready(s) -> dict:
+def _standby_ready(s) -> job_view.StandbyView:
     """The warm standby of a running job (not in a restart's delay, when the job has no live driver)."""
 
     def ready():
         st = jobctl.status(s)
-        return st["running"] and st["state"] == "running" and st["standby"] and st["standby"]["ready"] and st
+        return st.running and st.state == "running" and st.standby and st.standby.ready and st.standby
 
-    return procs.wait_until(ready, 240, interval=0.5, what="a running job with a warm standby")["standby"]
+    return procs.wait_until(ready, 240, interval=0.5, what="a running job with a warm standby")
 
 
 def test_a_warm_standby_takes_over_and_loses_nothing(app, tmp_path):
@@ -69,8 +69,8 @@ def test_a_warm_standby_takes_over_and_loses_nothing(app, tmp_path):
     # exits without taking over; a stop's standby is stopped by its supervisor (the session's leak check)
     last = _standby_ready(s)
     jobctl.kill(s, with_supervisor=True)
-    procs.wait_until(lambda: not procs.pid_alive(last["pid"]), 60, what="the orphaned standby to exit")
-    assert not standby.go_file(s).exists() and jobctl.status(s)["standby"] is None
+    procs.wait_until(lambda: not procs.pid_alive(last.pid), 60, what="the orphaned standby to exit")
+    assert not standby.go_file(s).exists() and jobctl.status(s).standby is None
 
 
 def _kill_once(s) -> None:
@@ -80,14 +80,14 @@ def _kill_once(s) -> None:
     warm = _standby_ready(s)
     killed_at = now_ms()
     killed = jobctl.kill(s)  # kill -9 of the active launch's whole process group
-    assert killed and killed != warm["pid"]
+    assert killed and killed != warm.pid
     # the standby's launch becomes the job; a fresh standby is launched once it has committed
     st = procs.wait_until(
-        lambda: (x := jobctl.status(s))["job_pid"] == warm["pid"] and x["state"] == "running" and x,
+        lambda: (x := jobctl.status(s)).job_pid == warm.pid and x.state == "running" and x,
         120,
         interval=0.2,
         what="the standby to take over",
     )
-    assert st["standby"] is None or st["standby"]["pid"] != warm["pid"]
+    assert st.standby is None or st.standby.pid != warm.pid
     # (with or_idle: a kill between batches after the input ended leaves no batch to replay)
     jobctl.wait_for_commit(s, after_ms=killed_at, timeout=120, or_idle=True)

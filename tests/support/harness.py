@@ -93,8 +93,8 @@ def wait_drained(s: Settings, sent: list[generator.Sent], timeout: float = 300.0
 
     def drained():
         st = jobctl.status(s)
-        if st.get("error") and not st["running"] and not st["supervisor_pid"]:
-            raise AssertionError(f"job failed: {st['error']}")
+        if st.error and not st.running and not st.supervisor_pid:
+            raise AssertionError(f"job failed: {st.error}")
         if audit.committed_offsets(s, ends) != ends:
             return False
         return max((e.watermark_ms for e in audit.ledger_entries(s)), default=0) >= target_wm
@@ -169,7 +169,7 @@ def wait_event(s: Settings, type_: str, timeout: float = 120.0, count: int = 1) 
 
 def wait_job_exit(s: Settings, timeout: float = 120.0) -> None:
     procs.wait_until(
-        lambda: not jobctl.status(s)["running"] and not jobctl.status(s)["supervisor_pid"],
+        lambda: not jobctl.status(s).running and not jobctl.status(s).supervisor_pid,
         timeout,
         what=f"{s.app_id} to exit",
     )

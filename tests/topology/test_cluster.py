@@ -155,27 +155,27 @@ def test_the_job_on_spark_workers_loses_nothing_when_a_broker_and_a_worker_die(t
         # kill -9 the broker that leads the sink's first partition: the job keeps committing on the other two
         leader = cluster.describe(s)["topics"][s.sink_topic]["0"]["leader"]
         broker.kill(s, leader)
-        down_since = jobctl.status(s)["last_batch"]
+        down_since = jobctl.status(s).last_batch
         # a (re)start's preflight passes with a node down, before the controller has fenced it: the dead node is
         # still listed in the metadata and does not answer, the two others do
         assert preflight.check_job(s)["broker_transaction_max_timeout_ms"] == s.broker_transaction_max_timeout_ms
         # (if the killed broker also coordinated the app's group, librdkafka's send_offsets hangs: the writer gives
         # up on that producer after 45 s and the job restarts, docs/cluster.md)
         procs.wait_until(
-            lambda: (jobctl.status(s)["last_batch"] or -1) >= down_since + 3,
+            lambda: (jobctl.status(s).last_batch or -1) >= down_since + 3,
             360,
             interval=1,
             what="commits while a broker is down",
         )
         # kill -9 a Spark worker (its executor with it) in the middle of the job: tasks move to the other one
         assert spark_cluster.kill_worker(s, 1)
-        after = jobctl.status(s)["last_batch"]
+        after = jobctl.status(s).last_batch
         job_log = supervisor.job_log(s)
         procs.wait_until(
             lambda: "Lost executor" in job_log.read_text(errors="replace"), 120, what="the driver to lose the executor"
         )
         procs.wait_until(
-            lambda: (jobctl.status(s)["last_batch"] or -1) >= after + 3,
+            lambda: (jobctl.status(s).last_batch or -1) >= after + 3,
             240,
             interval=1,
             what="commits after an executor was lost",

@@ -4,6 +4,7 @@ down."""
 
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -687,7 +688,7 @@ def test_the_proofs_endpoint_types_reconciliation_batch_numbers(client, monkeypa
     from onceflow.runtime import jobctl
 
     c, s = client
-    monkeypatch.setattr(jobctl, "status", lambda settings: {"last_batch": 9})
+    monkeypatch.setattr(jobctl, "status", lambda settings: SimpleNamespace(last_batch=9))
     chain = {
         "app": "ip_count",
         "proven_through": HOSTILE,

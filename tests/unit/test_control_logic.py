@@ -305,16 +305,16 @@ def test_a_relaunched_job_is_not_judged_by_its_predecessors_status(tmp_path):
     try:
         procs.write_pidfile(supervisor.job_pidfile(s), proc.pid, supervisor.JOB_MARKER)
         st = jobctl.status(s)
-        assert st["running"] and st["state"] == "starting"
-        assert st["started_ms"] >= old_start + 3500_000, "the predecessor's start was taken for this launch's"
-        assert st["running_batch"] is None and st["batch_started_ms"] is None
+        assert st.running and st.state == "starting"
+        assert st.started_ms >= old_start + 3500_000, "the predecessor's start was taken for this launch's"
+        assert st.running_batch is None and st.batch_started_ms is None
         # the new driver writes its own status: from then on it is the truth
         now = int(time.time() * 1000) + 1000
         JobStatus(
             app="a", pid=2, state=wire.JobState.RUNNING, started_ms=now, running_batch=0, batch_started_ms=now + 10
         ).write(s.status_file)
         st = jobctl.status(s)
-        assert (st["state"], st["started_ms"], st["running_batch"]) == ("running", now, 0)
+        assert (st.state, st.started_ms, st.running_batch) == ("running", now, 0)
     finally:
         proc.kill()
         proc.wait()
@@ -322,8 +322,8 @@ def test_a_relaunched_job_is_not_judged_by_its_predecessors_status(tmp_path):
         app="a", pid=2, state=wire.JobState.FAILED, started_ms=old_start, exit_code=wire.EXIT_FENCED, error="fenced"
     ).write(s.status_file)
     st = jobctl.status(s)
-    assert not st["running"] and st["last_exit"]["exit_code"] == wire.EXIT_FENCED
-    rec = record(running=False, job_pid=None, last_exit=st["last_exit"])
+    assert not st.running and st.last_exit is not None and st.last_exit.exit_code == wire.EXIT_FENCED
+    rec = record(running=False, job_pid=None, last_exit=st.last_exit.as_json())
     assert [c.key for c in health.assess(rec, s)] == ["health:a:not_restartable"]
 
 
@@ -338,3 +338,32 @@ def test_a_job_its_supervisor_is_restarting_is_not_down():
     assert health.remediate(restarting, [], s, 1_000_000, started.append) == [] and started == []
     too_long = record(running=False, job_pid=None, supervised=True, progress_age_s=500.0, total_lag=500)
     assert [c.key for c in health.assess(too_long, s)] == ["health:a:down"]
+
+
+def test_job_status_is_one_typed_record_whose_json_keeps_the_cli_keys(tmp_path):
+    """`onceflow job status --json` and the console print JobView.as_dict(): the keys they always printed."""
+    import json
+
+    from onceflow.runtime import jobctl, supervisor
+    from onceflow.runtime.run_files import Exited
+
+    s = config.load(env={}, app_id="a", var_dir=tmp_path)
+    st = jobctl.status(s)
+    assert (st.running, st.state, st.job_pid, st.last_exit, st.standby) == (
+        False,
+        wire.JobState.STOPPED,
+        None,
+        None,
+        None,
+    )
+    Exited(exit_code=wire.EXIT_FENCED, reason="fenced", ts_ms=5).write(supervisor.exit_file(s))
+    d = jobctl.status(s).as_dict()
+    assert set(d) == {
+        "app", "supervisor_pid", "job_pid", "host", "running", "restarts", "state", "last_batch", "last_commit_age_s",
+        "committed_batches", "replays_skipped", "watermark_ms", "end_offsets", "last_txn_ms", "last_timings",
+        "close_out_batches", "progress", "checkpoint", "bootstrap_servers", "transactional_id", "status_file", "log",
+        "error", "desired_state", "started_ms", "last_commit_ms", "running_batch", "batch_started_ms", "last_exit",
+        "standby",
+    }  # fmt: skip
+    assert d["last_exit"] == {"exit_code": wire.EXIT_FENCED, "reason": "fenced", "ts_ms": 5}
+    assert json.loads(json.dumps(d)) == d

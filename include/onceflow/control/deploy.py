@@ -62,9 +62,9 @@ def preflight_checks(settings: Settings, allow_running: bool = False) -> dict:
     info = preflight.check_job(settings)
     checkpoint_writable(settings)
     st = jobctl.status(settings)
-    if st["running"] and not allow_running:
+    if st.running and not allow_running:
         raise DeployError(
-            f"app {settings.app_id} is already running (job pid {st['job_pid']}); a second driver "
+            f"app {settings.app_id} is already running (job pid {st.job_pid}); a second driver "
             f"is never started: use action=restart or upgrade"
         )
     other = jobctl.live_elsewhere(settings)
@@ -85,7 +85,7 @@ def preflight_for(settings: Settings, action: str, savepoint_id: str = "latest",
         return {"action": action}
     info = preflight_checks(settings, allow_running=action != Action.START) | {"action": action}
     if action == Action.UPGRADE:
-        if not jobctl.status(settings)["running"]:
+        if not jobctl.status(settings).running:
             raise DeployError(
                 f"app {settings.app_id} is not running: upgrade stops a running job with a savepoint; use action=start"
             )
@@ -106,13 +106,13 @@ def start(settings: Settings, argv: Sequence[str] | None = None, wait_s: float =
     if not wait:
         return info | {"wait": jobctl.CommitWait.of(settings, t0, wait_s, or_idle=True).as_dict()}
     st = jobctl.wait_for_commit(settings, after_ms=t0, timeout=wait_s, or_idle=True)
-    return info | {"job_pid": jobctl.status(settings)["job_pid"], "first_batch": st.get("last_batch")}
+    return info | {"job_pid": jobctl.status(settings).job_pid, "first_batch": st.get("last_batch")}
 
 
 def stop(settings: Settings, timeout: float = 120.0) -> dict:
     before = jobctl.status(settings)
     stopped = jobctl.stop(settings, timeout=timeout)
-    return {"stopped": stopped, "last_batch": before.get("last_batch")}
+    return {"stopped": stopped, "last_batch": before.last_batch}
 
 
 def check_upgrade(settings: Settings) -> dict:

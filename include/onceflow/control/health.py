@@ -146,9 +146,9 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
     ends = _end_offsets(settings)
     committed = audit.consumed_position(settings, ends).offsets  # the ledger's, when the group has expired
     parts: dict[str, dict[str, Any]] = {}
-    run_start = st.get("started_ms")
+    run_start = st.started_ms
     # a run that has not committed yet is judged by the down and progress rules (their thresholds), not by lag's
-    run_committed = bool(run_start and int(st.get("last_commit_ms") or 0) >= run_start)
+    run_committed = bool(run_start and int(st.last_commit_ms or 0) >= run_start)
     for p, end in sorted(ends.items()):
         prev = (previous.partitions.get(str(p)) or previous.partitions.get(p) or {}) if previous else {}
         samples = [lag.Sample(**s) for s in prev.get("samples", [])]
@@ -163,34 +163,34 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
             # judged over the job's current run only; while it is down the down/restarting rules speak
             "status": (
                 lag.evaluate(samples, since_ms=run_start, run_committed=run_committed, noise_s=lag_noise_s(settings))
-                if st["running"]
+                if st.running
                 else lag.Level.OK
             ),
             "trend": lag.trend(samples).value,
             "commit_ts_ms": commit_ts,
         }
     now_ms = int(now * 1000)
-    marks = [t for t in (st.get("last_commit_ms"), st.get("started_ms")) if t]
+    marks = [t for t in (st.last_commit_ms, st.started_ms) if t]
     since = previous.ts_ms if previous else now_ms - int(settings.health_restart_window_s * 1000)
     share, n = late_share(recent_progress(settings, max(since, now_ms - 15 * 60_000)))
     return HealthRecord(
         app=settings.app_id,
         ts_ms=now_ms,
-        running=st["running"],
-        job_pid=st["job_pid"],
-        last_commit_age_s=st["last_commit_age_s"],
+        running=st.running,
+        job_pid=st.job_pid,
+        last_commit_age_s=st.last_commit_age_s,
         partitions=parts,
         total_lag=sum(v["lag"] for v in parts.values()),
         checkpoint_age_s=checkpoint_age_s(settings, now),
         restarts=list(previous.restarts) if previous else [],
-        desired=st["desired_state"],
+        desired=st.desired_state,
         progress_age_s=round((now_ms - max(marks)) / 1000, 1) if marks else None,
-        batch_running_s=round((now_ms - st["batch_started_ms"]) / 1000, 1) if st.get("batch_started_ms") else None,
-        last_exit=st.get("last_exit"),
-        watermark_ms=st["watermark_ms"] if st["running"] else None,
+        batch_running_s=round((now_ms - st.batch_started_ms) / 1000, 1) if st.batch_started_ms else None,
+        last_exit=st.last_exit.as_json() if st.last_exit else None,
+        watermark_ms=st.watermark_ms if st.running else None,
         late_fraction=share,
         late_batches=n,
-        supervised=st["supervisor_pid"] is not None,
+        supervised=st.supervisor_pid is not None,
     )
 
 

@@ -159,7 +159,7 @@ def create(settings: Settings, stop: bool = False, bus: ev.EventBus | None = Non
     job's final state."""
     if stop:
         jobctl.stop(settings)
-    mode = "stop" if stop else ("running" if jobctl.status(settings)["running"] else "stopped")
+    mode = "stop" if stop else ("running" if jobctl.status(settings).running else "stopped")
     src = Store(settings.checkpoint)
     listing = src.files()
     committed = log_batches(listing, "commits")

@@ -18,6 +18,7 @@ from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.rules import clock
 from onceflow.runtime import jvm, launcher, preflight, procs, standby, supervisor
+from onceflow.runtime.job_view import JobView, StandbyView
 from onceflow.runtime.run_files import Desired, Exited, JobStatus
 from onceflow.wire import OnceflowError
 
@@ -40,7 +41,7 @@ def _set_desired(settings: Settings, state: wire.Intent) -> None:
     Desired(state=state, ts_ms=clock.now_ms()).write(desired_file(settings))
 
 
-def status(settings: Settings) -> dict:
+def status(settings: Settings) -> JobView:
     sup = procs.read_pidfile(supervisor.supervisor_pidfile(settings))
     job = procs.read_pidfile(supervisor.job_pidfile(settings))
     st = JobStatus.read(settings.status_file)
@@ -52,62 +53,62 @@ def status(settings: Settings) -> dict:
     launched_ms = int(float(job.get("started", 0)) * 1000) if job else 0
     fresh = st if job and st and st.started_ms >= launched_ms else None
     started = (fresh.started_ms if fresh else launched_ms) if job else None
-    batch_since = fresh.batch_started_ms if fresh and fresh.running_batch is not None else None
     exited = None
     if not job:
-        ended = Exited.read(supervisor.exit_file(settings))
-        if ended is not None:
-            exited = {"exit_code": ended.exit_code, "reason": ended.reason, "ts_ms": ended.ts_ms}
-        elif st and st.exit_code is not None:
-            exited = {"exit_code": st.exit_code, "reason": (st.error or "")[:200]}
-    return {
-        "app": settings.app_id,
-        "supervisor_pid": sup["pid"] if sup else None,
-        "job_pid": job["pid"] if job else None,
-        "host": fresh.host if fresh else None,  # where the driver runs
-        "running": job is not None,
-        "restarts": job.get("restarts", 0) if job else None,
-        "state": (fresh.state if fresh else wire.JobState.STARTING)
-        if job
-        else (wire.JobState.STOPPED if not st else f"{st.state} (not running)"),
-        "last_batch": st.last_batch if st else None,
-        "last_commit_age_s": round((now - last) / 1000, 1) if last else None,
-        "committed_batches": st.committed_batches if st else None,
-        "replays_skipped": st.replays_skipped if st else None,
-        "watermark_ms": st.watermark_ms if st else None,
-        "end_offsets": st.end_offsets if st else None,
-        "last_txn_ms": st.last_txn_ms if st else None,
-        "last_timings": st.last_timings if st else None,
-        "close_out_batches": st.close_out_batches if st else 0,
-        "progress": st.progress if st else None,
-        "checkpoint": settings.checkpoint,
-        "bootstrap_servers": settings.bootstrap_servers,
-        "transactional_id": settings.transactional_id,
-        "status_file": str(settings.status_file),
-        "log": str(supervisor.job_log(settings)),
-        "error": st.error if st else None,
-        "desired_state": desired_state(settings),
-        "started_ms": started,
-        "last_commit_ms": last,
-        "running_batch": fresh.running_batch if fresh else None,
-        "batch_started_ms": batch_since,
-        "last_exit": exited,
-        "standby": _standby_status(settings),
-    }
+        exited = Exited.read(supervisor.exit_file(settings))
+        if exited is None and st and st.exit_code is not None:
+            exited = Exited(st.exit_code, (st.error or "")[:200])
+    state: str
+    if job:
+        state = fresh.state if fresh else wire.JobState.STARTING
+    else:
+        state = wire.JobState.STOPPED if not st else f"{st.state} (not running)"
+    return JobView(
+        app=settings.app_id,
+        running=job is not None,
+        state=state,
+        supervisor_pid=sup["pid"] if sup else None,
+        job_pid=job["pid"] if job else None,
+        host=fresh.host if fresh else None,
+        restarts=job.get("restarts", 0) if job else None,
+        desired_state=desired_state(settings),
+        started_ms=started,
+        last_batch=st.last_batch if st else None,
+        last_commit_ms=last,
+        last_commit_age_s=round((now - last) / 1000, 1) if last else None,
+        committed_batches=st.committed_batches if st else None,
+        replays_skipped=st.replays_skipped if st else None,
+        close_out_batches=st.close_out_batches if st else 0,
+        running_batch=fresh.running_batch if fresh else None,
+        batch_started_ms=fresh.batch_started_ms if fresh and fresh.running_batch is not None else None,
+        watermark_ms=st.watermark_ms if st else None,
+        end_offsets=st.end_offsets if st else None,
+        last_txn_ms=st.last_txn_ms if st else None,
+        last_timings=st.last_timings if st else None,
+        progress=st.progress if st else None,
+        error=st.error if st else None,
+        last_exit=exited,
+        standby=_standby_status(settings),
+        checkpoint=settings.checkpoint,
+        bootstrap_servers=settings.bootstrap_servers,
+        transactional_id=settings.transactional_id,
+        status_file=str(settings.status_file),
+        log=str(supervisor.job_log(settings)),
+    )
 
 
-def _standby_status(settings: Settings) -> dict | None:
+def _standby_status(settings: Settings) -> StandbyView | None:
     """The warm standby driver, if one runs: its launch pid and whether its session is up."""
     sb = procs.read_pidfile(standby.pidfile(settings))
     if not sb:
         return None
     ready = standby.ready(settings, sb["pid"])
-    return {"pid": sb["pid"], "ready": bool(ready), "ready_ms": ready.ready_ms if ready else None}
+    return StandbyView(sb["pid"], bool(ready), ready.ready_ms if ready else None)
 
 
 def live_elsewhere(settings: Settings, within_s: float | None = None) -> dict | None:
     """A batch committed recently by a driver that is not the one running here: another live instance."""
-    if status(settings)["running"]:
+    if status(settings).running:
         return None  # the recent commits are this machine's own driver
     within_s = within_s or max(60.0, 6 * settings.trigger_interval_s)
     now_ms = clock.now_ms()
@@ -141,10 +142,10 @@ def still_running(settings: Settings) -> str | None:
     delay), or a standby (which takes over). An action that changes the checkpoint under the job (a restore, a
     quarantine) needs all three stopped, and holds `start_lock` so that no start slips in while it works."""
     st = status(settings)
-    if st["running"]:
-        return f"the job (pid {st['job_pid']})"
-    if st["supervisor_pid"]:
-        return f"its supervisor (pid {st['supervisor_pid']}), which would relaunch the job"
+    if st.running:
+        return f"the job (pid {st.job_pid})"
+    if st.supervisor_pid:
+        return f"its supervisor (pid {st.supervisor_pid}), which would relaunch the job"
     sb = procs.read_pidfile(standby.pidfile(settings))
     if sb:
         return f"a standby driver (pid {sb['pid']}), which would take over"

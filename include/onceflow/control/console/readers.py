@@ -187,7 +187,7 @@ def ledger_page(settings: Settings, size: int, before: int | None) -> tuple[list
 
 
 def read_now(settings: Settings) -> dict[str, Any]:
-    st = jobctl.status(settings)
+    st = jobctl.status(settings).as_dict()
     st["host"] = st.get("host") or socket.gethostname()  # the job's pid files are this machine's
     health = _health(settings)
     open_txns = [
@@ -244,8 +244,7 @@ def read_savepoints(settings: Settings) -> dict[str, Any]:
 
 
 def read_proofs(settings: Settings) -> dict[str, Any]:
-    newest = jobctl.status(settings).get("last_batch")
-    chain = views.chain_view(recon_chain.status(settings, newest if isinstance(newest, int) else None))
+    chain = views.chain_view(recon_chain.status(settings, jobctl.status(settings).last_batch))
     results = recon_chain.recent_results(settings, limit=500)
     return {"chain": chain, "runs": views.reconciliation_runs(results)[:50]}
 
