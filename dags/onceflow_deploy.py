@@ -79,7 +79,7 @@ def build(app_id: str) -> DAG:
         def stop(checked: dict) -> dict:
             if not deploy.Action(checked["action"]).stops_first:
                 return {"skipped": True, "why": "start does not stop; upgrade and restore stop in the launch step"}
-            return deploy.stop(orchestration.settings(app_id=app_id, role="job"))
+            return deploy.stop(orchestration.settings(app_id=app_id, role="job")).as_dict()
 
         @task
         def launch(stopped: dict) -> dict:
@@ -90,10 +90,13 @@ def build(app_id: str) -> DAG:
                 return {"launched": False}
             argv, wait = orchestration.spark_submit_argv(s), params["wait_timeout_s"]
             if action == deploy.Action.UPGRADE:
-                return deploy.upgrade(s, argv, wait_s=wait, wait=False)
+                return deploy.upgrade(s, argv, wait_s=wait, wait=False).as_dict()
             if action == deploy.Action.RESTORE:
-                return deploy.restore(s, params["savepoint_id"], params["allow_rewind"], argv, wait_s=wait, wait=False)
-            return deploy.start(s, argv, wait_s=wait, wait=False)
+                launched = deploy.restore(
+                    s, params["savepoint_id"], params["allow_rewind"], argv, wait_s=wait, wait=False
+                )
+                return launched.as_dict()
+            return deploy.start(s, argv, wait_s=wait, wait=False).as_dict()
 
         launched = launch(stop(preflight()))  # type: ignore[arg-type]  # TaskFlow: each XComArg is a dict at run time
         WaitForFirstCommit(task_id="first_commit", launched=launched)

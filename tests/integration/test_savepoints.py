@@ -107,7 +107,8 @@ def test_stop_with_savepoint_upgrade_continues_exact_and_damaged_savepoints_are_
 
     s2 = s.replace(max_offsets_per_trigger=7000, trigger_interval_s=2.0)  # a compatible change
     out = deploy.upgrade(s2, wait_s=240)
-    m = savepoints.load(s2, out["savepoint"])
+    assert out.savepoint is not None
+    m = savepoints.load(s2, out.savepoint)
     assert m.mode == "stop"
     # Stopped at a batch boundary: the savepoint is exactly where the sink stood.
     assert m.group_offsets == m.end_offsets and json.loads(m.group_metadata[0])["batch"] == m.ledger_batch

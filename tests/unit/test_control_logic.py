@@ -1,5 +1,7 @@
 """Pure control-plane logic: Burrow lag rules, alert deduplication, hanging transactions, health assessment."""
 
+import dataclasses
+
 from onceflow import config, wire
 from onceflow.control import alerts, health, txnwatch
 from onceflow.rules import lag
@@ -367,3 +369,13 @@ def test_job_status_is_one_typed_record_whose_json_keeps_the_cli_keys(tmp_path):
     }  # fmt: skip
     assert d["last_exit"] == {"exit_code": wire.EXIT_FENCED, "reason": "fenced", "ts_ms": 5}
     assert json.loads(json.dumps(d)) == d
+
+
+def test_a_launch_is_a_typed_result_whose_xcom_has_the_fields_that_apply():
+    from onceflow.control import deploy
+
+    launched = deploy.Launch(supervisor_pid=7, log="/l", wait={"after_ms": 1, "deadline": 2.0})
+    assert launched.as_dict() == {"launched": True, "supervisor_pid": 7, "log": "/l", "wait": launched.wait}
+    upgraded = dataclasses.replace(launched, savepoint="sp-1", savepoint_batch=4)
+    assert upgraded.as_dict()["savepoint"] == "sp-1" and "restore" not in upgraded.as_dict()
+    assert deploy.Stopped(True, 12).as_dict() == {"stopped": True, "last_batch": 12}

@@ -6,9 +6,12 @@ detached, and the health DAG watches it from then on.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 from urllib.parse import urlparse
 
 from onceflow.config import Settings
@@ -39,6 +42,37 @@ ACTIONS = tuple(a.value for a in Action)
 
 class DeployError(OnceflowError):
     pass
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The deploy's stop step: whether something ran, and the last batch it had committed."""
+
+    stopped: bool
+    last_batch: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a launch started: the job's supervisor, and either what to wait on (`wait`: a jobctl.CommitWait as data,
+    for the triggerer) or, waited here, the job's pid and first committed batch. An upgrade adds the savepoint it
+    stopped with; a restore, what it restored."""
+
+    supervisor_pid: int
+    log: str
+    wait: dict[str, Any] | None = None
+    job_pid: int | None = None
+    first_batch: int | None = None
+    savepoint: str | None = None
+    savepoint_batch: int | None = None
+    restore: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The launch step's XCom: the fields that apply (operators.WaitForFirstCommit reads `wait`)."""
+        return {"launched": True} | {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 def checkpoint_writable(settings: Settings) -> None:
@@ -97,22 +131,21 @@ def preflight_for(settings: Settings, action: str, savepoint_id: str = "latest",
     return info
 
 
-def start(settings: Settings, argv: Sequence[str] | None = None, wait_s: float = 300.0, wait: bool = True) -> dict:
+def start(settings: Settings, argv: Sequence[str] | None = None, wait_s: float = 300.0, wait: bool = True) -> Launch:
     """Launch detached and return once the job has committed a batch, or runs with nothing to read. With
     `wait=False`, return at once with what to wait on (`wait`: a jobctl.CommitWait), for the deploy DAG, which
     waits in the triggerer (onceflow.control.operators.WaitForFirstCommit)."""
     t0 = clock.now_ms()
-    info = jobctl.start(settings, argv=argv) | {"launched": True, "log": str(supervisor.job_log(settings))}
+    launched = Launch(jobctl.start(settings, argv=argv)["supervisor_pid"], str(supervisor.job_log(settings)))
     if not wait:
-        return info | {"wait": jobctl.CommitWait.of(settings, t0, wait_s, or_idle=True).as_dict()}
+        return dataclasses.replace(launched, wait=jobctl.CommitWait.of(settings, t0, wait_s, or_idle=True).as_dict())
     st = jobctl.wait_for_commit(settings, after_ms=t0, timeout=wait_s, or_idle=True)
-    return info | {"job_pid": jobctl.status(settings).job_pid, "first_batch": st.get("last_batch")}
+    return dataclasses.replace(launched, job_pid=jobctl.status(settings).job_pid, first_batch=st.get("last_batch"))
 
 
-def stop(settings: Settings, timeout: float = 120.0) -> dict:
+def stop(settings: Settings, timeout: float = 120.0) -> Stopped:
     before = jobctl.status(settings)
-    stopped = jobctl.stop(settings, timeout=timeout)
-    return {"stopped": stopped, "last_batch": before.last_batch}
+    return Stopped(jobctl.stop(settings, timeout=timeout), before.last_batch)
 
 
 def check_upgrade(settings: Settings) -> dict:
@@ -128,7 +161,7 @@ def check_upgrade(settings: Settings) -> dict:
     return {"job_config_hash": new_hash}
 
 
-def upgrade(settings: Settings, argv: Sequence[str] | None = None, wait_s: float = 300.0, wait: bool = True) -> dict:
+def upgrade(settings: Settings, argv: Sequence[str] | None = None, wait_s: float = 300.0, wait: bool = True) -> Launch:
     """Stop-with-savepoint, then start the new code and settings from the same checkpoint. The savepoint is the
     point to go back to (action restore) if the new version misbehaves."""
     from onceflow.operations import savepoints
@@ -142,7 +175,7 @@ def upgrade(settings: Settings, argv: Sequence[str] | None = None, wait_s: float
             f"{'; '.join(v.problems + v.incompatibilities)}. The job is stopped; start the previous "
             f"version, or restore another savepoint"
         )
-    return {"savepoint": m.id, "savepoint_batch": m.ledger_batch} | start(settings, argv, wait_s, wait)
+    return dataclasses.replace(start(settings, argv, wait_s, wait), savepoint=m.id, savepoint_batch=m.ledger_batch)
 
 
 def restore(
@@ -152,11 +185,11 @@ def restore(
     argv: Sequence[str] | None = None,
     wait_s: float = 300.0,
     wait: bool = True,
-) -> dict:
+) -> Launch:
     """Stop (if running), restore savepoint `sp_id`, start, wait for a committed batch."""
     from onceflow.operations import savepoints
 
     savepoints.check_restore(settings, sp_id, allow_rewind)  # refuse before stopping anything
     jobctl.stop(settings)
     plan = savepoints.restore(settings, sp_id, allow_rewind=allow_rewind, bus=ev.EventBus(settings))
-    return {"restore": plan.summary()} | start(settings, argv, wait_s, wait)
+    return dataclasses.replace(start(settings, argv, wait_s, wait), restore=plan.summary())
