@@ -34,7 +34,7 @@ from onceflow.operations import audit
 from onceflow.rules import clock
 from onceflow.runtime import jobctl, launcher, procs
 from onceflow.runtime.run_files import JobStatus
-from onceflow_dev import broker, chaos_plan, generator, postgres
+from onceflow_dev import broker, chaos_plan, generator, postgres, scenario
 from onceflow_dev.generator import KIND_TAIL
 
 log = logging.getLogger("onceflow_dev.chaos")
@@ -181,7 +181,6 @@ def run(spec: ChaosSpec, var_dir) -> dict:
     if spec.sink == "postgres":  # the job writes as its database role, the checks read as the reader's
         job = postgres.provision_sink(job)
         observer, recon = postgres.sink_settings(observer, "reader"), postgres.sink_settings(recon, "reader")
-    outcome = chaos_plan.Outcome()
     t0 = time.monotonic()
     manifest = var_dir / "chaos-manifest.csv"
     sampler = None
@@ -193,56 +192,8 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         sampler = LagSampler(observer)
         sampler.start()
         feed.start()
-        last_kill_ms = 0
         steps = plan(spec)
-        for st in steps:
-            time.sleep(max(0.0, st.at - (time.monotonic() - t0)))
-            # a transaction held open must reach its timeout: no other fault until the coordinator aborted it
-            _wait_stall_over(observer, stall_s)
-            if st.kind == "kill_job":
-                if not wait_commit_since(observer, last_kill_ms, 300):
-                    outcome.miss(st, "no batch committed since the previous job kill within 300 s")
-                    continue
-                if spec.standby and outcome.counts().get("kill_job", 0) % 2 == 0:
-                    _wait_standby(
-                        job, spec.standby_wait_s
-                    )  # every other kill lands on a warm standby (a takeover), the rest maybe not
-                _wait_stall_over(observer, stall_s)  # a stall may have begun meanwhile (the job picks its batch)
-                at = clock.now_ms()
-                if not kill_running_job(job, after_ms=last_kill_ms):
-                    outcome.miss(st, "no running job to kill within 300 s")
-                    continue
-                last_kill_ms = clock.now_ms()
-                outcome.injected.append(chaos_plan.Injected("kill_job", at, at))
-            elif st.kind == "restart_broker":
-                at = clock.now_ms()
-                broker.kill(base)
-                time.sleep(st.duration)
-                broker.start(base)
-                # one node: nothing commits while it is down, by nature; figures from its return
-                outcome.injected.append(chaos_plan.Injected(st.kind, at, clock.now_ms(), from_end=True))
-            elif st.kind == "crash_database":
-                at = clock.now_ms()
-                postgres.crash_restart(job, down_s=st.duration)
-                # nothing commits while the server is down, by nature; figures from its return
-                outcome.injected.append(chaos_plan.Injected(st.kind, at, clock.now_ms(), from_end=True))
-            elif st.kind == "pause_driver":
-                # a fault for a job that is still coming back would hit nothing: wait for its query to run
-                try:
-                    jobctl.wait_running(job, after_ms=last_kill_ms, timeout=300)
-                except TimeoutError:
-                    outcome.miss(st, "no running job to pause within 300 s")
-                    continue
-                pid = getattr(JobStatus.read(s.status_file), "pid", None)
-                if not (pid and procs.pid_alive(pid)):
-                    outcome.miss(st, "the running job's driver pid was not in its status file")
-                    continue
-                at = clock.now_ms()
-                os.kill(pid, signal.SIGSTOP)
-                time.sleep(st.duration)
-                os.kill(pid, signal.SIGCONT)
-                outcome.injected.append(chaos_plan.Injected(st.kind, at, clock.now_ms(), from_end=True))
-            log.info("t=%.0fs %s (%s)", time.monotonic() - t0, st.kind, outcome.counts())
+        outcome = OneNodeFaults(s, base, job, observer, spec, stall_s).run(steps, t0)
         # the stalls end by themselves (the coordinator aborts them): the last one is over a few seconds after it
         _wait_stall_over(observer, stall_s)
         ends = [f.end_ms for f in outcome.injected] + [
@@ -308,6 +259,64 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         broker.stop(base)
         if spec.sink == "postgres":
             postgres.remove(base)
+
+
+class OneNodeFaults:
+    """The one-node run's faults (scenario.Fault each): kill -9 of the job (every other one onto a warm standby),
+    the broker killed and started again, the driver paused, the database crash-restarted. Faults never overlap,
+    and none starts while a held transaction waits for its timeout."""
+
+    def __init__(self, s, base, job, observer, spec: ChaosSpec, stall_s: float):
+        self.s, self.base, self.job, self.observer, self.spec, self.stall_s = s, base, job, observer, spec, stall_s
+        self.last_kill_ms = 0
+        self.kills = 0
+
+    def run(self, steps: list[chaos_plan.Step], t0: float) -> chaos_plan.Outcome:
+        faults = {
+            "kill_job": self.kill_job,
+            "restart_broker": self.restart_broker,
+            "crash_database": self.crash_database,
+            "pause_driver": self.pause_driver,
+        }
+        # a transaction held open must reach its timeout: no other fault until the coordinator aborted it
+        return scenario.Scenario(faults, t0, before=lambda st: _wait_stall_over(self.observer, self.stall_s)).run(steps)
+
+    def kill_job(self, st: chaos_plan.Step) -> scenario.Began:
+        if not wait_commit_since(self.observer, self.last_kill_ms, 300):
+            raise scenario.Missed("no batch committed since the previous job kill within 300 s")
+        if self.spec.standby and self.kills % 2 == 0:
+            _wait_standby(self.job, self.spec.standby_wait_s)  # every other kill lands on a warm standby (a takeover)
+        _wait_stall_over(self.observer, self.stall_s)  # a stall may have begun meanwhile (the job picks its batch)
+        at = clock.now_ms()
+        if not kill_running_job(self.job, after_ms=self.last_kill_ms):
+            raise scenario.Missed("no running job to kill within 300 s")
+        self.last_kill_ms, self.kills = clock.now_ms(), self.kills + 1
+        return scenario.Began(at)
+
+    def restart_broker(self, st: chaos_plan.Step) -> scenario.Began:
+        at = clock.now_ms()
+        broker.kill(self.base)
+        # one node: nothing commits while it is down, by nature; figures from its return
+        return scenario.Began(at, restart=lambda: broker.start(self.base), from_end=True)
+
+    def crash_database(self, st: chaos_plan.Step) -> scenario.Began:
+        at = clock.now_ms()
+        postgres.crash_restart(self.job, down_s=st.duration)
+        # nothing commits while the server is down, by nature; figures from its return
+        return scenario.Began(at, end_ms=clock.now_ms(), from_end=True)
+
+    def pause_driver(self, st: chaos_plan.Step) -> scenario.Began:
+        # a fault for a job that is still coming back would hit nothing: wait for its query to run
+        try:
+            jobctl.wait_running(self.job, after_ms=self.last_kill_ms, timeout=300)
+        except TimeoutError:
+            raise scenario.Missed("no running job to pause within 300 s") from None
+        pid = getattr(JobStatus.read(self.s.status_file), "pid", None)
+        if not (pid and procs.pid_alive(pid)):
+            raise scenario.Missed("the running job's driver pid was not in its status file")
+        at = clock.now_ms()
+        os.kill(pid, signal.SIGSTOP)
+        return scenario.Began(at, restart=lambda: os.kill(pid, signal.SIGCONT), from_end=True)
 
 
 class LagSampler(threading.Thread):

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,7 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import cluster, topics
 from onceflow.rules import clock
 from onceflow.runtime import jobctl, launcher, procs
-from onceflow_dev import broker, chaos, chaos_plan, spark_cluster
+from onceflow_dev import broker, chaos, chaos_plan, scenario, spark_cluster
 
 log = logging.getLogger("onceflow_dev.chaos")
 
@@ -137,77 +136,75 @@ def settings_for(var_dir: Path, spec: ClusterChaosSpec) -> config.Settings:
 
 
 class Runner:
-    """Carries out a plan on the running cluster: each step's fault starts at its time (never before), and what it
-    stopped is started again `duration` later; what happened is recorded (chaos_plan.Outcome)."""
+    """The cluster run's faults (scenario.Fault each), carried out with overlap: what a fault stopped is started
+    again by a timer `duration` later, whatever the steps after it are waiting for (a deliberate double fault starts
+    while the outage's node is still down). A broker fault waits for every partition in sync first."""
 
     def __init__(self, s: config.Settings, job: config.Settings, t0: float):
         self.s, self.job, self.t0 = s, job, t0
-        self.outcome = chaos_plan.Outcome()
         self.last_kill_ms = 0
-        self.down_windows: list[tuple[int, int]] = []  # the tolerated outage (commits must go on)
-        self.double_windows: list[tuple[int, int]] = []  # the deliberate double fault (commits stall)
+        self.worker_kills = 0
         # nodes a broker fault stopped whose start again has not returned: a node being started has its process
         # (and, until its old session times out, its place in the ISR), so fully_in_sync alone let seed 1's leader
         # kill land on node 1 while its coordinator kill was starting it again
         self.restarting: set[int] = set()
+        self.outcome = chaos_plan.Outcome()
 
     def carry_out(self, steps: list[chaos_plan.Step]) -> None:
-        """Each step starts at its time, in order (a step may wait: for full ISR, for a commit, for a transaction);
-        what it stopped is started again by a timer `duration` later, whatever the steps after it are waiting
-        for (a deliberate double fault starts while the outage's node is still down)."""
-        timers: list[threading.Timer] = []
-        for st in steps:
-            time.sleep(max(0.0, st.at - (time.monotonic() - self.t0)))
-            ended = self.start(st)
-            if ended is not None and st.kind in chaos_plan.BROKER_FAULTS:
-                self.restarting.add(ended[1])
-            if ended is not None:
-                timer = threading.Timer(st.duration, self.end, args=(st, *ended))
-                timer.start()
-                timers.append(timer)
-            log.info("t=%.0fs %s (%s)", time.monotonic() - self.t0, st.kind, self.outcome.counts())
-        for timer in timers:
-            timer.join()
+        faults: dict[str, scenario.Fault] = {
+            "kill_job": self.kill_job,
+            "kill_worker": self.kill_worker,
+            "kill_coordinator": self.kill_coordinator,
+            "kill_leader": self.kill_node,
+            "broker_down": self.kill_node,
+        }
+        self.outcome = scenario.Scenario(faults, self.t0, overlap=True, before=self._in_sync).run(steps)
 
-    def start(self, st: chaos_plan.Step) -> tuple | None:
+    def windows(self, kind: str = "", note: str = "") -> list[tuple[int, int]]:
+        """(start, end) of the injected faults of `kind` (or with `note`): the outage's and the double fault's."""
+        return [
+            (f.start_ms, f.end_ms)
+            for f in self.outcome.injected
+            if (kind and f.kind == kind) or (note and f.note == note)
+        ]
+
+    def _in_sync(self, st: chaos_plan.Step) -> None:
+        if st.kind not in chaos_plan.BROKER_FAULTS or st.deliberate_overlap:
+            return
+        try:
+            procs.wait_until(
+                lambda: not self.restarting and fully_in_sync(self.s), IN_SYNC_TIMEOUT_S, interval=2.0, what="full ISR"
+            )
+        except TimeoutError:
+            raise scenario.Missed(f"the cluster was not fully in sync within {IN_SYNC_TIMEOUT_S:.0f} s") from None
+
+    def kill_job(self, st: chaos_plan.Step) -> scenario.Began:
+        if not chaos.wait_commit_since(self.job, self.last_kill_ms, 300):
+            raise scenario.Missed("no batch committed since the previous job kill within 300 s")
+        at = clock.now_ms()
+        if not chaos.kill_running_job(self.job, after_ms=self.last_kill_ms):
+            raise scenario.Missed("no running job to kill within 300 s")
+        self.last_kill_ms = clock.now_ms()
+        return scenario.Began(at)
+
+    def kill_worker(self, st: chaos_plan.Step) -> scenario.Began:
+        i = 1 + self.worker_kills % 2
+        at = clock.now_ms()
+        if not spark_cluster.kill_worker(self.s, i):
+            raise scenario.Missed(f"Spark worker {i} was not running")
+        self.worker_kills += 1
+        return scenario.Began(at, restart=lambda: spark_cluster.start(self.s, workers=2), note=st.note)
+
+    def kill_node(self, st: chaos_plan.Step) -> scenario.Began:
+        """kill_leader (the sink's partition 0's leader) or broker_down (node 3): killed now."""
         s = self.s
-        if st.kind in chaos_plan.BROKER_FAULTS and not st.deliberate_overlap:
-            try:
-                procs.wait_until(
-                    lambda: not self.restarting and fully_in_sync(s), IN_SYNC_TIMEOUT_S, interval=2.0, what="full ISR"
-                )
-            except TimeoutError:
-                self.outcome.miss(st, f"the cluster was not fully in sync within {IN_SYNC_TIMEOUT_S:.0f} s")
-                return None
-        if st.kind == "kill_job":
-            if not chaos.wait_commit_since(self.job, self.last_kill_ms, 300):
-                self.outcome.miss(st, "no batch committed since the previous job kill within 300 s")
-                return None
-            at = clock.now_ms()
-            if not chaos.kill_running_job(self.job, after_ms=self.last_kill_ms):
-                self.outcome.miss(st, "no running job to kill within 300 s")
-                return None
-            self.last_kill_ms = clock.now_ms()
-            self.outcome.injected.append(chaos_plan.Injected("kill_job", at, at))
-            return None
-        if st.kind == "kill_worker":
-            i = 1 + self.outcome.counts().get("kill_worker", 0) % 2
-            at = clock.now_ms()
-            if not spark_cluster.kill_worker(s, i):
-                self.outcome.miss(st, f"Spark worker {i} was not running")
-                return None
-            return (at, i)
-        if st.kind == "kill_coordinator":
-            return self._kill_coordinator(st)
-        # kill_leader, broker_down: a node, killed now
         node = 3 if st.kind == "broker_down" else cluster.describe(s)["topics"][s.sink_topic]["0"]["leader"]
         at = clock.now_ms()
         if node is None or node < 0 or not broker.kill(s, node):
-            self.outcome.miss(st, f"node {node} (the sink's leader) was not running")
-            return None
-        return (at, node)
+            raise scenario.Missed(f"node {node} (the sink's leader) was not running")
+        return self._node_down(st, at, node)
 
-    def _kill_coordinator(self, st: chaos_plan.Step) -> tuple | None:
+    def kill_coordinator(self, st: chaos_plan.Step) -> scenario.Began:
         """Arm the job's stall, wait for the transaction it holds open, kill that transaction's coordinator in it.
         No transaction in time is a reason to try again, not to skip the fault."""
         s = self.s
@@ -220,10 +217,18 @@ class Runner:
             node = (cluster.describe(s).get("transaction_coordinator") or {}).get("broker")
             at = clock.now_ms()
             if node is not None and node >= 0 and broker.kill(s, node):
-                return (at, node)
+                return self._node_down(st, at, node)
         faults.armed_path(marker_dir, "stall_in_txn").unlink(missing_ok=True)
-        self.outcome.miss(st, f"no transaction open within {TXN_WAIT_S:.0f} s, {TXN_TRIES} tries")
-        return None
+        raise scenario.Missed(f"no transaction open within {TXN_WAIT_S:.0f} s, {TXN_TRIES} tries")
+
+    def _node_down(self, st: chaos_plan.Step, at: int, node: int) -> scenario.Began:
+        self.restarting.add(node)
+
+        def restart() -> None:
+            broker.start_node(self.s, node)  # returns once the node answers
+            self.restarting.discard(node)  # (a failed start leaves it there: the run fails on it)
+
+        return scenario.Began(at, restart=restart, from_end=st.deliberate_overlap, note=st.note)
 
     def _stalled_since(self, armed_ms: int) -> bool:
         def held() -> bool:
@@ -234,27 +239,6 @@ class Runner:
             return True
         except TimeoutError:
             return False
-
-    def end(self, st: chaos_plan.Step, at: int, target: int) -> None:
-        try:
-            if st.kind == "kill_worker":
-                spark_cluster.start(self.s, workers=2)
-            else:
-                broker.start_node(self.s, target)  # returns once the node answers
-                self.restarting.discard(target)
-        except Exception as e:  # recorded: the run fails on it (and the node stays in `restarting`)
-            log.error("t=%.0fs starting %s %s again failed: %s", time.monotonic() - self.t0, st.kind, target, e)
-            self.outcome.miss(st, f"{st.kind}: starting {target} again failed: {e}")
-            return
-        end = clock.now_ms()
-        log.info("t=%.0fs %s over: %s back after %.0f s", time.monotonic() - self.t0, st.kind, target, st.duration)
-        if st.kind == "broker_down":
-            self.down_windows.append((at, end))
-        if st.deliberate_overlap:
-            self.double_windows.append((at, end))
-        self.outcome.injected.append(
-            chaos_plan.Injected(st.kind, at, end, from_end=st.deliberate_overlap, note=st.note)
-        )
 
 
 def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
@@ -299,6 +283,8 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
             outcome.injected, commits, lag, chaos.bounds(), lag_slack=int(5 * spec.records / spec.seconds)
         )
 
+        doubles = runner.windows(note=chaos_plan.DOUBLE_FAULT_NOTE)
+
         def committed_in(windows: list[tuple[int, int]]) -> list[int]:
             return [sum(1 for t in commits if a <= t <= b) for a, b in windows]
 
@@ -308,10 +294,10 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
             "faults": outcome.counts(),
             "missed": outcome.missed,
             "liveness": live,
-            "batches_committed_while_a_broker_was_down": committed_in(runner.down_windows),
+            "batches_committed_while_a_broker_was_down": committed_in(runner.windows(kind="broker_down")),
             "double_fault": [
                 {"window_ms": w, "committed_during": n, "why": chaos_plan.DOUBLE_FAULT_NOTE}
-                for w, n in zip(runner.double_windows, committed_in(runner.double_windows), strict=True)
+                for w, n in zip(doubles, committed_in(doubles), strict=True)
             ],
             "restarts": len(chaos.events_of(s, wire.SUPERVISOR_RESTART)),
             "transaction_timeouts": len(chaos.events_of(s, wire.TRANSACTION_TIMEOUT)),

@@ -33,8 +33,8 @@ from onceflow.operations import audit, recon_chain
 from onceflow.rules import clock
 from onceflow.runtime import jobctl, procs
 from onceflow.runtime.run_files import JobStatus
-from onceflow_dev import airflow_local, broker, chaos, generator
-from onceflow_dev.chaos_plan import Injected
+from onceflow_dev import airflow_local, broker, chaos, generator, scenario
+from onceflow_dev.chaos_plan import Injected, Outcome, Step
 from onceflow_dev.webhook_receiver import Receiver
 
 log = logging.getLogger("onceflow_dev.soak")
@@ -56,16 +56,53 @@ class SoakSpec:
     reconcile_interval_minutes: float = 2.0
 
 
-def plan(spec: SoakSpec) -> list[tuple[float, str, float]]:
-    """(seconds from the start, kind, duration), seeded; faults between 10 % and 80 % of the run."""
+def plan(spec: SoakSpec) -> list[Step]:
+    """The seeded schedule; faults between 10 % and 80 % of the run, in time order."""
     rng = random.Random(spec.seed)
-    out = [(rng.uniform(0.1, 0.8) * spec.seconds, "kill_job", 0.0) for _ in range(spec.job_kills)]
+    out = [Step(rng.uniform(0.1, 0.8) * spec.seconds, "kill_job") for _ in range(spec.job_kills)]
     out += [
-        (rng.uniform(0.15, 0.75) * spec.seconds, "restart_broker", rng.uniform(3, 15))
+        Step(rng.uniform(0.15, 0.75) * spec.seconds, "restart_broker", rng.uniform(3, 15))
         for _ in range(spec.broker_restarts)
     ]
-    out += [(rng.uniform(0.1, 0.8) * spec.seconds, "pause_driver", rng.uniform(5, 30)) for _ in range(spec.pauses)]
-    return sorted(out)
+    out += [Step(rng.uniform(0.1, 0.8) * spec.seconds, "pause_driver", rng.uniform(5, 30)) for _ in range(spec.pauses)]
+    return sorted(out, key=lambda st: (st.at, st.kind))
+
+
+class SoakFaults:
+    """The soak's faults (scenario.Fault each): kill -9 of the job, half of them with its supervisor (so that only
+    the scheduled health check brings it back), the broker killed and started again, the driver paused."""
+
+    def __init__(self, s, base, seed: int):
+        self.s, self.base = s, base
+        self.rng = random.Random(seed + 1)
+
+    def run(self, steps: list[Step], t0: float) -> Outcome:
+        kinds = {"kill_job": self.kill_job, "restart_broker": self.restart_broker, "pause_driver": self.pause_driver}
+        return scenario.Scenario(kinds, t0).run(steps)
+
+    def kill_job(self, st: Step) -> scenario.Began:
+        whole_tree = self.rng.random() < 0.5
+        at = clock.now_ms()
+        try:  # a fault for a job that is still coming back would hit nothing
+            jobctl.wait_running(self.s, timeout=300)
+        except TimeoutError:
+            raise scenario.Missed("the job was not running within 300 s") from None
+        if jobctl.kill(self.s, with_supervisor=whole_tree) is None:
+            raise scenario.Missed("no job process to kill")
+        return scenario.Began(at, end_ms=clock.now_ms(), note="job and supervisor" if whole_tree else "job")
+
+    def restart_broker(self, st: Step) -> scenario.Began:
+        at = clock.now_ms()
+        broker.kill(self.base)
+        return scenario.Began(at, restart=lambda: broker.start(self.base), note=f"down {st.duration:.0f} s")
+
+    def pause_driver(self, st: Step) -> scenario.Began:
+        pid = getattr(JobStatus.read(self.s.status_file), "pid", None)
+        if not (pid and procs.pid_alive(pid)):
+            raise scenario.Missed("the running job's driver pid was not in its status file")
+        at = clock.now_ms()
+        os.kill(pid, signal.SIGSTOP)
+        return scenario.Began(at, restart=lambda: os.kill(pid, signal.SIGCONT), note=f"{st.duration:.0f} s")
 
 
 def explained(run: dict, faults: list[Injected], grace_ms: int) -> Injected | None:
@@ -137,7 +174,6 @@ def run(spec: SoakSpec, var_dir) -> dict:
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(procs.free_port()),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(procs.free_port()),
     }
-    faults: list[Injected] = []
     manifest = var_dir / "soak-manifest.csv"
     t0 = time.monotonic()
     broker.start(base)
@@ -177,36 +213,7 @@ def run(spec: SoakSpec, var_dir) -> dict:
         )
         t_input = time.monotonic()
         feeder.start()
-        rng = random.Random(spec.seed + 1)
-        for at, kind, dur in plan(spec):
-            time.sleep(max(0.0, at - (time.monotonic() - t_input)))
-            start_ms = clock.now_ms()
-            if kind == "kill_job":
-                whole_tree = rng.random() < 0.5
-                try:  # a fault for a job that is still coming back would hit nothing
-                    jobctl.wait_running(s, timeout=300)
-                except TimeoutError:
-                    log.warning("the job is not running before a planned kill; skipped")
-                    continue
-                if jobctl.kill(s, with_supervisor=whole_tree) is None:
-                    continue
-                faults.append(
-                    Injected(kind, start_ms, clock.now_ms(), note="job and supervisor" if whole_tree else "job")
-                )
-            elif kind == "restart_broker":
-                broker.kill(base)
-                time.sleep(dur)
-                broker.start(base)
-                faults.append(Injected(kind, start_ms, clock.now_ms(), note=f"down {dur:.0f} s"))
-            elif kind == "pause_driver":
-                pid = getattr(JobStatus.read(s.status_file), "pid", None)
-                if not (pid and procs.pid_alive(pid)):
-                    continue
-                os.kill(pid, signal.SIGSTOP)
-                time.sleep(dur)
-                os.kill(pid, signal.SIGCONT)
-                faults.append(Injected(kind, start_ms, clock.now_ms(), note=f"{dur:.0f} s"))
-            log.info("t=%.0fs %s %s", time.monotonic() - t0, kind, faults[-1].note)
+        outcome = SoakFaults(s, base, spec.seed).run(plan(spec), t_input)
         feeder.join(spec.seconds * 2 + 600)
         sent = generator.read_manifest(manifest)
         chaos.wait_drained(s, sent, timeout=max(900.0, spec.seconds / 2))
@@ -219,7 +226,10 @@ def run(spec: SoakSpec, var_dir) -> dict:
             what=f"the scheduled reconciliation chain to prove batch {last}",
         )
         runs = {d: api.runs(d, run_type="scheduled", limit=1000) for d in airflow_local.watch_dags(s)}
-        report = judge(s, spec, runs, faults, sent, last)
+        report = judge(s, spec, runs, outcome.injected, sent, last)
+        # every planned fault is injected, or the run fails and says which and why
+        report["missed"] = outcome.missed
+        report["ok"] = report["ok"] and not outcome.missed
         report["alerts"] = _alert_counts(receiver)
         report["wall_s"] = round(time.monotonic() - t0, 1)
         return report
@@ -304,7 +314,7 @@ def main() -> int:
     d, c, e = report["dag_runs"], report["chain"], report["exact"]
     print(f"""
 soak              {spec.seconds:.0f} s of input at {spec.rate:.0f} records/s, seed {spec.seed} ({report["wall_s"]} s in all)
-faults injected   {report["faults"]}
+faults injected   {report["faults"]}; not injected: {report["missed"] or "none"}
 scheduled runs    {", ".join(f"{k.removeprefix('ip_count_')} {v['success']}/{v['scheduled']} green" for k, v in d.items())}
 failures          {len(report["unexplained_failures"])} not explained by a fault or not followed by a green run
 chain             {c["runs"]} proving runs covered batches once each: {c["ok"]} ({c["batches_proven"]} batches, {c["twice"]} twice, {c["missing"]} missing; {c["failed_runs"]} failed runs, {c["nothing_new_runs"]} with nothing new)

@@ -1,5 +1,7 @@
 """The chaos runs' fault plan and liveness figures (onceflow_dev.chaos_plan), without a broker."""
 
+import time
+
 from onceflow_dev import chaos_plan as cp
 from onceflow_dev.chaos_plan import Bounds, Injected, Step
 
@@ -170,16 +172,20 @@ def test_no_broker_fault_while_the_node_of_the_last_one_is_being_started_again(m
     monkeypatch.setattr(chaos_cluster.cluster, "describe", lambda _s: {"topics": {s.sink_topic: {"0": {"leader": 1}}}})
     monkeypatch.setattr(chaos_cluster.broker, "kill", lambda _s, node: killed.append(node) or True)
     monkeypatch.setattr(chaos_cluster.broker, "start_node", lambda _s, node: started.wait(5))
-    runner = chaos_cluster.Runner(s, s, 0.0)
-    runner.restarting.add(1)  # the coordinator kill's node: its start again has not returned
-    leader = chaos_plan.Step(0.0, "kill_leader", 3.0)
-    assert runner.start(leader) is None and not killed
+    runner = chaos_cluster.Runner(s, s, time.monotonic())
+    coordinator = runner._node_down(chaos_plan.Step(0.0, "kill_coordinator", 3.0), 0, 1)
+    assert runner.restarting == {1}  # the coordinator kill's node: its start again has not returned
+    leader = chaos_plan.Step(0.0, "kill_leader", 0.0)
+    runner.carry_out([leader])
+    assert not killed and not runner.outcome.injected
     assert runner.outcome.missed and "not fully in sync" in runner.outcome.missed[0]["why"]
     started.set()
-    runner.end(chaos_plan.Step(0.0, "kill_coordinator", 3.0), 0, 1)  # returns once the node answers
+    assert coordinator.restart is not None
+    coordinator.restart()  # returns once the node answers
     assert not runner.restarting
-    got = runner.start(leader)
-    assert got is not None and got[1] == 1 and killed == [1]
+    runner.carry_out([leader])
+    assert killed == [1] and [f.kind for f in runner.outcome.injected] == ["kill_leader"]
+    assert not runner.restarting  # started again by the scenario after the step's duration
 
 
 def test_faults_that_come_before_the_lag_is_back_are_judged_from_the_last_of_them():

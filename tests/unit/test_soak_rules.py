@@ -48,4 +48,4 @@ def test_the_fault_plan_is_seeded_and_inside_the_run():
     spec = soak.SoakSpec(seconds=1000, job_kills=4, broker_restarts=2, pauses=2, seed=7)
     p = soak.plan(spec)
     assert p == soak.plan(spec) and len(p) == 8
-    assert all(0.1 * 1000 <= at <= 0.8 * 1000 for at, _, _ in p) and p == sorted(p)
+    assert all(0.1 * 1000 <= st.at <= 0.8 * 1000 for st in p) and [st.at for st in p] == sorted(st.at for st in p)
