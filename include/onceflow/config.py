@@ -1,5 +1,9 @@
 """One typed place for every setting: defaults for the embedded stack, overrides from the environment.
 
+The settings come in sections (SECTIONS: the Kafka cluster and its credentials, topics, the job, Spark, the result
+sink, savepoints, supervision, the control plane, the embedded stack), each a frozen dataclass whose field types
+carry their own rules (a Range, a Literal's choices, a Secret); `Settings` is all of them in one flat record.
+
 The CLI, the streaming job, the supervisor, the batch jobs and the DAGs all call `load()`. Every field can be
 overridden by an environment variable `ONCEFLOW_<FIELD>` (upper case), e.g. `ONCEFLOW_BOOTSTRAP_SERVERS`; the
 declared app's own settings (`APP_SETTINGS`) are the defaults under the environment's. Values are validated on
@@ -16,7 +20,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from onceflow.app import registry
 from onceflow.app.declaration import App, AppError
@@ -74,20 +78,41 @@ Port = Annotated[int, Range(low=1, high=65535)]
 SecretStr = Annotated[str, Secret]
 
 
+# ---------------------------------------------------------------------------- the settings, by section
+# Each section is a typed class of its own (Settings.section gives one); Settings is all of them in one flat record.
+# A dataclass takes its bases' fields from the last base to the first, hence the bases listed last section first.
 @dataclass(frozen=True)
-class Settings:
-    # --- where runtime state lives (git-ignored) ---
+class Runtime:
+    """Where runtime state lives (git-ignored)."""
+
     var_dir: Path = REPO_ROOT / "var"
     # Resolved JVM artifacts (Kafka broker, Spark connector): shared by every var_dir of this checkout.
     jvm_dir: Path = REPO_ROOT / "var" / "jvm"
 
-    # --- Kafka ---
+
+@dataclass(frozen=True)
+class KafkaCluster:
+    """Kafka: the cluster and how each client reaches it (its security: docs/security.md)."""
+
     bootstrap_servers: str = "127.0.0.1:9092"
-    controller_port: int = 9093
-    # Kafka nodes of the embedded stack (each a broker and a controller; 3 = a controller quorum of three). With
-    # more than one, an unset bootstrap list names every node (ports spaced by NODE_PORT_STEP from the first), and
-    # unset replication settings become 3 and 2 (see `load`).
-    brokers: PosInt = 1
+    # PLAINTEXT (the embedded default) or SASL_SSL: SCRAM over TLS, every client authenticated as its role's
+    # principal (onceflow.kafka.acls), the brokers' certificates checked against kafka_ca_file.
+    kafka_security_protocol: Literal["PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256"] = "SCRAM-SHA-512"
+    kafka_username: str = ""
+    # Never written anywhere: as_dict() redacts it, repr() leaves it out; it reaches a child process only in its
+    # environment (as_env), and comes from an Airflow connection or ONCEFLOW_KAFKA_PASSWORD.
+    kafka_password: SecretStr = field(default="", repr=False)
+    # PEM file of the CA that signed the brokers' certificates; empty: the embedded stack's (var/kafka/tls/ca.pem)
+    kafka_ca_file: str = ""
+    # The broker's ceiling for any producer's transaction.timeout.ms (Kafka default 15 min).
+    broker_transaction_max_timeout_ms: PosInt = 900_000
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Topics: the app's own and the shared ones, as the platform creates them."""
+
     # An app's own topics; empty: named from its app_id (onceflow.rules.names), e.g. <app_id>_source.
     source_topic: str = ""
     sink_topic: str = ""
@@ -105,24 +130,12 @@ class Settings:
     sink_partitions: PosInt = 4
     replication_factor: PosInt = 1
     min_insync_replicas: PosInt = 1
-    # The broker's ceiling for any producer's transaction.timeout.ms (Kafka default 15 min).
-    broker_transaction_max_timeout_ms: PosInt = 900_000
-    # How often the coordinator looks for timed-out transactions (Kafka default 10 s).
-    broker_txn_abort_check_interval_ms: int = 10_000
-    broker_heap: str = "512m"
-    # --- Kafka security (docs/security.md) ---
-    # PLAINTEXT (the embedded default) or SASL_SSL: SCRAM over TLS, every client authenticated as its role's
-    # principal (onceflow.kafka.acls), the brokers' certificates checked against kafka_ca_file.
-    kafka_security_protocol: Literal["PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256"] = "SCRAM-SHA-512"
-    kafka_username: str = ""
-    # Never written anywhere: as_dict() redacts it, repr() leaves it out; it reaches a child process only in its
-    # environment (as_env), and comes from an Airflow connection or ONCEFLOW_KAFKA_PASSWORD.
-    kafka_password: SecretStr = field(default="", repr=False)
-    # PEM file of the CA that signed the brokers' certificates; empty: the embedded stack's (var/kafka/tls/ca.pem)
-    kafka_ca_file: str = ""
 
-    # --- the streaming job ---
+
+@dataclass(frozen=True)
+class Job:
+    """The streaming job: which app, its pace and its transactions."""
+
     # The declared app this job runs (onceflow.app: an `onceflow.apps` entry point or app_registry); its
     # declaration's settings are the defaults of the settings in APP_SETTINGS.
     app: str = "ip_count"
@@ -130,10 +143,6 @@ class Settings:
     app_id: str = ""
     # Apps declared outside installed packages: name=package.module:attribute, comma-separated.
     app_registry: str = ""
-    # The app instances the control plane (Airflow's DAGs, one set per instance) runs: comma-separated `app` or
-    # `app_id=app`; `*`: every declared app under its own name; empty: the one instance these settings name.
-    apps: str = ""
-    master: str = "local[2]"
     checkpoint_uri: str = ""  # default: <var_dir>/checkpoints/<app_id>
     trigger_interval_s: NonNegFloat = 5.0
     # Run the batch that emits newly closed windows at once instead of one trigger later (onceflow.rules.pacing).
@@ -146,7 +155,6 @@ class Settings:
     # Per-batch costs (planning, state store commit, checkpoint files, transaction) amortise over the batch:
     # 500,000 drained a backlog ~10-20 % faster than 200,000 (docs/performance.md, make bench-sweep).
     max_offsets_per_trigger: PosInt = 500_000
-    shuffle_partitions: PosInt = 4
     min_batches_to_retain: PosInt = 100
     window_s: PosInt = 5
     watermark_s: NonNegInt = 5
@@ -157,6 +165,31 @@ class Settings:
     # The transactional producer's batching (the whole batch is produced, then committed at once).
     producer_linger_ms: NonNegInt = 5
     producer_batch_messages: PosInt = 10_000
+    # An event time more than this after its Kafka record's timestamp is quarantined (DLQ `timestamp_ahead`):
+    # a broken client clock must not move the watermark. Recorded per batch in the ledger.
+    max_event_ahead_s: NonNegFloat = 60.0
+    # DLQ copies carry at most this many bytes of the original value (size and sha256 in headers), so a record
+    # near the broker's size limit still fits into the DLQ with its provenance.
+    dlq_max_value_bytes: Annotated[int, Range(low=0, high=900_000, low_open=True)] = 64 * 1024
+    # How long a replay waits for the ledger's record of its batch when another producer's open transaction
+    # (a backfill chunk) holds the ledger's last stable offset back.
+    ledger_wait_s: PosFloat = 120.0
+    # A commit or abort that does not finish in this time has an unknown outcome: the producer is replaced.
+    commit_timeout_s: PosFloat = 120.0
+    # send_offsets_to_transaction's timeout. librdkafka can block in that call past it when the group's coordinator
+    # died (librdkafka #5456): past it and a grace (itself, at most 15 s) the producer is taken for wedged, replaced,
+    # and the batch written again by the same driver.
+    send_offsets_timeout_s: PosFloat = 30.0
+    # Fixed by the checkpoint: Spark keeps the provider a query started with; a savepoint records it.
+    state_store_provider: str = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+
+
+@dataclass(frozen=True)
+class Spark:
+    """Spark: where the job runs and what it may take (docs/cluster.md)."""
+
+    master: str = "local[2]"
+    shuffle_partitions: PosInt = 4
     driver_memory: str = "1g"
     # Spark on a cluster (ONCEFLOW_MASTER spark://..., k8s://..., yarn): the executors, and where the driver runs
     # ("client": where it is launched; "cluster": in the cluster, Kubernetes and YARN only for Python).
@@ -177,25 +210,12 @@ class Settings:
     k8s_kafka_secret: str = "onceflow-kafka"
     k8s_kafka_secret_mount: str = "/etc/onceflow/kafka"
     app_root_in_image: str = "/opt/onceflow"
-    # An event time more than this after its Kafka record's timestamp is quarantined (DLQ `timestamp_ahead`):
-    # a broken client clock must not move the watermark. Recorded per batch in the ledger.
-    max_event_ahead_s: NonNegFloat = 60.0
-    # DLQ copies carry at most this many bytes of the original value (size and sha256 in headers), so a record
-    # near the broker's size limit still fits into the DLQ with its provenance.
-    dlq_max_value_bytes: Annotated[int, Range(low=0, high=900_000, low_open=True)] = 64 * 1024
-    # How long a replay waits for the ledger's record of its batch when another producer's open transaction
-    # (a backfill chunk) holds the ledger's last stable offset back.
-    ledger_wait_s: PosFloat = 120.0
-    # A commit or abort that does not finish in this time has an unknown outcome: the producer is replaced.
-    commit_timeout_s: PosFloat = 120.0
-    # send_offsets_to_transaction's timeout. librdkafka can block in that call past it when the group's coordinator
-    # died (librdkafka #5456): past it and a grace (itself, at most 15 s) the producer is taken for wedged, replaced,
-    # and the batch written again by the same driver.
-    send_offsets_timeout_s: PosFloat = 30.0
-    # Fixed by the checkpoint: Spark keeps the provider a query started with; a savepoint records it.
-    state_store_provider: str = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 
-    # --- where results go (docs/database-sink.md) ---
+
+@dataclass(frozen=True)
+class ResultSink:
+    """Where results go (docs/database-sink.md)."""
+
     # kafka: the app's sink topic, in the Kafka transaction of each batch; postgres: its PostgreSQL tables, in one
     # database transaction per batch with the ledger row (the DLQ then is a table too).
     sink_kind: Literal["kafka", "postgres"] = "kafka"
@@ -216,7 +236,11 @@ class Settings:
     # ... and one that waits longer for a lock another session holds on the app's tables.
     postgres_lock_timeout_ms: PosInt = 10_000
 
-    # --- savepoints and their rotation (Hadoop-compatible URIs through fsspec: file://, hdfs://, s3://) ---
+
+@dataclass(frozen=True)
+class Savepoints:
+    """Savepoints and their rotation (Hadoop-compatible URIs through fsspec: file://, hdfs://, s3://)."""
+
     savepoint_uri: str = ""  # default: <var_dir>/savepoints/<app_id>
     savepoint_keep: PosInt = 10  # the newest K savepoints are kept ...
     savepoint_max_age_s: PosFloat = 86_400.0  # ... and none older than this, except the newest
@@ -224,14 +248,25 @@ class Settings:
     rotation_interval_minutes: PosFloat = 60.0
     checkpoint_size_alert_bytes: PosInt = 1 << 30
 
-    # --- the supervisor (Flink's classic fixed-delay restart strategy: 3 attempts, 10 s apart) ---
+
+@dataclass(frozen=True)
+class Supervision:
+    """The supervisor (Flink's classic fixed-delay restart strategy: 3 attempts, 10 s apart)."""
+
     restart_attempts: NonNegInt = 3
     restart_delay_s: NonNegFloat = 10.0
     # A warm standby driver (its JVM and Spark session up, waiting on the app's lock) takes over at once when the
     # active driver's process is lost (kill -9, OOM kill); other failures keep the fixed delay. Client mode only.
     standby: bool = False
 
-    # --- the control plane (Airflow) ---
+
+@dataclass(frozen=True)
+class ControlPlane:
+    """The control plane (Airflow)."""
+
+    # The app instances the control plane (Airflow's DAGs, one set per instance) runs: comma-separated `app` or
+    # `app_id=app`; `*`: every declared app under its own name; empty: the one instance these settings name.
+    apps: str = ""
     kafka_conn_id: str = "onceflow_kafka"  # Airflow connection holding bootstrap.servers
     # The schedules of the watching DAGs (read when the DAG files are parsed; shortened for tests and soaks).
     health_interval_s: PosFloat = 120.0
@@ -244,14 +279,6 @@ class Settings:
     # (0-19), below the streaming job's: where they share its machine, a proof may wait, the stream should not.
     batch_job_nice: Annotated[int, Range(low=0, high=19)] = 10
     spark_conn_id: str = "spark_default"  # Airflow connection: Spark master / deploy mode
-    airflow_port: int = 8080
-    # The embedded Airflow's metadata database: postgres (Debian's PostgreSQL server, started under var/ on
-    # loopback, as Airflow recommends beyond a trial: onceflow_dev.postgres) or sqlite (a file; one writer at a time)
-    airflow_db: Literal["postgres", "sqlite"] = "postgres"
-    # The address the embedded stack's servers (Airflow's api-server, the Spark standalone master and workers
-    # and their web UIs) and a Spark driver on this machine (local[...] or a loopback spark:// master) bind: an
-    # IP address. Loopback by default; 0.0.0.0 (or ::) opens them to the network (docs/security.md).
-    listen_host: str = "127.0.0.1"
     health_progress_threshold_s: PosFloat = 120.0  # no committed batch for this long while input waits = stalled
     checkpoint_freshness_threshold_s: float = 600.0
     health_restart_attempts: NonNegInt = 3  # restarts by the health check per window, then page
@@ -270,8 +297,57 @@ class Settings:
     alert_smtp_conn_id: str = "smtp_default"
     alert_email_to: str = ""
 
-    # --- fault injection for tests; empty = off (see onceflow.faults) ---
+
+@dataclass(frozen=True)
+class EmbeddedStack:
+    """The embedded stack (`onceflow stack up`: docs/cluster.md)."""
+
+    # Kafka nodes of the embedded stack (each a broker and a controller; 3 = a controller quorum of three). With
+    # more than one, an unset bootstrap list names every node (ports spaced by NODE_PORT_STEP from the first), and
+    # unset replication settings become 3 and 2 (see `load`).
+    brokers: PosInt = 1
+    controller_port: int = 9093
+    # How often the coordinator looks for timed-out transactions (Kafka default 10 s).
+    broker_txn_abort_check_interval_ms: int = 10_000
+    broker_heap: str = "512m"
+    airflow_port: int = 8080
+    # The embedded Airflow's metadata database: postgres (Debian's PostgreSQL server, started under var/ on
+    # loopback, as Airflow recommends beyond a trial: onceflow_dev.postgres) or sqlite (a file; one writer at a time)
+    airflow_db: Literal["postgres", "sqlite"] = "postgres"
+    # The address the embedded stack's servers (Airflow's api-server, the Spark standalone master and workers
+    # and their web UIs) and a Spark driver on this machine (local[...] or a loopback spark:// master) bind: an
+    # IP address. Loopback by default; 0.0.0.0 (or ::) opens them to the network (docs/security.md).
+    listen_host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Testing:
+    """Fault injection for tests; empty = off (see onceflow.faults)."""
+
     fault: str = ""
+
+
+S = TypeVar("S")
+SECTIONS: tuple[type, ...] = (
+    Runtime,
+    KafkaCluster,
+    Topics,
+    Job,
+    Spark,
+    ResultSink,
+    Savepoints,
+    Supervision,
+    ControlPlane,
+    EmbeddedStack,
+    Testing,
+)
+
+
+@dataclass(frozen=True)
+class Settings(
+    Testing, EmbeddedStack, ControlPlane, Supervision, Savepoints, ResultSink, Spark, Job, Topics, KafkaCluster, Runtime
+):
+    """Every setting (its SECTIONS), and what is derived from them."""
 
     def __post_init__(self) -> None:
         # the names left empty follow the app (a frozen dataclass: set once, here)
@@ -284,6 +360,12 @@ class Settings:
     def declared_app(self) -> App:
         """The declaration of the app this job runs (onceflow.app)."""
         return declaration(self.app, self.app_registry)
+
+    def section(self, cls: type[S]) -> S:
+        """One section of these settings as its own typed record, e.g. `s.section(KafkaCluster)`."""
+        if cls not in SECTIONS:
+            raise TypeError(f"{cls.__name__} is not a section of the settings; the sections: {SECTIONS}")
+        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ derived names
     @property

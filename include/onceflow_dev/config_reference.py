@@ -1,5 +1,5 @@
 """docs/configuration.md, generated from onceflow.config: every setting with its environment variable, type,
-default and what it does (the comments above each field in config.py), by section (the `# --- ... ---` comments).
+default and what it does (the comments above each field in config.py), by section (config.SECTIONS: each a class).
 
     python -m onceflow_dev.config_reference > docs/configuration.md     (make docs)
     python -m onceflow_dev.config_reference --out docs/configuration.md
@@ -16,7 +16,6 @@ import ast
 import dataclasses
 import inspect
 import io
-import re
 import sys
 import tokenize
 from pathlib import Path
@@ -24,8 +23,6 @@ from typing import Any
 
 from onceflow import config
 from onceflow.rules import names
-
-SECTION = re.compile(r"#\s*---\s*(.+?)\s*---\s*$")
 
 # Fields whose meaning the comment of the field above them carries (a group under one comment).
 SHARED_COMMENT = {
@@ -123,9 +120,9 @@ FALLBACK = {
 
 def _comments(source: str) -> tuple[dict[str, str], dict[str, str]]:
     """Each field of Settings: its comment (the contiguous comment lines right above it, then its inline
-    comment) and its section (the last `# --- name ---` above it)."""
+    comment) and its section (the docstring of the section class that declares it: config.SECTIONS)."""
     lines = source.splitlines()
-    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == config.Settings.__name__)
+    by_name = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)}
     # line number -> the comment that ends it (tokenize: a '#' inside a string is not a comment)
     inline = {
         tok.start[0]: tok.string
@@ -134,26 +131,22 @@ def _comments(source: str) -> tuple[dict[str, str], dict[str, str]]:
     }
     comments: dict[str, str] = {}
     sections: dict[str, str] = {}
-    section = ""
-    last_end = cls.lineno
-    for node in cls.body:
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        above: list[str] = []
-        for text in lines[last_end : node.lineno - 1]:
-            t = text.strip()
-            m = SECTION.match(t)
-            if m:
-                section, above = m.group(1), []
-            elif t.startswith("#"):
-                above.append(t.lstrip("#").strip())
-            else:
-                above = []
-        end = node.end_lineno or node.lineno
-        tail = inline.get(end, "") if not lines[end - 1].strip().startswith("#") else ""
-        comments[node.target.id] = " ".join([*above, tail.lstrip("#").strip()]).strip()
-        sections[node.target.id] = section
-        last_end = end
+    for section_cls in config.SECTIONS:
+        cls = by_name[section_cls.__name__]
+        section = f"{(ast.get_docstring(cls) or '').rstrip('.')}\0{section_cls.__name__}"
+        last_end = (cls.body[0].end_lineno or cls.lineno) if cls.body else cls.lineno  # after the docstring
+        for node in cls.body:
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            above: list[str] = []
+            for text in lines[last_end : node.lineno - 1]:
+                t = text.strip()
+                above = [*above, t.lstrip("#").strip()] if t.startswith("#") else []
+            end = node.end_lineno or node.lineno
+            tail = inline.get(end, "") if not lines[end - 1].strip().startswith("#") else ""
+            comments[node.target.id] = " ".join([*above, tail.lstrip("#").strip()]).strip()
+            sections[node.target.id] = section
+            last_end = end
     return comments, sections
 
 
@@ -221,13 +214,16 @@ def render() -> str:
         "([security.md](security.md)). Values are checked when they are loaded: a misconfiguration fails at start",
         "with a message that says what to change ([troubleshooting.md](troubleshooting.md#a-setting-is-refused)).",
         "Booleans take `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`); integers may use `_` (`500_000`).",
+        "The settings come in sections, each a typed class of `onceflow.config` (`Settings.section(KafkaCluster)` gives",
+        "one on its own); `Settings` is all of them in one record, so each setting is also `settings.<name>`.",
         "The type column carries each setting's own rule, part of its type in `config.py` (`int > 0`, `float in",
         "(0, 1)`, the choices of a `Literal`, `secret`), checked alike for every setting; the rules between settings",
         "(`min_insync_replicas` at most `replication_factor`, a topic named once) are `Settings.validate`'s.",
         "",
     ]
     for section, fs in by_section.items():
-        out += [f"## {section[0].upper() + section[1:] if section else 'Other'}", ""]
+        title, _, cls_name = section.partition("\0")
+        out += [f"## {title[0].upper() + title[1:]}", "", f"The section `onceflow.config.{cls_name}`.", ""]
         out += ["| setting | environment | type | default | what it does |", "|---|---|---|---|---|"]
         for f in fs:
             what = _what(f.name, comments)

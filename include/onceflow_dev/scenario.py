@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from onceflow.rules import clock
+from onceflow.wire import OnceflowError
 from onceflow_dev.chaos_plan import Injected, Outcome, Step
 
 log = logging.getLogger("onceflow_dev.scenario")
@@ -37,7 +38,7 @@ class Began:
     note: str = ""
 
 
-class Missed(Exception):
+class Missed(OnceflowError):
     """A planned step that could not be injected; the message says why."""
 
 

@@ -176,3 +176,18 @@ def test_the_secret_settings_are_marked_in_their_type_and_redacted():
     d = s.as_dict()
     assert d["kafka_password"] == d["postgres_password"] == "***"
     assert "k-pw" not in repr(s) and "p-pw" not in repr(s)
+
+
+def test_the_settings_come_in_sections_each_setting_in_exactly_one():
+    from dataclasses import fields
+
+    per_section = [{f.name for f in fields(cls)} for cls in config.SECTIONS]
+    names = [n for section in per_section for n in section]
+    assert sorted(names) == sorted(f.name for f in fields(config.Settings)) and len(names) == len(set(names))
+    s = config.load(env={}, bootstrap_servers="10.0.0.1:9092", kafka_password="pw", app_id="orders")
+    kafka = s.section(config.KafkaCluster)
+    assert type(kafka) is config.KafkaCluster and kafka.bootstrap_servers == "10.0.0.1:9092"
+    assert "pw" not in repr(kafka)  # the password is a secret in its section too
+    assert s.section(config.Topics).sink_topic == s.sink_topic == "orders_sink"
+    with pytest.raises(TypeError, match="not a section"):
+        s.section(config.Settings)
