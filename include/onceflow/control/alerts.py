@@ -18,7 +18,7 @@ from typing import cast
 
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka.reading import read_topic
-from onceflow.rules import clock
+from onceflow.rules import clock, json_records
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Alert:
 
     @classmethod
     def from_json(cls, raw: bytes) -> Alert:
-        return cls(**json.loads(raw))
+        return json_records.from_json(cls, json.loads(raw))
 
     def text(self) -> str:
         head = f"[{self.severity.upper()} {self.status.upper()}] {self.app}: {self.summary}"

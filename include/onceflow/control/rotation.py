@@ -19,7 +19,7 @@ from onceflow.config import Settings
 from onceflow.control import alerts
 from onceflow.kafka import events as ev
 from onceflow.operations import savepoints
-from onceflow.rules import clock
+from onceflow.rules import clock, json_records
 from onceflow.rules.savepoints import SavepointError
 from onceflow.storage.store import Store
 
@@ -71,15 +71,7 @@ class SavepointStep:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SavepointStep:
-        return cls(
-            **d
-            | {
-                "status": Result(d["status"]),
-                "action": Action(d.get("action", Action.ROTATE)),
-                "incompatibilities": tuple(d.get("incompatibilities") or ()),
-                "alerts": tuple(d.get("alerts") or ()),
-            }
-        )
+        return json_records.from_json(cls, d)
 
 
 @dataclass(frozen=True)

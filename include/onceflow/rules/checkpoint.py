@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from onceflow.rules import json_records
 from onceflow.rules.ledger import BatchPlan, QuarantineRange
 from onceflow.wire import OnceflowError
 
@@ -82,7 +83,7 @@ class Epoch:
 
     @classmethod
     def from_json(cls, text: str) -> Epoch:
-        return cls(**json.loads(text))
+        return json_records.from_json(cls, json.loads(text))
 
     def ledger_batch(self, spark_batch: int) -> int:
         if spark_batch < self.spark_batch_from and self.prior_shift is not None:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from onceflow.rules import clock
+from onceflow.rules import clock, json_records
 from onceflow.rules.ledger import CoverageReport, LedgerEntry
 from onceflow.wire import OnceflowError
 
@@ -300,13 +300,8 @@ class Result:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Result:
-        d = dict(d)
-        d.pop("ok", None)
-        d.pop("verdict", None)
-        d["ranges"] = {int(p): tuple(r) for p, r in d["ranges"].items()}
-        d["checks"] = [Check(**c | {"status": Status(c["status"])}) for c in d["checks"]]
-        d["mode"] = Mode(d.get("mode", Mode.MANUAL))
-        return cls(**d)
+        """From `as_dict()` (its `ok` and `verdict` are derived again, not read)."""
+        return json_records.from_json(cls, d)
 
     def check(self, name: str) -> Check:
         return next(c for c in self.checks if c.name == name)

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from onceflow.rules import json_records
 from onceflow.rules.checkpoint import Epoch
 from onceflow.rules.ledger import Committed, LedgerEntry, RestoreRecord
 from onceflow.wire import OnceflowError
@@ -214,11 +215,7 @@ class Manifest:
             raise SavepointError(
                 f"unknown savepoint manifest format {d.get('format')!r} (this onceflow reads format {FORMAT})"
             )
-        for k in ("end_offsets", "group_offsets"):
-            d[k] = {int(p): int(v) for p, v in d[k].items()}
-        d["group_metadata"] = {int(p): v for p, v in d["group_metadata"].items()}
-        d["files"] = tuple(FileEntry(**f) for f in d["files"])
-        return cls(**d)
+        return json_records.from_json(cls, d)
 
 
 def file_problems(manifest: Manifest, found: Mapping[str, tuple[int, str | None]]) -> list[str]:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from onceflow.config import Settings
-from onceflow.rules import progress
+from onceflow.rules import json_records, progress
 from onceflow.runtime import procs
 from onceflow.wire import OnceflowError
 
@@ -49,7 +49,7 @@ class Handle:
 
     @classmethod
     def from_dict(cls, d: dict) -> Handle:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        return json_records.from_json(cls, d)
 
 
 @dataclass(frozen=True)

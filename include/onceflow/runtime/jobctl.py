@@ -16,7 +16,7 @@ from pathlib import Path
 from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
-from onceflow.rules import clock
+from onceflow.rules import clock, json_records
 from onceflow.runtime import jvm, launcher, preflight, procs, standby, supervisor
 from onceflow.runtime.job_view import JobView, StandbyView
 from onceflow.runtime.run_files import Desired, Exited, JobStatus
@@ -204,7 +204,7 @@ class CommitWait:
 
     @classmethod
     def from_dict(cls, d: dict) -> CommitWait:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        return json_records.from_json(cls, d)
 
     def check(self) -> dict | None:
         """The status once the job committed after `after_ms` (with `or_idle`: or reports that its query runs
