@@ -199,6 +199,15 @@ class Contender:
         return sum(max(0, hi - pos.get(p, lo)) for p, (lo, hi) in wm.items())
 
 
+def read_to_the_end(position: dict[int, int], end: dict[int, int], last_batch_read: bool, closes: bool) -> bool:
+    """A contender has drained the backlog: its committed position is the end, and, for an app whose results are
+    windows a watermark closes (`closes`), its last batch read nothing: the close-out batch that writes the windows
+    the last data batch's watermark closed (Spark evicts with the previous batch's watermark). Without it a loaded
+    machine stopped the job first and the sink lacked those windows (every one, with a single data batch). A
+    stateless app has no such batch to wait for."""
+    return position == end and not (closes and last_batch_read)
+
+
 class ExactlyOnce(Contender):
     name = "onceflow exactly-once"
 
@@ -211,16 +220,11 @@ class ExactlyOnce(Contender):
         return job["pid"] if job else None
 
     def drained(self, end) -> dict | None:
-        got = audit.committed_offsets(self.s, end)
-        if got != end:
-            return None
         entries = audit.ledger_entries(self.s)
-        # an app whose results are windows a watermark closes: read to the end, and a batch without input committed
-        # after that, the close-out that writes the windows the last data batch's watermark closed (as the
-        # at-least-once contender waits for). Without it a loaded machine stopped the job first and the sink lacked
-        # those windows (every one, with a single data batch). A stateless app has no such batch to wait for.
-        closes = self.s.declared_app().event_time
-        if not entries or (closes and any(a < b for a, b in entries[-1].ranges.values())):
+        last_read = bool(entries) and any(a < b for a, b in entries[-1].ranges.values())
+        if not entries or not read_to_the_end(
+            audit.committed_offsets(self.s, end), end, last_read, self.s.declared_app().event_time
+        ):
             return None
         return {
             "first_ms": min(e.batch_ts_ms for e in entries if e.ranges and any(a < b for a, b in e.ranges.values())),
@@ -253,11 +257,8 @@ class AtLeastOnce(Contender):
 
     def drained(self, end) -> dict | None:
         st = run_files.read_json(self.s.status_file) or {}  # the at-least-once query's own status file
-        now = self.position(list(end)) or {}
-        # read to the end, and a batch without input ran after that: the one that writes the windows the last
-        # data batch's watermark closed (Spark evicts with the previous batch's watermark); without it the sink
-        # lacks the backlog's last results (and, with one data batch, every result)
-        if now != end or "first_batch_ms" not in st or st.get("last_input_rows") != 0:
+        last_read = st.get("last_input_rows") != 0
+        if "first_batch_ms" not in st or not read_to_the_end(self.position(list(end)) or {}, end, last_read, True):
             return None
         return {"first_ms": st["first_batch_ms"], "last_ms": st["last_commit_ms"], "batches": st["batches"]}
 

@@ -223,3 +223,14 @@ def test_the_ratios_of_a_run_without_some_rows_are_none_and_the_table_says_so():
     text = bench.table(r)
     assert "exactly-once / at-least-once throughput: -" in text
     assert "PostgreSQL sink / Kafka sink throughput (onceflow): 0.5" in text
+
+
+def test_a_contender_has_drained_once_at_the_end_and_for_windows_after_a_batch_that_read_nothing():
+    from onceflow_dev.bench import read_to_the_end
+
+    end = {0: 10, 1: 20}
+    assert not read_to_the_end({0: 10, 1: 19}, end, last_batch_read=False, closes=True)
+    # at the end, but the last batch read data: the close-out that writes its closed windows has not run yet
+    assert not read_to_the_end(end, end, last_batch_read=True, closes=True)
+    assert read_to_the_end(end, end, last_batch_read=False, closes=True)
+    assert read_to_the_end(end, end, last_batch_read=True, closes=False)  # a stateless app: nothing to close
