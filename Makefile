@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 RUN_RATE ?= 200
 RUN_SECONDS ?= 3600
 
-.PHONY: setup run stop status lint format docs test test-unit test-integration test-topology test-secured bench bench-short bench-quiet bench-writer bench-profile bench-sweep chaos chaos-seeds soak clean
+.PHONY: setup run stop status lint format docs test test-unit test-spark test-integration test-topology test-secured bench bench-short bench-quiet bench-writer bench-profile bench-sweep chaos chaos-seeds soak clean
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -49,17 +49,21 @@ format: setup
 	$(BIN)/ruff check --fix $(LINTED)
 	$(BIN)/ruff format $(LINTED)
 
-## test: lint, unit tests (no broker), then integration tests against a real broker, real Spark and Airflow
-## (started and stopped by the tests); each step stops the run on a failure. The running-Airflow module runs alone
-## first (with the job beside Airflow's processes it keeps both cores busy); then the rest on TEST_WORKERS pytest-xdist
+## test: lint, unit tests (no broker, no JVM), the Spark plan tests (tests/spark), then integration tests against a real
+## broker, real Spark and Airflow (started and stopped by the tests); each step stops the run on a failure. The
+## running-Airflow module runs alone first (with the job beside Airflow's processes it keeps both cores busy); then the rest on TEST_WORKERS pytest-xdist
 ## workers (whole modules each, slowest first: tests/conftest.py), since one module at a time left a core idle about
 ## half the time (jobs starting, waiting on triggers, timeouts and restarts: docs/testing.md). TEST_WORKERS=1: serial.
 TEST_WORKERS ?= 2
 AIRFLOW_RUNNING := tests/airflow/test_running_airflow.py
-test: lint test-unit test-integration
+test: lint test-unit test-spark test-integration
 
 test-unit: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/test_dag_integrity.py tests/unit  # the DAG files parse first (seconds)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/control/test_dag_integrity.py tests/unit  # the DAG files parse first (seconds)
+
+## test-spark: the tests that build Spark plans (one local JVM; no broker): the parsing rules in Spark, the apps' plans
+test-spark: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/spark
 
 test-integration: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 --durations-min=10 $(AIRFLOW_RUNNING)

@@ -122,8 +122,17 @@ def spark_class_archive(request):
     yield
 
 
+@pytest.fixture(autouse=True)
+def unit_tests_need_no_jvm(request):
+    """The unit tier runs without a JVM (in seconds, first): a unit test that asks for Spark fails here, and belongs
+    in tests/spark."""
+    if "spark" in request.fixturenames and Path(__file__).parent / "unit" in Path(str(request.node.path)).parents:
+        pytest.fail("a unit test needs no JVM: a test that builds a Spark plan belongs in tests/spark")
+
+
 @pytest.fixture(scope="session")
 def spark():
+    """One local Spark session for the tests that build plans (tests/spark, and the integration tiers)."""
     from pyspark.sql import SparkSession
 
     jars = ",".join(str(j) for j in jvm.spark_kafka_jars(config.load(env={})))  # for the batch jobs' Kafka reads

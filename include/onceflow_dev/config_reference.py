@@ -4,7 +4,7 @@ default and what it does (the comments above each field in config.py), by sectio
     python -m onceflow_dev.config_reference > docs/configuration.md     (make docs)
     python -m onceflow_dev.config_reference --out docs/configuration.md
 
-tests/unit/test_config_reference.py fails when the file differs from what this prints, so a setting cannot be
+tests/unit/config/test_config_reference.py fails when the file differs from what this prints, so a setting cannot be
 added without its line in the reference, nor without something that says what it does. The output depends on the
 source only: no environment, no path of this machine (defaults under the repository are shown relative to it).
 """

@@ -37,3 +37,10 @@ lucky = App(name="lucky", transform=_lucky)  # rand(): Spark knows it is not det
 unsure = App(name="unsure", transform=_upper, deterministic=False)
 greedy = App(name="greedy", transform=_upper, settings={"bootstrap_servers": "elsewhere:9092"})
 not_an_app = object()
+
+
+# The registry of these apps, and two broken entries (a module attribute that is not an App; an App under another name)
+REGISTRY = (
+    ",".join(f"{n}=tests.support.apps:{n}" for n in ("upper", "lucky", "unsure", "greedy"))
+    + ",ghost=tests.support.apps:not_an_app,wrongname=tests.support.apps:upper"
+)

@@ -45,7 +45,7 @@ label{font-size:12px;color:#4b5866;display:flex;flex-direction:column;gap:3px} i
 
 SCRIPT = r"""
 // Everything shown comes from Kafka records: untrusted. Every value put into markup goes through esc() (or a helper
-// that calls it); tests/unit/test_console.py fails on a ${...} hole that does not.
+// that calls it); tests/unit/control/test_console.py fails on a ${...} hole that does not.
 const esc = s => String(s ?? '-').replace(/[&<>"'`]/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;','`':'&#96;'}[c]));
 const fmtMs = ms => { const d = new Date(Number(ms)); return ms && isFinite(d) ? d.toISOString().replace('T',' ').replace('.000Z','Z') : '-'; };
 const pill = (v, good, bad) => `<span class="pill ${good.includes(v)?'ok':bad.includes(v)?'bad':'warn'}">${esc(v)}</span>`;

@@ -22,7 +22,7 @@ from onceflow import config
 from onceflow.kafka import acls, topics
 from onceflow.rules import names
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BROKERS = ("kafka-1", "kafka-2", "kafka-3")
 AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
 # a compose interpolation: ${VAR}, ${VAR:?message}, ${VAR?message}, ${VAR:-default}, ${VAR-default}

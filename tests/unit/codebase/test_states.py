@@ -13,7 +13,7 @@ from onceflow.kafka import transactional
 from onceflow.rules import lag
 from onceflow.rules import reconciliation as rr
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FAMILIES = [
     lag.Level,
     lag.Trend,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from onceflow.runtime import procs
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_a_run_ended_by_sigterm_tears_its_session_fixtures_down(tmp_path):
