@@ -49,3 +49,26 @@ def test_the_fault_plan_is_seeded_and_inside_the_run():
     p = soak.plan(spec)
     assert p == soak.plan(spec) and len(p) == 8
     assert all(0.1 * 1000 <= st.at <= 0.8 * 1000 for st in p) and [st.at for st in p] == sorted(st.at for st in p)
+
+
+def test_the_soaks_faults_go_through_the_scenario_and_a_kill_without_a_running_job_is_a_miss(monkeypatch, tmp_path):
+    import time
+
+    from onceflow import config
+    from onceflow_dev.chaos_plan import Step
+
+    s = config.load(env={}, var_dir=tmp_path)
+    calls: list[str] = []
+    monkeypatch.setattr(soak.broker, "kill", lambda b: calls.append("kill broker"))
+    monkeypatch.setattr(soak.broker, "start", lambda b: calls.append("start broker"))
+
+    def not_running(*_a, **_k):
+        raise TimeoutError("not running")
+
+    monkeypatch.setattr(soak.jobctl, "wait_running", not_running)
+    out = soak.SoakFaults(s, s, seed=1).run(
+        [Step(0.0, "restart_broker", 0.05), Step(0.01, "kill_job"), Step(0.02, "pause_driver", 0.05)], time.monotonic()
+    )
+    assert calls == ["kill broker", "start broker"]
+    assert [(f.kind, f.note) for f in out.injected] == [("restart_broker", "down 0 s")]
+    assert [m["kind"] for m in out.missed] == ["kill_job", "pause_driver"]  # no job to kill, no driver pid to pause
