@@ -185,7 +185,10 @@ class DatabaseSink(BatchSink):
                 "the server ended the transaction; the batch is decided again and written once. If the driver is "
                 "slow rather than stalled, raise ONCEFLOW_TRANSACTION_TIMEOUT_MS"
             )
-            self._timed_out(plan, started, self.s.transaction_timeout_ms, str(e).strip()[:300], advice, sink="postgres")
+            elapsed_ms = (time.monotonic() - started) * 1000
+            self._timed_out(
+                plan, elapsed_ms, self.s.transaction_timeout_ms, str(e).strip()[:300], advice, sink="postgres"
+            )
             raise ConnectionLost(f"batch {plan.batch}: the transaction was idle past its timeout", phase) from e
         except psycopg.Error as e:
             if self.conn.closed or phase == "commit":  # lost with its connection; in the commit, maybe landed

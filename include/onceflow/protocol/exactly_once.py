@@ -204,8 +204,9 @@ class ExactlyOnceSink(BatchSink):
             )
             raise
         except tw.CoordinatorTimedOut as e:
-            advice = timeout_advice((time.monotonic() - started) * 1000)
-            self._timed_out(plan, started, self.timeout_ms, str(e), advice, transactional_id=self.s.transactional_id)
+            elapsed_ms = (time.monotonic() - started) * 1000
+            advice = timeout_advice(elapsed_ms)
+            self._timed_out(plan, elapsed_ms, self.timeout_ms, str(e), advice, transactional_id=self.s.transactional_id)
             raise
         finally:
             warn.cancel()

@@ -104,6 +104,30 @@ def test_a_transaction_the_coordinator_aborted_is_a_timeout_with_advice_and_noth
     assert "raise ONCEFLOW_TRANSACTION_TIMEOUT_MS" in event["action"]
 
 
+def test_a_timeouts_advice_names_the_elapsed_time_its_event_reports(monkeypatch):
+    """CI, 2026-11-27: the advice said 12,131 ms, the event 12,132 (two readings of the clock). The sink's clock
+    here moves half a second per reading, so two readings can never agree."""
+    import time as real_time
+
+    from onceflow.protocol import exactly_once
+
+    readings = iter(range(1_000_000))
+
+    class Clock:
+        @staticmethod
+        def monotonic() -> float:
+            return real_time.monotonic() + 0.5 * next(readings)
+
+    monkeypatch.setattr(exactly_once, "time", Clock)
+    c = FakeCluster()
+    timed_out = Slow(0.06, kafka_error(KafkaError._FENCED, fatal=True))
+    s = sink(c, [{"commit_transaction": [timed_out]}], settings=S.replace(transaction_timeout_ms=50))
+    with pytest.raises(tw.CoordinatorTimedOut):
+        s.write_batch(plan(0, 0, 10), ROWS)
+    [event] = c.events(S, wire.TRANSACTION_TIMEOUT)
+    assert f"above the {event['elapsed_ms']} ms this one took" in event["action"], event
+
+
 def test_a_commit_whose_outcome_is_unknown_but_landed_is_reported_committed_once():
     c = FakeCluster()
     unknown = kafka_error(KafkaError._TIMED_OUT, retriable=True)
