@@ -1,7 +1,7 @@
 """
 ### {app_id}_backfill
 
-Manual only. Recomputes the 5 s windows per IP over a source range with a Spark batch job (`jobs/backfill.py`,
+Manual only. Recomputes the 5 s windows per IP over a source range with a Spark batch job (`onceflow/entrypoints/backfill.py`,
 submitted through the Spark provider, detached) and writes them exactly once to the target topic (default
 `{app_id}_backfill`, never the live sink). The `run` task waits for it in Airflow's triggerer (no worker slot
 held) and shows its progress in its log: chunk k of n, records, rate, ETA. One Kafka transaction per chunk of

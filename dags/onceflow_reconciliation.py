@@ -22,7 +22,7 @@ An app may declare an independent second check (`App.reference`): ip_count's rec
 **I3 results** (a recount written apart from its plan equals the sink for every (window, ip)), the DLQ record by
 record, and a **Great Expectations** suite on the sink records (Data Docs under `var/reconciliation/<app>/gx`).
 
-The recount runs as a Spark batch job (`jobs/reconcile.py`) submitted through the Spark provider
+The recount runs as a Spark batch job (`onceflow/entrypoints/reconcile.py`) submitted through the Spark provider
 (`spark_default`), detached; the `recount` task waits for it in Airflow's triggerer (no worker slot held) and shows
 its progress in its log. Each result goes to the `onceflow_reconciliation` topic (a chain run's in one transaction with
 the chain's move) and a JSON file; a failed check fails the run and alerts with the precise difference.

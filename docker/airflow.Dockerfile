@@ -9,9 +9,6 @@ COPY --chown=airflow requirements.txt constraints.txt pyproject.toml /opt/oncefl
 COPY --chown=airflow include/onceflow /opt/onceflow/include/onceflow
 # the apps that ship with onceflow (found through their `onceflow.apps` entry points once installed)
 COPY --chown=airflow include/onceflow_apps /opt/onceflow/include/onceflow_apps
-COPY --chown=airflow jobs /opt/onceflow/jobs
-COPY --chown=airflow jvm /opt/onceflow/jvm
-COPY --chown=airflow conf /opt/onceflow/conf
 COPY --chown=airflow dags /opt/onceflow/dags
 COPY --chown=airflow plugins /opt/onceflow/plugins
 RUN pip install --no-cache-dir -r /opt/onceflow/requirements.txt -c /opt/onceflow/constraints.txt \

@@ -78,7 +78,7 @@ def _digest() -> str:
 
 def install(settings: config.Settings) -> Path:
     """Build the job and copy its runtime closure into `<jvm_dir>/flink-ip-count/` (build/ and lib/), once per
-    version of its sources: Maven with strict checksums (-C), from Maven Central only (jvm/settings.xml)."""
+    version of its sources: Maven with strict checksums (-C), from Maven Central only (onceflow/resources/maven/settings.xml)."""
     out = settings.jvm_dir / NAME
     digest = _digest()
     if _built(out, digest):

@@ -10,7 +10,7 @@ shuffle partitions, state store provider), over the backlog `make bench` writes 
    output computed and dropped (`noop`);
 5. + results to the driver: as 4, with the output streamed to the Python driver (onceflow.spark.partition_stream,
    as Arrow batches as the job does; and once as pickled Rows, as it did before) and dropped there;
-6. + produce and commit: the job itself (`jobs/stream.py` under its supervisor), as `make bench` runs it.
+6. + produce and commit: the job itself (`onceflow/entrypoints/stream.py` under its supervisor), as `make bench` runs it.
 
 records/s of each rung = backlog records / its wall time (rungs 4-6: first batch start to last commit, as the
 bench measures); the share of a part = the time it adds over the rung before, over the job's time. Rungs 1-3 run

@@ -18,11 +18,19 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from onceflow.config import Settings
+from onceflow.config import REPO_ROOT, Settings
 from onceflow.kafka import acls
 from onceflow.runtime import jvm, procs
 from onceflow.wire import OnceflowError
 from onceflow_dev.private_files import write_private
+
+DEV_POMS = REPO_ROOT / "jvm"  # the embedded stack's JVM sets (the Kafka broker; Flink's job for the bench)
+
+
+def kafka_classpath(settings: Settings) -> str:
+    """The Kafka broker's jars (and its tools': kafka-acls, the transactions command), resolved from Maven Central."""
+    return str(jvm.resolve("kafka-broker", settings, DEV_POMS) / "*")
+
 
 log = logging.getLogger(__name__)
 MAIN_CLASS = "kafka.Kafka"
@@ -252,7 +260,7 @@ def start_node(settings: Settings, node_id: int, wait: bool = True, timeout: flo
                 f"port {n.host}:{prt} is taken by another process: stop it, or set "
                 f"ONCEFLOW_BOOTSTRAP_SERVERS / ONCEFLOW_CONTROLLER_PORT to free ports"
             )
-    classpath = jvm.kafka_classpath(settings)
+    classpath = kafka_classpath(settings)
     n.home.mkdir(parents=True, exist_ok=True)
     if settings.secured:
         from onceflow_dev import tls

@@ -1,4 +1,4 @@
-"""The same Spark query as the ip_count app's job (jobs/stream.py), written with Spark's built-in Kafka sink (at-least-once): what a
+"""The same Spark query as the ip_count app's job (onceflow/entrypoints/stream.py), written with Spark's built-in Kafka sink (at-least-once): what a
 user would pick instead of onceflow. Used only by `make bench` as the baseline. Progress goes to the status file
 (ONCEFLOW_* settings, like the real job) so the benchmark can time it the same way."""
 

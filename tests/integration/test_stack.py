@@ -10,6 +10,7 @@ from confluent_kafka.admin import ConfigResource, ResourceType
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import topics
 from onceflow.runtime import jvm
+from onceflow_dev import broker
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +46,9 @@ def test_jvm_artifacts_are_cached(kafka, monkeypatch):
         raise AssertionError("Maven ran again although the jars are cached")
 
     monkeypatch.setattr(subprocess, "run", no_maven)
-    assert any(p.name.startswith("kafka_2.13-") for p in jvm.resolve("kafka-broker", base).glob("*.jar"))
+    assert any(
+        p.name.startswith("kafka_2.13-") for p in jvm.resolve("kafka-broker", base, broker.DEV_POMS).glob("*.jar")
+    )
     names = [p.name for p in jvm.spark_kafka_jars(base)]
     assert any(n.startswith("spark-sql-kafka-0-10_2.13-") for n in names)
     assert not any(n.startswith("scala-library") for n in names), "pyspark already ships scala"

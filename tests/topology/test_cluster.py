@@ -281,13 +281,11 @@ def _kafka_tool_coordinator(s) -> int:
     import shutil
     import subprocess
 
-    from onceflow.runtime import jvm
-
     out = subprocess.run(
         [
             shutil.which("java") or "java",
             "-cp",
-            jvm.kafka_classpath(s),
+            broker.kafka_classpath(s),
             "org.apache.kafka.tools.TransactionsCommand",
             "--bootstrap-server",
             s.bootstrap_servers,

@@ -9,13 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from onceflow import wire
-from onceflow.config import REPO_ROOT, Settings
+from onceflow.config import Settings
 from onceflow.control import alerts
 from onceflow.kafka import clients as kafka_clients
 from onceflow.operations import recon_chain
 from onceflow.rules import reconciliation as rr
+from onceflow.runtime import launcher
 
-SCRIPT = REPO_ROOT / "jobs" / "reconcile.py"
+SCRIPT = launcher.RECONCILE_SCRIPT
 
 
 def range_from(first=None, last=None, since=None, until=None) -> dict | None:
@@ -39,7 +40,7 @@ def range_from(first=None, last=None, since=None, until=None) -> dict | None:
 
 
 def args_for(rng: dict | None, with_gx: bool = True) -> list[str]:
-    """jobs/reconcile.py's arguments: a manual range, or (None) the chain's next slice."""
+    """onceflow/entrypoints/reconcile.py's arguments: a manual range, or (None) the chain's next slice."""
     out = [] if rng is not None else ["--chain"]
     for flag, key in (("--first", "first"), ("--last", "last"), ("--since-ms", "since_ms"), ("--until-ms", "until_ms")):
         if rng and rng.get(key) is not None:
@@ -52,7 +53,7 @@ def log_file(settings: Settings) -> Path:
 
 
 def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float = 3600.0) -> rr.Result:
-    """Run jobs/reconcile.py through `argv` (spark-submit, e.g. built by the Spark provider's hook) here, relaying
+    """Run onceflow/entrypoints/reconcile.py through `argv` (spark-submit, e.g. built by the Spark provider's hook) here, relaying
     its progress, and read its result back."""
     from onceflow.runtime import batch_jobs
 

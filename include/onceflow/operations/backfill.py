@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from onceflow import wire
-from onceflow.config import REPO_ROOT, Settings
+from onceflow.config import Settings
 from onceflow.faults import Injector
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
@@ -36,7 +36,7 @@ from onceflow.rules.progress import report as say
 from onceflow.rules.progress import step
 from onceflow.rules.reconciliation import to_ms
 from onceflow.rules.records import RULES_VERSION
-from onceflow.runtime import procs
+from onceflow.runtime import launcher, procs
 from onceflow.spark import app_plan, kafka_source, partition_stream
 
 log = logging.getLogger(__name__)
@@ -400,7 +400,7 @@ def spec_from(
     )
 
 
-SCRIPT = REPO_ROOT / "jobs" / "backfill.py"
+SCRIPT = launcher.BACKFILL_SCRIPT
 
 
 def log_file(settings: Settings) -> Path:
@@ -408,7 +408,7 @@ def log_file(settings: Settings) -> Path:
 
 
 def submit(settings: Settings, argv: list[str], out: Path, timeout_s: float = 6 * 3600.0) -> dict:
-    """Start jobs/backfill.py through `argv` (spark-submit) detached; its handle (onceflow.runtime.batch_jobs), for
+    """Start onceflow/entrypoints/backfill.py through `argv` (spark-submit) detached; its handle (onceflow.runtime.batch_jobs), for
     the DAG to wait on in the triggerer."""
     from onceflow.runtime import batch_jobs
 
@@ -416,7 +416,7 @@ def submit(settings: Settings, argv: list[str], out: Path, timeout_s: float = 6 
 
 
 def submitted(settings: Settings, argv: list[str], out: Path, timeout_s: float = 6 * 3600.0) -> dict:
-    """Run jobs/backfill.py through `argv` (spark-submit) here, relaying its progress, and read its report back."""
+    """Run onceflow/entrypoints/backfill.py through `argv` (spark-submit) here, relaying its progress, and read its report back."""
     from onceflow.runtime import batch_jobs
 
     return batch_jobs.run(settings, "backfill", argv, out, log_file(settings), timeout_s)

@@ -1,4 +1,4 @@
-"""The shell of onceflow's batch Spark applications (jobs/reconcile.py, jobs/backfill.py): logging, the result
+"""The shell of onceflow's batch Spark applications (onceflow/entrypoints/reconcile.py, onceflow/entrypoints/backfill.py): logging, the result
 file, exit codes (0 done, 2 parameters refused), and an exit that does not wait for the JVM gateway."""
 
 from __future__ import annotations

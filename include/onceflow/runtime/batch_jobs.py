@@ -66,7 +66,7 @@ def registry(settings: Settings) -> Path:
 
 
 def start(settings: Settings, what: str, argv: list[str], out: Path, log_file: Path, timeout_s: float) -> Handle:
-    """Launch `argv` (spark-submit of jobs/reconcile.py or jobs/backfill.py) detached, its output appended to
+    """Launch `argv` (spark-submit of onceflow/entrypoints/reconcile.py or onceflow/entrypoints/backfill.py) detached, its output appended to
     `log_file`; it must write its JSON result to `out`."""
     from onceflow.runtime import launcher
 

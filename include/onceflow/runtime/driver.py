@@ -1,6 +1,6 @@
 """The streaming driver: the Spark query, and the loop that writes each micro-batch exactly once.
 
-`jobs/stream.py` (what spark-submit runs) calls `main()`. The driver checks everything before it starts
+`onceflow/entrypoints/stream.py` (what spark-submit runs) calls `main()`. The driver checks everything before it starts
 (preflight, the app's lock on this machine, the transactional producer, which fences the previous instance),
 builds the query (the declared app's, onceflow.spark.app_plan), and hands each batch to the protocol
 (onceflow.protocol.exactly_once) inside `foreachBatch`: decide, collect the batch's output, write it in one

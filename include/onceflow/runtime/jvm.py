@@ -1,8 +1,8 @@
-"""JVM artifacts from Maven Central: the Kafka broker jars and Spark's Kafka connector.
+"""JVM artifacts from Maven Central: Spark's Kafka connector (and, for the embedded stack, the Kafka broker).
 
-Each set is described by a checked-in pom under `jvm/`. Maven resolves it with strict checksums (-C) and caches
-in ~/.m2; the resolved jars are copied to `var/jvm/<name>/` with a stamp of the pom's hash, so a second call
-downloads and copies nothing.
+Each set is described by a pom: the connector's ships in the package (onceflow.resources), the development tooling
+passes its own directory of poms. Maven resolves a set with strict checksums (-C) and caches in ~/.m2; the resolved
+jars are copied to `var/jvm/<name>/` with a stamp of the pom's hash, so a second call downloads and copies nothing.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from onceflow.config import REPO_ROOT, Settings
+from onceflow import resources
+from onceflow.config import Settings
 from onceflow.wire import OnceflowError
 
 log = logging.getLogger(__name__)
-POM_DIR = REPO_ROOT / "jvm"
 
 
 class JvmResolveError(OnceflowError):
@@ -31,16 +31,16 @@ def _stamp(pom: Path) -> str:
 
 
 def maven(pom: Path, *goals: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    """Maven on `pom`: batch mode, strict checksums (-C), Maven Central only (jvm/settings.xml)."""
-    cmd = ["mvn", "-B", "-q", "-C", "-s", str(POM_DIR / "settings.xml"), "-f", str(pom), *goals]
+    """Maven on `pom`: batch mode, strict checksums (-C), Maven Central only (onceflow/resources/maven/settings.xml)."""
+    cmd = ["mvn", "-B", "-q", "-C", "-s", str(resources.MAVEN_SETTINGS), "-f", str(pom), *goals]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def resolve(name: str, settings: Settings) -> Path:
-    """Return the directory holding the resolved jars of `jvm/<name>/pom.xml`. Processes resolving the same set at
-    once (two test workers, a CLI command beside the job on a fresh machine) take turns: the first resolves, the
+def resolve(name: str, settings: Settings, poms: Path = resources.MAVEN_POMS) -> Path:
+    """Return the directory holding the resolved jars of `<poms>/<name>/pom.xml`. Processes resolving the same set
+    at once (two test workers, a CLI command beside the job on a fresh machine) take turns: the first resolves, the
     others find its stamp."""
-    pom = POM_DIR / name / "pom.xml"
+    pom = poms / name / "pom.xml"
     out = settings.jvm_dir / name
     if _resolved(pom, out):
         return out
@@ -68,17 +68,11 @@ def _resolve(name: str, pom: Path, out: Path) -> Path:
         pom, "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={tmp}", timeout=1200
     )
     if proc.returncode != 0:
-        raise JvmResolveError(
-            f"Maven could not resolve jvm/{name}/pom.xml:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
-        )
+        raise JvmResolveError(f"Maven could not resolve {pom}:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     stamp.write_text(_stamp(pom))
     return out
-
-
-def kafka_classpath(settings: Settings) -> str:
-    return str(resolve("kafka-broker", settings) / "*")
 
 
 _VERSION_SUFFIX = re.compile(r"-\d[\w.\-]*\.jar$")

@@ -12,13 +12,16 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from onceflow import resources
 from onceflow.config import ENV_PREFIX, REPO_ROOT, Settings
 from onceflow.runtime import jvm
 
-JOB_SCRIPT = REPO_ROOT / "jobs" / "stream.py"
-RECONCILE_SCRIPT = REPO_ROOT / "jobs" / "reconcile.py"
-BACKFILL_SCRIPT = REPO_ROOT / "jobs" / "backfill.py"
-LOG4J = REPO_ROOT / "conf" / "log4j2-job.properties"
+# what spark-submit runs: files of the package (onceflow.entrypoints), found without a checkout
+ENTRYPOINTS = Path(__file__).resolve().parents[1] / "entrypoints"
+JOB_SCRIPT = ENTRYPOINTS / "stream.py"
+RECONCILE_SCRIPT = ENTRYPOINTS / "reconcile.py"
+BACKFILL_SCRIPT = ENTRYPOINTS / "backfill.py"
+LOG4J = resources.LOG4J
 # Spark's checkpoint file manager for checkpoints on the local file system (checkpoint_conf).
 LOCAL_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
@@ -129,7 +132,8 @@ def _spec(settings: Settings, name: str, conf: dict[str, str], script: Path) -> 
 
 
 def _in_image(settings: Settings, path: str) -> str:
-    """A file of this checkout as a driver pod sees it: the same layout under app_root_in_image, local://."""
+    """A file of this checkout as a driver pod sees it: the same layout under app_root_in_image (docker/ builds the
+    image so), local://."""
     rel = Path(os.path.abspath(path)).relative_to(REPO_ROOT)  # not resolve(): var/jvm may be a symlink
     return f"local://{settings.app_root_in_image.rstrip('/')}/{rel.as_posix()}"
 
@@ -166,7 +170,7 @@ def conf_java_log(settings: Settings, in_image: bool = False) -> str:
     """The driver JVM's options: its log configuration, and exit on OutOfMemoryError. A driver JVM out of heap
     otherwise lives on with a dead thread (a task-result getter) and the query waits for good; exiting makes it a
     failure the supervisor restarts and counts."""
-    path = f"{settings.app_root_in_image.rstrip('/')}/conf/{LOG4J.name}" if in_image else str(LOG4J)
+    path = _in_image(settings, str(LOG4J)).removeprefix("local://") if in_image else str(LOG4J)
     return f"-Dlog4j2.configurationFile=file:{path} -XX:+ExitOnOutOfMemoryError"
 
 
@@ -290,12 +294,12 @@ def batch_conf(settings: Settings) -> dict[str, str]:
 
 
 def batch_spec(settings: Settings, name: str, script: Path | None = None) -> dict:
-    """The launch spec of a batch job (the reconciliation recount, a backfill): `script` under jobs/."""
+    """The launch spec of a batch job (the reconciliation recount, a backfill): `script` of onceflow.entrypoints."""
     return _spec(
         settings,
         f"onceflow-{settings.app_id}-{name}",
         batch_conf(settings),
-        script or REPO_ROOT / "jobs" / f"{name}.py",
+        script or ENTRYPOINTS / f"{name}.py",
     )
 
 

@@ -1,4 +1,5 @@
-"""onceflow is a real package: its wheel declares what it needs at run time and carries the console's assets."""
+"""onceflow is a real package: its wheel declares what it needs at run time and carries what it runs without a
+checkout: the console's assets, what spark-submit launches, the driver's log4j2 configuration, the connector's pom."""
 
 import shutil
 import subprocess
@@ -22,7 +23,24 @@ def test_the_wheel_declares_its_dependencies_and_carries_the_consoles_assets(tmp
         meta = next(z.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
     assert "onceflow/control/console/icon.svg" in names
     assert "onceflow/control/console/app.py" in names and "onceflow_apps/ip_count.py" in names
+    for runs in ("entrypoints/stream.py", "entrypoints/reconcile.py", "entrypoints/backfill.py"):
+        assert f"onceflow/{runs}" in names, runs
+    for data in ("log4j2-job.properties", "maven/settings.xml", "maven/spark-kafka/pom.xml"):
+        assert f"onceflow/resources/{data}" in names, data
     requires = [line.split(":", 1)[1].strip() for line in meta.splitlines() if line.startswith("Requires-Dist:")]
     for need in ("confluent-kafka", "pyspark", "pandas"):
         assert any(r.startswith(need) and "extra ==" not in r for r in requires), (need, requires)
     assert any(r.startswith("apache-airflow") and 'extra == "airflow"' in r for r in requires), requires
+
+
+def test_nothing_the_platform_runs_is_found_through_the_checkouts_root():
+    """What spark-submit launches and the files it needs are the package's, found from the package itself; only
+    the development tooling (onceflow_dev) reaches into the checkout (its own poms, the embedded stack's var/)."""
+    from onceflow import resources
+    from onceflow.runtime import launcher
+
+    package = ROOT / "include" / "onceflow"
+    for path in (launcher.JOB_SCRIPT, launcher.RECONCILE_SCRIPT, launcher.BACKFILL_SCRIPT, launcher.LOG4J):
+        assert path.is_file() and package in path.parents, path
+    assert resources.MAVEN_SETTINGS.is_file() and (resources.MAVEN_POMS / "spark-kafka" / "pom.xml").is_file()
+    assert not (ROOT / "jobs").exists() and not (ROOT / "conf").exists()

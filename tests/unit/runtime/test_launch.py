@@ -47,7 +47,7 @@ def _k8s_cluster_mode(**overrides) -> config.Settings:
 def test_kubernetes_cluster_mode_runs_the_image_and_carries_the_settings():
     s = _k8s_cluster_mode(k8s_namespace="streaming", bootstrap_servers="kafka-0.kafka:9092,kafka-1.kafka:9092")
     spec = launcher.submit_spec(s)
-    assert spec["application"] == "local:///opt/onceflow/jobs/stream.py"
+    assert spec["application"] == "local:///opt/onceflow/include/onceflow/entrypoints/stream.py"
     assert all(j.startswith("local:///opt/onceflow/var/jvm/") for j in spec["jars"].split(","))
     c = spec["conf"]
     assert c["spark.kubernetes.container.image"] == "registry.example/onceflow:1.0"
@@ -57,10 +57,10 @@ def test_kubernetes_cluster_mode_runs_the_image_and_carries_the_settings():
     assert c["spark.kubernetes.driverEnv.ONCEFLOW_VAR_DIR"] == "/opt/onceflow/var"
     assert (
         c["spark.driver.extraJavaOptions"]
-        == "-Dlog4j2.configurationFile=file:/opt/onceflow/conf/log4j2-job.properties -XX:+ExitOnOutOfMemoryError"
+        == "-Dlog4j2.configurationFile=file:/opt/onceflow/include/onceflow/resources/log4j2-job.properties -XX:+ExitOnOutOfMemoryError"
     )
     batch = launcher.batch_spec(s, "reconcile")
-    assert batch["application"] == "local:///opt/onceflow/jobs/reconcile.py"
+    assert batch["application"] == "local:///opt/onceflow/include/onceflow/entrypoints/reconcile.py"
     with pytest.raises(ConfigError, match="K8S_IMAGE must name the image"):
         config.load(env={}, master="k8s://https://kube.example:6443", deploy_mode="cluster")
 
