@@ -26,7 +26,7 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from onceflow import config
+from onceflow import config, resources
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.rules import clock, records
@@ -72,7 +72,7 @@ def _digest() -> str:
     h = hashlib.sha256()
     for f in sorted(p for p in SOURCE_DIR.rglob("*") if p.is_file()):
         h.update(str(f.relative_to(SOURCE_DIR)).encode() + b"\0" + f.read_bytes())
-    h.update((config.REPO_ROOT / "jvm" / "settings.xml").read_bytes())
+    h.update(resources.MAVEN_SETTINGS.read_bytes())
     return h.hexdigest()
 
 
