@@ -118,9 +118,9 @@ FALLBACK = {
 }
 
 
-def _comments(source: str) -> tuple[dict[str, str], dict[str, str]]:
+def _comments(source: str) -> dict[str, str]:
     """Each field of Settings: its comment (the contiguous comment lines right above it, then its inline
-    comment) and its section (the docstring of the section class that declares it: config.SECTIONS)."""
+    comment), read from the section class that declares it (config.SECTIONS)."""
     lines = source.splitlines()
     by_name = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)}
     # line number -> the comment that ends it (tokenize: a '#' inside a string is not a comment)
@@ -130,10 +130,8 @@ def _comments(source: str) -> tuple[dict[str, str], dict[str, str]]:
         if tok.type == tokenize.COMMENT
     }
     comments: dict[str, str] = {}
-    sections: dict[str, str] = {}
     for section_cls in config.SECTIONS:
         cls = by_name[section_cls.__name__]
-        section = f"{(ast.get_docstring(cls) or '').rstrip('.')}\0{section_cls.__name__}"
         last_end = (cls.body[0].end_lineno or cls.lineno) if cls.body else cls.lineno  # after the docstring
         for node in cls.body:
             if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
@@ -145,9 +143,8 @@ def _comments(source: str) -> tuple[dict[str, str], dict[str, str]]:
             end = node.end_lineno or node.lineno
             tail = inline.get(end, "") if not lines[end - 1].strip().startswith("#") else ""
             comments[node.target.id] = " ".join([*above, tail.lstrip("#").strip()]).strip()
-            sections[node.target.id] = section
             last_end = end
-    return comments, sections
+    return comments
 
 
 def _what(name: str, comments: dict[str, str]) -> str:
@@ -193,10 +190,7 @@ def _doc(fn: Any) -> str:
 
 
 def render() -> str:
-    comments, sections = _comments(inspect.getsource(config))
-    by_section: dict[str, list[dataclasses.Field]] = {}
-    for f in dataclasses.fields(config.Settings):
-        by_section.setdefault(sections.get(f.name, ""), []).append(f)
+    comments = _comments(inspect.getsource(config))
     p = config.ENV_PREFIX
     out = [
         "# Configuration reference",
@@ -221,11 +215,11 @@ def render() -> str:
         "(`min_insync_replicas` at most `replication_factor`, a topic named once) are `Settings.validate`'s.",
         "",
     ]
-    for section, fs in by_section.items():
-        title, _, cls_name = section.partition("\0")
-        out += [f"## {title[0].upper() + title[1:]}", "", f"The section `onceflow.config.{cls_name}`.", ""]
+    for section in config.SECTIONS:
+        title = (section.__doc__ or section.__name__).rstrip(".")
+        out += [f"## {title[0].upper() + title[1:]}", "", f"The section `onceflow.config.{section.__name__}`.", ""]
         out += ["| setting | environment | type | default | what it does |", "|---|---|---|---|---|"]
-        for f in fs:
+        for f in dataclasses.fields(section):
             what = _what(f.name, comments)
             if f.name in config.APP_SETTINGS:
                 what += " An app may set its own default."
@@ -262,7 +256,7 @@ def render() -> str:
 
 def undocumented() -> list[str]:
     """Settings with nothing that says what they do."""
-    comments, _ = _comments(inspect.getsource(config))
+    comments = _comments(inspect.getsource(config))
     return [f.name for f in dataclasses.fields(config.Settings) if not _what(f.name, comments)]
 
 

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.rules import clock
-from onceflow.runtime import jobctl, preflight, supervisor
+from onceflow.runtime import jobctl, preflight
 from onceflow.runtime.run_files import JobStatus
 from onceflow.wire import OnceflowError
 
@@ -136,7 +136,8 @@ def start(settings: Settings, argv: Sequence[str] | None = None, wait_s: float =
     `wait=False`, return at once with what to wait on (`wait`: a jobctl.CommitWait), for the deploy DAG, which
     waits in the triggerer (onceflow.control.operators.WaitForFirstCommit)."""
     t0 = clock.now_ms()
-    launched = Launch(jobctl.start(settings, argv=argv)["supervisor_pid"], str(supervisor.job_log(settings)))
+    started = jobctl.start(settings, argv=argv)
+    launched = Launch(started["supervisor_pid"], started["log"])
     if not wait:
         return dataclasses.replace(launched, wait=jobctl.CommitWait.of(settings, t0, wait_s, or_idle=True).as_dict())
     st = jobctl.wait_for_commit(settings, after_ms=t0, timeout=wait_s, or_idle=True)
