@@ -4,6 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 ONCEFLOW := $(BIN)/onceflow
+DEV := $(BIN)/onceflow-dev
 STAMP := $(VENV)/.installed
 RUN_RATE ?= 200
 RUN_SECONDS ?= 3600
@@ -21,16 +22,16 @@ setup: $(STAMP)
 
 ## run: the embedded stack (Kafka broker, topics), the generator, Airflow; Airflow's ip_count_deploy starts the job.
 run: setup
-	$(ONCEFLOW) stack up
-	$(ONCEFLOW) produce --detach --rate $(RUN_RATE) --duration $(RUN_SECONDS) --late 0.01 --malformed 0.01
-	$(ONCEFLOW) airflow up
-	@$(ONCEFLOW) where
+	$(DEV) stack up
+	$(DEV) produce --detach --rate $(RUN_RATE) --duration $(RUN_SECONDS) --late 0.01 --malformed 0.01
+	$(DEV) airflow up
+	@$(DEV) where
 
 stop: setup
-	$(ONCEFLOW) stack down
+	$(DEV) stack down
 
 status: setup
-	$(ONCEFLOW) stack status; $(ONCEFLOW) job status
+	$(DEV) stack status; $(ONCEFLOW) job status
 
 LINTED := include dags plugins tests
 
@@ -148,5 +149,5 @@ soak: setup
 	$(BIN)/python -m onceflow_dev.soak
 
 clean:
-	-$(ONCEFLOW) stack down
+	-$(DEV) stack down
 	rm -rf var/kafka var/checkpoints var/run var/log

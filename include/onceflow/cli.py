@@ -1,6 +1,8 @@
 """`onceflow`: the command line of the platform. `job` (start, stop, status of an app's stream), `app` (list,
-validate), `savepoint`, `backfill`, `reconcile`, `quarantine`, `audit`, `show`, `where`; and, from the development
-tooling when it is installed, `stack`, `produce` and `airflow`. `--app NAME` picks the app; `--json` prints JSON."""
+validate, new), `savepoint`, `backfill`, `reconcile`, `quarantine`, `audit`, `show`, `db`, and `stack topics` and
+`stack provision` on any cluster. `--app NAME` picks the app; `--json` prints JSON. The development tooling's
+commands (the embedded stack, the generator, the local Airflow) are `onceflow-dev`'s (onceflow_dev.cli); typed
+here, they go there."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.rules import clock
 
 
-def _print(obj, as_json: bool) -> None:
+def print_record(obj, as_json: bool) -> None:
     if as_json:
         print(json.dumps(obj, indent=2, default=str, sort_keys=True))
     else:
@@ -41,93 +43,52 @@ def _dev(name: str):
         raise
 
 
-def _ts_ms(text: str) -> int:
+def timestamp_ms(text: str) -> int:
     if text.isdigit():
         return int(text)
     return clock.parse_iso_ms(text)
 
 
 def cmd_stack(args, s: config.Settings) -> int:
-    # `topics` and `provision` work on any cluster, from a production image without the development tooling:
-    # only the embedded stack's actions load it
-
-    if args.action == "down":
-        # everything the stack started, whatever this shell exported: its remembered topology wins here
-        s = config.load(env={**os.environ, **config.remembered_stack(s.var_dir)}, **_app_overrides(args))
-    if args.brokers and args.brokers != s.brokers:
-        # the topology's defaults apply (bootstrap list, replication)
-        s = config.load(env=config.with_remembered_stack(os.environ), brokers=args.brokers, **_app_overrides(args))
-    if args.spark_workers and not s.master.startswith("spark://"):
-        s = s.replace(master=f"spark://127.0.0.1:{_dev('stack').DEFAULT_SPARK_MASTER_PORT}")
-    if args.secured:
-        s = s.replace(kafka_security_protocol="SASL_SSL")
-    if args.action == "up":
-        stack = _dev("stack")
-        info = stack.up(s, spark_workers=args.spark_workers or 0, with_postgres=args.postgres)
-        if s.brokers > 1 or args.spark_workers or s.secured:
-            info["export"] = stack.exports(s)  # what the job, Airflow and the CLI must be started with
-        if args.postgres and s.sink_kind != "postgres":
-            info["postgres_sink"] = "provisioned; ONCEFLOW_SINK_KIND=postgres makes the job write to it"
-        _print(info, args.json)
-    elif args.action == "topics":  # an existing cluster: create and check the topics only
+    """`topics` and `provision` work on any cluster, from a production image without the development tooling; the
+    embedded stack's actions are `onceflow-dev stack`'s."""
+    if args.action not in ("topics", "provision"):
+        return _to_dev_tooling(args, s)
+    s = stack_settings(args, s)
+    if args.action == "topics":  # an existing cluster: create and check the topics only
         from onceflow.kafka import topics
 
-        _print({"created": topics.ensure(s), "bootstrap_servers": s.bootstrap_servers}, args.json)
-    elif args.action == "provision":  # an existing secured cluster: the app's principals and ACLs, as its admin
-        from onceflow.kafka import acls, security
-
-        passwords = {r: os.environ.get(f"ONCEFLOW_KAFKA_{r.upper()}_PASSWORD", "") for r in acls.ROLES}
-        unset = [f"ONCEFLOW_KAFKA_{r.upper()}_PASSWORD" for r, pw in passwords.items() if not pw]
-        if unset or not s.secured:
-            raise config.ConfigError(
-                "stack provision runs as the cluster's admin (ONCEFLOW_KAFKA_SECURITY_PROTOCOL=SASL_SSL, "
-                "ONCEFLOW_KAFKA_USERNAME/PASSWORD of a super user) and needs each role's password in the "
-                f"environment; unset: {unset or 'none'}"
-            )
-        _print(security.provision(s, s, passwords), args.json)
-    elif args.action == "down":
-        _print(_dev("stack").down(s), args.json)
-    else:
-        st = _dev("stack").status(s) | {"remembered": config.remembered_stack(s.var_dir)}
-        _print(st, args.json)
-        return 0 if st["broker"]["running"] else 1
-    return 0
-
-
-def cmd_produce(args, s: config.Settings) -> int:
-    g = _dev("generator")
-
-    if args.detach:
-        from onceflow.runtime import procs
-
-        argv = [sys.executable, "-m", "onceflow.cli"] + [a for a in sys.argv[1:] if a != "--detach"]
-        proc = procs.spawn_detached(argv, s.log_dir / "generator.log")
-        procs.write_pidfile(g.pidfile(s), proc.pid, "onceflow.cli")
-        _print({"generator_pid": proc.pid, "log": str(s.log_dir / "generator.log")}, args.json)
+        print_record({"created": topics.ensure(s), "bootstrap_servers": s.bootstrap_servers}, args.json)
         return 0
+    # provision: an existing secured cluster, the app's principals and ACLs, as its admin
+    from onceflow.kafka import acls, security
 
-    spec = g.GeneratorSpec(
-        count=None if args.duration else args.count,
-        duration_s=args.duration,
-        rate=args.rate,
-        event_rate=args.event_rate,
-        start_ms=_ts_ms(args.start) if args.start else None,
-        distinct_ips=args.ips,
-        ipv6_fraction=args.ipv6,
-        skew=args.skew,
-        out_of_order_fraction=args.out_of_order,
-        late_fraction=args.late,
-        malformed_fraction=args.malformed,
-        json_fraction=args.json_fraction,
-        future_fraction=args.future,
-        tail_s=args.tail,
-        seed=args.seed,
-        watermark_s=s.watermark_s,
-        max_ahead_ms=s.max_event_ahead_ms,
-    )
-    res = g.generate(s, spec, Path(args.manifest) if args.manifest else None, progress_every=args.progress_every)
-    _print(vars(res), args.json)
+    passwords = {r: os.environ.get(f"ONCEFLOW_KAFKA_{r.upper()}_PASSWORD", "") for r in acls.ROLES}
+    unset = [f"ONCEFLOW_KAFKA_{r.upper()}_PASSWORD" for r, pw in passwords.items() if not pw]
+    if unset or not s.secured:
+        raise config.ConfigError(
+            "stack provision runs as the cluster's admin (ONCEFLOW_KAFKA_SECURITY_PROTOCOL=SASL_SSL, "
+            "ONCEFLOW_KAFKA_USERNAME/PASSWORD of a super user) and needs each role's password in the "
+            f"environment; unset: {unset or 'none'}"
+        )
+    print_record(security.provision(s, s, passwords), args.json)
     return 0
+
+
+def stack_settings(args, s: config.Settings) -> config.Settings:
+    """The settings as `stack`'s options change them: --brokers (with that topology's defaults: bootstrap list,
+    replication) and --secured."""
+    if args.brokers and args.brokers != s.brokers:
+        s = config.load(env=config.with_remembered_stack(os.environ), brokers=args.brokers, **app_overrides(args))
+    return s.replace(kafka_security_protocol="SASL_SSL") if args.secured else s
+
+
+def _to_dev_tooling(args, s: config.Settings) -> int:
+    """A development command typed as `onceflow ...`: its command line parsed and run by `onceflow-dev`'s."""
+    dev = _dev("cli")
+    dev_args = dev.parser().parse_args(args.argv)
+    dev_args.argv = args.argv
+    return dev_args.fn(dev_args, s)
 
 
 def cmd_job(args, s: config.Settings) -> int:
@@ -140,14 +101,14 @@ def cmd_job(args, s: config.Settings) -> int:
         if args.wait:
             t0 = clock.now_ms()
             jobctl.wait_for_commit(s, after_ms=t0 - 1, timeout=args.wait)
-        _print(info | {"status": jobctl.status(s).as_dict()}, args.json)
+        print_record(info | {"status": jobctl.status(s).as_dict()}, args.json)
     elif args.action == "stop":
-        _print({"stopped": jobctl.stop(s)}, args.json)
+        print_record({"stopped": jobctl.stop(s)}, args.json)
     elif args.action == "kill":
-        _print({"killed_pid": jobctl.kill(s)}, args.json)
+        print_record({"killed_pid": jobctl.kill(s)}, args.json)
     else:
         st = jobctl.status(s)
-        _print(st.as_dict(), args.json)
+        print_record(st.as_dict(), args.json)
         return 0 if st.running else 1
     return 0
 
@@ -173,7 +134,7 @@ def cmd_db(args, s: config.Settings) -> int:
                     schema.ensure_login_role(server, role, password)
         with client.connect(s, "provision") as conn:
             schema.provision(conn, s.database_schema, job, reader)
-        _print(
+        print_record(
             {"schema": s.database_schema, "tables": list(schema.COLUMNS), "job_role": job, "reader_role": reader},
             args.json,
         )
@@ -183,7 +144,7 @@ def cmd_db(args, s: config.Settings) -> int:
         conn.read_only = True
         newest = client.newest_entry(conn, s)
         rows = client.row_counts(conn, s)
-    _print(
+    print_record(
         {
             "schema": s.database_schema,
             "committed_batches": rows["ledger"],
@@ -209,34 +170,6 @@ def _with_sink_role(s: config.Settings, purpose: str = "job") -> config.Settings
             "or start the embedded server with `onceflow stack up --postgres`"
         )
     return postgres.sink_settings(s, purpose)
-
-
-def cmd_where(args, s: config.Settings) -> int:
-    from onceflow.runtime import jobctl, procs
-
-    airflow_local = _dev("airflow_local")
-
-    st = jobctl.status(s)
-    ui = (
-        f"  Airflow UI           http://localhost:{s.airflow_port}  user {airflow_local.USER}, password in "
-        f"{airflow_local.password_file(s)}\n                       DAGs: {', '.join(airflow_local.all_dags(s))}\n"
-        if procs.read_pidfile(airflow_local.pidfile(s))
-        else ""
-    )
-    print(f"""
-onceflow is running on the embedded stack.
-{ui}
-  Kafka (KRaft)        {s.bootstrap_servers}   topics: {s.source_topic} -> {s.sink_topic} (+ {s.dlq_topic}, {s.ledger_topic}, {s.job_events_topic}, {s.events_topic})
-  job                  pid {st.job_pid}, last committed batch {st.last_batch}, checkpoint {s.checkpoint}
-  job log              {st.log}
-Look at the results:
-  .venv/bin/onceflow show sink --limit 10      committed window counts (read_committed)
-  .venv/bin/onceflow show ledger --limit 5     one record per committed batch
-  .venv/bin/onceflow show dlq --limit 5        malformed input with its provenance
-  .venv/bin/onceflow job status --json         progress, rates, watermark, offsets
-  .venv/bin/onceflow audit                     check invariants I1-I4 now
-Stop everything: make stop""")
-    return 0
 
 
 def cmd_show(args, s: config.Settings) -> int:
@@ -277,7 +210,7 @@ def cmd_audit(args, s: config.Settings) -> int:
         f"DLQ and ledger) ..."
     )
     rep = audit.audit(_with_sink_role(s, "reader"))
-    _print(rep.summary(), True)
+    print_record(rep.summary(), True)
     what = (
         "I1-I4"
         if s.declared_app().audit is not None
@@ -301,7 +234,7 @@ def cmd_savepoint(args, s: config.Settings) -> int:
     s = _with_sink_role(s)  # a table sink's ledger is its table; a restore fences its drivers (the job's role)
     if args.action == "create":
         m = savepoints.create(s, stop=args.stop, bus=ev.EventBus(s))
-        _print(
+        print_record(
             {
                 "id": m.id,
                 "batch": m.ledger_batch,
@@ -315,7 +248,7 @@ def cmd_savepoint(args, s: config.Settings) -> int:
     elif args.action == "list":
         rows = [vars(x) for x in savepoints.list_all(s)]
         if args.json:
-            _print({"savepoints": rows}, True)
+            print_record({"savepoints": rows}, True)
         for r in rows if not args.json else []:
             when = datetime.fromtimestamp(r["created_ms"] / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
             print(
@@ -324,7 +257,7 @@ def cmd_savepoint(args, s: config.Settings) -> int:
             )
     elif args.action == "verify":
         v = savepoints.verify(s, _need_id(args))
-        _print(v.as_dict(), args.json)
+        print_record(v.as_dict(), args.json)
         return 0 if v.compatible else 1
     elif args.action == "restore":
         plan = savepoints.restore(
@@ -337,19 +270,19 @@ def cmd_savepoint(args, s: config.Settings) -> int:
         out = plan.summary() | {"dry_run": args.dry_run}
         if args.start and not args.dry_run:
             out["job"] = jobctl.start(s)
-        _print(out, args.json)
+        print_record(out, args.json)
     elif args.action == "delete":
         savepoints.delete(s, _need_id(args), bus=ev.EventBus(s))
-        _print({"deleted": args.id}, args.json)
+        print_record({"deleted": args.id}, args.json)
     elif args.action == "prune":
         pruned = savepoints.prune(s, dry_run=args.dry_run)
-        _print({"kept": pruned.keep, "deleted": pruned.delete, "dry_run": args.dry_run}, args.json)
+        print_record({"kept": pruned.keep, "deleted": pruned.delete, "dry_run": args.dry_run}, args.json)
     elif args.action == "rotate":
         report = rotation.rotate(s)
-        _print(report.as_dict(), args.json)
+        print_record(report.as_dict(), args.json)
         return 0 if report.ok else 1
     else:
-        _print(savepoints.checkpoint_stats(s), args.json)
+        print_record(savepoints.checkpoint_stats(s), args.json)
     return 0
 
 
@@ -376,7 +309,7 @@ def cmd_reconcile(args, s: config.Settings) -> int:
     if args.action == "status":
         st = recon_chain.status(s, audit.committed_position(s, _source_partitions(s)).batch)
         if args.json:
-            _print(st, True)
+            print_record(st, True)
         else:
             print(f"proven   through batch {st['proven_through']} (run {st['proven_by_run']})")
             print(f"pending  {_ranges(st['pending'])}   (newest committed batch {st['newest_committed_batch']})")
@@ -407,7 +340,7 @@ def cmd_reconcile(args, s: config.Settings) -> int:
     )
     info = reconciliation.record(s, res)
     if args.json:
-        _print(res.as_dict() | info, True)
+        print_record(res.as_dict() | info, True)
     else:
         print(
             f"batches {res.first_batch}..{res.last_batch} (cut at batch {res.snapshot_batch})  "
@@ -464,7 +397,7 @@ def cmd_backfill(args, s: config.Settings) -> int:
         f"{s.log_dir / 'cli.log'}) ..."
     )
     report = backfill.run(_spark(s, "backfill"), s, spec)
-    _print(report, args.json)
+    print_record(report, args.json)
     return 0
 
 
@@ -478,9 +411,9 @@ def cmd_quarantine(args, s: config.Settings) -> int:
         rec = quarantine.add(
             s, args.partition, args.offset, args.end if args.end is not None else args.offset + 1, args.reason or ""
         )
-        _print(json.loads(rec.to_json()), args.json)
+        print_record(json.loads(rec.to_json()), args.json)
     else:
-        _print(
+        print_record(
             {
                 "in_force": [vars(r) for r in quarantine.current(s)],
                 "ledger": [json.loads(r.to_json()) for r in quarantine.records(s)],
@@ -497,7 +430,7 @@ def cmd_app(args, s: config.Settings) -> int:
         if not args.name:
             raise config.ConfigError("onceflow app new NAME: give the new app's name")
         root = scaffold.write(args.name, Path(args.dir))
-        _print(
+        print_record(
             {"app": args.name, "written": str(root), "next": f"cd {root} && pip install -e . && pytest tests"},
             args.json,
         )
@@ -522,7 +455,7 @@ def cmd_app(args, s: config.Settings) -> int:
             except Exception as e:  # one broken declaration does not hide the others
                 out.append({"app": name, "declared_in": where, "error": str(e)})
         if args.json:
-            _print(out, True)
+            print_record(out, True)
         for a in [] if args.json else out:
             what = a.get("error") or f"{a['description']} (settings {json.dumps(a['settings'])})"
             print(f"{a['app']:<16} {a['declared_in']:<40} {what}")
@@ -534,24 +467,11 @@ def cmd_app(args, s: config.Settings) -> int:
     spark = _spark(s.replace(master="local[1]"), "app-validate")
     frame = app_plan.output(app.transform, app_plan.empty_source(spark), s)
     app_plan.check_deterministic(app, frame)
-    _print({"app": app.name, "valid": True, "output_columns": frame.columns}, args.json)
+    print_record({"app": app.name, "valid": True, "output_columns": frame.columns}, args.json)
     return 0
 
 
-def cmd_airflow(args, s: config.Settings) -> int:
-    airflow_local = _dev("airflow_local")
-
-    if args.action == "up":
-        info = airflow_local.up(s, trigger_deploy=not args.no_deploy)
-        if not args.no_deploy:
-            airflow_local.wait_job_started(s)
-        _print({k: v for k, v in info.items() if k != "password"}, args.json)  # where it is, not what it is
-    else:
-        _print({"stopped": airflow_local.down(s)}, args.json)
-    return 0
-
-
-def _app_overrides(args) -> dict:
+def app_overrides(args) -> dict:
     """--app NAME: that app, as its own instance."""
     return {"app": args.app, "app_id": args.app} if getattr(args, "app", None) else {}
 
@@ -565,24 +485,27 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="onceflow", description=__doc__)
+def add_global_arguments(p: argparse.ArgumentParser, prog: str = "onceflow") -> None:
+    """-v, --version and --app: the same before any command of `onceflow` and `onceflow-dev`."""
     p.add_argument("-v", "--verbose", action="store_true")
-    p.add_argument("--version", action="version", version=f"onceflow {_version()}")
+    p.add_argument("--version", action="version", version=f"{prog} {_version()}")
     p.add_argument(
         "--app",
         metavar="NAME",
         help="the declared app to work on, as its own instance (ONCEFLOW_APP and ONCEFLOW_APP_ID; default: the "
         "settings', ip_count on the embedded stack)",
     )
-    sub = p.add_subparsers(dest="command", required=True)
 
-    st = sub.add_parser("stack", help="the embedded Kafka broker and topics")
+
+def add_stack_arguments(st: argparse.ArgumentParser) -> None:
+    """`stack`'s arguments, one list for `onceflow stack` (topics, provision) and `onceflow-dev stack` (up, down,
+    status), so either takes the other's command line."""
     st.add_argument(
         "action",
         choices=["up", "down", "status", "topics", "provision"],
-        help="topics: create the topics on the cluster ONCEFLOW_BOOTSTRAP_SERVERS names, start nothing; provision: "
-        "on a secured cluster, as its admin, the app's principals and ACLs (docs/security.md)",
+        help="up, down, status: the embedded stack (onceflow-dev); topics: create the topics on the cluster "
+        "ONCEFLOW_BOOTSTRAP_SERVERS names, start nothing; provision: on a secured cluster, as its admin, the app's "
+        "principals and ACLs (docs/security.md)",
     )
     st.add_argument("--brokers", type=int, help="Kafka nodes (default ONCEFLOW_BROKERS, 1; 3: a quorum of three)")
     st.add_argument(
@@ -598,56 +521,33 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--postgres",
         action="store_true",
-        help="up: also PostgreSQL on loopback under var/, each app's sink schema and its job and reader roles "
-        "(docs/database-sink.md)",
+        help="up: also PostgreSQL on loopback under the var dir, each app's sink schema and its job and reader "
+        "roles (docs/database-sink.md)",
     )
     st.add_argument("--json", action="store_true")
+
+
+# The development tooling's commands other than `stack`: typed as `onceflow NAME ...`, run as `onceflow-dev NAME ...`
+DEV_COMMANDS = {
+    "produce": "emulate the NGINX access-log service",
+    "airflow": "the embedded Airflow (standalone) with the control-plane DAGs",
+    "where": "where everything runs and how to look at the results",
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="onceflow", description=__doc__)
+    add_global_arguments(p)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    st = sub.add_parser("stack", help="the app's topics and ACLs on a cluster; the embedded stack (onceflow-dev)")
+    add_stack_arguments(st)
     st.set_defaults(fn=cmd_stack)
 
-    pr = sub.add_parser("produce", help="emulate the NGINX access-log service")
-    pr.add_argument("--count", type=int, default=10_000)
-    pr.add_argument("--duration", type=float, help="seconds to run (needs --rate); overrides --count")
-    pr.add_argument("--rate", type=float, default=0.0, help="records per second (0 = as fast as possible)")
-    pr.add_argument(
-        "--event-rate",
-        type=float,
-        help="records per second of event time (default: --rate, so event time follows the clock)",
-    )
-    pr.add_argument("--start", help="event time of the first record (epoch ms or ISO-8601; default now)")
-    pr.add_argument("--ips", type=int, default=1000, help="distinct IPs")
-    pr.add_argument("--ipv6", type=float, default=0.2, help="fraction of IPv6 addresses")
-    pr.add_argument("--skew", type=float, default=0.0, help="Zipf exponent over IPs (0 = uniform)")
-    pr.add_argument("--out-of-order", type=float, default=0.05)
-    pr.add_argument("--late", type=float, default=0.01)
-    pr.add_argument("--malformed", type=float, default=0.01)
-    pr.add_argument(
-        "--future",
-        type=float,
-        default=0.0,
-        help="fraction of records from a client whose clock is a year ahead (quarantined by the job)",
-    )
-    pr.add_argument("--json-fraction", type=float, default=0.5, help="JSON records; the rest are log lines")
-    pr.add_argument(
-        "--tail",
-        type=float,
-        default=0.0,
-        help="finish with one record per partition this many seconds later, to close windows",
-    )
-    pr.add_argument("--seed", type=int, default=1)
-    pr.add_argument("--manifest", help="write what was sent (CSV) to this file")
-    pr.add_argument("--progress-every", type=int, default=0)
-    pr.add_argument("--detach", action="store_true", help="run in the background (stopped by `stack down`)")
-    pr.add_argument("--json", action="store_true")
-    pr.set_defaults(fn=cmd_produce)
-
-    af = sub.add_parser("airflow", help="the embedded Airflow (standalone) with the control-plane DAGs")
-    af.add_argument("action", choices=["up", "down"])
-    af.add_argument("--no-deploy", action="store_true", help="do not trigger the app's deploy DAG (<app_id>_deploy)")
-    af.add_argument("--json", action="store_true")
-    af.set_defaults(fn=cmd_airflow)
-
-    wh = sub.add_parser("where", help="where everything runs and how to look at the results")
-    wh.set_defaults(fn=cmd_where)
+    for name, what in DEV_COMMANDS.items():
+        # its arguments (--help too) are onceflow-dev's to parse
+        dev = sub.add_parser(name, help=f"{what} (`onceflow-dev {name}`)", add_help=False)
+        dev.set_defaults(fn=_to_dev_tooling, handed_on=True)
 
     sh = sub.add_parser("show", help="print committed records of a topic (read_committed)")
     sh.add_argument("what", choices=["sink", "dlq", "ledger", "events", "source"])
@@ -787,13 +687,17 @@ def setup_logging(settings: config.Settings | None, verbose: bool, foreground_jo
             pass  # an unwritable var dir: the console still gets warnings
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def run(p: argparse.ArgumentParser, argv: list[str]) -> int:
+    """Parse, load the settings, set up logging and run the command: one frame for `onceflow` and `onceflow-dev`."""
+    args, unknown = p.parse_known_args(argv)
+    if unknown and not getattr(args, "handed_on", False):
+        p.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.argv = argv  # what a development command typed here is handed on with
     try:
         # the shell's environment over the embedded stack's remembered topology (`stack up` wrote it under var/)
-        settings = config.load(env=config.with_remembered_stack(os.environ), **_app_overrides(args))
+        settings = config.load(env=config.with_remembered_stack(os.environ), **app_overrides(args))
     except config.ConfigError as e:
-        print(f"onceflow: {e}", file=sys.stderr)
+        print(f"{p.prog}: {e}", file=sys.stderr)
         return 2
     # `job run` is the supervisor: its log is the job log, written as it is
     setup_logging(settings, args.verbose, foreground_job=args.command == "job" and args.action == "run")
@@ -802,8 +706,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # one clear line for the operator; the traceback with -v
         if args.verbose:
             raise
-        print(f"onceflow: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"{p.prog}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parser(), sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,28 @@ from onceflow.wire import OnceflowError
 
 ENV_PREFIX = "ONCEFLOW_"
 NODE_PORT_STEP = 10  # the embedded stack's node i listens on the first node's ports + 10 * (i - 1)
+# Where the package sits: a source checkout's root (include/onceflow), else the directory holding site-packages
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def in_checkout() -> bool:
+    """The package runs from a source checkout (an editable install: `make`, the tests), not from a wheel."""
+    return (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "include" / "onceflow").is_dir()
+
+
+def _default_var_dir() -> Path:
+    """Runtime state, when ONCEFLOW_VAR_DIR is unset: `var/` in a checkout (git-ignored); installed from a wheel,
+    the user's state directory (XDG), never beside site-packages."""
+    if in_checkout():
+        return REPO_ROOT / "var"
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "onceflow"
+
+
+def _default_jvm_dir() -> Path:
+    """Resolved jars: a cache, shared by every var dir (of a checkout, or of the user)."""
+    if in_checkout():
+        return REPO_ROOT / "var" / "jvm"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "onceflow" / "jvm"
 
 
 class ConfigError(OnceflowError, ValueError):
@@ -85,9 +106,10 @@ SecretStr = Annotated[str, Secret]
 class Runtime:
     """Where runtime state lives (git-ignored)."""
 
-    var_dir: Path = REPO_ROOT / "var"
-    # Resolved JVM artifacts (Kafka broker, Spark connector): shared by every var_dir of this checkout.
-    jvm_dir: Path = REPO_ROOT / "var" / "jvm"
+    var_dir: Path = _default_var_dir()
+    # Resolved JVM artifacts (Kafka broker, Spark connector): shared by every var_dir (a checkout's var/jvm;
+    # installed from a wheel: $XDG_CACHE_HOME/onceflow/jvm).
+    jvm_dir: Path = _default_jvm_dir()
 
 
 @dataclass(frozen=True)
@@ -219,7 +241,7 @@ class ResultSink:
     # kafka: the app's sink topic, in the Kafka transaction of each batch; postgres: its PostgreSQL tables, in one
     # database transaction per batch with the ledger row (the DLQ then is a table too).
     sink_kind: Literal["kafka", "postgres"] = "kafka"
-    # The PostgreSQL server of the postgres sink (the embedded stack's: `onceflow stack up --postgres`).
+    # The PostgreSQL server of the postgres sink (the embedded stack's: `onceflow-dev stack up --postgres`).
     postgres_host: str = "127.0.0.1"
     # Its port (the embedded server's is chosen free at its first start and printed by `stack up --postgres`).
     postgres_port: Port = 5432
@@ -300,7 +322,7 @@ class ControlPlane:
 
 @dataclass(frozen=True)
 class EmbeddedStack:
-    """The embedded stack (`onceflow stack up`: docs/cluster.md)."""
+    """The embedded stack (`onceflow-dev stack up`: docs/cluster.md)."""
 
     # Kafka nodes of the embedded stack (each a broker and a controller; 3 = a controller quorum of three). With
     # more than one, an unset bootstrap list names every node (ports spaced by NODE_PORT_STEP from the first), and

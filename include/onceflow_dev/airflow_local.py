@@ -231,7 +231,7 @@ def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env
     return {
         "url": f"http://localhost:{s.airflow_port}",
         "user": USER,
-        "password": pw,  # for the caller; `onceflow airflow up` prints where it is instead
+        "password": pw,  # for the caller; `onceflow-dev airflow up` prints where it is instead
         "password_file": str(password_file(s)),
         "airflow_home": str(home(s)),
         "log": str(s.log_dir / "airflow.log"),

@@ -110,7 +110,8 @@ FALLBACK = {
     "k8s_kafka_secret_mount": "Kubernetes cluster mode: where the Kafka secret (the CA) is mounted.",
     "app_root_in_image": "Kubernetes cluster mode: where onceflow is installed in the image.",
     "var_dir": "Where runtime state lives: checkpoints, savepoints, pid, status and log files, Airflow's home, "
-    "the embedded stack's data.",
+    "the embedded stack's data. The default is a source checkout's `var/`; installed from a wheel, "
+    "`$XDG_STATE_HOME/onceflow` (`~/.local/state/onceflow`).",
     "trigger_interval_s": "The micro-batch trigger; with close-out batches on, the pace between batches that close "
     "no window.",
     "fault": "Fault injection for tests (onceflow.faults): point@batch[:seconds], comma-separated "

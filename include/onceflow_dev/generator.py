@@ -206,7 +206,7 @@ def _partitions(settings: Settings, spec: GeneratorSpec) -> int:
     md = kafka_clients.admin(settings).list_topics(settings.source_topic, timeout=10)
     t = md.topics.get(settings.source_topic)
     if t is None or t.error is not None:
-        raise GeneratorError(f"source topic {settings.source_topic} does not exist: run `onceflow stack up`")
+        raise GeneratorError(f"source topic {settings.source_topic} does not exist: run `onceflow-dev stack up`")
     return len(t.partitions)
 
 

@@ -260,7 +260,7 @@ def query(s: Settings, sql: str) -> list[tuple]:
 
     info = state(s)
     if info is None:
-        raise PostgresError("the embedded PostgreSQL was never set up (onceflow airflow up does it)")
+        raise PostgresError("the embedded PostgreSQL was never set up (onceflow-dev airflow up does it)")
     conn = psycopg2.connect(
         host="127.0.0.1", port=info["port"], user=info["user"], password=info["password"], dbname=info["database"]
     )
@@ -286,11 +286,13 @@ def sink_settings(s: Settings, purpose: str = "job") -> Settings:
 
     info = state(s)
     if info is None or not running(s):
-        raise PostgresError("the embedded PostgreSQL is not running: onceflow stack up --postgres starts it")
+        raise PostgresError("the embedded PostgreSQL is not running: onceflow-dev stack up --postgres starts it")
     role = names.db_role(s.app_id, purpose)
     password = info.get("roles", {}).get(role)
     if password is None:
-        raise PostgresError(f"role {role} was never made: onceflow stack up --postgres provisions the app's database")
+        raise PostgresError(
+            f"role {role} was never made: onceflow-dev stack up --postgres provisions the app's database"
+        )
     return s.replace(
         sink_kind="postgres",
         postgres_host="127.0.0.1",

@@ -321,7 +321,7 @@ def _listening_beyond_loopback() -> list[str]:
 
 
 def test_a_fresh_shell_sees_the_cluster_and_stack_down_stops_all_it_started(topology):
-    """Last in this module. After `onceflow stack up --brokers 3 --spark-workers 2` (the fixture), what anyone types
+    """Last in this module. After `onceflow-dev stack up --brokers 3 --spark-workers 2` (the fixture), what anyone types
     next, in a shell that exported nothing but the var dir: `stack status` sees the three brokers and the Spark
     cluster (the stack remembers its topology under var/), and `stack down` stops every process it started."""
     var = topology.var_dir

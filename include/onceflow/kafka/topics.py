@@ -97,7 +97,7 @@ def check(settings: Settings, timeout: float = 10.0, only: set[str] | None = Non
         t = md.get(s.name)
         if t is None or t.error is not None:
             problems.append(
-                f"topic {s.name} is missing: run `onceflow stack up` (or create it with {s.partitions} partitions)"
+                f"topic {s.name} is missing: run `onceflow-dev stack up` (or create it with {s.partitions} partitions)"
             )
         elif len(t.partitions) != s.partitions and s.name != settings.source_topic:
             problems.append(f"topic {s.name} has {len(t.partitions)} partitions, expected {s.partitions}")

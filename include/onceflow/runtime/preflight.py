@@ -38,7 +38,7 @@ def broker_reachable(settings: Settings, timeout: float = 10.0) -> None:
     if err is not None:
         raise BrokerUnreachable(
             f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({err}): start it with "
-            f"`onceflow stack up`, or point ONCEFLOW_BOOTSTRAP_SERVERS at a running cluster"
+            f"`onceflow-dev stack up`, or point ONCEFLOW_BOOTSTRAP_SERVERS at a running cluster"
         )
     refusals: list = []
     admin = kafka_clients.admin(settings, error_cb=refusals.append)  # a ConfigError (no credentials) goes up as is

@@ -21,6 +21,7 @@ def test_the_wheel_declares_its_dependencies_and_carries_the_consoles_assets(tmp
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = next(z.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
+        entry_points = next(z.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "onceflow/control/console/icon.svg" in names
     assert "onceflow/control/console/app.py" in names and "onceflow_apps/ip_count.py" in names
     for runs in ("entrypoints/stream.py", "entrypoints/reconcile.py", "entrypoints/backfill.py"):
@@ -31,6 +32,22 @@ def test_the_wheel_declares_its_dependencies_and_carries_the_consoles_assets(tmp
     for need in ("confluent-kafka", "pyspark", "pandas"):
         assert any(r.startswith(need) and "extra ==" not in r for r in requires), (need, requires)
     assert any(r.startswith("apache-airflow") and 'extra == "airflow"' in r for r in requires), requires
+    assert "onceflow = onceflow.cli:main" in entry_points and "onceflow-dev = onceflow_dev.cli:main" in entry_points
+
+    # installed from the wheel, runtime state goes to the user's state directory, not beside site-packages
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    env = {"PYTHONPATH": str(site), "HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    probe = "from onceflow import config; s = config.Settings(); print(config.in_checkout(), s.var_dir, s.jvm_dir)"
+    # -S: no site-packages, so this checkout's editable install cannot answer for the wheel
+    out = subprocess.run([sys.executable, "-S", "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [
+        "False",
+        str(tmp_path / "state" / "onceflow"),
+        str(tmp_path / "home/.cache/onceflow/jvm"),
+    ]
 
 
 def test_nothing_the_platform_runs_is_found_through_the_checkouts_root():

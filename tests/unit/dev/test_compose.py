@@ -1,5 +1,5 @@
 """docker-compose.yaml (not startable here: no Docker engine) checked against onceflow's configuration: the secured
-three-node cluster `onceflow stack up --brokers 3 --secured` runs, the Airflow connections of each role; and
+three-node cluster `onceflow-dev stack up --brokers 3 --secured` runs, the Airflow connections of each role; and
 (issue 24) that every password and key is a Docker secret file read at start (never in the file, an environment
 variable or a command line), ports are published on loopback, Spark's RPC is authenticated and encrypted, services
 restart, the volumes are prepared for their writers' users and the console sees the job's pid. The docker/ scripts
@@ -244,7 +244,7 @@ def started_env(svc, tmp_path: Path, script: str = "kafka-run.sh") -> dict:
 
 @pytest.mark.skipif(not shutil.which("bash"), reason="docker/kafka-run.sh is a bash script")
 def test_each_broker_runs_what_the_embedded_cluster_nodes_run(compose, embedded, tmp_path):
-    """`onceflow stack up --brokers 3 --secured` writes each node's server.properties (onceflow_dev.broker); every
+    """`onceflow-dev stack up --brokers 3 --secured` writes each node's server.properties (onceflow_dev.broker); every
     setting there, for the same ONCEFLOW_* settings, is the compose file's, and the compose file sets nothing else."""
     from onceflow_dev import broker, credentials, tls
 
@@ -532,7 +532,7 @@ def test_each_app_instance_gets_its_own_principals_connections_and_the_dags_find
 
 
 def test_airflow_has_each_roles_connection_and_init_provisions_them(compose, embedded, tmp_path):
-    """The Airflow containers get the connections `onceflow airflow up` gives the embedded Airflow
+    """The Airflow containers get the connections `onceflow-dev airflow up` gives the embedded Airflow
     (onceflow_dev.airflow_local.kafka_env), each password from its role's secret file (filled in by
     docker/airflow-entrypoint.py); airflow-init creates each role's user with the password its connection carries,
     as the admin, whose credentials no long-running container holds."""

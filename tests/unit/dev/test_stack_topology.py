@@ -9,6 +9,7 @@ import json
 import pytest
 
 from onceflow import cli, config
+from onceflow_dev import cli as dev_cli
 from onceflow_dev import stack
 
 
@@ -55,7 +56,7 @@ def test_a_fresh_shell_sees_the_remembered_stack_and_what_it_exports_wins(rememb
 def test_status_in_a_fresh_shell_reports_the_remembered_cluster(remembered, monkeypatch, capsys):
     seen = {}
     monkeypatch.setattr(stack, "status", lambda s: seen.setdefault("s", s) and {"broker": {"running": True}})
-    assert cli.main(["stack", "status", "--json"]) == 0
+    assert dev_cli.main(["stack", "status", "--json"]) == 0
     assert seen["s"].brokers == 3 and seen["s"].master == remembered.master
     assert json.loads(capsys.readouterr().out)["remembered"]["ONCEFLOW_BROKERS"] == "3"
 
@@ -71,7 +72,7 @@ def test_down_stops_what_the_stack_started_whatever_the_shell_exported(remembere
         return {}
 
     monkeypatch.setattr(stack, "down", down)
-    assert cli.main(["stack", "down", "--json"]) == 0
+    assert cli.main(["stack", "down", "--json"]) == 0  # the old spelling, handed on to onceflow-dev
     s = stopped["s"]
     assert s.brokers == 3 and s.bootstrap_servers == remembered.bootstrap_servers and s.master == remembered.master
     assert not (tmp_path / config.STACK_FILE).exists()
