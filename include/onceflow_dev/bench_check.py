@@ -27,9 +27,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 
-from onceflow.rules import records
+from onceflow.rules import clock, records
 
 
 @dataclass
@@ -85,7 +84,7 @@ class ExpectedCounts:
 def sink_value(key: str, count: int, window_s: int) -> bytes:
     """The sink's value for `key` as the Spark job writes it (to_json of window_start, window_end, ip, count)."""
     start_text, _, ip = key.partition("|")
-    start_us = _iso_us(start_text)
+    start_us = clock.parse_iso_us(start_text)
     doc = {
         "window_start": records.iso_ms(start_us),
         "window_end": records.iso_ms(start_us + window_s * 1_000_000),
@@ -93,11 +92,6 @@ def sink_value(key: str, count: int, window_s: int) -> bytes:
         "count": count,
     }
     return json.dumps(doc, separators=(",", ":")).encode()
-
-
-def _iso_us(text: str) -> int:
-    dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return int(dt.timestamp()) * 1_000_000 + dt.microsecond
 
 
 def compare(
