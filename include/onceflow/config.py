@@ -25,7 +25,6 @@ from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin, get_t
 from onceflow.app import registry
 from onceflow.app.declaration import App, AppError
 from onceflow.rules import names
-from onceflow.rules.records import RULES_VERSION
 from onceflow.wire import OnceflowError
 
 ENV_PREFIX = "ONCEFLOW_"
@@ -520,7 +519,9 @@ class Settings(
     def job_config_hash(self) -> str:
         """A hash of the settings that shape the job's results (for savepoints and upgrade checks)."""
         keys = ("source_topic", "sink_topic", "dlq_topic", "window_s", "watermark_s", "app_id", "app")
-        blob = json.dumps({k: getattr(self, k) for k in keys} | {"rules": RULES_VERSION}, sort_keys=True)
+        blob = json.dumps(
+            {k: getattr(self, k) for k in keys} | {"rules": self.declared_app().rules_version}, sort_keys=True
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def replace(self, **changes: Any) -> Settings:

@@ -35,6 +35,7 @@ H_SOURCE_PARTITION = "onceflow.source.partition"
 H_SOURCE_OFFSET = "onceflow.source.offset"
 H_SOURCE_TIMESTAMP = "onceflow.source.timestamp"
 H_REASON = "onceflow.reason"
+REASON_QUARANTINED = "quarantined"  # the platform's own reason: an operator quarantined the source record
 H_ORIGINAL_SIZE = "onceflow.original.size"  # the original value's size (-1: unknown)
 H_ORIGINAL_SHA256 = "onceflow.original.sha256"  # set when the copy holds less than the original
 H_TRUNCATED = "onceflow.truncated"  # "true" when the copy holds less than the original

@@ -1,6 +1,6 @@
 """ip_count: requests per IP in 5 s event-time windows, exactly once (the seed workload; docs/design.md).
 
-Source records are JSON, CSV or combined access-log lines (onceflow.rules.records); each closed window of each IP becomes
+Source records are JSON, CSV or combined access-log lines (onceflow_apps.access_log); each closed window of each IP becomes
 one result, key `<window start>|<ip>`, value `{"window_start", "window_end", "ip", "count"}`.
 """
 
@@ -29,4 +29,5 @@ app = App(
     audit="onceflow_apps.ip_count_audit:check",  # its windows recounted without Spark (onceflow audit)
     settings={"window_s": 5, "watermark_s": 5, "source_partitions": 4, "sink_partitions": 4},
     reasons=access_log.REASONS,
+    rules_version=access_log.rules.RULES_VERSION,
 )

@@ -1,6 +1,6 @@
 """ip_count's transformation: requests per IP in 5 s event-time windows (declared in onceflow_apps.ip_count).
 
-Parse with SQL built-ins (onceflow.spark.parsing), then two branches of one plan:
+Parse with SQL built-ins (onceflow_apps.access_log.parsing), then two branches of one plan:
 - good records: watermark 5 s, tumbling 5 s windows per IP, count; append mode emits each window once, final;
 - malformed, quarantined and far-ahead records: the rejects, which the platform writes to the DLQ with their
   provenance (onceflow.spark.app_plan).
@@ -15,7 +15,8 @@ from pyspark.sql import functions as F
 
 from onceflow.app import Context, Results
 from onceflow.config import Settings
-from onceflow.spark import app_plan, parsing
+from onceflow.spark import app_plan
+from onceflow_apps.access_log import parsing
 
 ISO_MS = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"
 

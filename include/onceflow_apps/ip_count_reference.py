@@ -21,12 +21,14 @@ from pyspark.sql import functions as F
 from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
-from onceflow.operations import committed_reads, recon_chain, sink_quality
+from onceflow.operations import committed_reads, recon_chain
 from onceflow.rules import progress
 from onceflow.rules import reconciliation as rr
 from onceflow.rules.ledger import LedgerEntry, QuarantineRange
-from onceflow.rules.records import RULES_VERSION
-from onceflow.spark import kafka_source, parsing
+from onceflow.spark import kafka_source
+from onceflow_apps import ip_count_expectations
+from onceflow_apps.access_log import parsing
+from onceflow_apps.access_log.rules import RULES_VERSION
 from onceflow_apps.ip_count_plan import ISO_MS
 
 log = logging.getLogger(__name__)
@@ -312,7 +314,7 @@ def _dlq(spark, settings, src, selected, entries) -> rr.Check:
 
 def _gx(sink: DataFrame, settings: Settings, res: rr.Result) -> rr.Check:
     try:
-        out = sink_quality.validate(
+        out = ip_count_expectations.validate(
             sink,
             settings.window_s,
             recon_chain.home(settings) / "gx",

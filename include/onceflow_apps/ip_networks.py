@@ -69,7 +69,7 @@ def _ipv4_number(ip: Column) -> Column:
 def transform(raw: DataFrame, ctx: Context) -> Results:
     from pyspark.sql import functions as F
 
-    from onceflow.spark import parsing  # the platform's access-log parser, shared with ip_count
+    from onceflow_apps.access_log import parsing  # the access-log parser, shared with ip_count
 
     parsed = parsing.classify(
         raw.select("value", "topic", "partition", "offset", "timestamp"),
@@ -106,5 +106,6 @@ app = App(
     # no windows: a batch that only closes windows has nothing to close
     settings={"source_partitions": 4, "sink_partitions": 4, "close_out_batches": False},
     reasons=access_log.REASONS,
+    rules_version=access_log.rules.RULES_VERSION,
     event_time=False,
 )

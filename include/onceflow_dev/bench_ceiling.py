@@ -18,7 +18,8 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from onceflow import config
 from onceflow.kafka import clients as kafka_clients
-from onceflow.rules import clock, records
+from onceflow.rules import clock
+from onceflow_apps.access_log import rules as records
 
 
 def _emit_closed(producer: Any, settings: config.Settings, state: dict[tuple[int, str], int], watermark_us: int) -> int:

@@ -1,7 +1,7 @@
 """`make bench`'s correctness check: what every contender's sink must hold after the throughput phase.
 
 Pure (no Kafka, no Spark): `ExpectedCounts` takes the backlog's records in each partition's offset order and parses
-them with onceflow's reference rules (`onceflow.rules.records.parse`, malformed records excluded); `compare` checks
+them with onceflow's reference rules (`onceflow_apps.access_log.rules.parse`, malformed records excluded); `compare` checks
 a sink's records against it.
 
 Late records. Which records an engine drops as late depends on its watermark, and the contenders' watermarks move
@@ -28,7 +28,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from onceflow.rules import clock, records
+from onceflow.rules import clock
+from onceflow_apps.access_log import rules as records
 
 
 @dataclass

@@ -3,7 +3,7 @@
 The job is `jvm/flink-ip-count/` (Java, built by its checked-in pom from official artifacts on Maven Central into
 `var/jvm/flink-ip-count/`, on first use; never part of the project's requirements): Kafka source (earliest, every
 partition, read_committed) -> onceflow's parse rules (the regular expressions and limits of
-`onceflow.rules.records`, passed on the command line) -> bounded-out-of-orderness watermarks (settings.watermark_s)
+`onceflow_apps.access_log.rules`, passed on the command line) -> bounded-out-of-orderness watermarks (settings.watermark_s)
 per Kafka partition -> tumbling event-time windows (settings.window_s) per IP -> count -> KafkaSink
 (DeliveryGuarantee.EXACTLY_ONCE, transactional id prefix `flink.<app>`), the Spark job's key and value byte for byte;
 malformed records to the app's DLQ topic (key `topic|partition|offset`, the value capped at dlq_max_value_bytes,
@@ -29,9 +29,10 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from onceflow import config, resources
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
-from onceflow.rules import clock, records
+from onceflow.rules import clock
 from onceflow.runtime import jvm, procs
 from onceflow.wire import OnceflowError
+from onceflow_apps.access_log import rules as records
 from onceflow_dev.bench_check import Expected
 
 log = logging.getLogger(__name__)

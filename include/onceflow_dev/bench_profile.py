@@ -4,7 +4,7 @@ Each rung adds one part of the job to the one before, in one Spark session confi
 shuffle partitions, state store provider), over the backlog `make bench` writes (BENCH_RECORDS records):
 
 1. read: the Kafka source alone (`read_committed`), as a batch;
-2. + parse: the job's parse and classification (onceflow.spark.parsing), as a batch;
+2. + parse: the job's parse and classification (onceflow_apps.access_log.parsing), as a batch;
 3. + aggregate: the windowed count and the DLQ split (onceflow_apps.ip_count_plan), as a batch: no state store;
 4. + micro-batches and state store: the streaming query with the job's plan and trigger limits, each batch's
    output computed and dropped (`noop`);
@@ -28,8 +28,9 @@ import time
 from onceflow import config
 from onceflow.kafka import topics
 from onceflow.runtime import launcher
-from onceflow.spark import app_plan, kafka_source, parsing, partition_stream
+from onceflow.spark import app_plan, kafka_source, partition_stream
 from onceflow_apps import ip_count_plan as plan_of
+from onceflow_apps.access_log import parsing
 from onceflow_dev import bench
 
 log = logging.getLogger("onceflow_dev.bench")

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
-from onceflow.rules import clock, records
+from onceflow.rules import clock
 from onceflow.wire import OnceflowError
+from onceflow_apps.access_log import rules as records
 
 log = logging.getLogger(__name__)
 KIND_OK = "ok"

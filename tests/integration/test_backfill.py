@@ -13,9 +13,9 @@ import pytest
 from onceflow import wire
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit, backfill
-from onceflow.rules import records
 from onceflow.rules.backfill import BackfillError
 from onceflow.runtime import launcher, procs
+from onceflow_apps.access_log import rules as records
 from onceflow_dev.generator import KIND_MALFORMED
 from tests.support.harness import end_offsets, expire_group, produce
 

@@ -18,10 +18,10 @@ from onceflow.kafka import events as ev
 from onceflow.operations import audit, reconcile, replay, savepoints
 from onceflow.protocol.batch_sink import BatchNotCommitted, OutRecord
 from onceflow.protocol.database_sink import DatabaseRefused, DatabaseSink, Fenced, StatementTimedOut
-from onceflow.rules import invariants
 from onceflow.rules.ledger import BatchPlan, Committed, Decision
 from onceflow.rules.reconciliation import Status
 from onceflow.runtime import jobctl, procs
+from onceflow_apps import ip_count_invariants as invariants
 from onceflow_dev import postgres
 from onceflow_dev.generator import KIND_MALFORMED
 from tests.support.harness import end_offsets, events, fed_and_killed, final_window_end_ms, produce, truth

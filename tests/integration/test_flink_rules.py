@@ -5,7 +5,7 @@ Central, into var/jvm/flink-ip-count), as `make bench` does."""
 import pytest
 
 from onceflow import config
-from onceflow.rules import records as R
+from onceflow_apps.access_log import rules as R
 from onceflow_dev import bench_flink
 from tests.support.records import corpus
 

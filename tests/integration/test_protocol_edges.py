@@ -19,10 +19,10 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit, quarantine
 from onceflow.protocol.batch_sink import OutRecord
 from onceflow.protocol.exactly_once import ExactlyOnceSink
-from onceflow.rules import records
 from onceflow.rules.ledger import BatchPlan, Decision
 from onceflow.runtime import jobctl, procs
 from onceflow.storage.store import Store
+from onceflow_apps.access_log import rules as records
 from onceflow_dev import broker
 from onceflow_dev.generator import KIND_MALFORMED, KIND_OK, Sent
 from tests.support.harness import assert_exact, end_offsets, events, produce, wait_drained, wait_event

@@ -36,11 +36,12 @@ upper = App(
 lucky = App(name="lucky", transform=_lucky)  # rand(): Spark knows it is not deterministic
 unsure = App(name="unsure", transform=_upper, deterministic=False)
 greedy = App(name="greedy", transform=_upper, settings={"bootstrap_servers": "elsewhere:9092"})
+versioned = App(name="versioned", transform=_upper, rules_version=7)  # its rules changed six times
 not_an_app = object()
 
 
 # The registry of these apps, and two broken entries (a module attribute that is not an App; an App under another name)
 REGISTRY = (
-    ",".join(f"{n}=tests.support.apps:{n}" for n in ("upper", "lucky", "unsure", "greedy"))
+    ",".join(f"{n}=tests.support.apps:{n}" for n in ("upper", "lucky", "unsure", "greedy", "versioned"))
     + ",ghost=tests.support.apps:not_an_app,wrongname=tests.support.apps:upper"
 )

@@ -15,9 +15,11 @@ from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit
-from onceflow.rules import clock, invariants, records
+from onceflow.rules import clock
 from onceflow.runtime import jobctl, procs
 from onceflow_apps import ip_count_audit
+from onceflow_apps import ip_count_invariants as invariants
+from onceflow_apps.access_log import rules as records
 from onceflow_dev import credentials, generator
 from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL, GeneratorSpec
 

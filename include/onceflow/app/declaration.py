@@ -86,6 +86,9 @@ class App:
     reference: optional `module:function`, an independent second check of the app's results that the
       reconciliation runs beside the replay of the app's own plan (onceflow.operations.replay), written apart from
       that plan (ip_count's reference recount: onceflow_apps.ip_count_reference.recount).
+    rules_version: the version of the app's rules for what a record yields (its parsing, what it rejects and
+      why); raise it when they change. Each batch's ledger record carries it; a restore, a savepoint's catch-up and
+      the reconciliation refuse to mix batches of another version.
     audit: optional `module:function`, the app's own key-by-key check for `onceflow audit` (no Spark: the source,
       sink and DLQ read with a Kafka client), called with (settings, snapshot, sink records, DLQ provenance) and
       returning an onceflow.rules.invariants.Report (ip_count's: onceflow_apps.ip_count_audit.check). Without it
@@ -101,6 +104,7 @@ class App:
     deterministic: bool = True
     reference: str | None = None
     audit: str | None = None
+    rules_version: int = 1
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -110,5 +114,7 @@ class App:
             where = getattr(self, hook)
             if where is not None and not re.fullmatch(r"[\w.]+:\w+", where):
                 raise AppError(f"app {self.name}: {hook} must be 'module:function', got {where!r}")
+        if isinstance(self.rules_version, bool) or not isinstance(self.rules_version, int) or self.rules_version < 1:
+            raise AppError(f"app {self.name}: rules_version must be a positive integer, got {self.rules_version!r}")
         if not isinstance(self.settings, Mapping):
             raise AppError(f"app {self.name}: settings must be a mapping of setting names to values")

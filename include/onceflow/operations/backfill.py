@@ -35,7 +35,6 @@ from onceflow.rules.ledger import LedgerEntry
 from onceflow.rules.progress import report as say
 from onceflow.rules.progress import step
 from onceflow.rules.reconciliation import to_ms
-from onceflow.rules.records import RULES_VERSION
 from onceflow.runtime import launcher, procs
 from onceflow.spark import app_plan, kafka_source, partition_stream
 
@@ -395,7 +394,7 @@ def spec_from(
         until_ms=until_ms,
         dry_run=bool(dry_run),
         window_s=settings.window_s,
-        rules=RULES_VERSION,
+        rules=settings.declared_app().rules_version,
         max_event_ahead_ms=settings.max_event_ahead_ms,
     )
 

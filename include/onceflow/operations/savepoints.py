@@ -36,7 +36,6 @@ from onceflow.rules.checkpoint import (
     render_quarantine,
 )
 from onceflow.rules.ledger import Committed, RestoreRecord
-from onceflow.rules.records import RULES_VERSION
 from onceflow.rules.savepoints import (
     DATA_DIR,
     MANIFEST,
@@ -106,7 +105,7 @@ def runtime(settings: Settings) -> Runtime:
         job_config_hash=settings.job_config_hash(),
         shuffle_partitions=settings.shuffle_partitions,
         max_event_ahead_ms=settings.max_event_ahead_ms,
-        rules_version=RULES_VERSION,
+        rules_version=settings.declared_app().rules_version,
     )
 
 

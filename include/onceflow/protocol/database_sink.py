@@ -40,7 +40,7 @@ from onceflow.faults import Injector
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.protocol.batch_sink import BatchOutcome, BatchSink, OutRecord, UndeliverableRecord
-from onceflow.rules import clock, records
+from onceflow.rules import clock
 from onceflow.rules.ledger import (
     BatchPlan,
     Committed,
@@ -105,6 +105,7 @@ class DatabaseSink(BatchSink):
         makes a connection (again after one is lost), `group` caches the committed offsets in Kafka (None: the
         app's consumer group)."""
         self.s, self.bus, self.faults = settings, bus, faults
+        self.rules_version = settings.declared_app().rules_version  # carried by each ledger record
         self._connect = connect or (lambda: client.connect(settings))
         self.conn = self._connect()
         schema.check(self.conn, settings.database_schema)
@@ -164,7 +165,7 @@ class DatabaseSink(BatchSink):
                     (time.monotonic() - started) * 1000,
                     clock.now_ms(),
                     f"postgres:{self.s.database_schema}#{self.generation}",
-                    records.RULES_VERSION,
+                    self.rules_version,
                     self.s.max_event_ahead_ms,
                 )
                 # the row's columns are the entry's, for queries; the entry is the record

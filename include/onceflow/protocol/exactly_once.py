@@ -47,7 +47,7 @@ from onceflow.kafka import events as ev
 from onceflow.kafka import transactional as tw
 from onceflow.protocol.batch_sink import BatchOutcome, BatchSink, OutRecord, UndeliverableRecord
 from onceflow.protocol.sink_reads import KafkaSinkReads, SinkReads
-from onceflow.rules import clock, records
+from onceflow.rules import clock
 from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, offset_metadata
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class ExactlyOnceSink(BatchSink):
         self.bus = bus
         self.faults = faults
         self.timeout_ms = settings.transaction_timeout_ms
+        self.rules_version = settings.declared_app().rules_version  # carried by each ledger record
         self._batch: int | None = None  # the batch whose transaction is open, for events
         self._warned = False  # the near-timeout warning of the open transaction went out
 
@@ -183,7 +184,7 @@ class ExactlyOnceSink(BatchSink):
                     txn_ms,
                     clock.now_ms(),
                     self.s.transactional_id,
-                    records.RULES_VERSION,
+                    self.rules_version,
                     self.s.max_event_ahead_ms,
                 )
                 self.writer.produce(self.s.ledger_topic, self.s.app_id.encode(), entry.to_json(), headers)

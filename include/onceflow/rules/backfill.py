@@ -39,7 +39,7 @@ class Spec:
     until_ms: int | None = None  # end then hold its resolution to offsets
     dry_run: bool = False
     window_s: int = 5
-    rules: int = 1  # the parsing rules' version (onceflow.rules.records)
+    rules: int = 1  # the app's rules version (App.rules_version)
     max_event_ahead_ms: int | None = None
 
     @property

@@ -80,8 +80,8 @@ class LedgerEntry:
     epoch: int = 0
     backfill_id: str | None = None  # kind "backfill": which backfill; `batch` is then the chunk number
     spec_hash: str | None = None  # kind "backfill": the parameters the chunk was computed from
-    # The parsing rules the batch was classified with (onceflow.rules.records): their version and the event-time
-    # skew allowed over the record timestamp (None: no such rule, as in batches written before it existed).
+    # The app's rules the batch was computed with (App.rules_version) and the event-time skew allowed over the record
+    # timestamp (None: no such rule, as in batches written before it existed).
     rules: int | None = None
     max_event_ahead_ms: int | None = None
 

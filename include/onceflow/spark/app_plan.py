@@ -16,7 +16,6 @@ from pyspark.sql import functions as F
 from onceflow import wire
 from onceflow.app import App, Context, Results
 from onceflow.config import ConfigError, Settings
-from onceflow.rules import records as R
 from onceflow.spark.kafka_source import kafka_options
 
 # the Kafka source's columns, as a transformation gets them
@@ -64,7 +63,7 @@ def dlq_value(reason: Column, value: Column, cap: int) -> tuple[Column, Column, 
     original: capped at `cap` bytes, so a record near the broker's size limit still fits with its headers, and
     nothing at all for a quarantined record (its payload is what cannot be delivered)."""
     size = F.length(value)
-    withheld = reason == R.REASON_QUARANTINED
+    withheld = reason == wire.REASON_QUARANTINED
     short = withheld | (size > cap)
     copy = F.when(withheld, F.lit(None).cast("binary")).when(size > cap, F.substring(value, 1, cap)).otherwise(value)
     return copy, size, F.when(short, F.sha2(value, 256))

@@ -83,3 +83,9 @@ def test_the_cli_lists_the_declared_apps_and_names_a_broken_one(monkeypatch, cap
     assert listed["ip_count"]["declared_in"] == "onceflow_apps.ip_count:app"
     assert listed["upper"]["settings"] == {"window_s": 7, "source_partitions": 2}
     assert "not an onceflow.app.App" in listed["ghost"]["error"]
+
+
+@pytest.mark.parametrize("version", [0, -1, "2", True, 1.5])
+def test_a_rules_version_that_is_not_a_positive_integer_is_refused(version):
+    with pytest.raises(AppError, match="rules_version must be a positive integer"):
+        App(name="v", transform=lambda raw, ctx: None, rules_version=version)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from onceflow.rules import records as R
+from onceflow_apps.access_log import rules as R
 from onceflow_dev import bench_check as B
 from onceflow_dev import bench_flink
 

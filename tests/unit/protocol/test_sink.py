@@ -217,3 +217,18 @@ def test_lost_group_offsets_are_decided_from_the_ledger():
     assert c.events(S, wire.GROUP_OFFSETS_LOST)
     s.write_batch(plan(1, 10, 20), ROWS[:1])
     assert FakeSinkReads(c, S).committed([0]).offsets == {0: 20}  # the next commit restores the group's offsets
+
+
+def test_each_ledger_record_carries_the_version_of_its_apps_own_rules():
+    """The version is the app's (App.rules_version), not the access-log parser's: restores and the reconciliation
+    compare it batch by batch."""
+    from tests.support.apps import REGISTRY
+
+    versioned = config.load(env={"ONCEFLOW_APP": "versioned", "ONCEFLOW_APP_REGISTRY": REGISTRY})
+    c = FakeCluster()
+    sink(c, settings=versioned).write_batch(BatchPlan(0, versioned.source_topic, {0: 0}, {0: 10}), ROWS)
+    [ledger] = FakeSinkReads(c, versioned)._entries()
+    assert ledger.rules == 7
+    sink(c).write_batch(plan(0, 0, 10), ROWS)
+    [ip_count] = FakeSinkReads(c, S)._entries()
+    assert ip_count.rules == 2  # ip_count declares the access-log rules' version

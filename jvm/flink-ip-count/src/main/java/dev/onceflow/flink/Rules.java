@@ -24,10 +24,10 @@ import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
 /**
- * onceflow's parse rules (onceflow.rules.records) in Java. The regular expressions and limits are not restated
- * here: the bench passes them from records.py (COMBINED_RE, EPOCH_MS_RE, ISO_TS_RE, IPV4, MIN/MAX_TS_MS,
+ * onceflow's parse rules (onceflow_apps.access_log.rules) in Java. The regular expressions and limits are not restated
+ * here: the bench passes them from rules.py (COMBINED_RE, EPOCH_MS_RE, ISO_TS_RE, IPV4, MIN/MAX_TS_MS,
  * MAX_RECORD_BYTES), the same text the Spark job compiles as Java regexes. Full matches (Matcher.matches), like
- * the Spark job's `\z` anchoring. The steps and their order follow records._parse_value.
+ * the Spark job's `\z` anchoring. The steps and their order follow rules._parse_value.
  */
 public final class Rules implements Serializable {
   private static final long serialVersionUID = 1L;

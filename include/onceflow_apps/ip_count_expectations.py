@@ -17,7 +17,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from onceflow.rules import records
+from onceflow_apps.access_log import rules as records
 
 log = logging.getLogger(__name__)
 SUITE = "onceflow_sink"

@@ -1,4 +1,4 @@
-"""The parsing rules of `onceflow.rules.records`, expressed with Spark SQL built-ins (no Python UDF per record).
+"""The parsing rules of `onceflow_apps.access_log.rules`, expressed with Spark SQL built-ins (no Python UDF per record).
 
 `classify(df)` takes the Kafka source columns (value, topic, partition, offset, timestamp) and adds
 `ts` (event time, timestamp) and `ip` (validated, canonical) for good records, or `reason` for malformed ones.
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from onceflow.rules import records as R
+from onceflow_apps.access_log import rules as R
 
 
 def _full(col: Column, pattern: str) -> Column:

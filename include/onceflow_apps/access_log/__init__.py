@@ -1,9 +1,10 @@
-"""What the shipped apps reject from the access-log records they share (onceflow.rules.records parses them), and why:
+"""The access-log records the shipped apps read (NGINX combined log lines and JSON): their rules as data with a
+reference parser in plain Python (`rules`), the same rules in Spark SQL (`parsing`), and what is rejected and why:
 the DLQ's reasons, each explained (the console and docs show them)."""
 
 from __future__ import annotations
 
-from onceflow.rules import records
+from onceflow_apps.access_log import rules as records
 
 REASONS = {
     records.REASON_EMPTY: "an empty record",

@@ -6,8 +6,8 @@ from datetime import UTC
 
 import pytest
 
-from onceflow.rules import records as R
-from onceflow.spark import parsing
+from onceflow_apps.access_log import parsing
+from onceflow_apps.access_log import rules as R
 from tests.support.records import corpus
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from onceflow.rules import records as R
+from onceflow_apps.access_log import rules as R
 from tests.support.records import random_addresses, spellings
 
 LINE = '203.0.113.9 - - [21/Nov/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8.5"'

@@ -1,6 +1,6 @@
 """The parsing rules of the access-log records, as data, plus a pure-Python reference implementation.
 
-The streaming job applies these rules with Spark SQL built-ins (`onceflow.spark.parsing`); this module states them
+The streaming job applies these rules with Spark SQL built-ins (`onceflow_apps.access_log.parsing`); this module states them
 once (the regular expressions are shared) and implements them again in plain Python, so that tests and the
 reconciliation can recount the source independently of Spark and compare.
 
@@ -25,6 +25,8 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
+
+from onceflow import wire
 
 # ---------------------------------------------------------------------------- the rules, as data
 _OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
@@ -83,7 +85,7 @@ REASON_TS_RANGE = "timestamp_out_of_range"
 REASON_BAD_IP = "bad_ip"
 REASON_UNRECOGNIZED = "unrecognized_format"
 REASON_TS_AHEAD = "timestamp_ahead"
-REASON_QUARANTINED = "quarantined"
+REASON_QUARANTINED = wire.REASON_QUARANTINED  # the platform applies it to every app
 REASONS = (
     REASON_EMPTY,
     REASON_TOO_LARGE,
@@ -142,7 +144,7 @@ def canonical_ip(candidate: object) -> str | None:
     the longest run of two or more zero groups written `::` (the first of equally long runs), a single zero
     group written `0`; an IPv4-mapped address (::ffff:0:0/96) keeps its last 32 bits dotted (section 5), every
     other address is pure hex. A dotted IPv4 may end any IPv6 spelling (`::ffff:1.2.3.4`, `64:ff9b::1.2.3.4`).
-    Zone ids (`%eth0`) are not addresses. The same rule in Spark SQL is in onceflow.spark.parsing (`_ipv6_groups`, `_render`)."""
+    Zone ids (`%eth0`) are not addresses. The same rule in Spark SQL is in onceflow_apps.access_log.parsing (`_ipv6_groups`, `_render`)."""
     if not isinstance(candidate, str):
         return None
     s = candidate.lower()
