@@ -13,11 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from onceflow import resources
-from onceflow.config import ENV_PREFIX, REPO_ROOT, Settings
+from onceflow.config import ENV_PREFIX, ConfigError, Settings
 from onceflow.runtime import jvm
 
 # what spark-submit runs: files of the package (onceflow.entrypoints), found without a checkout
-ENTRYPOINTS = Path(__file__).resolve().parents[1] / "entrypoints"
+PACKAGE = Path(__file__).resolve().parents[1]
+ENTRYPOINTS = PACKAGE / "entrypoints"
 JOB_SCRIPT = ENTRYPOINTS / "stream.py"
 RECONCILE_SCRIPT = ENTRYPOINTS / "reconcile.py"
 BACKFILL_SCRIPT = ENTRYPOINTS / "backfill.py"
@@ -132,10 +133,19 @@ def _spec(settings: Settings, name: str, conf: dict[str, str], script: Path) -> 
 
 
 def _in_image(settings: Settings, path: str) -> str:
-    """A file of this checkout as a driver pod sees it: the same layout under app_root_in_image (docker/ builds the
-    image so), local://."""
-    rel = Path(os.path.abspath(path)).relative_to(REPO_ROOT)  # not resolve(): var/jvm may be a symlink
-    return f"local://{settings.app_root_in_image.rstrip('/')}/{rel.as_posix()}"
+    """A file a launch needs, as a driver pod sees it (local://): the package's files under
+    `<app_root_in_image>/include/onceflow`, the resolved jars under `<app_root_in_image>/var/jvm` (docker/ builds the
+    image so). Where this package is installed here (a checkout, a wheel) plays no part."""
+    root = Path(settings.app_root_in_image.rstrip("/") or "/")
+    where = Path(os.path.abspath(path))  # not resolve(): the jvm dir may be a symlink
+    for base, in_pod in (
+        (PACKAGE, root / "include" / "onceflow"),
+        (Path(os.path.abspath(settings.jvm_dir)), root / "var" / "jvm"),
+    ):
+        for p in (where, where.resolve()):
+            if p.is_relative_to(base):
+                return f"local://{(in_pod / p.relative_to(base)).as_posix()}"
+    raise ConfigError(f"{path} is neither the onceflow package's nor a jar of ONCEFLOW_JVM_DIR: no image holds it")
 
 
 def kubernetes_conf(settings: Settings) -> dict[str, str]:

@@ -132,3 +132,22 @@ def test_a_child_gets_its_own_roles_credential_and_none_of_airflows_secrets(monk
     text = "\n".join(env.values())
     for secret in ("backfill-secret", "fernet", "jwt", "db-secret", "the-launchers-own", "provisioning-secret"):
         assert secret not in text, secret
+
+
+def test_a_driver_pod_finds_the_packages_files_and_the_jars_wherever_the_package_is_installed_here(
+    monkeypatch, tmp_path
+):
+    """Installed from a wheel (site-packages, jars in the user's cache), a cluster-mode launch names the same places
+    in the image as from a checkout: the package's files by their place in the package, the jars by theirs in the
+    jvm dir. A file that is neither cannot be in the image and is refused before anything is submitted."""
+    site = tmp_path / "lib" / "python3.11" / "site-packages" / "onceflow"
+    monkeypatch.setattr(launcher, "PACKAGE", site)
+    jvm_dir = tmp_path / "cache" / "onceflow" / "jvm"
+    s = _k8s_cluster_mode(jvm_dir=jvm_dir)
+    assert launcher._in_image(s, str(site / "entrypoints" / "stream.py")) == (
+        "local:///opt/onceflow/include/onceflow/entrypoints/stream.py"
+    )
+    jar = jvm_dir / "spark-kafka" / "kafka-clients.jar"
+    assert launcher._in_image(s, str(jar)) == "local:///opt/onceflow/var/jvm/spark-kafka/kafka-clients.jar"
+    with pytest.raises(ConfigError, match="neither the onceflow package's nor a jar"):
+        launcher._in_image(s, str(tmp_path / "elsewhere.py"))
