@@ -16,11 +16,9 @@ import fcntl
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
-from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -28,27 +26,21 @@ from onceflow import config, logs, wire
 from onceflow.faults import Injector
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
-from onceflow.protocol.batch_sink import BatchSink, OutRecord
 from onceflow.protocol.sinks import open_sink
 from onceflow.rules import checkpoint, clock
-from onceflow.rules.ledger import Decision
 from onceflow.runtime import preflight, standby
+from onceflow.runtime.batch_writer import BatchWriter, Status
 from onceflow.runtime.driver_state import (
     InstanceLocked,
-    StopRequested,
     failure_exit_code,
-    initial_status,
-    pace_after,
     progress_fields,
     startup_exit_code,
-    status_after_batch,
 )
-from onceflow.spark import app_plan, batch_stats, partition_stream
+from onceflow.spark import app_plan, partition_stream
 from onceflow.spark.progress import JsonProgressListener
 from onceflow.storage.checkpoint import HadoopFS
 
 log = logging.getLogger("onceflow.job")
-STOP_COMMIT_WAIT_S = 30.0  # a stop waits this long for Spark's commits/N of the last written batch
 
 
 class InstanceLock:
@@ -84,24 +76,6 @@ class InstanceLock:
         os.pwrite(self.fd, str(os.getpid()).encode(), 0)
 
 
-class Status:
-    """The job's status file: merged from batch commits and Spark's progress reports."""
-
-    def __init__(self, settings: config.Settings):
-        self.s = settings
-        self.lock = threading.Lock()
-        self.record = initial_status(settings, os.getpid(), clock.now_ms(), socket.gethostname())
-        self.flush()
-
-    def update(self, **fields: Any) -> None:
-        with self.lock:
-            self.record = self.record.updated(**fields)
-            self.flush()
-
-    def flush(self) -> None:
-        self.record.write(self.s.status_file)
-
-
 class ProgressListener(JsonProgressListener):
     """Spark's progress of each batch, as an event and in the status file (onceflow.runtime.driver_state)."""
 
@@ -117,121 +91,6 @@ class ProgressListener(JsonProgressListener):
     def on_idle(self) -> None:
         now = clock.now_ms()
         self.status.update(last_progress_ms=now, last_idle_ms=now)
-
-
-class BatchWriter:
-    """foreachBatch: one micro-batch, exactly once. A stop holds `lock` while it waits for Spark's commits/N of
-    the last batch; a batch arriving then neither waits on it (Spark's stop cannot interrupt a Python callback)
-    nor starts a transaction."""
-
-    def __init__(
-        self, settings: config.Settings, sink: BatchSink, fs: HadoopFS, epoch: checkpoint.Epoch, status: Status
-    ):
-        self.s, self.sink, self.fs, self.epoch, self.status = settings, sink, fs, epoch, status
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.batches: dict = {}  # Spark batch id -> its ledger batch and decision (progress listener)
-        self.failure: list[BaseException] = []
-        self.last_written: int | None = None  # the last Spark batch whose transaction this driver finished
-        self.query: Any = None  # the running query, for its batch statistics
-        self.started_at = time.monotonic()  # set again when the query starts
-        self.first_logged = False
-
-    def __call__(self, df, batch_id: int) -> None:
-        while not self.lock.acquire(timeout=0.1):
-            if self.stop.is_set():
-                raise StopRequested(f"stop requested before batch {batch_id}")
-        delay_s = 0.0
-        try:
-            if self.stop.is_set():
-                raise StopRequested(f"stop requested before batch {batch_id}")
-            delay_s = self._one(df, batch_id)
-        finally:
-            self.lock.release()
-        self.stop.wait(delay_s)  # the trigger cadence; a stop ends the wait at once
-
-    def _one(self, df, batch_id: int) -> float:
-        # health judges a long batch (a backlog, a catch-up after a restore) by when it began, not as a stall
-        self.status.update(running_batch=batch_id, batch_started_ms=clock.now_ms())
-        try:
-            t0 = time.monotonic()
-            plan = checkpoint.batch_plan(self.fs, batch_id, self.s.source_topic, self.epoch)
-            decision = self.sink.decide(plan)
-            self.batches[batch_id] = {"ledger_batch": plan.batch, "epoch": plan.epoch, "decision": decision.value}
-            t1 = time.monotonic()
-            if decision is Decision.WRITE:
-                # The batch's output is computed and stored by Spark first (read, parse, shuffle, the DLQ branch),
-                # then streamed into the transaction a partition at a time: only producing runs inside it (a
-                # timed-out batch is replayed with the same range, so compute inside it would time out again on
-                # every replay), and the driver never holds the batch's whole output, however many windows close
-                # in it (partition_stream, not toLocalIterator, which keeps every served partition in the driver
-                # JVM), moved as Arrow batches (4 to 9 times the rows/s of pickled Rows, docs/performance.md).
-                # The stored output can be read again: a second attempt after an unknown outcome writes it in this
-                # process (partition_stream.Stored), not after a restart.
-                with partition_stream.materialised(df) as count:
-                    t2 = time.monotonic()
-                    rows = partition_stream.Stored(df, lambda r: OutRecord(*r), count)
-                    outcome = self.sink.write_batch(plan, rows, decision)
-            else:  # committed already: run the batch only to advance Spark's state store
-                df.write.format("noop").mode("overwrite").save()
-                t2 = time.monotonic()
-                outcome = self.sink.write_batch(plan, [], decision)
-            self.last_written = batch_id
-            # compute_ms: the batch computed and stored; txn_ms: producing it and committing
-            timings = {
-                "decide_ms": round((t1 - t0) * 1000),
-                "compute_ms": round((t2 - t1) * 1000),
-                "txn_ms": round((time.monotonic() - t2) * 1000),
-            }
-            if not self.first_logged:  # how a (re)start spends its time until the first commit
-                self.first_logged = True
-                log.info(
-                    "first batch %s since the query's start: %d ms to the batch, %s",
-                    plan.batch,
-                    round((t0 - self.started_at) * 1000),
-                    timings,
-                )
-            log.debug("batch %s timings %s", plan.batch, timings)
-        except BaseException as e:
-            self.failure.append(e)
-            raise
-        now = clock.now_ms()
-        self.status.update(
-            **status_after_batch(
-                self.status.record,
-                plan,
-                batch_id,
-                outcome.decision,
-                outcome.outputs,
-                outcome.dlq,
-                outcome.txn_ms,
-                timings,
-                now,
-            )
-        )
-        # replays and catch-up are followed at once, so only a written batch needs its event-time statistics
-        max_event = (
-            batch_stats.max_event_ms(self.query)
-            if self.query is not None and self.s.close_out_batches and outcome.decision is Decision.WRITE
-            else None
-        )
-        pace = pace_after(self.s, plan, outcome.decision, max_event, now)
-        if pace.closes_windows:
-            self.status.update(close_out_batches=self.status.record.close_out_batches + 1)
-        return pace.delay_s
-
-    def stop_at_boundary(self, query) -> None:
-        """Never stop in the middle of a transaction, nor between a Kafka commit and Spark's commits/N: then the
-        checkpoint and the sink stop at the same batch, and a stop-with-savepoint is the job's final state."""
-        with self.lock:
-            deadline = time.monotonic() + STOP_COMMIT_WAIT_S
-            last = self.last_written
-            while last is not None and self.fs.read_text(f"commits/{last}") is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            try:
-                query.stop()
-            except Exception as e:  # the query ended on StopRequested already
-                log.info("stopping the query: %s", e)
 
 
 def build_session(settings: config.Settings) -> SparkSession:

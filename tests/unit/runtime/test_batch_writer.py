@@ -1,0 +1,180 @@
+"""The driver's foreachBatch (onceflow.runtime.batch_writer.BatchWriter) on the protocol's fakes (onceflow.testing: an
+in-memory transactional cluster) and a checkpoint of its own: a new batch computed then written in one transaction,
+a committed batch only run for Spark's state, a stop before a batch, every failure recorded for the driver's exit
+code, the status file after each batch, a stop that waits for Spark's commit of the last batch. No Spark: the
+batch's output is a list of rows (the Spark path is `SparkOutput`, run by every integration test)."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+
+import pytest
+from confluent_kafka import KafkaError
+
+from onceflow import config, wire
+from onceflow.kafka import transactional as tw
+from onceflow.protocol.batch_sink import OutRecord
+from onceflow.protocol.exactly_once import ExactlyOnceSink
+from onceflow.rules import checkpoint, clock
+from onceflow.rules.ledger import Decision
+from onceflow.runtime import run_files
+from onceflow.runtime.batch_writer import BatchWriter, Status
+from onceflow.runtime.driver_state import StopRequested
+from onceflow.testing.kafka import FakeCluster, FakeSinkReads, kafka_error
+
+ROWS = [
+    OutRecord(wire.KIND_RESULT, "2026-11-17T00:00:00.000Z|10.0.0.1", b"3"),
+    OutRecord(wire.KIND_DLQ, "0:7", b"garbage", src_partition=0, src_offset=7, reason="unparseable"),
+]
+
+
+class Checkpoint(dict):
+    """A checkpoint's files by path (onceflow.rules.checkpoint.CheckpointFS), as Spark writes them."""
+
+    def read_text(self, rel: str) -> str | None:
+        return self.get(rel)
+
+    def planned(self, s: config.Settings, batch: int, end: int, watermark_ms: int = 0) -> None:
+        meta = {"batchWatermarkMs": watermark_ms, "batchTimestampMs": clock.now_ms()}  # Spark plans it now
+        self[f"offsets/{batch}"] = f"v1\n{json.dumps(meta)}\n{json.dumps({s.source_topic: {'0': end}})}"
+
+
+class Output:
+    """The batch's output as the test gives it (the DataFrame Spark would hand in is the list of rows itself)."""
+
+    def __init__(self):
+        self.stored_batches, self.advanced = 0, 0
+
+    @contextmanager
+    def stored(self, df):
+        self.stored_batches += 1
+        yield list(df)
+
+    def advance(self, df) -> None:
+        self.advanced += 1
+
+
+@pytest.fixture
+def s(tmp_path):
+    return config.load(env={}, var_dir=tmp_path, close_out_batches=False)
+
+
+@pytest.fixture
+def fs(s):
+    cp = Checkpoint({"sources/0/0": "\x00v1\n" + json.dumps({s.source_topic: {"0": 0}})})
+    cp.planned(s, 0, 10)
+    cp.planned(s, 1, 20)
+    return cp
+
+
+def writer(s, cluster, fs, scripts=(), output=None):
+    sink = ExactlyOnceSink(
+        s,
+        cluster.bus(s),
+        producer_factory=cluster.producer_factory(s.transactional_id, scripts),
+        reads=FakeSinkReads(cluster, s),
+    )
+    return BatchWriter(s, sink, fs, checkpoint.Epoch(), Status(s), output or Output())
+
+
+def test_a_new_batch_is_computed_then_written_in_one_transaction_and_the_status_says_so(s, fs):
+    c = FakeCluster()
+    w = writer(s, c, fs)
+    w(ROWS, 0)
+    assert w.output.stored_batches == 1 and w.output.advanced == 0
+    assert [r.value for r in c.topic(s.sink_topic)] == [b"3"] and len(c.topic(s.dlq_topic)) == 1
+    assert FakeSinkReads(c, s).committed([0]).offsets == {0: 10}
+    assert w.batches[0] == {"ledger_batch": 0, "epoch": 0, "decision": Decision.WRITE.value}
+    assert w.last_written == 0 and not w.failure
+    st = run_files.JobStatus.read(s.status_file)
+    assert (st.last_batch, st.committed_batches, st.last_outputs, st.last_dlq, st.running_batch) == (0, 1, 1, 1, None)
+    assert st.end_offsets == {0: 10} and set(st.last_timings) == {"decide_ms", "compute_ms", "txn_ms"}
+
+
+def test_a_batch_committed_before_only_advances_sparks_state_and_writes_nothing(s, fs):
+    c = FakeCluster()
+    writer(s, c, fs)(ROWS, 0)
+    again = writer(s, c, fs)  # a restart: Spark plans batch 0 again, its transaction committed before the crash
+    again(ROWS, 0)
+    assert again.output.advanced == 1 and again.output.stored_batches == 0  # its output never computed
+    assert len(c.topic(s.sink_topic)) == 1 and len(c.topic(s.ledger_topic)) == 1
+    assert again.batches[0]["decision"] == Decision.SKIP.value
+    st = run_files.JobStatus.read(s.status_file)
+    assert (st.replays_skipped, st.committed_batches, st.last_batch) == (1, 0, 0)
+    again(ROWS, 1)  # and the next batch follows it
+    assert FakeSinkReads(c, s).committed([0]).offsets == {0: 20}
+
+
+def test_a_stop_before_a_batch_starts_no_transaction_and_is_no_failure(s, fs):
+    c = FakeCluster()
+    w = writer(s, c, fs)
+    w.stop.set()
+    with pytest.raises(StopRequested):
+        w(ROWS, 0)
+    assert not [m for _, m in c.calls if m == "begin_transaction"] and w.output.stored_batches == 0
+    assert not w.failure and w.last_written is None
+
+
+@pytest.mark.parametrize(
+    "script, error",
+    [
+        ({"commit_transaction": [kafka_error(KafkaError._FENCED, fatal=True)]}, tw.Fenced),
+        ({"produce": [None, kafka_error(KafkaError.UNKNOWN)]}, tw.Aborted),
+    ],
+    ids=["fenced", "aborted"],
+)
+def test_a_transaction_that_fails_is_recorded_for_the_exit_code_and_raised_with_nothing_visible(s, fs, script, error):
+    c = FakeCluster()
+    w = writer(s, c, fs, [script])
+    with pytest.raises(error):
+        w(ROWS, 0)
+    assert [type(e) for e in w.failure] == [error] and w.last_written is None
+    assert c.topic(s.sink_topic) == [] and FakeSinkReads(c, s).committed([0]).offsets == {}
+    st = run_files.JobStatus.read(s.status_file)
+    assert st.running_batch == 0 and st.committed_batches == 0  # health sees the batch it died in
+
+
+def test_a_batch_the_checkpoint_does_not_plan_is_a_failure_before_any_write(s, fs):
+    c = FakeCluster()
+    w = writer(s, c, fs)
+    with pytest.raises(checkpoint.CheckpointError, match="offsets/5 is missing"):
+        w(ROWS, 5)
+    assert isinstance(w.failure[0], checkpoint.CheckpointError) and w.output.stored_batches == 0
+    assert not [m for _, m in c.calls if m == "begin_transaction"]
+
+
+def test_a_batch_that_closes_windows_is_followed_at_once_and_counted(s, fs, monkeypatch):
+    """Close-out pacing: the batch that moves the watermark past a window end is followed by the next at once; one
+    that does not waits for the trigger's next multiple."""
+    paced = s.replace(close_out_batches=True, trigger_interval_s=5.0, window_s=5, watermark_s=5)
+    wm = 1_794_873_600_000  # a window boundary
+    fs.planned(paced, 0, 10, watermark_ms=wm)
+    fs.planned(paced, 1, 20, watermark_ms=wm)
+    c = FakeCluster()
+    w = writer(paced, c, fs)
+    w.query = object()  # the running query, whose statistics batch_stats reads
+    newest = iter([wm + 11_000, wm + 2_000])  # the newest event time each batch read
+    monkeypatch.setattr("onceflow.runtime.batch_writer.batch_stats.max_event_ms", lambda q: next(newest))
+    assert w._one(ROWS, 0) == 0.0  # watermark to wm + 6 s: the window ending at wm + 5 s closes
+    assert run_files.JobStatus.read(paced.status_file).close_out_batches == 1
+    assert w._one(ROWS, 1) > 0.0  # the watermark does not pass another window end: the trigger's cadence
+    assert run_files.JobStatus.read(paced.status_file).close_out_batches == 1
+
+
+def test_a_stop_waits_for_sparks_commit_of_the_last_written_batch_then_stops_the_query(s, fs, monkeypatch):
+    c = FakeCluster()
+    w = writer(s, c, fs)
+    w(ROWS, 0)
+    stopped = []
+
+    class Query:
+        def stop(self):
+            stopped.append(fs.read_text("commits/0"))
+
+    seen = []
+    monkeypatch.setattr(
+        "onceflow.runtime.batch_writer.time.sleep", lambda _: seen.append(fs.setdefault("commits/0", "v1"))
+    )
+    w.stop_at_boundary(Query())
+    assert seen and stopped == ["v1"]  # the query stopped only once Spark had written commits/0
