@@ -11,15 +11,15 @@ from typing import Any
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
-    Consumer,
     IsolationLevel,
     KafkaError,
     KafkaException,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import OffsetSpec
 
 from onceflow.config import Settings
+from onceflow.kafka import surfaces
 from onceflow.kafka.clients import read_committed_consumer
 
 LEADER_WAIT_S = 15.0  # how long a lookup waits for a partition that is between leaders
@@ -31,7 +31,7 @@ LEADER_MOVING = {
 }
 
 
-def committed(consumer: Consumer, tps: list, timeout_s: float = 60.0) -> list:
+def committed(consumer: surfaces.Consumer, tps: list, timeout_s: float = 60.0) -> list:
     """consumer.committed(), retried while the group coordinator is moving, loading or has an open
     transactional commit pending (read_committed asks for stable offsets)."""
 
@@ -60,7 +60,7 @@ def group_offsets(
     *,
     group: str | None = None,
     topic: str | None = None,
-    consumer: Consumer | None = None,
+    consumer: surfaces.Consumer | None = None,
 ) -> list[tuple[int, int | None, str]]:
     """What a group (default the job's) has committed on `topic` (default the source): (partition, offset or None,
     its metadata), by partition. The one reader of a group's position: the job's, the reconciliation chain's, a
@@ -75,7 +75,7 @@ def group_offsets(
     return [(tp.partition, tp.offset if tp.offset >= 0 else None, tp.metadata or "") for tp in got]
 
 
-def consume_to_end(consumer: Consumer, partitions: list, timeout_s: float = 120.0):
+def consume_to_end(consumer: surfaces.Consumer, partitions: list, timeout_s: float = 120.0):
     """Yield the records of the assigned `partitions` (TopicPartitions with start offsets) until each reaches
     its end (the LSO under read_committed). Needs `enable.partition.eof`."""
 
@@ -100,7 +100,7 @@ def consume_to_end(consumer: Consumer, partitions: list, timeout_s: float = 120.
         yield msg
 
 
-def read_range(consumer, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0):
+def read_range(consumer: surfaces.Consumer, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0):
     """Yield the committed records of [start, end) of one partition (fewer when aborted data sits inside)."""
 
     if end <= start:
@@ -120,17 +120,18 @@ def read_range(consumer, topic: str, partition: int, start: int, end: int, timeo
                 if msg.error().code() == KafkaError._PARTITION_EOF:
                     return
                 raise KafkaException(msg.error())
-            if msg.offset() >= end:
+            off = msg.offset()
+            if off is None or off >= end:  # a record always has its offset; none would be no record of the range
                 return
             yield msg
-            if msg.offset() >= end - 1:
+            if off >= end - 1:
                 return
         raise TimeoutError(f"reading {topic}[{partition}] [{start}, {end}) did not finish in {timeout_s}s")
     finally:
         consumer.unassign()
 
 
-def low_offset(admin: AdminClient, tp) -> int:
+def low_offset(admin: surfaces.Admin, tp) -> int:
     """The earliest offset still kept of one partition."""
     from confluent_kafka.admin import OffsetSpec
 
@@ -168,7 +169,7 @@ def offsets_at(settings: Settings, topic: str, ts_ms: int, ends: dict[int, int])
         c.close()
 
 
-def latest_offsets(admin: AdminClient, tps: list, read_committed: bool = True) -> dict[tuple[str, int], int]:
+def latest_offsets(admin: surfaces.Admin, tps: list, read_committed: bool = True) -> dict[tuple[str, int], int]:
     """The end of each partition: the last stable offset under read_committed, else the high watermark."""
 
     isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED

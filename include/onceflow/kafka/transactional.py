@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 from confluent_kafka import KafkaError, KafkaException
 
 from onceflow import wire
+from onceflow.kafka.surfaces import Producer
 from onceflow.wire import OnceflowError
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,7 @@ def _advice(err: KafkaError, timeout_ms: int) -> str:
 class TransactionalWriter:
     def __init__(
         self,
-        make_producer: Callable[[], Any],
+        make_producer: Callable[[], Producer],
         transactional_id: str,
         timeout_ms: int,
         *,
@@ -210,26 +211,31 @@ class TransactionalWriter:
         # there past its timeout, as librdkafka #5456 does (onceflow.faults, hang_send_offsets)
         self._on_call = on_call
         self.hang_grace_s = hang_grace_s
-        self._wedged: list[Any] = []  # producers stuck in a call: kept referenced, never closed (see send_offsets)
+        self._wedged: list[Producer] = []  # producers stuck in a call: kept referenced, never closed (see send_offsets)
         self._dead: TxnError | None = None
         self._started: float | None = None  # when the open transaction began (clock)
         self._failed_delivery: str | None = None
         self._delivery_error: KafkaError | None = None  # the first failed delivery's error, for the classification
-        self._producer = self._initialised(self._make())
+        self._producer: Producer | None = self._initialised(self._make())
 
     # ------------------------------------------------------------------ state
     @property
-    def producer(self) -> Any:
+    def producer(self) -> Producer | None:
+        """The live producer (None once the writer is closed)."""
         return self._producer
 
     @property
     def elapsed_ms(self) -> float | None:
         return None if self._started is None else (self._clock() - self._started) * 1000
 
-    def _check(self) -> None:
+    def _check(self) -> Producer:
+        """The producer to call, unless a fenced or fatal error or a close left none."""
         if self._dead is not None:
             d = self._dead
             raise type(d)(f"the producer of {self.transactional_id} is unusable: {d}", d.error, d.phase)
+        if self._producer is None:
+            raise FatalProducerError(f"the writer of {self.transactional_id} is closed", None, "closed")
+        return self._producer
 
     # ------------------------------------------------------------------ the transaction
     @contextlib.contextmanager
@@ -249,10 +255,10 @@ class TransactionalWriter:
             raise
 
     def begin(self) -> None:
-        self._check()
+        producer = self._check()
         self._failed_delivery, self._delivery_error = None, None
         try:
-            self._producer.begin_transaction()
+            producer.begin_transaction()
         except KafkaException as e:
             raise self._failure(e, "begin") from e
         self._started = self._clock()
@@ -265,14 +271,14 @@ class TransactionalWriter:
         headers: list[Any] | None = None,
         partition: int | None = None,
     ) -> None:
-        self._check()
+        producer = self._check()
         kw: dict[str, Any] = {"key": key, "value": value, "headers": headers, "on_delivery": self._on_delivery}
         if partition is not None:
             kw["partition"] = partition
         deadline: float | None = None
         while True:
             try:
-                self._producer.produce(topic, **kw)
+                producer.produce(topic, **kw)
                 return
             except BufferError as e:  # the local queue is full: let deliveries drain it, within a bound
                 now = self._clock()
@@ -283,9 +289,14 @@ class TransactionalWriter:
                         f"{self.timeout_ms / 1000:.0f} s (its queue stays full: the brokers do not take its records); "
                         f"the transaction is aborted and the batch replayed"
                     ) from e
-                self._producer.poll(0.05)
+                producer.poll(0.05)
             except KafkaException as e:
                 raise self._failure(e, "produce") from e
+
+    def flush(self, timeout_s: float) -> None:
+        """Deliver what is queued to the brokers, inside the open transaction (a crash after it leaves the records
+        in the transaction, which the coordinator then aborts: the fault tests use it)."""
+        self._check().flush(timeout_s)
 
     def send_offsets(self, offsets: list[Any], group_metadata: Any, timeout_s: float = 30.0) -> None:
         """send_offsets_to_transaction, bounded. librdkafka can block in it past its timeout, for good, when the
@@ -295,8 +306,7 @@ class TransactionalWriter:
         wedged: it is left alone (a call into it is still running, so it is never closed), a new producer with the
         same transactional.id fences it and aborts the open transaction, and OutcomeUnknown sends the caller to
         what is committed (nothing of this transaction is)."""
-        self._check()
-        producer = self._producer
+        producer = self._check()
         outcome: list[BaseException | None] = []
         done = threading.Event()
 
@@ -330,11 +340,11 @@ class TransactionalWriter:
             raise error
 
     def commit(self) -> None:
-        self._check()
+        producer = self._check()
         deadline = self._clock() + self.commit_timeout_s
         while True:
             try:
-                self._producer.commit_transaction(max(0.1, deadline - self._clock()))
+                producer.commit_transaction(max(0.1, deadline - self._clock()))
                 self._started = None
                 return
             except KafkaException as e:
@@ -433,7 +443,7 @@ class TransactionalWriter:
         if self._on_event is not None:
             self._on_event(wire.PRODUCER_REPLACED, {"transactional_id": self.transactional_id, "why": why[:500]})
 
-    def _initialised(self, producer: Any) -> Any:
+    def _initialised(self, producer: Producer) -> Producer:
         """init_transactions: fences the previous incarnation and aborts its open transaction; retriable errors are
         tried again within init_timeout_s."""
         deadline = self._clock() + self.init_timeout_s
@@ -453,7 +463,7 @@ class TransactionalWriter:
                 raise _CLASSES[kind if kind != Outcome.RETRIABLE else Outcome.FATAL](message, err, "init") from e
 
 
-def _close(producer: Any, purge: bool = False) -> None:
+def _close(producer: Producer, purge: bool = False) -> None:
     try:
         if purge:
             producer.purge(in_queue=True, in_flight=False)

@@ -327,7 +327,7 @@ class ChunkWriter:
             for key, value in rows:
                 w.produce(self.spec.target_topic, key.encode(), value, headers)
             if injector.faults:  # tests: the crash then leaves the chunk's records in the open transaction
-                w.producer.flush(30)
+                w.flush(30)
             injector.hit("crash_in_chunk", chunk)
             entry = LedgerEntry(
                 app=self.s.app_id,

@@ -45,6 +45,7 @@ from onceflow.faults import Injector
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import transactional as tw
+from onceflow.kafka.surfaces import Producer
 from onceflow.protocol.batch_sink import BatchOutcome, BatchSink, OutRecord, UndeliverableRecord
 from onceflow.protocol.sink_reads import KafkaSinkReads, SinkReads
 from onceflow.rules import clock
@@ -64,7 +65,7 @@ class ExactlyOnceSink(BatchSink):
         faults: Injector | None = None,
         init_timeout_s: float = 60.0,
         *,
-        producer_factory: Callable[[], Any] | None = None,
+        producer_factory: Callable[[], Producer] | None = None,
         reads: SinkReads | None = None,
     ):
         """Connects to the broker unless given its seams: `producer_factory` makes the transactional producer (again

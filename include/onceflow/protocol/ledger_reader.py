@@ -17,13 +17,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import TopicPartition
 
 from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
+from onceflow.kafka.surfaces import Admin, Consumer
 from onceflow.rules.ledger import DivergentHistory, LedgerEntry, parse_record
 from onceflow.wire import OnceflowError
 
@@ -40,7 +40,7 @@ class LedgerScanLimit(DivergentHistory):
     stops for good (exit 4) and health pages."""
 
 
-def stable_end(settings: Settings, wait_s: float | None = None, admin: AdminClient | None = None) -> tuple[int, int]:
+def stable_end(settings: Settings, wait_s: float | None = None, admin: Admin | None = None) -> tuple[int, int]:
     """(low, end) of the ledger once everything written before this call is visible to read_committed. `admin`: a
     client to reuse (the job's sink holds one: a new client per lookup is a new connection, on a secured cluster a
     TLS handshake and a SCRAM exchange, on the path of every replay's decision)."""
@@ -80,7 +80,7 @@ def _scan_back(
     consumer: Consumer,
     settings: Settings,
     stop: Callable[[list[LedgerEntry]], tuple[LedgerEntry | None, bool]],
-    admin: AdminClient | None = None,
+    admin: Admin | None = None,
 ) -> LedgerEntry | None:
     """Newest chunk first; `stop(entries_of_chunk)` returns (found, done)."""
     low, end = stable_end(settings, admin=admin)
@@ -102,9 +102,7 @@ def _scan_back(
     return None
 
 
-def find_entry(
-    consumer: Consumer, settings: Settings, batch: int, admin: AdminClient | None = None
-) -> LedgerEntry | None:
+def find_entry(consumer: Consumer, settings: Settings, batch: int, admin: Admin | None = None) -> LedgerEntry | None:
     """The committed stream record of ledger batch `batch` of this app, or None when it is not in the ledger."""
 
     def stop(entries: list[LedgerEntry]) -> tuple[LedgerEntry | None, bool]:
@@ -118,6 +116,6 @@ def find_entry(
     return _scan_back(consumer, settings, stop, admin)
 
 
-def newest_entry(consumer: Consumer, settings: Settings, admin: AdminClient | None = None) -> LedgerEntry | None:
+def newest_entry(consumer: Consumer, settings: Settings, admin: Admin | None = None) -> LedgerEntry | None:
     """The app's newest committed stream record (None: the app has committed nothing)."""
     return _scan_back(consumer, settings, lambda entries: (entries[-1], True) if entries else (None, False), admin)

@@ -14,6 +14,7 @@ from confluent_kafka import TopicPartition
 from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
+from onceflow.kafka import surfaces
 from onceflow.protocol import ledger_reader
 from onceflow.rules import names
 from onceflow.rules.ledger import Committed, LedgerEntry
@@ -39,11 +40,22 @@ class KafkaSinkReads:
     """The group whose committed offsets are the job's position (it never subscribes: it supplies the group's
     metadata and reads the committed offsets back) and a read_committed reader of the ledger."""
 
-    def __init__(self, settings: Settings):
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        group: surfaces.Consumer | None = None,
+        ledger: surfaces.Consumer | None = None,
+        admin: surfaces.Admin | None = None,
+    ):
+        """The clients are made from the settings unless given (onceflow.testing.kafka has scripted ones)."""
         self.s = settings
-        self.group = kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
-        self.ledger = kafka_clients.read_committed_consumer(settings, group_id=names.ledger_group(settings.app_id))
-        self.admin = kafka_clients.admin(settings)  # the ledger lookups' (held: one connection, not one per lookup)
+        self.group = group or kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
+        self.ledger = ledger or kafka_clients.read_committed_consumer(
+            settings, group_id=names.ledger_group(settings.app_id)
+        )
+        # the ledger lookups' admin client, held: one connection, not one per lookup
+        self.admin = admin or kafka_clients.admin(settings)
 
     def committed(self, partitions: Iterable[int]) -> Committed:
         tps = [TopicPartition(self.s.source_topic, p) for p in sorted(partitions)]

@@ -1,0 +1,135 @@
+"""What the Kafka sink reads before it writes, through the real readers (onceflow.protocol.sink_reads.KafkaSinkReads,
+onceflow.protocol.ledger_reader, onceflow.kafka.reading) on scripted clients (onceflow.testing.kafka: a consumer and an
+admin client over the in-memory cluster the scripted producers commit to): the group's position, the ledger's
+records found newest first and no further back than needed, another app's records passed over, an open
+transaction that hides the ledger's end (waited for, then transient, never "absent"), the scan's bound, and the
+lookups that ride out a moving leader or coordinator."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from confluent_kafka import KafkaError, TopicPartition
+
+from onceflow import config, wire
+from onceflow.kafka import reading
+from onceflow.protocol import ledger_reader
+from onceflow.protocol.batch_sink import OutRecord
+from onceflow.protocol.exactly_once import ExactlyOnceSink
+from onceflow.protocol.sink_reads import KafkaSinkReads
+from onceflow.rules.ledger import BatchPlan, Decision, LedgerEntry
+from onceflow.testing.kafka import FakeCluster, ScriptedAdmin, ScriptedConsumer, kafka_error
+
+S = config.load(env={})
+ROWS = [OutRecord(wire.KIND_RESULT, "k", b"v")]
+
+
+def reads(c: FakeCluster, s: config.Settings = S, **scripts) -> KafkaSinkReads:
+    return KafkaSinkReads(
+        s,
+        group=ScriptedConsumer(c, s.group_id, name="group"),
+        ledger=ScriptedConsumer(c, name="ledger"),
+        admin=ScriptedAdmin(c, scripts.get("admin")),
+    )
+
+
+def sink(c: FakeCluster, s: config.Settings = S) -> ExactlyOnceSink:
+    return ExactlyOnceSink(s, c.bus(s), producer_factory=c.producer_factory(s.transactional_id), reads=reads(c, s))
+
+
+def plan(batch: int, start: int, end: int) -> BatchPlan:
+    return BatchPlan(batch, S.source_topic, {0: start}, {0: end})
+
+
+def committed_batches(c: FakeCluster, n: int, s: config.Settings = S) -> None:
+    for b in range(n):
+        sink(c, s).write_batch(plan(b, 10 * b, 10 * (b + 1)), ROWS)
+
+
+def test_the_sink_decides_through_the_real_readers_a_write_a_replay_and_lost_group_offsets():
+    c = FakeCluster()
+    assert sink(c).write_batch(plan(0, 0, 10), ROWS).decision is Decision.WRITE
+    assert reads(c).committed([0]).offsets == {0: 10} and reads(c).committed([0]).batch == 0
+    assert sink(c).write_batch(plan(0, 0, 10), ROWS).decision is Decision.SKIP  # a replay: written once
+    c.groups.clear()  # Kafka expired the group's offsets (offsets.retention.minutes)
+    assert reads(c).newest().batch == 0
+    assert sink(c).write_batch(plan(0, 0, 10), ROWS).decision is Decision.SKIP  # decided from the ledger
+    assert len(c.topic(S.sink_topic)) == 1
+
+
+def test_a_ledger_lookup_reads_newest_first_and_stops_at_an_earlier_batch(monkeypatch):
+    monkeypatch.setattr(ledger_reader, "CHUNK", 2)
+    c = FakeCluster()
+    committed_batches(c, 8)
+    r = reads(c)
+    assigned = lambda: sum(1 for who, m in c.calls if who == "ledger" and m == "assign")
+    assert r.entry(7).batch == 7 and assigned() == 1  # the newest chunk holds it
+    before = assigned()
+    assert r.entry(3).batch == 3 and assigned() - before == 3  # three chunks back, not the whole ledger
+    before = assigned()
+    assert r.entry(42) is None and assigned() - before == 1  # batch 7 is newer than 42 could be: absent at once
+    assert r.newest().batch == 7
+
+
+def chunks(c: FakeCluster, n: int, key: bytes = S.app_id.encode()) -> None:
+    """`n` backfill chunk records on the app's ledger, as a backfill commits them (newer than any batch)."""
+    for i in range(n):
+        rec = LedgerEntry(S.app_id, i, S.source_topic, {0: (0, 1)}, 0, 0, 1, 0, 1.0, 0, "bf", kind=wire.LEDGER_BACKFILL)
+        c.append(S.ledger_topic, key, rec.to_json())
+
+
+def test_what_else_the_ledger_holds_is_passed_over():
+    """The ledger is one partition shared by the job's batches, backfill chunks, restores and quarantines: a lookup
+    takes the app's stream records only."""
+    c = FakeCluster()
+    committed_batches(c, 2)
+    chunks(c, 5)  # newer, with higher numbers than any batch
+    c.append(S.ledger_topic, b"not-this-app", b"{}")
+    assert reads(c).newest().batch == 1 and reads(c).entry(3) is None and reads(c).entry(0).batch == 0
+
+
+def test_an_open_transaction_hiding_the_ledgers_end_is_waited_for_then_transient_never_absent():
+    c = FakeCluster()
+    committed_batches(c, 3)
+    s = S.replace(ledger_wait_s=0.3)
+    c.hold[(s.ledger_topic, 0)] = 1  # a backfill's transaction opened at offset 1 holds the stable offset there
+    with pytest.raises(ledger_reader.LedgerNotVisible, match="open transaction at offset 1 .high watermark 3"):
+        reads(c, s).entry(2)
+    del c.hold[(s.ledger_topic, 0)]  # it ended
+    assert reads(c, s).entry(2).batch == 2
+
+
+def test_a_record_beyond_the_scans_bound_stops_the_job_rather_than_guessing(monkeypatch):
+    monkeypatch.setattr(ledger_reader, "CHUNK", 2)
+    monkeypatch.setattr(ledger_reader, "MAX_SCAN", 4)
+    c = FakeCluster()
+    committed_batches(c, 1)
+    chunks(c, 6)  # six newer records that are not the app's batches
+    with pytest.raises(ledger_reader.LedgerScanLimit, match="within the newest 4 records"):
+        reads(c).newest()
+    monkeypatch.setattr(ledger_reader, "MAX_SCAN", 8)
+    assert reads(c).newest().batch == 0
+
+
+def test_offset_lookups_ride_out_a_moving_leader_within_their_bound(monkeypatch):
+    c = FakeCluster()
+    committed_batches(c, 2)
+    tp = TopicPartition(S.ledger_topic, 0)
+    moving = kafka_error(KafkaError.NOT_LEADER_FOR_PARTITION, retriable=True)
+    admin = ScriptedAdmin(c, {"list_offsets": [moving, moving]})
+    assert reading.latest_offsets(admin, [tp]) == {(S.ledger_topic, 0): 2}
+    monkeypatch.setattr(reading, "LEADER_WAIT_S", 0.3)
+    stuck = ScriptedAdmin(c, {"list_offsets": [moving] * 1000})
+    with pytest.raises(Exception, match="NOT_LEADER|scripted"):
+        reading.latest_offsets(stuck, [tp])
+
+
+def test_a_groups_position_is_read_while_its_coordinator_loads():
+    c = FakeCluster()
+    sink(c).write_batch(plan(0, 0, 10), ROWS)
+    loading = kafka_error(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, retriable=True)
+    group = ScriptedConsumer(c, S.group_id, {"committed": [loading, loading]})
+    got = reading.group_offsets(S, [0, 1], consumer=group)
+    assert got[0][:2] == (0, 10) and json.loads(got[0][2])["batch"] == 0 and got[1] == (1, None, "")
+    assert [m for who, m in c.calls if who == "consumer"].count("committed") == 3  # twice loading, then read
