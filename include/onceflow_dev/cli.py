@@ -24,13 +24,9 @@ def cmd_stack(args, s: config.Settings) -> int:
     if args.action == "down":
         # everything the stack started, whatever this shell exported: its remembered topology wins here
         s = config.load(env={**os.environ, **config.remembered_stack(s.var_dir)}, **cli.app_overrides(args))
-    if args.brokers and args.brokers != s.brokers:
-        # the topology's defaults apply (bootstrap list, replication)
-        s = config.load(env=config.with_remembered_stack(os.environ), brokers=args.brokers, **cli.app_overrides(args))
+    s = cli.stack_settings(args, s)  # --brokers, --secured
     if args.spark_workers and not s.master.startswith("spark://"):
         s = s.replace(master=f"spark://127.0.0.1:{stack.DEFAULT_SPARK_MASTER_PORT}")
-    if args.secured:
-        s = s.replace(kafka_security_protocol="SASL_SSL")
     if args.action == "up":
         info = stack.up(s, spark_workers=args.spark_workers or 0, with_postgres=args.postgres)
         if s.brokers > 1 or args.spark_workers or s.secured:
