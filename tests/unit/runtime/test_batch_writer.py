@@ -178,3 +178,18 @@ def test_a_stop_waits_for_sparks_commit_of_the_last_written_batch_then_stops_the
     )
     w.stop_at_boundary(Query())
     assert seen and stopped == ["v1"]  # the query stopped only once Spark had written commits/0
+
+
+def test_a_batch_arriving_while_a_stop_holds_the_writer_neither_waits_for_it_nor_starts(s, fs):
+    """A stop holds the writer's lock while it waits for Spark's commit of the last batch; a batch Spark hands in
+    meanwhile must not block on it (Spark's stop cannot interrupt a Python callback) nor begin a transaction."""
+    c = FakeCluster()
+    w = writer(s, c, fs)
+    w.lock.acquire()  # the stop's hold
+    w.stop.set()
+    try:
+        with pytest.raises(StopRequested, match="before batch 0"):
+            w(ROWS, 0)
+    finally:
+        w.lock.release()
+    assert w.output.stored_batches == 0 and not [m for _, m in c.calls if m == "begin_transaction"]
