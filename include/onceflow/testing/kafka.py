@@ -161,18 +161,7 @@ class ScriptedProducer:
         self.offsets: tuple[str, list[Any]] | None = None
 
     def _call(self, method: str) -> Landed | None:
-        self.calls.append((self.name, method))
-        outcomes = self.script.get(method)
-        if outcomes:
-            outcome = outcomes.pop(0)
-            if isinstance(outcome, Landed):
-                return outcome
-            if isinstance(outcome, Slow):
-                time.sleep(outcome.seconds)
-                outcome = outcome.error
-            if outcome is not None:
-                raise outcome
-        return None
+        return _scripted(self.name, self.calls, self.script, method)
 
     def _fenced(self) -> bool:
         c, tid = self.cluster, self.transactional_id
@@ -246,14 +235,21 @@ class ScriptedProducer:
         self.calls.append((self.name, "close"))
 
 
-def _scripted(name: str, calls: list[tuple[str, str]], script: dict[str, list[Any]], method: str) -> None:
-    """A scripted client call: record it, then raise its next scripted error, if any (None: it succeeds)."""
+def _scripted(name: str, calls: list[tuple[str, str]], script: dict[str, list[Any]], method: str) -> Landed | None:
+    """A scripted client call, for every fake client: record it, then play its next scripted outcome, if any (None:
+    it succeeds; an exception: raised; Slow: wait, then its error; Landed: returned, for the caller to apply)."""
     calls.append((name, method))
     outcomes = script.get(method)
     if outcomes:
         outcome = outcomes.pop(0)
+        if isinstance(outcome, Landed):
+            return outcome
+        if isinstance(outcome, Slow):
+            time.sleep(outcome.seconds)
+            outcome = outcome.error
         if outcome is not None:
             raise outcome
+    return None
 
 
 class FakeMessage:
@@ -400,6 +396,9 @@ class _Offset:
     offset: int
 
 
+_EARLIEST = type(OffsetSpec.earliest())
+
+
 class ScriptedAdmin:
     """An admin client's offset lookups on a FakeCluster: the earliest offset (0), the high watermark, and under
     read_committed the last stable offset. A scripted error fails the lookup's results, as a leader moving does."""
@@ -418,7 +417,7 @@ class ScriptedAdmin:
         committed = kwargs.get("isolation_level") == IsolationLevel.READ_COMMITTED
         out = {}
         for tp, spec in topic_partition_offsets.items():
-            if type(spec).__name__ == "EarliestSpec":
+            if isinstance(spec, _EARLIEST):
                 off = 0
             elif committed:
                 off = self.cluster.stable_offset(tp.topic, tp.partition)
