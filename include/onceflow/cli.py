@@ -532,6 +532,7 @@ DEV_COMMANDS = {
     "produce": "emulate the NGINX access-log service",
     "airflow": "the embedded Airflow (standalone) with the control-plane DAGs",
     "where": "where everything runs and how to look at the results",
+    "kafka": "Kafka's own tools (kafka-<tool>.sh) from the embedded stack's jars",
 }
 
 

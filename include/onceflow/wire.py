@@ -59,6 +59,7 @@ TRANSACTION_NEAR_TIMEOUT = "transaction_near_timeout"
 TRANSACTION_TIMEOUT = "transaction_timeout"
 TRANSACTION_OUTCOME_UNKNOWN = "transaction_outcome_unknown"
 PRODUCER_REPLACED = "producer_replaced"
+TRANSACTION_HANGING = "transaction_hanging"  # the broker left an aborted transaction open: the job stops
 FENCED = "fenced"
 DIVERGENT_HISTORY = "divergent_history"
 GROUP_OFFSETS_LOST = "group_offsets_lost"
@@ -88,6 +89,7 @@ JOB_EVENTS = frozenset(
         TRANSACTION_TIMEOUT,
         TRANSACTION_OUTCOME_UNKNOWN,
         PRODUCER_REPLACED,
+        TRANSACTION_HANGING,
         FENCED,
         DIVERGENT_HISTORY,
         GROUP_OFFSETS_LOST,
@@ -139,6 +141,11 @@ class ExitCode(enum.IntEnum):
     DIVERGENT = 4, False, "divergent history"  # checkpoint and committed history disagree (or cannot be proven to)
     LOCKED = 5, False, "another instance holds the app's lock on this machine"
     FENCED = 6, False, "fenced by a newer instance"  # of the app
+    HANGING = (
+        7,
+        False,
+        "a transaction the broker left open",
+    )  # committing would show its records: the operator aborts it
 
 
 EXIT_OK = ExitCode.OK

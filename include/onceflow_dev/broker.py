@@ -192,7 +192,7 @@ def _port_open(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def _java() -> str:
+def java() -> str:
     java = shutil.which("java")
     if not java:
         raise BrokerError("java is not on PATH: install OpenJDK 17 (apt-get install openjdk-17-jre-headless)")
@@ -269,7 +269,7 @@ def start_node(settings: Settings, node_id: int, wait: bool = True, timeout: flo
     # the secured stack's holds the brokers' own password
     write_private(n.properties, "".join(f"{k}={v}\n" for k, v in server_properties(settings, n, quorum).items()))
     n.log4j.write_text(LOG4J2.format(log=n.server_log, level="INFO"))
-    java = _java()
+    java_bin = java()
     jvm_opts = [
         f"-Xmx{settings.broker_heap}",
         f"-Xms{settings.broker_heap}",
@@ -286,13 +286,13 @@ def start_node(settings: Settings, node_id: int, wait: bool = True, timeout: flo
         write_private(args, "\n".join(_argfile_quote(a) for a in tool) + "\n")
         try:
             fmt = subprocess.run(
-                [java, *jvm_opts, "-cp", classpath, f"@{args}"], capture_output=True, text=True, timeout=120
+                [java_bin, *jvm_opts, "-cp", classpath, f"@{args}"], capture_output=True, text=True, timeout=120
             )
         finally:
             args.unlink(missing_ok=True)
         if fmt.returncode != 0:
             raise BrokerError(f"formatting the KRaft storage of node {n.id} failed:\n{fmt.stdout}\n{fmt.stderr}")
-    proc = procs.spawn_detached([java, *jvm_opts, "-cp", classpath, MAIN_CLASS, str(n.properties)], n.stdout)
+    proc = procs.spawn_detached([java_bin, *jvm_opts, "-cp", classpath, MAIN_CLASS, str(n.properties)], n.stdout)
     procs.write_pidfile(n.pidfile, proc.pid, MAIN_CLASS, bootstrap=n.address, node_id=n.id)
     if wait:
         try:

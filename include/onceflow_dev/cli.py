@@ -1,6 +1,7 @@
 """`onceflow-dev`: the development tooling's own command line. `stack` (the embedded Kafka broker or cluster, Spark
 workers, PostgreSQL on loopback under the var dir), `produce` (the NGINX access-log emulator), `airflow` (Airflow
-standalone with the control-plane DAGs) and `where` (what runs where). None of it ships in a production image: the
+standalone with the control-plane DAGs), `where` (what runs where) and `kafka` (Kafka's own tools, from the stack's
+jars). None of it ships in a production image: the
 platform's own commands are `onceflow`'s. `onceflow stack up|down|status`, `produce`, `airflow` and `where` still
 work there and come here."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +18,16 @@ from onceflow_dev import airflow_local, generator, stack
 
 PROG = "onceflow-dev"
 EMBEDDED = ("up", "down", "status")  # what `stack` does here; `topics` and `provision` are the platform's
+# Kafka's command-line tools (bin/kafka-<tool>.sh in its distribution, which the embedded stack does not install):
+# the same classes, from the jars the stack's broker runs. The messages that name a tool name its script.
+KAFKA_TOOLS = {
+    "transactions": "org.apache.kafka.tools.TransactionsCommand",
+    "topics": "org.apache.kafka.tools.TopicCommand",
+    "consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+    "acls": "org.apache.kafka.tools.AclCommand",
+    "configs": "kafka.admin.ConfigCommand",
+    "dump-log": "org.apache.kafka.tools.DumpLogSegments",
+}
 
 
 def cmd_stack(args, s: config.Settings) -> int:
@@ -116,6 +128,13 @@ Stop everything: make stop""")
     return 0
 
 
+def cmd_kafka(args, s: config.Settings) -> int:
+    from onceflow_dev import broker
+
+    cmd = [broker.java(), "-cp", broker.kafka_classpath(s), KAFKA_TOOLS[args.tool], *args.tool_args]
+    return subprocess.run(cmd, check=False).returncode
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__)
     cli.add_global_arguments(p, PROG)
@@ -169,6 +188,15 @@ def parser() -> argparse.ArgumentParser:
 
     wh = sub.add_parser("where", help="where everything runs and how to look at the results")
     wh.set_defaults(fn=cmd_where)
+
+    kf = sub.add_parser(
+        "kafka",
+        help="Kafka's own tools (kafka-<tool>.sh) from the stack's jars, e.g. `kafka transactions --bootstrap-server "
+        "127.0.0.1:9092 find-hanging --broker-id 1`",
+    )
+    kf.add_argument("tool", choices=sorted(KAFKA_TOOLS))
+    kf.add_argument("tool_args", nargs=argparse.REMAINDER, help="the tool's own arguments")
+    kf.set_defaults(fn=cmd_kafka)
     return p
 
 

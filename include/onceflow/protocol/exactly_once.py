@@ -46,7 +46,7 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import transactional as tw
 from onceflow.kafka.surfaces import Producer
-from onceflow.protocol.batch_sink import BatchOutcome, BatchSink, OutRecord, UndeliverableRecord
+from onceflow.protocol.batch_sink import BatchOutcome, BatchSink, HangingTransaction, OutRecord, UndeliverableRecord
 from onceflow.protocol.sink_reads import KafkaSinkReads, SinkReads
 from onceflow.rules import clock
 from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, offset_metadata
@@ -77,6 +77,7 @@ class ExactlyOnceSink(BatchSink):
         self.rules_version = settings.declared_app().rules_version  # carried by each ledger record
         self._batch: int | None = None  # the batch whose transaction is open, for events
         self._warned = False  # the near-timeout warning of the open transaction went out
+        self._settle_first = True  # check for a hanging transaction before the next write (a new producer, a failure)
 
         def make_producer() -> Any:
             return kafka_clients.transactional_producer(
@@ -144,6 +145,9 @@ class ExactlyOnceSink(BatchSink):
         }
 
     def _write(self, plan: BatchPlan, rows: Iterable[OutRecord]) -> BatchOutcome:
+        if self._settle_first:
+            self._settled(plan.batch)
+            self._settle_first = False
         self._fault("crash_before_produce", plan.batch)
         self._batch, self._warned = plan.batch, False
         started = time.monotonic()
@@ -151,6 +155,7 @@ class ExactlyOnceSink(BatchSink):
             self.timeout_ms * self.s.near_timeout_fraction / 1000.0, self._near_timeout, args=(plan.batch, started)
         )
         warn.daemon = True
+        done = False
         try:
             with self.writer.transaction():  # commits when the body returns; aborts when it raises
                 warn.start()
@@ -210,8 +215,11 @@ class ExactlyOnceSink(BatchSink):
             advice = timeout_advice(elapsed_ms)
             self._timed_out(plan, elapsed_ms, self.timeout_ms, str(e), advice, transactional_id=self.s.transactional_id)
             raise
+        else:
+            done = True
         finally:
             warn.cancel()
+            self._settle_first = self._settle_first or not done  # a failed transaction: its markers must land first
         txn_ms = (time.monotonic() - started) * 1000
         self._committed(plan, outputs, dlq, txn_ms)
         if txn_ms >= self.timeout_ms * self.s.near_timeout_fraction and not self._warned:
@@ -231,7 +239,43 @@ class ExactlyOnceSink(BatchSink):
 
     # ------------------------------------------------------------------ helpers
     def _writer_event(self, type_: str, fields: dict[str, Any]) -> None:
+        if type_ == wire.PRODUCER_REPLACED:
+            self._settle_first = True
         self.bus.emit(type_, logging.WARNING, flush=True, **fields)
+
+    def _settled(self, batch: int) -> None:
+        """Before a new producer's (or a failed transaction's successor's) first write: no transaction open on the
+        partitions only this app's job writes, its sink's and its DLQ's (the ledger is shared with backfills,
+        restores and quarantines, whose transactions may be open for a while). Waits out markers on their way,
+        within `ledger_wait_s`; then stops rather than commit over a transaction the broker will never settle."""
+        parts = [(self.s.sink_topic, p) for p in range(self.s.sink_partitions)] + [(self.s.dlq_topic, 0)]
+        deadline = time.monotonic() + self.s.ledger_wait_s
+        while True:
+            hanging = self.reads.unsettled(parts)
+            if not hanging or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if not hanging:
+            return
+        (topic, p), (lso, hw) = sorted(hanging.items())[0]
+        command = (
+            f"kafka-transactions.sh --bootstrap-server {self.s.bootstrap_servers} abort --topic {topic} "
+            f"--partition {p} --start-offset {lso}"
+        )
+        self.bus.emit(
+            wire.TRANSACTION_HANGING,
+            logging.ERROR,
+            flush=True,
+            batch=batch,
+            partitions={f"{t}[{q}]": {"stable": s, "high": h} for (t, q), (s, h) in sorted(hanging.items())},
+            action=f"abort it ({command}), then start the job",
+        )
+        raise HangingTransaction(
+            f"{topic}[{p}] has a transaction open since offset {lso} (high watermark {hw}) that the broker has not "
+            f"settled for {self.s.ledger_wait_s:.0f} s: its markers were most likely dropped (a broker restarted "
+            f"while the partition had no leader). Committing with this producer id would make its records visible, "
+            f"so the job stops before batch {batch}. Abort it: {command}; then start the job (docs/operations.md)"
+        )
 
     def _near_timeout(self, batch: int, started: float) -> None:
         self._warned = True

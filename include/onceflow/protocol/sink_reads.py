@@ -33,6 +33,10 @@ class SinkReads(Protocol):
     def group_metadata(self) -> Any:
         """The group's metadata for send_offsets_to_transaction."""
 
+    def unsettled(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        """The partitions whose last stable offset is below their high watermark (a transaction open there), with
+        (last stable offset, high watermark)."""
+
     def close(self) -> None: ...
 
 
@@ -72,6 +76,14 @@ class KafkaSinkReads:
 
     def group_metadata(self) -> Any:
         return self.group.consumer_group_metadata()
+
+    def unsettled(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        tps = [TopicPartition(t, p) for t, p in partitions]
+        if not tps:
+            return {}
+        stable = kafka_reading.latest_offsets(self.admin, tps, read_committed=True)
+        high = kafka_reading.latest_offsets(self.admin, tps, read_committed=False)
+        return {tp: (stable[tp], high[tp]) for tp in high if stable[tp] < high[tp]}
 
     def close(self) -> None:
         for c in (self.group, self.ledger):

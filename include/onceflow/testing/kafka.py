@@ -463,5 +463,10 @@ class FakeSinkReads:
     def group_metadata(self) -> Any:
         return self.s.group_id
 
+    def unsettled(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        c = self.cluster
+        out = {(t, p): (c.stable_offset(t, p), c.high_watermark(t, p)) for t, p in partitions}
+        return {tp: v for tp, v in out.items() if v[0] < v[1]}
+
     def close(self) -> None:
         pass

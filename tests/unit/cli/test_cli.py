@@ -56,3 +56,25 @@ def test_topics_and_provision_need_no_development_tooling_and_the_embedded_stack
     with pytest.raises(SystemExit) as e:
         cli.main(["stack", "up"])
     assert "needs the development tooling (onceflow_dev)" in str(e.value.code)
+
+
+def test_kafka_tools_run_from_the_stacks_jars_with_their_arguments_untouched(monkeypatch, tmp_path):
+    """`onceflow-dev kafka transactions ...` (and `onceflow kafka ...`, handed on) is bin/kafka-transactions.sh: the
+    same class from the embedded stack's jars, its arguments passed as typed, its exit code returned."""
+    from onceflow import cli
+    from onceflow_dev import broker
+    from onceflow_dev import cli as dev_cli
+
+    monkeypatch.setenv("ONCEFLOW_VAR_DIR", str(tmp_path))
+    monkeypatch.setattr(broker, "kafka_classpath", lambda s: "/jars/*")
+    monkeypatch.setattr(broker, "java", lambda: "/usr/bin/java")
+    ran = []
+
+    class Done:
+        returncode = 3
+
+    monkeypatch.setattr(dev_cli.subprocess, "run", lambda cmd, check: ran.append(cmd) or Done())
+    args = ["--bootstrap-server", "127.0.0.1:9092", "abort", "--topic", "t", "--partition", "1", "--start-offset", "0"]
+    for main in (dev_cli.main, cli.main):
+        assert main(["kafka", "transactions", *args]) == 3
+    assert ran == [["/usr/bin/java", "-cp", "/jars/*", "org.apache.kafka.tools.TransactionsCommand", *args]] * 2

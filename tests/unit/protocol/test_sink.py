@@ -232,3 +232,46 @@ def test_each_ledger_record_carries_the_version_of_its_apps_own_rules():
     sink(c).write_batch(plan(0, 0, 10), ROWS)
     [ip_count] = FakeSinkReads(c, S)._entries()
     assert ip_count.rules == 2  # ip_count declares the access-log rules' version
+
+
+def test_a_transaction_the_broker_left_open_stops_the_job_before_it_commits_over_it(monkeypatch):
+    """A broker that restarts while a partition has no leader can drop an aborted transaction's markers ("likely
+    deleted already and hence can be skipped"): its records stay open, and the next commit of the same producer id
+    would close them as committed (make chaos-seeds, seed 4 on one node: 207 DLQ records and a ledger record shown
+    twice). The sink checks the partitions only its job writes before a new producer's first write and stops."""
+    from onceflow.protocol.batch_sink import HangingTransaction
+
+    s = S.replace(ledger_wait_s=0.3)
+    c = FakeCluster()
+    sink(c, settings=s).write_batch(plan(0, 0, 10), ROWS)
+    c.append(s.dlq_topic, b"0:8", b"from the aborted attempt")  # its ABORT marker never came
+    c.hold[(s.dlq_topic, 0)] = 1
+    with pytest.raises(HangingTransaction, match=r"ip_count_dlq\[0\] has a transaction open since offset 1") as e:
+        sink(c, settings=s).write_batch(plan(1, 10, 20), ROWS)
+    assert e.value.exit_code == wire.ExitCode.HANGING and not e.value.exit_code.restart
+    assert "kafka-transactions.sh --bootstrap-server" in str(e.value) and "--start-offset 1" in str(e.value)
+    assert len(FakeSinkReads(c, s)._entries()) == 1 and len(c.topic(s.sink_topic)) == 1  # nothing written over it
+    [event] = c.events(s, wire.TRANSACTION_HANGING)
+    assert event["partitions"] == {"ip_count_dlq[0]": {"stable": 1, "high": 2}}
+    del c.hold[(s.dlq_topic, 0)]  # the operator aborted it
+    assert sink(c, settings=s).write_batch(plan(1, 10, 20), ROWS).decision is Decision.WRITE
+
+
+def test_markers_on_their_way_are_waited_for_and_a_failed_transaction_is_checked_again(monkeypatch):
+    import threading
+    import time
+
+    s = S.replace(ledger_wait_s=5.0)
+    c = FakeCluster()
+    timed_out = Slow(0.06, kafka_error(KafkaError._FENCED, fatal=True))
+    first = sink(c, [{"commit_transaction": [timed_out]}], settings=s.replace(transaction_timeout_ms=50))
+    with pytest.raises(tw.CoordinatorTimedOut):
+        first.write_batch(plan(0, 0, 10), ROWS)
+    c.append(s.sink_topic, b"k", b"v")  # the aborted attempt's record, its marker late
+    c.hold[(s.sink_topic, 0)] = len(c.topic(s.sink_topic)) - 1
+    threading.Timer(0.4, lambda: c.hold.clear()).start()  # the marker lands
+    again = sink(c, settings=s)
+    t0 = time.monotonic()
+    assert again.write_batch(plan(0, 0, 10), ROWS).decision is Decision.WRITE
+    assert time.monotonic() - t0 >= 0.35  # the replay began only once the marker had landed
+    assert len([m for _, m in c.calls if m == "begin_transaction"]) == 2  # the first attempt and the replay

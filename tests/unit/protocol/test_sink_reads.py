@@ -133,3 +133,14 @@ def test_a_groups_position_is_read_while_its_coordinator_loads():
     got = reading.group_offsets(S, [0, 1], consumer=group)
     assert got[0][:2] == (0, 10) and json.loads(got[0][2])["batch"] == 0 and got[1] == (1, None, "")
     assert [m for who, m in c.calls if who == "consumer"].count("committed") == 3  # twice loading, then read
+
+
+def test_partitions_with_a_transaction_open_are_named_with_their_stable_offset_and_high_watermark():
+    c = FakeCluster()
+    committed_batches(c, 2)
+    c.append(S.dlq_topic, b"k", b"open")  # a transaction's record, its marker not written
+    c.hold[(S.dlq_topic, 0)] = 0
+    parts = [(S.sink_topic, 0), (S.dlq_topic, 0), (S.ledger_topic, 0)]
+    assert reads(c).unsettled(parts) == {(S.dlq_topic, 0): (0, 1)}
+    c.hold.clear()
+    assert reads(c).unsettled(parts) == {}
