@@ -2,9 +2,12 @@
 triggerer), with the schedules shortened through settings: scheduled runs of health, transaction watch, rotation
 and reconciliation doing their work; a transaction timeout and a killed job handled by the scheduled runs, with one
 alert and one resolution each at a webhook receiver; backfill, reconciliation and deploy triggered through the REST
-API with the typed params the UI's trigger form sends; the DAG list and the backfill form in a real browser.
+API with the typed params the UI's trigger form sends; the DAG list and the backfill form in a real browser. A
+second app instance of another kind (ip_networks) gets its own DAGs from the same files (ONCEFLOW_APPS), is
+deployed through its deploy DAG, proven by its own scheduled reconciliation (the generic replay: no recount of its
+own) and stopped again, beside the first.
 
-One Airflow, one job and one input stream for the module; the tests run in order and each waits on a condition
+One Airflow for the module, the first app's job and input stream throughout; the tests run in order and each waits on a condition
 with a deadline."""
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from tests.support.harness import app_settings, harness, produce
 pytestmark = pytest.mark.integration
 
 APP = "airflow_e2e"
+NETS = "airflow_nets"  # the second instance, of ip_networks: its DAGs generated beside the first's (ONCEFLOW_APPS)
 # Shortened through the same settings an operator would set (ONCEFLOW_*_INTERVAL_*), not through test code paths.
 SCHEDULES = dict(
     health_interval_s=30.0, txn_watch_interval_s=30.0, rotation_interval_minutes=1.0, reconcile_interval_minutes=0.75
@@ -70,15 +74,19 @@ def platform(kafka, tmp_path_factory):
         savepoint_keep=20,
         health_progress_threshold_s=90.0,
         restart_delay_s=2.0,
+        apps=f"{APP}=ip_count,{NETS}=ip_networks",
         **SCHEDULES,
     )
+    nets = second_instance(s)
     topics.ensure(s)
-    if s.secured:  # make test-secured: this var's copy of the stack's secret store, the app's principals and ACLs
+    topics.ensure(nets)
+    if s.secured:  # make test-secured: this var's copy of the stack's secret store, the apps' principals and ACLs
         from onceflow_dev import credentials, stack
 
         credentials.path(s).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(credentials.path(base), credentials.path(s))
         stack.provision(s)
+        stack.provision(nets)
     webhook = Receiver()
     extra = {
         "AIRFLOW_CONN_ONCEFLOW_WEBHOOK": json.dumps(webhook.connection()),
@@ -102,21 +110,42 @@ def platform(kafka, tmp_path_factory):
             seed=91,
         ),
     )
+    # the second app's input: the same access-log records into its own source topic, at a quarter of the rate
+    nets_feeder = threading.Thread(
+        target=produce,
+        args=(nets, var / "nets-input.csv", done),
+        daemon=True,
+        kwargs=dict(count=10_000_000, rate=50, event_rate=50, start_ms=None, distinct_ips=300, seed=92),
+    )
     feeder.start()
+    nets_feeder.start()
     try:
         info = airflow_local.up(s, trigger_deploy=True, timeout=420, extra_env=extra)
+        api = airflow_local.client(s)
+        # the second app is started the way an operator starts any app: its own deploy DAG, through the REST API
+        NETS_DEPLOY.append(api.trigger(f"{NETS}_deploy", {"action": "start"}, note="the second app"))
         airflow_local.wait_job_started(s, timeout=420)
-        yield s, airflow_local.client(s), webhook, info
+        yield s, api, webhook, info
     finally:
         done.set()
         feeder.join(60)
+        nets_feeder.join(60)
         STOP.set()
         for t in BACKGROUND:
             t.join(60)
         airflow_local.down(s)
         jobctl.stop(s, timeout=60)
+        jobctl.stop(nets, timeout=60)
         postgres.remove(s)  # its cluster may live under /var/tmp (onceflow_dev.postgres): nothing left behind
         webhook.close()
+
+
+NETS_DEPLOY: list[dict] = []  # the second app's deploy run, triggered by the fixture
+
+
+def second_instance(s):
+    """The second instance's settings, as the control plane's DAG files read them from the same environment."""
+    return config.load_instance(NETS, "ip_networks", env=s.as_env())
 
 
 def scheduled(api, dag_id: str, state: str | None = None) -> list[dict]:
@@ -128,7 +157,9 @@ def chain_results(s) -> list[dict]:
 
 
 def health_records(s) -> list[dict]:
-    return [json.loads(m.value) for m in kafka_reading.read_topic(s, s.health_topic)]
+    """The app's own health records (every instance of the control plane writes to one health topic)."""
+    records = (json.loads(m.value) for m in kafka_reading.read_topic(s, s.health_topic))
+    return [h for h in records if h.get("app") == s.app_id]
 
 
 def health_windows(s) -> list[tuple]:
@@ -192,6 +223,57 @@ def test_scheduled_runs_do_their_work(platform):
     assert "ONCEFLOW_TRANSACTION_TIMEOUT_MS" in got[0]["action"]
     # the timeout crashed the job and its supervisor restarted it: health left that restart alone, no alert
     assert not webhook.alerts(f"health:{s.app_id}:"), (webhook.alerts(f"health:{s.app_id}:"), health_windows(s))
+
+
+def test_a_second_app_has_its_own_dags_and_is_proven_by_them(platform):
+    """ip_networks (stateless, keyed by IP, a reference table) beside ip_count in one control plane: deployed by its
+    own deploy DAG, watched by its own scheduled health and transaction watch, proven batch by batch by its own
+    scheduled reconciliation, which replays its plan (it has no recount of its own), and stopped by its deploy DAG;
+    the first app's job went on committing throughout."""
+    s, api, webhook, _ = platform
+    nets = second_instance(s)
+    run = _wait(api, f"{NETS}_deploy", NETS_DEPLOY[0])
+    assert run["state"] == "success", api.task_instances(f"{NETS}_deploy", run["dag_run_id"])
+    assert "first_batch" in api.xcom(f"{NETS}_deploy", run["dag_run_id"], "first_commit")
+    first_app = jobctl.status(s).last_batch
+    watching = airflow_local.watch_dags(nets)
+    assert set(watching) == {f"{NETS}_{k}" for k in airflow_local.WATCH_KINDS}
+
+    def proven():
+        done = {d: len(scheduled(api, d, "success")) for d in watching}
+        chain = [r for r in chain_results(nets) if r["first_batch"] is not None]
+        ok = done[f"{NETS}_health"] >= 1 and done[f"{NETS}_txn_watch"] >= 1 and len(chain) >= 2
+        return chain if ok else None
+
+    chain = procs.wait_until(proven, 600, interval=10, what=f"{NETS}'s scheduled runs proving its batches")
+    for dag_id in watching:
+        assert not scheduled(api, dag_id, "failed"), dag_id
+    assert all(r["ok"] for r in chain), [r for r in chain if not r["ok"]]
+    assert chain[0]["first_batch"] == audit.ledger_entries(nets)[0].batch
+    assert all(b["first_batch"] == a["last_batch"] + 1 for a, b in zip(chain, chain[1:], strict=False))
+    # the generic proof, not ip_count's: the replay of the app's own plan, and no recount step
+    logs = [
+        api.task_log(f"{NETS}_reconciliation", r["dag_run_id"], "recount")
+        for r in scheduled(api, f"{NETS}_reconciliation", "success")
+    ]
+    assert [log for log in logs if "the replay done" in log], logs[0][-3000:]
+    assert not [log for log in logs if "step 3 of 3" in log]
+    # its health is its own: its record names it, with its own source's partitions
+    [*_, h] = procs.wait_until(lambda: health_records(nets), 120, what=f"{NETS}'s health record")
+    assert h["running"] and set(h["partitions"]) == {str(p) for p in range(nets.source_partitions)}, h
+    assert not webhook.alerts(f"health:{NETS}:")
+    # the first app's job committed meanwhile, on its own ledger
+    assert jobctl.status(s).last_batch > first_app or procs.wait_until(
+        lambda: jobctl.status(s).last_batch > first_app, 120, what=f"{APP} committing beside {NETS}"
+    )
+    assert jobctl.status(s).running
+    # stopped by its deploy DAG, and its watching DAGs paused (the rest of the module is about the first app)
+    stop = _wait(api, f"{NETS}_deploy", api.trigger(f"{NETS}_deploy", {"action": "stop"}, note="done with it"))
+    assert stop["state"] == "success", api.task_instances(f"{NETS}_deploy", stop["dag_run_id"])
+    st = jobctl.status(nets)
+    assert not st.running and st.desired_state == "stopped", st
+    for dag_id in watching:
+        BACKGROUND.append(pause_between_runs_in_background(airflow_local.client(s), dag_id))
 
 
 def test_a_killed_job_is_brought_back_by_the_scheduled_health_check(platform):
