@@ -240,17 +240,17 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             "sink": spec.sink,
         }
         report["reconciliation"] = {c.name: str(c.status) for c in res.checks}
-        # every transaction held past its timeout must have been detected and reported as such
-        report["ok"] = (
-            report["lost"] == 0
-            and report["duplicated"] == 0
-            and report["dlq_complete"]
-            and report["invariants_ok"]
-            and res.ok
-            and report["transaction_timeouts"] >= counts["stall_in_txn"] - report["stalls_cut_by_a_kill"]
-            and not outcome.missed
-            and not live["violations"]
+        report["operator_stops"] = [e["type"] for e in events_of(observer, *chaos_plan.OPERATOR_STOPS)]
+        report["failures"] = chaos_plan.failures(
+            report,
+            {
+                "the reconciliation failed": res.ok,
+                # every transaction held past its timeout must have been detected and reported as such
+                "fewer transaction timeouts reported than transactions held past it": report["transaction_timeouts"]
+                >= counts["stall_in_txn"] - report["stalls_cut_by_a_kill"],
+            },
         )
+        report["ok"] = not report["failures"]
         return report
     finally:
         if sampler is not None:
@@ -398,9 +398,9 @@ def liveness_lines(live: dict) -> str:
     return "\n".join(rows)
 
 
-def events_of(s, type_: str) -> list[dict]:
-    """The app's events of one type, from the topic it lives on (the job's facts: the job events topic)."""
-    return ev.read(s, {type_})
+def events_of(s, *types: str) -> list[dict]:
+    """The app's events of these types, from the topic they live on (the job's facts: the job events topic)."""
+    return ev.read(s, set(types))
 
 
 def kill_running_job(s, after_ms: int = 0, timeout: float = 300.0) -> bool:
@@ -539,7 +539,7 @@ duplicated        {report["duplicated"]}
 DLQ complete      {report["dlq_complete"]}
 invariants I1-I4  {"ok" if report["invariants_ok"] else "FAILED"}; reconciliation {report["reconciliation"]}
 wall time         {report["wall_s"]} s
-result            {"PASS" if report["ok"] else "FAIL"}  (report: {var / "report.json"})""")
+result            {"PASS" if report["ok"] else "FAIL: " + "; ".join(report["failures"])}  (report: {var / "report.json"})""")
     return 0 if report["ok"] else 1
 
 

@@ -18,6 +18,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from onceflow import wire
+
 # the faults that take a broker node down (its partitions lose a replica until it is back and caught up)
 BROKER_FAULTS = frozenset({"kill_leader", "kill_coordinator", "broker_down", "restart_broker"})
 # the faults the platform must ride through while they last: the committed batches go on (or resume within the
@@ -239,3 +241,32 @@ def _spread(key: str, rows: list[dict[str, Any]]) -> dict[str, float | None]:
         f"{name}_median_s": round(statistics.median(vals), 1) if vals else None,
         f"{name}_worst_s": max(vals) if vals else None,
     }
+
+
+# The job's events that stop it for an operator (not restarted): a run that ends in one waits for a person, and
+# the report names it rather than only the liveness bound it then breaks.
+OPERATOR_STOPS = (wire.TRANSACTION_HANGING, wire.FENCED, wire.DIVERGENT_HISTORY)
+
+
+def failures(report: dict[str, Any], checks: dict[str, bool]) -> list[str]:
+    """Why a chaos run fails, in words, from its report and the runner's own `checks` (what each must hold, named
+    by what a failure means); empty: it passes."""
+    out = []
+    if report["lost"]:
+        out.append(f"{report['lost']} records lost")
+    if report["duplicated"]:
+        out.append(f"{report['duplicated']} results written twice")
+    if not report["dlq_complete"]:
+        out.append("the DLQ is not the malformed input once each (missing, unexpected or doubled records)")
+    if not report["invariants_ok"]:
+        out.append("an invariant failed (I1-I4 or the accounting: the audit)")
+    if report["missed"]:
+        out.append(f"{len(report['missed'])} planned fault(s) not injected")
+    violations = report["liveness"]["violations"]
+    if violations:
+        out.append(f"{len(violations)} liveness bound(s) exceeded")
+    stops = report.get("operator_stops") or []
+    if stops:
+        out.append(f"the job stopped for an operator ({', '.join(sorted(set(stops)))})")
+    out += [what for what, ok in checks.items() if not ok]
+    return out

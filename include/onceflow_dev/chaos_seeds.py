@@ -39,7 +39,12 @@ def table(topology: str, reports: list[dict[str, Any]]) -> str:
                 f"{head} {kind} | {k.get('n', 0)} | {k.get('to_commit_median_s')} / {k.get('to_commit_worst_s')} | "
                 f"{k.get('to_lag_median_s')} / {k.get('to_lag_worst_s')} |"
             )
-    return "\n".join(lines) + "\n"
+    failed = [
+        f"- seed {r['seed']} failed: {'; '.join(r.get('failures') or ['(no reason recorded)'])}"
+        for r in reports
+        if not r["ok"]
+    ]
+    return "\n".join(lines + ([""] + failed if failed else [])) + "\n"
 
 
 def main() -> int:
@@ -59,7 +64,8 @@ def main() -> int:
             report = chaos.run(chaos.ChaosSpec(seed=seed), var)
         (var / "report.json").write_text(json.dumps(report, indent=1))
         reports.append(report)
-        print(f"seed {seed}: {'PASS' if report['ok'] else 'FAIL'} ({var / 'report.json'})", flush=True)
+        verdict = "PASS" if report["ok"] else "FAIL: " + "; ".join(report["failures"])
+        print(f"seed {seed}: {verdict} ({var / 'report.json'})", flush=True)
     out = table(topology, reports)
     (root / f"{topology}.md").write_text(out)
     print(out)

@@ -109,11 +109,31 @@ def test_the_seeds_table_has_a_row_per_seed_and_fault_kind():
         lag_slack=10,
     )
     rep = {"seed": 4711, "ok": True, "records": 600_004, "lost": 0, "duplicated": 0, "missed": [], "liveness": live}
-    out = chaos_seeds.table("cluster", [rep, rep | {"seed": 2, "ok": False, "missed": [{"kind": "kill_job"}]}])
+    failed = rep | {"seed": 2, "ok": False, "missed": [{"kind": "kill_job"}]}
+    checked = failed | {"dlq_complete": True, "invariants_ok": True}
+    out = chaos_seeds.table("cluster", [rep, failed | {"failures": cp.failures(checked, {})}])
     rows = [line for line in out.splitlines() if line.startswith("| ")][1:]  # after the header
     assert rows[0].startswith("| 4711 | PASS | 600,004 | 0 | 0 | 0 | broker_down | 1 | 5.0 / 5.0 |")
     assert rows[1].startswith("| | | | | | | kill_job | 1 | 5.0 / 5.0 |")
     assert rows[2].startswith("| 2 | FAIL |") and " 1 | broker_down " in rows[2]
+    assert out.rstrip().endswith("- seed 2 failed: 1 planned fault(s) not injected")  # why, under the table
+
+
+def test_a_failed_run_says_why_in_words():
+    """The table's columns count sink results only: seed 4 on one node (2026-11-27) failed with 0 lost and 0
+    duplicated there, on 207 doubled DLQ records and a ledger record shown twice. Its report now says so, and a run
+    whose job stopped for an operator names that stop, not only the liveness bound the stop then breaks."""
+    live = cp.liveness([Injected("kill_job", 10_000, 10_000)], [15_000], [(0, 5), (20_000, 5)], Bounds(), lag_slack=10)
+    clean = {"lost": 0, "duplicated": 0, "dlq_complete": True, "invariants_ok": True, "missed": [], "liveness": live}
+    assert cp.failures(clean, {"the reconciliation failed": True}) == []
+    seed4 = clean | {"dlq_complete": False, "invariants_ok": False}
+    assert cp.failures(seed4, {"the reconciliation failed": False}) == [
+        "the DLQ is not the malformed input once each (missing, unexpected or doubled records)",
+        "an invariant failed (I1-I4 or the accounting: the audit)",
+        "the reconciliation failed",
+    ]
+    stopped = clean | {"operator_stops": ["transaction_hanging"]}
+    assert cp.failures(stopped, {}) == ["the job stopped for an operator (transaction_hanging)"]
 
 
 def test_a_coordinator_kill_reads_the_events_again_when_a_broker_is_away(monkeypatch, tmp_path):
