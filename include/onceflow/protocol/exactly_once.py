@@ -252,7 +252,8 @@ class ExactlyOnceSink(BatchSink):
         open on its sink's and its DLQ's partitions, which only it writes, nor on its ledger, which backfills,
         restores and quarantines share (there a transaction counts when its first record is the job's own).
         Waits out markers on their way, within `ledger_wait_s`; then stops rather than commit over a transaction
-        the broker will never settle."""
+        the broker will never settle. No false alarm for an outage: a producer's init_transactions returns only once
+        every earlier transaction of its id is complete, its markers written with acks=all or skipped."""
         ledger = (self.s.ledger_topic, 0)
         parts = [(self.s.sink_topic, p) for p in range(self.s.sink_partitions)] + [(self.s.dlq_topic, 0), ledger]
         owners: dict[int, bool] = {}  # the ledger's last stable offset -> whether the job opened it
