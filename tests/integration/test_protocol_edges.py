@@ -276,13 +276,13 @@ def test_a_ledger_record_behind_another_producers_open_transaction_is_waited_for
     bus.close()
 
 
-def test_a_transaction_left_open_on_the_sink_stops_the_writer_until_the_operator_aborts_it(app):
-    """A transaction open on a sink partition that the broker does not settle (chaos seed 4: a one-replica broker
-    restarted while its partitions had no leader dropped an aborted transaction's markers; here a stand-in producer
-    holds one open past the wait) would be closed by the next COMMIT of its producer id and shown. The writer refuses
-    before its first write and names the command that aborts it; the operator runs that command (Kafka's own
-    TransactionsCommand, bin/kafka-transactions.sh), and the next writer commits, with none of the open records
-    visible."""
+def test_a_transaction_left_open_stops_the_writer_until_the_operator_aborts_it(app):
+    """A transaction of the job's that the broker does not settle (chaos seed 4: a one-replica broker restarted while
+    its partitions had no leader dropped an aborted transaction's markers; here a stand-in producer holds one open
+    on a sink partition and the ledger, its ledger record the job's own) would be closed by the next COMMIT of its
+    producer id and shown. The writer refuses before its first write and names the command that aborts it; the
+    operator runs each command it names (Kafka's own TransactionsCommand, bin/kafka-transactions.sh), and the next
+    writer commits, with none of the open records visible."""
     s = app(ledger_wait_s=3.0)
     stray = Producer(
         {**kafka_clients.base(s), "transactional.id": f"{s.transactional_id}.stray", "transaction.timeout.ms": 120_000}
@@ -291,6 +291,8 @@ def test_a_transaction_left_open_on_the_sink_stops_the_writer_until_the_operator
     stray.begin_transaction()
     for _ in range(3):
         stray.produce(s.sink_topic, key=b"stray", value=b"{}", partition=1)
+    job_headers = [(wire.H_APP, s.app_id.encode()), (wire.H_BATCH, b"0")]
+    stray.produce(s.ledger_topic, key=s.app_id.encode(), value=b"{}", headers=job_headers)
     assert stray.flush(10) == 0
     bus = ev.EventBus(s)
     sink = ExactlyOnceSink(s, bus)
@@ -300,25 +302,28 @@ def test_a_transaction_left_open_on_the_sink_stops_the_writer_until_the_operator
     assert time.monotonic() - started >= 3.0  # markers on their way were waited for first
     sink.close()
     assert refused.value.exit_code == wire.ExitCode.HANGING
-    [hang] = wait_event(s, wire.TRANSACTION_HANGING)
-    assert hang["partitions"] == {f"{s.sink_topic}[1]": {"stable": 0, "high": 3}}, hang
-    assert audit.ledger_entries(s) == []  # nothing of batch 0 was written
-    command = re.search(r"kafka-transactions\.sh (.+?); then", str(refused.value))
-    assert command, str(refused.value)
-    args = command.group(1).split()
-    assert args[args.index("--topic") + 1] == s.sink_topic and args[args.index("--start-offset") + 1] == "0"
-    # the embedded stack has no bin/kafka-transactions.sh: the same tool is `onceflow-dev kafka transactions`
-    done = subprocess.run(
-        [sys.executable, "-m", "onceflow_dev.cli", "kafka", "transactions", *args],
-        env={**os.environ, **s.as_env()},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    commands = [c.split() for c in re.findall(r"kafka-transactions\.sh (.+?)(?:;|$)", str(refused.value))]
+    aborted = sorted((c[c.index("--topic") + 1], c[c.index("--partition") + 1]) for c in commands)
+    assert aborted == sorted([(s.ledger_topic, "0"), (s.sink_topic, "1")]), str(refused.value)
+    for args in commands:
+        # the embedded stack has no bin/kafka-transactions.sh: the same tool is `onceflow-dev kafka transactions`
+        done = subprocess.run(
+            [sys.executable, "-m", "onceflow_dev.cli", "kafka", "transactions", *args],
+            env={**os.environ, **s.as_env()},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
     sink = ExactlyOnceSink(s, bus)
-    assert sink.write_batch(_plan(s, 0, 0, 10), _rows(0, 10)).decision is Decision.WRITE
+    outcome = sink.write_batch(_plan(s, 0, 0, 10), _rows(0, 10))
     sink.close()
+    assert outcome.decision is Decision.WRITE
+    [first] = wait_event(s, wire.TRANSACTION_HANGING)
+    assert first["partitions"] == {
+        f"{s.ledger_topic}[0]": {"stable": 0, "high": 1},
+        f"{s.sink_topic}[1]": {"stable": 0, "high": 3},
+    }, first
     seen = kafka_reading.read_topic(s, s.sink_topic)
     assert sorted(m.key for m in seen) == sorted(f"k0-{i}".encode() for i in range(10))
     assert [e.batch for e in audit.ledger_entries(s)] == [0]

@@ -8,10 +8,9 @@ are pure; `open_transactions()` and `new_events()` do the reading.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import TopicPartition
 
 from onceflow import wire
 from onceflow.config import Settings
@@ -49,7 +48,7 @@ def open_transactions(settings: Settings, topics: list[str]) -> list[OpenTxn]:
         for key, stable in sorted(lso.items()):
             if stable >= hw[key]:
                 continue
-            first = _record_at(reader, key[0], key[1], stable)
+            first = kafka_reading.record_at(reader, key[0], key[1], stable)
             headers = dict(first.headers() or []) if first is not None else {}
             out.append(
                 OpenTxn(
@@ -66,22 +65,6 @@ def open_transactions(settings: Settings, topics: list[str]) -> list[OpenTxn]:
     finally:
         reader.close()
     return out
-
-
-def _record_at(consumer, topic: str, partition: int, offset: int, timeout_s: float = 10.0):
-    consumer.assign([TopicPartition(topic, partition, offset)])
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or (msg.error() and msg.error().code() == KafkaError._PARTITION_EOF):
-                continue
-            if msg.error():
-                return None
-            return msg
-        return None
-    finally:
-        consumer.unassign()
 
 
 def hanging(txns: list[OpenTxn], now_ms: int, timeout_ms: int) -> list[alerts.Condition]:

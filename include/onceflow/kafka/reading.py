@@ -263,3 +263,21 @@ def read_tail(
         cut = len(found) - want
         end, found = found[cut - 1].offset + 1, found[cut:]
     return found, (end if end > low else None)
+
+
+def record_at(consumer: surfaces.Consumer, topic: str, partition: int, offset: int, timeout_s: float = 10.0) -> Any:
+    """The record at `offset` as `consumer` reads it (None if none comes within `timeout_s`): with read_uncommitted,
+    the first record of the transaction that holds a partition's last stable offset back."""
+    consumer.assign([TopicPartition(topic, partition, offset)])
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or (msg.error() and msg.error().code() == KafkaError._PARTITION_EOF):
+                continue
+            if msg.error():
+                return None
+            return msg
+        return None
+    finally:
+        consumer.unassign()

@@ -114,6 +114,7 @@ class ExactlyOnceSink(BatchSink):
     def decide(self, plan: BatchPlan) -> Decision:
         """WRITE, SKIP (a replay of a committed batch) or CATCH_UP (re-reading committed batches after a
         restore); anything that fits none of them raises DivergentHistory."""
+        self._settle(plan.batch)  # before the ledger is read: a hanging record of the job's would hold it back
         committed = self.committed(plan.end)
         entry = self.ledger_entry(plan.batch) if committed.batch == plan.batch else None
         newest = None
@@ -145,9 +146,7 @@ class ExactlyOnceSink(BatchSink):
         }
 
     def _write(self, plan: BatchPlan, rows: Iterable[OutRecord]) -> BatchOutcome:
-        if self._settle_first:
-            self._settled(plan.batch)
-            self._settle_first = False
+        self._settle(plan.batch)
         self._fault("crash_before_produce", plan.batch)
         self._batch, self._warned = plan.batch, False
         started = time.monotonic()
@@ -243,38 +242,65 @@ class ExactlyOnceSink(BatchSink):
             self._settle_first = True
         self.bus.emit(type_, logging.WARNING, flush=True, **fields)
 
+    def _settle(self, batch: int) -> None:
+        if self._settle_first:
+            self._settled(batch)
+            self._settle_first = False
+
     def _settled(self, batch: int) -> None:
-        """Before a new producer's (or a failed transaction's successor's) first write: no transaction open on the
-        partitions only this app's job writes, its sink's and its DLQ's (the ledger is shared with backfills,
-        restores and quarantines, whose transactions may be open for a while). Waits out markers on their way,
-        within `ledger_wait_s`; then stops rather than commit over a transaction the broker will never settle."""
-        parts = [(self.s.sink_topic, p) for p in range(self.s.sink_partitions)] + [(self.s.dlq_topic, 0)]
+        """Before a new producer's (or a failed transaction's successor's) first write: no transaction of this job
+        open on its sink's and its DLQ's partitions, which only it writes, nor on its ledger, which backfills,
+        restores and quarantines share (there a transaction counts when its first record is the job's own).
+        Waits out markers on their way, within `ledger_wait_s`; then stops rather than commit over a transaction
+        the broker will never settle. No false alarm for an outage: a producer's init_transactions returns only once
+        every earlier transaction of its id is complete, its markers written with acks=all or skipped."""
+        ledger = (self.s.ledger_topic, 0)
+        parts = [(self.s.sink_topic, p) for p in range(self.s.sink_partitions)] + [(self.s.dlq_topic, 0), ledger]
+        owners: dict[int, bool] = {}  # the ledger's last stable offset -> whether the job opened it
         deadline = time.monotonic() + self.s.ledger_wait_s
         while True:
             hanging = self.reads.unsettled(parts)
+            if ledger in hanging:
+                lso = hanging[ledger][0]
+                if lso not in owners:
+                    owners[lso] = self._opened_by_job(self.reads.opened_by(*ledger, lso))
+                if not owners[lso]:
+                    del hanging[ledger]
             if not hanging or time.monotonic() >= deadline:
                 break
             time.sleep(0.2)
         if not hanging:
             return
-        (topic, p), (lso, hw) = sorted(hanging.items())[0]
-        command = (
-            f"kafka-transactions.sh --bootstrap-server {self.s.bootstrap_servers} abort --topic {topic} "
-            f"--partition {p} --start-offset {lso}"
-        )
+        found = sorted(hanging.items())
+        commands = [
+            f"kafka-transactions.sh --bootstrap-server {self.s.bootstrap_servers} abort --topic {t} --partition {q} "
+            f"--start-offset {lso}"
+            for (t, q), (lso, _) in found
+        ]
         self.bus.emit(
             wire.TRANSACTION_HANGING,
             logging.ERROR,
             flush=True,
             batch=batch,
-            partitions={f"{t}[{q}]": {"stable": s, "high": h} for (t, q), (s, h) in sorted(hanging.items())},
-            action=f"abort it ({command}), then start the job",
+            partitions={f"{t}[{q}]": {"stable": s, "high": h} for (t, q), (s, h) in found},
+            action=f"abort {'it' if len(found) == 1 else 'each'} ({'; '.join(commands)}), then start the job",
         )
+        where = ", ".join(f"{t}[{q}] since offset {lso} (high watermark {hw})" for (t, q), (lso, hw) in found)
         raise HangingTransaction(
-            f"{topic}[{p}] has a transaction open since offset {lso} (high watermark {hw}) that the broker has not "
-            f"settled for {self.s.ledger_wait_s:.0f} s: its markers were most likely dropped (a broker restarted "
-            f"while the partition had no leader). Committing with this producer id would make its records visible, "
-            f"so the job stops before batch {batch}. Abort it: {command}; then start the job (docs/operations.md)"
+            f"a transaction is open on {where}, not settled by the broker for {self.s.ledger_wait_s:.0f} s: its "
+            f"markers were most likely dropped (a broker restarted while the partition had no leader). Committing "
+            f"with this producer id would make its records visible, so the job stops before batch {batch}. Abort "
+            f"{'it' if len(found) == 1 else 'it on each'}: {'; '.join(commands)}; then start the job "
+            f"(docs/operations.md)"
+        )
+
+    def _opened_by_job(self, headers: dict[str, bytes]) -> bool:
+        """A ledger record the job writes for a batch (onceflow.wire's headers: the app and the batch; a backfill's,
+        a restore's or a quarantine's carry their own)."""
+        return (
+            headers.get(wire.H_APP) == self.s.app_id.encode()
+            and wire.H_BATCH in headers
+            and not {wire.H_KIND, wire.H_BACKFILL} & set(headers)
         )
 
     def _near_timeout(self, batch: int, started: float) -> None:

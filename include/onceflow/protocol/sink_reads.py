@@ -37,6 +37,10 @@ class SinkReads(Protocol):
         """The partitions whose last stable offset is below their high watermark (a transaction open there), with
         (last stable offset, high watermark)."""
 
+    def opened_by(self, topic: str, partition: int, offset: int) -> dict[str, bytes]:
+        """The headers of the record at `offset`, read uncommitted ({} if none): who opened the transaction that
+        holds the partition's last stable offset there."""
+
     def close(self) -> None: ...
 
 
@@ -84,6 +88,14 @@ class KafkaSinkReads:
         stable = kafka_reading.latest_offsets(self.admin, tps, read_committed=True)
         high = kafka_reading.latest_offsets(self.admin, tps, read_committed=False)
         return {tp: (stable[tp], high[tp]) for tp in high if stable[tp] < high[tp]}
+
+    def opened_by(self, topic: str, partition: int, offset: int) -> dict[str, bytes]:
+        reader = kafka_clients.read_committed_consumer(self.s, **{"isolation.level": "read_uncommitted"})
+        try:
+            first = kafka_reading.record_at(reader, topic, partition, offset)
+        finally:
+            reader.close()
+        return {k: v for k, v in (first.headers() or []) if v is not None} if first is not None else {}
 
     def close(self) -> None:
         for c in (self.group, self.ledger):

@@ -468,5 +468,9 @@ class FakeSinkReads:
         out = {(t, p): (c.stable_offset(t, p), c.high_watermark(t, p)) for t, p in partitions}
         return {tp: v for tp, v in out.items() if v[0] < v[1]}
 
+    def opened_by(self, topic: str, partition: int, offset: int) -> dict[str, bytes]:
+        at = [r for r in self.cluster.partition(topic, partition) if r.offset == offset]
+        return dict(at[0].headers) if at else {}
+
     def close(self) -> None:
         pass

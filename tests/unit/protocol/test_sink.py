@@ -246,7 +246,7 @@ def test_a_transaction_the_broker_left_open_stops_the_job_before_it_commits_over
     sink(c, settings=s).write_batch(plan(0, 0, 10), ROWS)
     c.append(s.dlq_topic, b"0:8", b"from the aborted attempt")  # its ABORT marker never came
     c.hold[(s.dlq_topic, 0)] = 1
-    with pytest.raises(HangingTransaction, match=r"ip_count_dlq\[0\] has a transaction open since offset 1") as e:
+    with pytest.raises(HangingTransaction, match=r"open on ip_count_dlq\[0\] since offset 1 \(high watermark 2\)") as e:
         sink(c, settings=s).write_batch(plan(1, 10, 20), ROWS)
     assert e.value.exit_code == wire.ExitCode.HANGING and not e.value.exit_code.restart
     assert "kafka-transactions.sh --bootstrap-server" in str(e.value) and "--start-offset 1" in str(e.value)
@@ -255,6 +255,32 @@ def test_a_transaction_the_broker_left_open_stops_the_job_before_it_commits_over
     assert event["partitions"] == {"ip_count_dlq[0]": {"stable": 1, "high": 2}}
     del c.hold[(s.dlq_topic, 0)]  # the operator aborted it
     assert sink(c, settings=s).write_batch(plan(1, 10, 20), ROWS).decision is Decision.WRITE
+
+
+def test_on_the_shared_ledger_only_a_transaction_the_job_opened_stops_it():
+    """The ledger is shared with backfills, restores and quarantines, whose transactions stay open while they
+    compute: one of theirs holding the ledger's last stable offset is theirs to settle, and the job writes on. A
+    transaction whose first record is the job's own ledger record of a batch (seed 4's second doubled record) is
+    the job's, left hanging: it stops."""
+    from onceflow.protocol.batch_sink import HangingTransaction
+
+    s = S.replace(ledger_wait_s=0.3)
+    c = FakeCluster()
+    sink(c, settings=s).write_batch(plan(0, 0, 10), ROWS)
+    backfill = [(wire.H_APP, s.app_id.encode()), (wire.H_BACKFILL, b"b-1")]
+    c.append(s.ledger_topic, s.app_id.encode(), b"{}", backfill)  # a backfill's chunk, its transaction open
+    c.hold[(s.ledger_topic, 0)] = 1
+    assert sink(c, settings=s).write_batch(plan(1, 10, 20), ROWS).decision is Decision.WRITE
+    assert not c.events(s, wire.TRANSACTION_HANGING)
+    del c.hold[(s.ledger_topic, 0)]
+    job = [(wire.H_APP, s.app_id.encode()), (wire.H_BATCH, b"2")]
+    at = len(c.partition(s.ledger_topic, 0))
+    c.append(s.ledger_topic, s.app_id.encode(), b"{}", job)  # the job's own record of batch 2: its markers dropped
+    c.hold[(s.ledger_topic, 0)] = at
+    with pytest.raises(HangingTransaction, match=rf"open on {s.ledger_topic}\[0\] since offset {at} "):
+        sink(c, settings=s).write_batch(plan(2, 20, 30), ROWS)
+    [event] = c.events(s, wire.TRANSACTION_HANGING)
+    assert list(event["partitions"]) == [f"{s.ledger_topic}[0]"]
 
 
 def test_markers_on_their_way_are_waited_for_and_a_failed_transaction_is_checked_again(monkeypatch):
