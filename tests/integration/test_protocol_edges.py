@@ -20,8 +20,9 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit, quarantine
-from onceflow.protocol.batch_sink import HangingTransaction, OutRecord
+from onceflow.protocol.batch_sink import OutRecord
 from onceflow.protocol.exactly_once import ExactlyOnceSink
+from onceflow.protocol.hanging import HangingTransaction
 from onceflow.rules.ledger import BatchPlan, Decision
 from onceflow.runtime import jobctl, procs
 from onceflow.storage.store import Store

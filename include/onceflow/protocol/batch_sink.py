@@ -195,12 +195,3 @@ class BatchSink:
     def _fault(self, point: str, batch: int) -> None:
         if self.faults is not None:
             self.faults.hit(point, batch)
-
-
-class HangingTransaction(OnceflowError):
-    """A transaction the broker left open on a partition only this app's job writes: the coordinator gives a producer
-    its new epoch only once the old transaction is settled, so one still open had its markers dropped (a broker that
-    restarted while the partition had no leader). The next commit of the same producer id would close it as
-    committed and show its records; the job stops for the operator, who aborts it."""
-
-    exit_code = wire.ExitCode.HANGING

@@ -23,6 +23,9 @@ Batch ids here are the ledger's: equal to Spark's until a restore behind the sin
 
 Fencing: `init_transactions()` at start aborts whatever the previous incarnation left open and bumps the
 producer epoch, so a zombie instance of the same app can no longer commit (it gets fenced and stops).
+A hanging transaction: before a new producer's first decision the sink checks that none of its own is still open
+on its partitions (a broker that skipped an aborted transaction's markers), and stops rather than commit over one
+(onceflow.protocol.hanging).
 Timeouts: each transaction is timed; at `near_timeout_fraction` of transaction.timeout.ms a warning event is
 emitted while it is still open; if the coordinator aborted it (timeout), the commit fails, a
 `transaction_timeout` event is emitted and the query fails, so Spark replays the batch after the restart:
@@ -46,7 +49,8 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import transactional as tw
 from onceflow.kafka.surfaces import Producer
-from onceflow.protocol.batch_sink import BatchOutcome, BatchSink, HangingTransaction, OutRecord, UndeliverableRecord
+from onceflow.protocol import hanging
+from onceflow.protocol.batch_sink import BatchOutcome, BatchSink, OutRecord, UndeliverableRecord
 from onceflow.protocol.sink_reads import KafkaSinkReads, SinkReads
 from onceflow.rules import clock
 from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, offset_metadata
@@ -248,60 +252,39 @@ class ExactlyOnceSink(BatchSink):
             self._settle_first = False
 
     def _settled(self, batch: int) -> None:
-        """Before a new producer's (or a failed transaction's successor's) first write: no transaction of this job
+        """Before a new producer's (or a failed transaction's successor's) first decision: no transaction of this job
         open on its sink's and its DLQ's partitions, which only it writes, nor on its ledger, which backfills,
-        restores and quarantines share (there a transaction counts when its first record is the job's own).
-        Waits out markers on their way, within `ledger_wait_s`; then stops rather than commit over a transaction
-        the broker will never settle. No false alarm for an outage: a producer's init_transactions returns only once
-        every earlier transaction of its id is complete, its markers written with acks=all or skipped."""
+        restores and quarantines share (there one counts when its first record is the job's own). Waits out markers
+        on their way, within `ledger_wait_s`; then stops rather than commit over a transaction the broker will never
+        settle (onceflow.protocol.hanging). No false alarm for an outage: a producer's init_transactions returns only
+        once every earlier transaction of its id is complete, its markers written with acks=all or skipped."""
         ledger = (self.s.ledger_topic, 0)
         parts = [(self.s.sink_topic, p) for p in range(self.s.sink_partitions)] + [(self.s.dlq_topic, 0), ledger]
         owners: dict[int, bool] = {}  # the ledger's last stable offset -> whether the job opened it
         deadline = time.monotonic() + self.s.ledger_wait_s
         while True:
-            hanging = self.reads.unsettled(parts)
-            if ledger in hanging:
-                lso = hanging[ledger][0]
+            found = self.reads.unsettled(parts)
+            if ledger in found:
+                lso = found[ledger][0]
                 if lso not in owners:
-                    owners[lso] = self._opened_by_job(self.reads.opened_by(*ledger, lso))
+                    owners[lso] = hanging.opened_by_job(self.reads.opened_by(*ledger, lso), self.s.app_id)
                 if not owners[lso]:
-                    del hanging[ledger]
-            if not hanging or time.monotonic() >= deadline:
+                    del found[ledger]
+            if not found or time.monotonic() >= deadline:
                 break
             time.sleep(0.2)
-        if not hanging:
+        if not found:
             return
-        found = sorted(hanging.items())
-        commands = [
-            f"kafka-transactions.sh --bootstrap-server {self.s.bootstrap_servers} abort --topic {t} --partition {q} "
-            f"--start-offset {lso}"
-            for (t, q), (lso, _) in found
-        ]
+        commands = hanging.abort_commands(self.s.bootstrap_servers, found, secured=self.s.secured)
         self.bus.emit(
             wire.TRANSACTION_HANGING,
             logging.ERROR,
             flush=True,
             batch=batch,
-            partitions={f"{t}[{q}]": {"stable": s, "high": h} for (t, q), (s, h) in found},
+            partitions={f"{t}[{q}]": {"stable": s, "high": h} for (t, q), (s, h) in sorted(found.items())},
             action=f"abort {'it' if len(found) == 1 else 'each'} ({'; '.join(commands)}), then start the job",
         )
-        where = ", ".join(f"{t}[{q}] since offset {lso} (high watermark {hw})" for (t, q), (lso, hw) in found)
-        raise HangingTransaction(
-            f"a transaction is open on {where}, not settled by the broker for {self.s.ledger_wait_s:.0f} s: its "
-            f"markers were most likely dropped (a broker restarted while the partition had no leader). Committing "
-            f"with this producer id would make its records visible, so the job stops before batch {batch}. Abort "
-            f"{'it' if len(found) == 1 else 'it on each'}: {'; '.join(commands)}; then start the job "
-            f"(docs/operations.md)"
-        )
-
-    def _opened_by_job(self, headers: dict[str, bytes]) -> bool:
-        """A ledger record the job writes for a batch (onceflow.wire's headers: the app and the batch; a backfill's,
-        a restore's or a quarantine's carry their own)."""
-        return (
-            headers.get(wire.H_APP) == self.s.app_id.encode()
-            and wire.H_BATCH in headers
-            and not {wire.H_KIND, wire.H_BACKFILL} & set(headers)
-        )
+        raise hanging.refusal(found, commands, self.s.ledger_wait_s, batch)
 
     def _near_timeout(self, batch: int, started: float) -> None:
         self._warned = True

@@ -239,7 +239,7 @@ def test_a_transaction_the_broker_left_open_stops_the_job_before_it_commits_over
     deleted already and hence can be skipped"): its records stay open, and the next commit of the same producer id
     would close them as committed (make chaos-seeds, seed 4 on one node: 207 DLQ records and a ledger record shown
     twice). The sink checks the partitions only its job writes before a new producer's first write and stops."""
-    from onceflow.protocol.batch_sink import HangingTransaction
+    from onceflow.protocol.hanging import HangingTransaction
 
     s = S.replace(ledger_wait_s=0.3)
     c = FakeCluster()
@@ -249,6 +249,9 @@ def test_a_transaction_the_broker_left_open_stops_the_job_before_it_commits_over
     with pytest.raises(HangingTransaction, match=r"open on ip_count_dlq\[0\] since offset 1 \(high watermark 2\)") as e:
         sink(c, settings=s).write_batch(plan(1, 10, 20), ROWS)
     assert e.value.exit_code == wire.ExitCode.HANGING and not e.value.exit_code.restart
+    from onceflow.runtime.driver_state import failure_exit_code
+
+    assert failure_exit_code(e.value) == wire.ExitCode.HANGING and wire.ExitCode.HANGING in wire.NO_RESTART
     assert "kafka-transactions.sh --bootstrap-server" in str(e.value) and "--start-offset 1" in str(e.value)
     assert len(FakeSinkReads(c, s)._entries()) == 1 and len(c.topic(s.sink_topic)) == 1  # nothing written over it
     [event] = c.events(s, wire.TRANSACTION_HANGING)
@@ -262,7 +265,7 @@ def test_on_the_shared_ledger_only_a_transaction_the_job_opened_stops_it():
     compute: one of theirs holding the ledger's last stable offset is theirs to settle, and the job writes on. A
     transaction whose first record is the job's own ledger record of a batch (seed 4's second doubled record) is
     the job's, left hanging: it stops."""
-    from onceflow.protocol.batch_sink import HangingTransaction
+    from onceflow.protocol.hanging import HangingTransaction
 
     s = S.replace(ledger_wait_s=0.3)
     c = FakeCluster()
