@@ -99,8 +99,9 @@ def kafka_env(s: Settings) -> dict[str, str]:
     backend, read before its database): per app instance of the control plane (ONCEFLOW_APPS), one per role with
     that instance's principal: `onceflow_kafka` as the control plane's, `onceflow_kafka_<role>` for the job,
     backfills and the reconciliation of the environment's own instance, `onceflow_kafka_<app_id>[_<role>]` for
-    another's (onceflow.rules.names.connection_id). Never on a command line. Another instance's principals and ACLs
-    are made by `onceflow --app NAME stack provision`, with the same passwords (onceflow_dev.credentials)."""
+    another's (onceflow.rules.names.connection_id). Never on a command line. Every instance's principals and ACLs
+    are made by `stack up` (or `onceflow --app NAME stack provision`), with the same passwords
+    (onceflow_dev.credentials)."""
     if not s.secured:
         return {}
     from onceflow import config

@@ -25,16 +25,27 @@ def up(settings: Settings, spark_workers: int = 0, with_postgres: bool = False) 
     remember(settings, spark_workers)
     jvm.spark_kafka_jars(settings)  # resolve and cache the Spark connector now, not at first job start
     info = broker.start(settings)
-    info["topics_created"] = topics.ensure(provision(settings) if settings.secured else settings)
+    # every app instance of the control plane (ONCEFLOW_APPS): its topics, and on the secured stack its principals
+    # and their ACLs, so each instance's DAGs and job find theirs
+    every = instances(settings)
+    info["topics_created"] = [t for inst in every for t in topics.ensure(provision(inst) if inst.secured else inst)]
     if spark_workers:
         spark_cluster.start(settings, workers=spark_workers)
     if with_postgres:
-        for app_id, app in config.instances(settings).items():
-            inst = settings if app_id == settings.app_id else config.load_instance(app_id, app)
+        for inst in every:
             postgres.provision_sink(inst)
         port = str((postgres.state(settings) or {})["port"])
         remember(settings, spark_workers, {ENV_PREFIX + "POSTGRES_PORT": port})
     return status(settings) | {"topics_created": info["topics_created"]}
+
+
+def instances(settings: Settings) -> list[Settings]:
+    """The settings of every app instance of the control plane (config.instances), in ONCEFLOW_APPS' order."""
+    env = settings.as_env()
+    return [
+        settings if app_id == settings.app_id else config.load_instance(app_id, app, env=env)
+        for app_id, app in config.instances(settings).items()
+    ]
 
 
 # What the stack was started with: the settings other commands must share with it (exports), and the brokers' own.

@@ -76,3 +76,28 @@ def test_down_stops_what_the_stack_started_whatever_the_shell_exported(remembere
     s = stopped["s"]
     assert s.brokers == 3 and s.bootstrap_servers == remembered.bootstrap_servers and s.master == remembered.master
     assert not (tmp_path / config.STACK_FILE).exists()
+
+
+@pytest.mark.parametrize("secured", [False, True])
+def test_stack_up_makes_every_instances_topics_and_on_the_secured_stack_its_principals(secured, tmp_path, monkeypatch):
+    """A control plane of two instances (ONCEFLOW_APPS) on a fresh stack: each instance's DAGs and job find their
+    own topics, and on the secured stack their own principals and ACLs, without a `stack provision` by hand."""
+    for k in list(__import__("os").environ):
+        if k.startswith(config.ENV_PREFIX):
+            monkeypatch.delenv(k)
+    s = config.load(env={}, var_dir=tmp_path, apps="edge=ip_count,nets=ip_networks", app_id="edge")
+    if secured:
+        s = s.replace(kafka_security_protocol="SASL_SSL")
+    made: dict[str, list[str]] = {"topics": [], "principals": []}
+    monkeypatch.setattr(stack.jvm, "spark_kafka_jars", lambda s: None)
+    monkeypatch.setattr(stack.broker, "start", lambda s: {})
+    monkeypatch.setattr(stack, "status", lambda s: {})
+    monkeypatch.setattr(stack, "provision", lambda inst: made["principals"].append(inst.app_id) or inst)
+    monkeypatch.setattr(
+        stack.topics, "ensure", lambda inst: made["topics"].append(inst.source_topic) or [inst.sink_topic]
+    )
+    info = stack.up(s)
+    nets = config.load_instance("nets", "ip_networks", env=s.as_env())
+    assert made["topics"] == [s.source_topic, nets.source_topic] and s.source_topic != nets.source_topic
+    assert made["principals"] == (["edge", "nets"] if secured else [])
+    assert info["topics_created"] == [s.sink_topic, nets.sink_topic]
