@@ -1,9 +1,8 @@
 """`onceflow-dev`: the development tooling's own command line. `stack` (the embedded Kafka broker or cluster, Spark
 workers, PostgreSQL on loopback under the var dir), `produce` (the NGINX access-log emulator), `airflow` (Airflow
 standalone with the control-plane DAGs), `where` (what runs where) and `kafka` (Kafka's own tools, from the stack's
-jars). None of it ships in a production image: the
-platform's own commands are `onceflow`'s. `onceflow stack up|down|status`, `produce`, `airflow` and `where` still
-work there and come here."""
+jars). None of it ships in a production image: the platform's own commands are `onceflow`'s. `onceflow stack
+up|down|status`, `produce`, `airflow`, `where` and `kafka` still work there and come here."""
 
 from __future__ import annotations
 
