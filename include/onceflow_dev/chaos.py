@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException
@@ -286,12 +287,18 @@ class OneNodeFaults:
             raise scenario.Missed("no batch committed since the previous job kill within 300 s")
         if self.spec.standby and self.kills % 2 == 0:
             _wait_standby(self.job, self.spec.standby_wait_s)  # every other kill lands on a warm standby (a takeover)
-        _wait_stall_over(self.observer, self.stall_s)  # a stall may have begun meanwhile (the job picks its batch)
-        at = clock.now_ms()
-        if not kill_running_job(self.job, after_ms=self.last_kill_ms):
+        at = [clock.now_ms()]
+
+        def stall_over() -> None:
+            # a stall may have begun meanwhile (the job picks its batch): waited out right before the kill, once the
+            # job runs, not before that wait (a short chaos run's kill landed 0.8 s into a stall begun during it)
+            _wait_stall_over(self.observer, self.stall_s)
+            at[0] = clock.now_ms()
+
+        if not kill_running_job(self.job, after_ms=self.last_kill_ms, before=stall_over):
             raise scenario.Missed("no running job to kill within 300 s")
         self.last_kill_ms, self.kills = clock.now_ms(), self.kills + 1
-        return scenario.Began(at)
+        return scenario.Began(at[0])
 
     def restart_broker(self, st: chaos_plan.Step) -> scenario.Began:
         at = clock.now_ms()
@@ -403,16 +410,19 @@ def events_of(s, *types: str) -> list[dict]:
     return ev.read(s, set(types))
 
 
-def kill_running_job(s, after_ms: int = 0, timeout: float = 300.0) -> bool:
-    """kill -9 the job once its query runs (started after `after_ms`). A job can die on its own between that wait
-    and the kill (a transaction held past its timeout fails its batch; the supervisor restarts it): then wait for
-    the next launch and kill that one, so every planned kill hits a running job. False if none ran in `timeout`."""
+def kill_running_job(s, after_ms: int = 0, timeout: float = 300.0, before: Callable[[], None] | None = None) -> bool:
+    """kill -9 the job once its query runs (started after `after_ms`), `before` called right before the kill. A job
+    can die on its own between that wait and the kill (a transaction held past its timeout fails its batch; the
+    supervisor restarts it): then wait for the next launch and kill that one, so every planned kill hits a running
+    job. False if none ran in `timeout`."""
     deadline = time.monotonic() + timeout
     while (left := deadline - time.monotonic()) > 0:
         try:
             jobctl.wait_running(s, after_ms=after_ms, timeout=left)
         except TimeoutError:
             break
+        if before is not None:
+            before()
         if jobctl.kill(s):
             return True
         time.sleep(0.5)

@@ -24,7 +24,9 @@ def test_short_chaos_run_loses_nothing_and_duplicates_nothing(tmp_path):
     )
     assert (rep["lost"], rep["duplicated"], rep["dlq_complete"]) == (0, 0, True)
     assert rep["faults"] == {"kill_job": 1, "restart_broker": 1, "pause_driver": 1, "stall_in_txn": 1}, rep
-    assert rep["transaction_timeouts"] >= 1 and rep["restarts"] >= 2  # the timeout and the kill
+    # the timeout and the kill; a held transaction that a kill cut short can report no timeout (chaos_plan.cut_short:
+    # the job picks its stalled batch, and the kill waits out a stall it sees, but one may begin as it lands)
+    assert rep["transaction_timeouts"] + rep["stalls_cut_by_a_kill"] >= 1 and rep["restarts"] >= 2
     assert set(rep["reconciliation"].values()) == {"pass"}
     # liveness as figures: every fault was followed by a commit and the lag back at its level, within the bounds
     live = rep["liveness"]
