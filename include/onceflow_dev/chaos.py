@@ -549,7 +549,7 @@ duplicated        {report["duplicated"]}
 DLQ complete      {report["dlq_complete"]}
 invariants I1-I4  {"ok" if report["invariants_ok"] else "FAILED"}; reconciliation {report["reconciliation"]}
 wall time         {report["wall_s"]} s
-result            {"PASS" if report["ok"] else "FAIL: " + "; ".join(report["failures"])}  (report: {var / "report.json"})""")
+result            {chaos_plan.verdict(report)}  (report: {var / "report.json"})""")
     return 0 if report["ok"] else 1
 
 

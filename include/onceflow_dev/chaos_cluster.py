@@ -340,7 +340,7 @@ lost              {report["lost"]}
 duplicated        {report["duplicated"]}
 DLQ complete      {report["dlq_complete"]}; I1-I4 {"ok" if report["invariants_ok"] else "FAILED"}
 wall time         {report["wall_s"]} s
-result            {"PASS" if report["ok"] else "FAIL: " + "; ".join(report["failures"])}  (report: {var / "report.json"})""")
+result            {chaos_plan.verdict(report)}  (report: {var / "report.json"})""")
     return 0 if report["ok"] else 1
 
 

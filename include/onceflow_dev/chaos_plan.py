@@ -270,3 +270,12 @@ def failures(report: dict[str, Any], checks: dict[str, bool]) -> list[str]:
         out.append(f"the job stopped for an operator ({', '.join(sorted(set(stops)))})")
     out += [what for what, ok in checks.items() if not ok]
     return out
+
+
+def reasons(report: dict[str, Any]) -> str:
+    """Why a run failed, on one line (its failures)."""
+    return "; ".join(report.get("failures") or ["(no reason recorded)"])
+
+
+def verdict(report: dict[str, Any]) -> str:
+    return "PASS" if report["ok"] else f"FAIL: {reasons(report)}"

@@ -14,7 +14,7 @@ import shutil
 from typing import Any
 
 from onceflow import config
-from onceflow_dev import chaos, chaos_cluster
+from onceflow_dev import chaos, chaos_cluster, chaos_plan
 
 
 def table(topology: str, reports: list[dict[str, Any]]) -> str:
@@ -39,11 +39,7 @@ def table(topology: str, reports: list[dict[str, Any]]) -> str:
                 f"{head} {kind} | {k.get('n', 0)} | {k.get('to_commit_median_s')} / {k.get('to_commit_worst_s')} | "
                 f"{k.get('to_lag_median_s')} / {k.get('to_lag_worst_s')} |"
             )
-    failed = [
-        f"- seed {r['seed']} failed: {'; '.join(r.get('failures') or ['(no reason recorded)'])}"
-        for r in reports
-        if not r["ok"]
-    ]
+    failed = [f"- seed {r['seed']} failed: {chaos_plan.reasons(r)}" for r in reports if not r["ok"]]
     return "\n".join(lines + ([""] + failed if failed else [])) + "\n"
 
 
@@ -64,8 +60,7 @@ def main() -> int:
             report = chaos.run(chaos.ChaosSpec(seed=seed), var)
         (var / "report.json").write_text(json.dumps(report, indent=1))
         reports.append(report)
-        verdict = "PASS" if report["ok"] else "FAIL: " + "; ".join(report["failures"])
-        print(f"seed {seed}: {verdict} ({var / 'report.json'})", flush=True)
+        print(f"seed {seed}: {chaos_plan.verdict(report)} ({var / 'report.json'})", flush=True)
     out = table(topology, reports)
     (root / f"{topology}.md").write_text(out)
     print(out)

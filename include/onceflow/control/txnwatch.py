@@ -38,16 +38,13 @@ def open_transactions(settings: Settings, topics: list[str]) -> list[OpenTxn]:
     admin = kafka_clients.admin(settings)
     md = admin.list_topics(timeout=10).topics
     tps = [TopicPartition(t, p) for t in topics if t in md for p in sorted(md[t].partitions)]
-    if not tps:
+    found = kafka_reading.unsettled(admin, tps)
+    if not found:
         return []
-    lso = kafka_reading.latest_offsets(admin, tps, read_committed=True)
-    hw = kafka_reading.latest_offsets(admin, tps, read_committed=False)
     out = []
     reader = kafka_clients.read_committed_consumer(settings, **{"isolation.level": "read_uncommitted"})
     try:
-        for key, stable in sorted(lso.items()):
-            if stable >= hw[key]:
-                continue
+        for key, (stable, high) in sorted(found.items()):
             first = kafka_reading.record_at(reader, key[0], key[1], stable)
             headers = dict(first.headers() or []) if first is not None else {}
             out.append(
@@ -55,7 +52,7 @@ def open_transactions(settings: Settings, topics: list[str]) -> list[OpenTxn]:
                     key[0],
                     key[1],
                     stable,
-                    hw[key],
+                    high,
                     first.timestamp()[1] if first is not None else None,
                     headers.get(wire.H_APP, b"").decode() or None,
                     headers.get(wire.H_BATCH, b"").decode() or None,

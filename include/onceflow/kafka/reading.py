@@ -265,6 +265,16 @@ def read_tail(
     return found, (end if end > low else None)
 
 
+def unsettled(admin: surfaces.Admin, tps: list) -> dict[tuple[str, int], tuple[int, int]]:
+    """The partitions with a transaction open (last stable offset below the high watermark), with (last stable
+    offset, high watermark)."""
+    if not tps:
+        return {}
+    stable = latest_offsets(admin, tps, read_committed=True)
+    high = latest_offsets(admin, tps, read_committed=False)
+    return {tp: (stable[tp], high[tp]) for tp in high if stable[tp] < high[tp]}
+
+
 def record_at(consumer: surfaces.Consumer, topic: str, partition: int, offset: int, timeout_s: float = 10.0) -> Any:
     """The record at `offset` as `consumer` reads it (None if none comes within `timeout_s`): with read_uncommitted,
     the first record of the transaction that holds a partition's last stable offset back."""

@@ -82,12 +82,7 @@ class KafkaSinkReads:
         return self.group.consumer_group_metadata()
 
     def unsettled(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
-        tps = [TopicPartition(t, p) for t, p in partitions]
-        if not tps:
-            return {}
-        stable = kafka_reading.latest_offsets(self.admin, tps, read_committed=True)
-        high = kafka_reading.latest_offsets(self.admin, tps, read_committed=False)
-        return {tp: (stable[tp], high[tp]) for tp in high if stable[tp] < high[tp]}
+        return kafka_reading.unsettled(self.admin, [TopicPartition(t, p) for t, p in partitions])
 
     def opened_by(self, topic: str, partition: int, offset: int) -> dict[str, bytes]:
         reader = kafka_clients.read_committed_consumer(self.s, **{"isolation.level": "read_uncommitted"})
