@@ -53,6 +53,10 @@ class BrokerError(OnceflowError):
     pass
 
 
+# the features a node's storage is formatted with: transactions v2 (KIP-890's server-side defence)
+FORMAT_FEATURES = ("transaction.version=2",)
+
+
 @dataclass(frozen=True)
 class Node:
     """One KRaft node (broker + controller) of the embedded stack, and where its files are."""
@@ -240,10 +244,11 @@ def _cluster_id(settings: Settings) -> str:
 def start(settings: Settings, timeout: float = 120.0) -> dict:
     """Start every node that does not run yet; return once the cluster answers with all its brokers."""
     quorum = nodes(settings)
+    launched: dict[int, subprocess.Popen] = {}
     for n in quorum:
         if not procs.read_pidfile(n.pidfile):
-            start_node(settings, n.id, wait=False)
-    _wait_ready(settings, timeout)
+            launched[n.id] = _launch(settings, n, quorum)
+    _wait_ready(settings, timeout, launched)
     log.info("kafka up at %s (%d node(s))", settings.bootstrap_servers, len(quorum))
     return status(settings)
 
@@ -254,6 +259,18 @@ def start_node(settings: Settings, node_id: int, wait: bool = True, timeout: flo
     n = next(x for x in quorum if x.id == node_id)
     if procs.read_pidfile(n.pidfile):
         return node_status(n)
+    proc = _launch(settings, n, quorum)
+    if wait:
+        try:
+            _wait_ready(settings, timeout, {n.id: proc})
+        except Exception:
+            stop_node(settings, n.id)
+            raise
+    return node_status(n)
+
+
+def _launch(settings: Settings, n: Node, quorum: list[Node]) -> subprocess.Popen:
+    """Format the node's storage on its first start, then start its JVM (detached, with a pid file)."""
     for prt in (n.port, n.controller_port):
         if _port_open(n.host, prt):
             raise BrokerError(
@@ -282,7 +299,7 @@ def start_node(settings: Settings, node_id: int, wait: bool = True, timeout: flo
         # the admin's password, which a command line would show to every local user
         args = n.properties.with_name("format.args")
         tool = ["kafka.tools.StorageTool", "format", f"--cluster-id={_cluster_id(settings)}", "-c", str(n.properties)]
-        tool += ["--feature", "transaction.version=2", *_scram_bootstrap(settings)]
+        tool += [a for f in FORMAT_FEATURES for a in ("--feature", f)] + _scram_bootstrap(settings)
         write_private(args, "\n".join(_argfile_quote(a) for a in tool) + "\n")
         try:
             fmt = subprocess.run(
@@ -294,13 +311,7 @@ def start_node(settings: Settings, node_id: int, wait: bool = True, timeout: flo
             raise BrokerError(f"formatting the KRaft storage of node {n.id} failed:\n{fmt.stdout}\n{fmt.stderr}")
     proc = procs.spawn_detached([java_bin, *jvm_opts, "-cp", classpath, MAIN_CLASS, str(n.properties)], n.stdout)
     procs.write_pidfile(n.pidfile, proc.pid, MAIN_CLASS, bootstrap=n.address, node_id=n.id)
-    if wait:
-        try:
-            _wait_ready(settings, timeout, {n.id: proc})
-        except Exception:
-            stop_node(settings, n.id)
-            raise
-    return node_status(n)
+    return proc
 
 
 def _argfile_quote(arg: str) -> str:
@@ -320,31 +331,62 @@ def _scram_bootstrap(settings: Settings) -> list[str]:
 
 
 def _wait_ready(settings: Settings, timeout: float, launched: dict[int, subprocess.Popen] | None = None) -> None:
-    """Until the cluster's metadata lists every running node (a one-node stack: its broker)."""
+    """Until the cluster's metadata lists every running node (a one-node stack: its broker). A node launched here
+    that exits fails at once; either failure quotes the nodes' last errors, so a CI log says why."""
     from onceflow.kafka import clients as kafka_clients
 
     admin = None
     quorum = nodes(settings)
+    seen = "no node running"
 
     def ready() -> bool:
-        nonlocal admin
+        nonlocal admin, seen
         for node_id, proc in (launched or {}).items():
             if proc.poll() is not None:
                 n = node(settings, node_id)
                 raise BrokerError(
                     f"node {node_id} exited with code {proc.returncode}; see {n.stdout} and {n.server_log}"
+                    + _last_errors(quorum)
                 )
         up = [n for n in quorum if procs.read_pidfile(n.pidfile)]
-        if not up or not all(_port_open(n.host, n.port) for n in up):  # quiet: librdkafka logs refused connects
+        closed = [n.address for n in up if not _port_open(n.host, n.port)]
+        if not up or closed:  # quiet: librdkafka logs refused connects
+            seen = f"nothing listens at {', '.join(closed)}" if up else "no node running"
             return False
         try:
             admin = admin or kafka_clients.admin(_as_admin(settings))
             md = admin.list_topics(timeout=2)
+            seen = f"the metadata lists brokers {sorted(md.brokers)}"
             return {n.id for n in up} <= set(md.brokers)
-        except Exception:
+        except Exception as e:
+            seen = f"the admin client failed: {e}"
             return False
 
-    procs.wait_until(ready, timeout, interval=0.5, what=f"Kafka at {settings.bootstrap_servers}")
+    try:
+        procs.wait_until(ready, timeout, interval=0.5, what=f"Kafka at {settings.bootstrap_servers}")
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}; last seen: {seen}{_last_errors(quorum)}") from None
+
+
+def _last_errors(quorum: list[Node], lines: int = 8) -> str:
+    """The last ERROR/FATAL lines (with the exception line after each) of every node's logs, for an error message."""
+    out = []
+    for n in quorum:
+        for f in (n.server_log, n.stdout):
+            try:
+                text = f.read_text(errors="replace").splitlines()[-2000:]
+            except OSError:
+                continue
+            picked = [
+                line[:300]
+                for i, line in enumerate(text)
+                if " ERROR " in line
+                or " FATAL " in line
+                or (i and (" ERROR " in text[i - 1] or " FATAL " in text[i - 1]))
+            ]
+            if picked:
+                out.append(f"\n{f}:\n  " + "\n  ".join(picked[-lines:]))
+    return "".join(out)
 
 
 def stop(settings: Settings, timeout: float = 60.0) -> bool:

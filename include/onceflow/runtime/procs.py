@@ -63,12 +63,34 @@ def read_pidfile(path: Path) -> dict | None:
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on right now (private brokers of tests, bench and chaos)."""
+    """A loopback port nobody listens on right now (private brokers of tests, bench and chaos).
+
+    Drawn below the kernel's ephemeral range: a port the kernel hands out itself (bind to 0) is also the local port
+    of the next outgoing connection, and between this check and the server's bind a few seconds pass (a broker
+    formats its storage first) in which another process's client connection can take it."""
+    import random
     import socket
 
-    with socket.socket() as s:
+    low = _ephemeral_low()
+    for _ in range(200 if low > 2048 else 0):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded range: fall back to the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default 32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port_run(n: int, step: int, attempts: int = 50) -> int:

@@ -1,0 +1,69 @@
+"""The embedded broker's start: ports drawn where no outgoing connection takes them, and a node that cannot come
+up named with its own last errors (a CI log shows only the exception)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from onceflow import config
+from onceflow.runtime import procs
+from onceflow_dev import broker
+
+
+def test_free_ports_lie_below_the_kernels_ephemeral_range():
+    low = procs._ephemeral_low()
+    ports = {procs.free_port() for _ in range(50)}
+    assert all(1024 <= p < low for p in ports), sorted(p for p in ports if p >= low)
+    assert len(ports) > 1  # drawn, not one fixed port every caller shares
+
+
+def _settings(tmp_path):
+    return config.load(
+        env={},
+        var_dir=tmp_path,
+        bootstrap_servers=f"127.0.0.1:{procs.free_port()}",
+        controller_port=procs.free_port(),
+    )
+
+
+def _bind_failure_log(s) -> None:
+    n = broker.node(s)
+    n.server_log.parent.mkdir(parents=True, exist_ok=True)
+    n.server_log.write_text(
+        "[2026-11-27 10:00:00,000] INFO starting (kafka.server.KafkaRaftServer)\n"
+        "[2026-11-27 10:00:01,000] ERROR [KafkaRaftServer nodeId=1] Fatal error during startup. "
+        "(kafka.server.KafkaRaftServer)\n"
+        f"org.apache.kafka.common.KafkaException: Socket server failed to bind to {n.address}: "
+        "Address already in use.\n"
+        "[2026-11-27 10:00:02,000] INFO shutting down (kafka.server.KafkaRaftServer)\n"
+    )
+
+
+def test_a_launched_node_that_exits_fails_at_once_with_its_last_error(tmp_path):
+    s = _settings(tmp_path)
+    _bind_failure_log(s)
+    exited = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    exited.wait()
+    with pytest.raises(broker.BrokerError) as e:
+        broker._wait_ready(s, timeout=30, launched={1: exited})
+    assert "node 1 exited with code 1" in str(e.value)
+    assert "Address already in use" in str(e.value)
+    assert "INFO" not in str(e.value)
+
+
+def test_a_node_that_never_listens_times_out_saying_what_was_seen(tmp_path):
+    s = _settings(tmp_path)
+    _bind_failure_log(s)
+    n = broker.node(s)
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as alive:
+        try:
+            procs.write_pidfile(n.pidfile, alive.pid, "time.sleep")
+            with pytest.raises(TimeoutError) as e:
+                broker._wait_ready(s, timeout=1)
+        finally:
+            alive.kill()
+    assert f"nothing listens at {n.address}" in str(e.value)
+    assert "Address already in use" in str(e.value)
