@@ -1,6 +1,7 @@
 """ip_count's transformation: requests per IP in 5 s event-time windows (declared in onceflow_apps.ip_count).
 
-Parse with SQL built-ins (onceflow_apps.access_log.parsing), then two branches of one plan:
+Parse with SQL built-ins (onceflow_apps.access_log.parsing) once per batch, then two branches of one plan
+(onceflow.spark.read_once):
 - good records: watermark 5 s, tumbling 5 s windows per IP, count; append mode emits each window once, final;
 - malformed, quarantined and far-ahead records: the rejects, which the platform writes to the DLQ with their
   provenance (onceflow.spark.app_plan).
@@ -15,7 +16,7 @@ from pyspark.sql import functions as F
 
 from onceflow.app import Context, Results
 from onceflow.config import Settings
-from onceflow.spark import app_plan
+from onceflow.spark import app_plan, read_once
 from onceflow_apps.access_log import parsing
 
 ISO_MS = "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"
@@ -39,17 +40,17 @@ def transform(raw: DataFrame, ctx: Context) -> Results:
     parsed = parsing.classify(
         raw.select("value", "topic", "partition", "offset", "timestamp"), settings.max_event_ahead_ms, ctx.quarantine
     )
-    # Good records are exactly those with an event time. Filtering on it after the watermark keeps the filter
-    # there: Spark would push a filter on `reason` below the parse and evaluate the parse twice per record.
-    counts = (
-        parsed.withWatermark("ts", f"{settings.watermark_s} seconds")
-        .where(F.col("ts").isNotNull())
-        .groupBy(F.window("ts", f"{settings.window_s} seconds").alias("w"), "ip")
-        .count()
+    # Good records are exactly those with an event time: both branches come from one read and parse of the batch.
+    split = read_once.branches(
+        parsed,
+        event_time="ts",
+        delay=f"{settings.watermark_s} seconds",
+        good=["ip"],
+        rejects=["value", "topic", "partition", "offset", "timestamp", "reason"],
+        partitions=settings.shuffle_partitions,
     )
-    rejects = parsed.where(F.col("reason").isNotNull()).select(
-        "value", "topic", "partition", "offset", "timestamp", "reason"
-    )
+    counts = split.good.groupBy(F.window("ts", f"{settings.window_s} seconds").alias("w"), "ip").count()
+    rejects = split.rejects
     return Results(rows=counts.select(*result_key_value()), rejects=rejects)
 
 
