@@ -848,7 +848,8 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
                 log.info("recovery after kill -9 (%s, %d of %d)", key, i + 1, spec.recovery_runs)
                 runs.append(recovery(s, spec))
                 log.info("  %s", runs[-1])
-            results["recovery"][key] = recovery_summary(runs)
+            if runs:  # BENCH_RECOVERY_RUNS=0: no recovery rows
+                results["recovery"][key] = recovery_summary(runs)
     finally:
         for s in apps.values():
             jobctl.stop(s, timeout=30)
