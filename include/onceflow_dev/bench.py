@@ -102,6 +102,10 @@ class BenchSpec:
         default_factory=lambda: frozenset(filter(None, os.environ.get("BENCH_CONTENDERS", "").split(",")))
     )
 
+    def as_json(self) -> dict:
+        """The workload as a results file records it."""
+        return self.__dict__ | {"contenders": sorted(self.contenders)}
+
     def runs(self, key: str) -> bool:
         """Whether the row `key` (one of CONTENDERS) is in this run."""
         if key not in CONTENDERS:
@@ -688,8 +692,7 @@ def main() -> int:
 
 def run(spec: BenchSpec, var: Path) -> dict:
     """Every phase for every contender of `spec` on a private broker under `var`; the figures, with the ratios."""
-    spec_out = spec.__dict__ | {"contenders": sorted(spec.contenders)}
-    results: dict = {"spec": spec_out, "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]}}
+    results: dict = {"spec": spec.as_json(), "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]}}
     with bench_stack(spec, var) as (base, end):
         run_contenders(base, end, spec, results)
     results["ratios"] = ratios(results, spec.trigger_s)

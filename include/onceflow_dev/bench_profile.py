@@ -121,7 +121,8 @@ def main() -> int:
             log.info("rung driver (Arrow): %.1f s", secs["driver"])
         finally:
             spark.stop()
-        job_s = bench._settings(base, "bench_profile_job", "bench.source", spec)
+        # not "bench_profile_job": Kafka takes its topic bench_profile_job.events for bench_profile.job_events
+        job_s = bench._settings(base, "bench_profile_run", "bench.source", spec)
         topics.ensure(job_s)
         job = bench.throughput(bench.ExactlyOnce(job_s), end, n)
         secs["job"] = job["seconds"]
@@ -133,7 +134,7 @@ def main() -> int:
         ("driver", "+ results to the driver (Arrow)"),
         ("job", "+ produce and commit (the job)"),
     ]
-    result = {"records": n, "spec": spec.__dict__, "seconds": secs, "rungs": []}
+    result = {"records": n, "spec": spec.as_json(), "seconds": secs, "rungs": []}
     prev = 0.0
     lines = [f"{'rung':<40} {'s':>7} {'records/s':>11} {'adds s':>7} {'share':>6}"]
     for key, label in rows:

@@ -91,7 +91,7 @@ def main() -> int:
             rows.append((name, run_variant(base, end, spec, run, overrides)))
             bench.log.info("  %s", rows[-1][1])
     out = var / f"sweep-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(json.dumps({"spec": spec.__dict__, "runs": [{"variant": n} | r for n, r in rows]}, indent=1))
+    out.write_text(json.dumps({"spec": spec.as_json(), "runs": [{"variant": n} | r for n, r in rows]}, indent=1))
     print(table(rows))
     print(f"\nfigures: {out}")
     return 0

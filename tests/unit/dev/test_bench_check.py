@@ -234,3 +234,15 @@ def test_a_contender_has_drained_once_at_the_end_and_for_windows_after_a_batch_t
     assert not read_to_the_end(end, end, last_batch_read=True, closes=True)
     assert read_to_the_end(end, end, last_batch_read=False, closes=True)
     assert read_to_the_end(end, end, last_batch_read=True, closes=False)  # a stateless app: nothing to close
+
+
+def test_every_bench_records_its_workload_in_its_results_file(monkeypatch):
+    """The profile's and the sweep's results files hold the workload; its set of rows once made json.dumps fail
+    at the end of the run, after every figure was measured."""
+    import json
+
+    from onceflow_dev import bench
+
+    monkeypatch.setenv("BENCH_CONTENDERS", "eos,flink")
+    spec = bench.BenchSpec()
+    assert json.loads(json.dumps(spec.as_json()))["contenders"] == ["eos", "flink"]
