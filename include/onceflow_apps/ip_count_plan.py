@@ -50,8 +50,7 @@ def transform(raw: DataFrame, ctx: Context) -> Results:
         partitions=settings.shuffle_partitions,
     )
     counts = split.good.groupBy(F.window("ts", f"{settings.window_s} seconds").alias("w"), "ip").count()
-    rejects = split.rejects
-    return Results(rows=counts.select(*result_key_value()), rejects=rejects)
+    return Results(rows=counts.select(*result_key_value()), rejects=split.rejects)
 
 
 def results_and_dlq(raw: DataFrame, settings: Settings, quarantine: Sequence = ()) -> DataFrame:

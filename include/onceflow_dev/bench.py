@@ -119,6 +119,9 @@ CONTENDERS = ("eos", "eos_ip_networks", "eos_postgres", "alo", "ceiling", "flink
 
 
 def _settings(base: config.Settings, app_id: str, source: str, spec: BenchSpec, **overrides) -> config.Settings:
+    """An app of the bench's own, its topics `<app_id>.<suffix>`. No suffix holds '_': Kafka takes '.' and '_' for
+    one character when it checks names for collisions, so `x.job_events` would collide with app `x_job`'s
+    `x_job.events`."""
     return base.replace(
         **(
             {
@@ -128,7 +131,7 @@ def _settings(base: config.Settings, app_id: str, source: str, spec: BenchSpec, 
                 "dlq_topic": f"{app_id}.dlq",
                 "ledger_topic": f"{app_id}.ledger",
                 "events_topic": f"{app_id}.events",
-                "job_events_topic": f"{app_id}.job_events",
+                "job_events_topic": f"{app_id}.job-events",
                 "alerts_topic": f"{app_id}.alerts",
                 "health_topic": f"{app_id}.health",
                 "reconciliation_topic": f"{app_id}.recon",

@@ -121,8 +121,7 @@ def main() -> int:
             log.info("rung driver (Arrow): %.1f s", secs["driver"])
         finally:
             spark.stop()
-        # not "bench_profile_job": Kafka takes its topic bench_profile_job.events for bench_profile.job_events
-        job_s = bench._settings(base, "bench_profile_run", "bench.source", spec)
+        job_s = bench._settings(base, "bench_profile_job", "bench.source", spec)
         topics.ensure(job_s)
         job = bench.throughput(bench.ExactlyOnce(job_s), end, n)
         secs["job"] = job["seconds"]

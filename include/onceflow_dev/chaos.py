@@ -287,18 +287,19 @@ class OneNodeFaults:
             raise scenario.Missed("no batch committed since the previous job kill within 300 s")
         if self.spec.standby and self.kills % 2 == 0:
             _wait_standby(self.job, self.spec.standby_wait_s)  # every other kill lands on a warm standby (a takeover)
-        at = [clock.now_ms()]
+        at = clock.now_ms()
 
         def stall_over() -> None:
             # a stall may have begun meanwhile (the job picks its batch): waited out right before the kill, once the
             # job runs, not before that wait (a short chaos run's kill landed 0.8 s into a stall begun during it)
+            nonlocal at
             _wait_stall_over(self.observer, self.stall_s)
-            at[0] = clock.now_ms()
+            at = clock.now_ms()
 
         if not kill_running_job(self.job, after_ms=self.last_kill_ms, before=stall_over):
             raise scenario.Missed("no running job to kill within 300 s")
         self.last_kill_ms, self.kills = clock.now_ms(), self.kills + 1
-        return scenario.Began(at[0])
+        return scenario.Began(at)
 
     def restart_broker(self, st: chaos_plan.Step) -> scenario.Began:
         at = clock.now_ms()
