@@ -46,6 +46,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import topics
 from onceflow.operations import audit
 from onceflow.rules import clock
+from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs, run_files, supervisor
 from onceflow_dev import bench_check, bench_flink, broker, generator, postgres
 
@@ -119,23 +120,14 @@ CONTENDERS = ("eos", "eos_ip_networks", "eos_postgres", "alo", "ceiling", "flink
 
 
 def _settings(base: config.Settings, app_id: str, source: str, spec: BenchSpec, **overrides) -> config.Settings:
-    """An app of the bench's own, its topics `<app_id>.<suffix>`. No suffix holds '_': Kafka takes '.' and '_' for
-    one character when it checks names for collisions, so `x.job_events` would collide with app `x_job`'s
-    `x_job.events`."""
+    """An app of the bench's own, reading `source`, its other topics its own (private_topics): no two bench
+    apps collide as Kafka compares topic names."""
     return base.replace(
         **(
-            {
+            private_topics(app_id)
+            | {
                 "app_id": app_id,
                 "source_topic": source,
-                "sink_topic": f"{app_id}.sink",
-                "dlq_topic": f"{app_id}.dlq",
-                "ledger_topic": f"{app_id}.ledger",
-                "events_topic": f"{app_id}.events",
-                "job_events_topic": f"{app_id}.job-events",
-                "alerts_topic": f"{app_id}.alerts",
-                "health_topic": f"{app_id}.health",
-                "reconciliation_topic": f"{app_id}.recon",
-                "backfill_topic": f"{app_id}.backfill",
                 "trigger_interval_s": spec.trigger_s,
                 "max_offsets_per_trigger": spec.max_offsets,
             }

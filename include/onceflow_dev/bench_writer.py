@@ -33,6 +33,7 @@ from onceflow.kafka import topics
 from onceflow.protocol.batch_sink import OutRecord
 from onceflow.protocol.sinks import open_sink
 from onceflow.rules.ledger import BatchPlan
+from onceflow.rules.names import private_topics
 from onceflow.runtime import launcher, procs
 from onceflow.spark import partition_stream
 from onceflow_dev import broker, postgres
@@ -48,15 +49,7 @@ def _rows(n: int) -> Iterator[OutRecord]:
 
 
 def _app(base: config.Settings, name: str) -> config.Settings:
-    s = base.replace(
-        app_id=name,
-        **{
-            f"{k}_topic": f"{name}.{k}"
-            for k in ("source", "sink", "dlq", "ledger", "events", "job_events", "alerts", "health")
-        },
-        backfill_topic=f"{name}.backfill",
-        reconciliation_topic=f"{name}.recon",
-    )
+    s = base.replace(app_id=name, **private_topics(name))
     topics.ensure(s)
     return s
 

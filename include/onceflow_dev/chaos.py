@@ -33,6 +33,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka import topics
 from onceflow.operations import audit
 from onceflow.rules import clock
+from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs
 from onceflow.runtime.run_files import JobStatus
 from onceflow_dev import broker, chaos_plan, generator, postgres, scenario
@@ -151,16 +152,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
     stall_s = timeout_ms / 1000 + 4
     s = base.replace(
         app_id="chaos",
-        source_topic="chaos.source",
-        sink_topic="chaos.sink",
-        dlq_topic="chaos.dlq",
-        ledger_topic="chaos.ledger",
-        events_topic="chaos.events",
-        job_events_topic="chaos.job_events",
-        alerts_topic="chaos.alerts",
-        health_topic="chaos.health",
-        reconciliation_topic="chaos.recon",
-        backfill_topic="chaos.backfill",
+        **private_topics("chaos"),
         trigger_interval_s=1.0,
         max_offsets_per_trigger=20_000,
         transaction_timeout_ms=timeout_ms,

@@ -37,6 +37,7 @@ from onceflow import config, faults, wire
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import cluster, topics
 from onceflow.rules import clock
+from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs
 from onceflow_dev import broker, chaos, chaos_plan, scenario, spark_cluster
 
@@ -119,11 +120,7 @@ def settings_for(var_dir: Path, spec: ClusterChaosSpec) -> config.Settings:
     )
     return base.replace(
         app_id="chaos",
-        **{
-            f"{k}_topic": f"chaos.{k}"
-            for k in ("source", "sink", "dlq", "ledger", "events", "job_events", "alerts", "health", "backfill")
-        },
-        reconciliation_topic="chaos.recon",
+        **private_topics("chaos"),
         trigger_interval_s=1.0,
         max_offsets_per_trigger=20_000,
         # room for a coordinator's failover (6 s to fence the dead node, then the new one loads the state)

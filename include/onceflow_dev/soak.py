@@ -31,6 +31,7 @@ from onceflow import config, logs, wire
 from onceflow.kafka import topics
 from onceflow.operations import audit, recon_chain
 from onceflow.rules import clock
+from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, procs
 from onceflow.runtime.run_files import JobStatus
 from onceflow_dev import airflow_local, broker, chaos, generator, scenario
@@ -150,11 +151,7 @@ def run(spec: SoakSpec, var_dir) -> dict:
     )
     s = base.replace(
         app_id="soak",
-        **{
-            f"{k}_topic": f"soak.{k}"
-            for k in ("source", "sink", "dlq", "ledger", "events", "job_events", "alerts", "health", "backfill")
-        },
-        reconciliation_topic="soak.recon",
+        **private_topics("soak"),
         airflow_port=procs.free_port(),
         alert_channels="webhook",
         trigger_interval_s=2.0,

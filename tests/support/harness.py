@@ -16,6 +16,7 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit
 from onceflow.rules import clock
+from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, procs
 from onceflow_apps import ip_count_audit
 from onceflow_apps import ip_count_invariants as invariants
@@ -26,17 +27,9 @@ from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL, GeneratorSpec
 START_MS = 1_795_000_000_000  # a fixed event-time origin (2026-11-17), so runs are reproducible
 
 
-TEST_TOPICS = ("source", "sink", "dlq", "ledger", "events", "job_events", "alerts", "health", "backfill")
-
-
 def app_settings(base: Settings, app_id: str, **overrides) -> Settings:
-    """A test's own app instance on the shared broker: `app_id` and its own topics, named `<app_id>.<kind>`."""
-    return base.replace(
-        app_id=app_id,
-        **{f"{k}_topic": f"{app_id}.{k}" for k in TEST_TOPICS},
-        reconciliation_topic=f"{app_id}.recon",
-        **overrides,
-    )
+    """A test's own app instance on the shared broker: `app_id` and its own topics (names.private_topics)."""
+    return base.replace(app_id=app_id, **(private_topics(app_id) | overrides))
 
 
 def harness(s: Settings) -> Settings:

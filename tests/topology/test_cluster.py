@@ -18,6 +18,7 @@ from onceflow.control import reconciliation
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import cluster, topics
 from onceflow.kafka import reading as kafka_reading
+from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, preflight, procs, supervisor
 from onceflow_dev import broker, spark_cluster, stack
 from tests.support.harness import assert_exact, produce, wait_drained
@@ -86,15 +87,7 @@ def _onceflow(var, *args: str, **env: str):
 
 
 def app_of(base: config.Settings, name: str, **kw) -> config.Settings:
-    s = base.replace(
-        app_id=name,
-        **{
-            f"{k}_topic": f"{name}.{k}"
-            for k in ("source", "sink", "dlq", "ledger", "events", "job_events", "alerts", "health", "backfill")
-        },
-        reconciliation_topic=f"{name}.recon",
-        **kw,
-    )
+    s = base.replace(app_id=name, **(private_topics(name) | kw))
     topics.ensure(s)
     return s
 

@@ -21,6 +21,13 @@ backfill).
 
 The topics every app shares (savepoints and restores, alerts, health, reconciliation results) are platform-wide:
 `onceflow_events`, `onceflow_alerts`, `onceflow_health`, `onceflow_reconciliation`.
+
+A run of the development tools or tests (the bench, chaos, the soak, a test's app) takes a private topic set
+instead (private_topics): `<app>.<suffix>` for every topic setting, the shared ones too, so it never touches the
+platform-wide topics. Kafka takes '.' and '_' for one character when it checks a new topic's name for a collision;
+no suffix holds either and an app id holds no '.', so no two app ids' private sets collide (`x.job_events` would
+have collided with app `x_job`'s `x_job.events`). An app id's private set folds onto its own defaults (`x.source`
+and `x_source`): a cluster holds one or the other.
 """
 
 from __future__ import annotations
@@ -42,6 +49,28 @@ SHARED_TOPICS = {
     "health_topic": f"{PREFIX}_health",
     "reconciliation_topic": f"{PREFIX}_reconciliation",
 }
+
+
+# a run's private topics (private_topics): every topic setting's field -> its suffix. No suffix holds '.' or '_'
+# (Kafka's collision check takes them for one character), hence `job-events`.
+PRIVATE_TOPICS = {
+    "source_topic": "source",
+    "sink_topic": "sink",
+    "dlq_topic": "dlq",
+    "ledger_topic": "ledger",
+    "job_events_topic": "job-events",
+    "backfill_topic": "backfill",
+    "events_topic": "events",
+    "alerts_topic": "alerts",
+    "health_topic": "health",
+    "reconciliation_topic": "recon",
+}
+
+
+def private_topics(app: str) -> dict[str, str]:
+    """A run's own topic set for app `app`, as settings (Settings.replace(**private_topics(app))): every topic
+    setting, the shared ones too, named `<app>.<suffix>`; no two app ids' sets collide as Kafka compares names."""
+    return {field: f"{app}.{suffix}" for field, suffix in PRIVATE_TOPICS.items()}
 
 
 def app_topic(app: str, field: str) -> str:
