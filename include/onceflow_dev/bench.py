@@ -156,14 +156,17 @@ def _group_pids(pid: int | None) -> list[int]:
 
 
 def usage(pid: int | None) -> dict:
-    """Peak RSS (sum of VmHWM) and CPU seconds (utime + stime) of a process group, read while it runs."""
+    """Peak RSS (sum of VmHWM) and CPU seconds of a process group, read while it runs: each member's own (utime +
+    stime) and that of its children it has reaped (cutime + cstime), such as the short processes a JVM forks (Hadoop's
+    `chmod` on each file it creates, without its native library). A member that ends between two readings is still
+    counted, in its parent's reaped time, when the parent is in the group."""
     hwm_kb, ticks = 0, 0
     for p in _group_pids(pid):
         try:
             status = Path(f"/proc/{p}/status").read_text()
             hwm_kb += int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmHWM")))
             stat = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            ticks += int(stat[11]) + int(stat[12])
+            ticks += sum(int(x) for x in stat[11:15])
         except (OSError, StopIteration):
             pass
     return {"peak_rss_mb": round(hwm_kb / 1024), "cpu_s": round(ticks / os.sysconf("SC_CLK_TCK"), 1)}
