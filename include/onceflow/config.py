@@ -580,14 +580,17 @@ class Settings(
             f"{ENV_PREFIX}APP_ID must be non-empty and use only letters, digits, '_', '-' (got {self.app_id!r})",
         )
         # one topic per job: a topic named twice would mix records of different kinds (a job fact read as a shared
-        # event, a ledger record as output); the ACLs, too, are granted per topic (docs/security.md)
+        # event, a ledger record as output); the ACLs, too, are granted per topic (docs/security.md). Compared as
+        # Kafka compares names for collisions, '.' and '_' as one character: Kafka refuses to create the second.
         topics = {f: getattr(self, f) for f in TOPIC_FIELDS}
-        shared = sorted({v for v in topics.values() if list(topics.values()).count(v) > 1})
+        kafka_name = {f: v.replace(".", "_") for f, v in topics.items()}
+        shared = sorted({k for k in kafka_name.values() if list(kafka_name.values()).count(k) > 1})
         need(
             not shared,
-            "each topic setting names its own topic; named twice: "
+            "each topic setting names its own topic (Kafka takes '.' and '_' for one character); named twice: "
             + ", ".join(
-                f"{v!r} ({' and '.join(ENV_PREFIX + f.upper() for f in topics if topics[f] == v)})" for v in shared
+                " and ".join(f"{ENV_PREFIX + f.upper()}={topics[f]!r}" for f in topics if kafka_name[f] == k)
+                for k in shared
             ),
         )
         need(
