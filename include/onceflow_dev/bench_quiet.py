@@ -4,8 +4,9 @@ driver JVM's JIT compiles Spark's code paths for about ten minutes at this rate,
 warm-up, not a long-running job) the CPU seconds of its process group (the driver JVM and its Python process, and the
 processes they fork and reap; Flink's one JVM) are read, and again BENCH_QUIET_S (180 s) later. Reported: CPU seconds
 per minute, the share of one core, the CPU of each minute of the warm-up, and the latency of the results of windows
-ending in the measured period (as `make bench`'s live phase). Contenders one after another in one run: onceflow exactly-once, Spark's Kafka sink (at-least-once) and Flink's
-exactly-once KafkaSink with 5 s checkpoints (BENCH_FLINK=0 leaves it out). docs/performance.md has the figures."""
+ending in the measured period (as `make bench`'s live phase). Contenders one after another in one run: onceflow
+exactly-once, Spark's Kafka sink (at-least-once) and Flink's exactly-once KafkaSink with 5 s checkpoints
+(BENCH_FLINK=0 leaves it out). docs/performance.md has the figures."""
 
 from __future__ import annotations
 
