@@ -583,7 +583,7 @@ class Settings(
         # event, a ledger record as output); the ACLs, too, are granted per topic (docs/security.md). Compared as
         # Kafka compares names for collisions, '.' and '_' as one character: Kafka refuses to create the second.
         topics = {f: getattr(self, f) for f in TOPIC_FIELDS}
-        kafka_name = {f: v.replace(".", "_") for f, v in topics.items()}
+        kafka_name = {f: names.kafka_collision_key(v) for f, v in topics.items()}
         shared = sorted({k for k in kafka_name.values() if list(kafka_name.values()).count(k) > 1})
         need(
             not shared,

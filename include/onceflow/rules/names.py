@@ -67,6 +67,12 @@ PRIVATE_TOPICS = {
 }
 
 
+def kafka_collision_key(topic: str) -> str:
+    """A topic's name as Kafka compares it when it creates one: '.' and '_' are one character, so two names with
+    the same key cannot both exist on a cluster."""
+    return topic.replace(".", "_")
+
+
 def private_topics(app: str) -> dict[str, str]:
     """A run's own topic set for app `app`, as settings (Settings.replace(**private_topics(app))): every topic
     setting, the shared ones too, named `<app>.<suffix>`; no two app ids' sets collide as Kafka compares names."""

@@ -252,6 +252,7 @@ def test_two_bench_apps_never_share_a_topic_name_as_kafka_compares_them(tmp_path
     """Kafka refuses a topic whose name equals another's with '.' and '_' taken for one character: the profile's
     apps `bench_profile` and `bench_profile_job` once collided (`bench_profile.job_events`)."""
     from onceflow import config
+    from onceflow.rules.names import kafka_collision_key
     from onceflow_dev import bench
 
     base = config.load(env={}, var_dir=tmp_path)
@@ -260,5 +261,5 @@ def test_two_bench_apps_never_share_a_topic_name_as_kafka_compares_them(tmp_path
     for app in ("bench_profile", "bench_profile_job", "x", "x_job", "x_job_events"):
         s = bench._settings(base, app, f"{app}.source", spec)
         names += [getattr(s, f) for f in config.Settings.__dataclass_fields__ if f.endswith("_topic")]
-    folded = [n.replace(".", "_") for n in set(names)]
+    folded = [kafka_collision_key(n) for n in set(names)]
     assert len(folded) == len(set(folded)), sorted(n for n in folded if folded.count(n) > 1)

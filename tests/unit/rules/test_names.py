@@ -81,11 +81,6 @@ def test_an_app_id_cannot_reach_under_another_apps_prefixes():
         config.load(env={}, app_id="shop.backfill.x")  # would be covered by app shop's backfill prefix
 
 
-def _folded(name):
-    """A topic's name as Kafka compares it for a collision: '.' and '_' are one character."""
-    return name.replace(".", "_")
-
-
 def test_a_runs_private_topics_name_every_topic_setting_and_none_of_the_platforms():
     """A test's, the bench's, chaos's or the soak's app has a topic of its own for every topic setting, so a run
     never reads or writes a platform-wide topic."""
@@ -94,7 +89,8 @@ def test_a_runs_private_topics_name_every_topic_setting_and_none_of_the_platform
     s = config.load(env={}).replace(app_id="x", **names.private_topics("x"))  # valid settings
     own = {getattr(s, f) for f in fields}
     assert len(own) == len(fields) and all(n.startswith("x.") for n in own)
-    assert not {_folded(n) for n in own} & {_folded(n) for n in names.SHARED_TOPICS.values()}
+    key = names.kafka_collision_key
+    assert not {key(n) for n in own} & {key(n) for n in names.SHARED_TOPICS.values()}
 
 
 def test_no_two_app_ids_private_topics_collide_as_kafka_compares_names():
@@ -106,6 +102,7 @@ def test_no_two_app_ids_private_topics_collide_as_kafka_compares_names():
     seen: dict[str, str] = {}
     for app in apps:
         for name in names.private_topics(app).values():
-            assert seen.setdefault(_folded(name), name) == name, (name, seen[_folded(name)])
+            key = names.kafka_collision_key(name)
+            assert seen.setdefault(key, name) == name, (name, seen[key])
     # why: no suffix holds a character Kafka folds, and an app id holds no '.'
     assert not any(c in suffix for suffix in names.PRIVATE_TOPICS.values() for c in "._")
