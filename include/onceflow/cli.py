@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from onceflow import config, logs, wire
+from onceflow.app import MAIN_OUTPUT
 from onceflow.kafka import reading as kafka_reading
 from onceflow.rules import clock
 
@@ -174,8 +175,12 @@ def _with_sink_role(s: config.Settings, purpose: str = "job") -> config.Settings
 
 def cmd_show(args, s: config.Settings) -> int:
 
+    if args.output is not None and args.what != "sink":
+        raise config.ConfigError("--output is for `onceflow show sink`: which named output's topic to print")
+    if args.output is not None and args.output not in s.outputs:
+        raise config.ConfigError(f"app {s.app} has no output {args.output!r}; its outputs: {sorted(s.outputs)}")
     topic = {
-        "sink": s.sink_topic,
+        "sink": s.outputs[args.output or MAIN_OUTPUT],
         "dlq": s.dlq_topic,
         "ledger": s.ledger_topic,
         "source": s.source_topic,
@@ -450,6 +455,7 @@ def cmd_app(args, s: config.Settings) -> int:
                         "deterministic": app.deterministic,
                         "settings": dict(app.settings),
                         "dlq_reasons": sorted(app.reasons),
+                        "outputs": dict(app.outputs),
                     }
                 )
             except Exception as e:  # one broken declaration does not hide the others
@@ -467,7 +473,7 @@ def cmd_app(args, s: config.Settings) -> int:
     spark = _spark(s.replace(master="local[1]"), "app-validate")
     frame = app_plan.output(app.transform, app_plan.empty_source(spark), s)
     app_plan.check_deterministic(app, frame)
-    print_record({"app": app.name, "valid": True, "output_columns": frame.columns}, args.json)
+    print_record({"app": app.name, "valid": True, "output_columns": frame.columns, "outputs": s.outputs}, args.json)
     return 0
 
 
@@ -553,6 +559,7 @@ def parser() -> argparse.ArgumentParser:
     sh = sub.add_parser("show", help="print committed records of a topic (read_committed)")
     sh.add_argument("what", choices=["sink", "dlq", "ledger", "events", "source"])
     sh.add_argument("--limit", type=int, default=20, help="the last N records (0 = all)")
+    sh.add_argument("--output", help="sink: a named output's topic instead of the sink topic (App.outputs)")
     sh.set_defaults(fn=cmd_show)
 
     au = sub.add_parser("audit", help="check the invariants I1-I4 of the live job's committed history")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from onceflow.app import registry
-from onceflow.app.declaration import App, AppError
+from onceflow.app.declaration import MAIN_OUTPUT, App, AppError
 from onceflow.rules import names
 from onceflow.wire import OnceflowError
 
@@ -147,6 +147,9 @@ class Topics:
     health_topic: str = names.SHARED_TOPICS["health_topic"]
     reconciliation_topic: str = names.SHARED_TOPICS["reconciliation_topic"]
     backfill_topic: str = ""
+    # The topics of the app's named outputs (App.outputs), name=topic comma-separated; an output not named here goes
+    # to `<sink_topic>-<name>`. Each has sink_partitions partitions.
+    output_topics: str = ""
     source_partitions: PosInt = 4
     sink_partitions: PosInt = 4
     replication_factor: PosInt = 1
@@ -398,6 +401,19 @@ class Settings(
         return self.postgres_user or names.db_role(self.app_id, "job")
 
     @property
+    def outputs(self) -> dict[str, str]:
+        """Every output of the app -> its topic: the main output (onceflow.app.MAIN_OUTPUT) on sink_topic, each named
+        output (App.outputs) on the topic output_topics gives it, else `<sink_topic>-<name>`."""
+        given = parse_output_topics(self.output_topics)
+        named = {n: given.get(n, f"{self.sink_topic}-{n}") for n in self.declared_app().outputs}
+        return {MAIN_OUTPUT: self.sink_topic, **named}
+
+    @property
+    def sink_topics(self) -> tuple[str, ...]:
+        """The topics the job writes its results to (its outputs'), the sink topic first."""
+        return tuple(self.outputs.values())
+
+    @property
     def transactional_id(self) -> str:
         """Stable per app: a restarted job fences its predecessor (zombie fencing)."""
         return names.transactional_id(self.app_id)
@@ -519,9 +535,10 @@ class Settings(
     def job_config_hash(self) -> str:
         """A hash of the settings that shape the job's results (for savepoints and upgrade checks)."""
         keys = ("source_topic", "sink_topic", "dlq_topic", "window_s", "watermark_s", "app_id", "app")
-        blob = json.dumps(
-            {k: getattr(self, k) for k in keys} | {"rules": self.declared_app().rules_version}, sort_keys=True
-        )
+        shape = {k: getattr(self, k) for k in keys} | {"rules": self.declared_app().rules_version}
+        if len(self.outputs) > 1:  # (only then: the hash of an app without named outputs is what it was)
+            shape["outputs"] = self.outputs
+        blob = json.dumps(shape, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def replace(self, **changes: Any) -> Settings:
@@ -582,15 +599,29 @@ class Settings(
         # one topic per job: a topic named twice would mix records of different kinds (a job fact read as a shared
         # event, a ledger record as output); the ACLs, too, are granted per topic (docs/security.md). Compared as
         # Kafka compares names for collisions, '.' and '_' as one character: Kafka refuses to create the second.
-        topics = {f: getattr(self, f) for f in TOPIC_FIELDS}
+        given = parse_output_topics(self.output_topics)
+        app = self.declared_app()
+        unknown = sorted(set(given) - set(app.outputs))
+        need(
+            not unknown,
+            f"{ENV_PREFIX}OUTPUT_TOPICS names outputs app {app.name} does not declare: {unknown}; its outputs: "
+            f"{sorted(app.outputs) or 'none besides its sink topic'}",
+        )
+        need(
+            self.sink_kind == "kafka" or not app.outputs,
+            f"app {app.name} declares named outputs ({sorted(app.outputs)}): the postgres sink holds one output; "
+            f"set {ENV_PREFIX}SINK_KIND=kafka",
+        )
+        topics = {f: getattr(self, f) for f in TOPIC_FIELDS} | {
+            f"output_topics[{n}]": v for n, v in self.outputs.items() if n != MAIN_OUTPUT
+        }
         kafka_name = {f: names.kafka_collision_key(v) for f, v in topics.items()}
         shared = sorted({k for k in kafka_name.values() if list(kafka_name.values()).count(k) > 1})
         need(
             not shared,
             "each topic setting names its own topic (Kafka takes '.' and '_' for one character); named twice: "
             + ", ".join(
-                " and ".join(f"{ENV_PREFIX + f.upper()}={topics[f]!r}" for f in topics if kafka_name[f] == k)
-                for k in shared
+                " and ".join(f"{_env_name(f)}={topics[f]!r}" for f in topics if kafka_name[f] == k) for k in shared
             ),
         )
         need(
@@ -640,6 +671,25 @@ TOPIC_FIELDS = (
     "reconciliation_topic",
     "backfill_topic",
 )
+
+
+def _env_name(field: str) -> str:
+    """The variable that sets a topic field; `output_topics[x]`: output x's topic, as ONCEFLOW_OUTPUT_TOPICS names it."""
+    base, _, output = field.partition("[")
+    return ENV_PREFIX + base.upper() + (f"[{output}" if output else "")
+
+
+def parse_output_topics(raw: str) -> dict[str, str]:
+    """ONCEFLOW_OUTPUT_TOPICS: `name=topic[,name=topic]` -> {name: topic}; refused when malformed."""
+    out: dict[str, str] = {}
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        name, eq, topic = (x.strip() for x in part.partition("="))
+        if not eq or not name or not topic or name in out:
+            raise ConfigError(f"{ENV_PREFIX}OUTPUT_TOPICS is name=topic[,name=topic], each output once; got {raw!r}")
+        out[name] = topic
+    return out
 
 
 def _is_ip(host: str) -> bool:
@@ -762,6 +812,7 @@ def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
 APP_SETTINGS = frozenset(
     {
         *names.APP_TOPICS,
+        "output_topics",
         "source_partitions",
         "sink_partitions",
         "trigger_interval_s",

@@ -29,6 +29,7 @@ H_BATCH = "onceflow.batch"  # sink, DLQ and ledger records of the job: the ledge
 H_KIND = "onceflow.kind"  # operator and control records: restore, quarantine, reconciliation
 H_BACKFILL = "onceflow.backfill"  # a backfill's records: its id
 H_CHUNK = "onceflow.chunk"  # ... and the chunk
+H_OUTPUT = "onceflow.output"  # a backfill's record of a named output (App.outputs): its name
 # provenance of a DLQ record (Kafka Connect style)
 H_SOURCE_TOPIC = "onceflow.source.topic"
 H_SOURCE_PARTITION = "onceflow.source.partition"

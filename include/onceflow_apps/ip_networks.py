@@ -4,7 +4,9 @@ Different in kind from ip_count, on the same access-log records:
 - no window and no state: a stateless enrichment, one result per good source record, whenever it arrives (nothing
   is ever late, nothing waits for a watermark);
 - keyed by IP, not by (window, IP): a consumer finds each IP's requests in one sink partition, in order;
-- joined with a small reference table, networks.csv in this package (CIDR blocks and their names, no overlaps).
+- joined with a small reference table, networks.csv in this package (CIDR blocks and their names, no overlaps);
+- two outputs: the requests of listed networks on its sink topic, the others (`unlisted` and `ipv6`) on its named
+  output `unlisted` (topic `<sink topic>-unlisted`), both in each batch's one transaction.
 
 The table is part of the app's code: its results are deterministic as long as the table is the same, and a changed
 table is a changed app (the replay proof names the batches computed with the old one). An IP in no listed block is
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 TABLE = Path(__file__).with_name("networks.csv")
 UNLISTED = "unlisted"
 IPV6 = "ipv6"
+OUTPUT_UNLISTED = "unlisted"  # the named output of the requests of no listed network (App.outputs)
 
 
 @functools.cache
@@ -46,6 +49,11 @@ def networks(path: Path = TABLE) -> tuple[tuple[int, int, str], ...]:
         if lo <= hi:
             raise AppError(f"ip_networks: blocks of {a} and {b} overlap in {path}")
     return tuple(rows)
+
+
+def output_of(network: str) -> str | None:
+    """The named output a request of that network goes to (None: the sink topic), in plain Python: the tests' truth."""
+    return OUTPUT_UNLISTED if network in (UNLISTED, IPV6) else None
 
 
 def network_of(ip: str) -> str:
@@ -92,6 +100,7 @@ def transform(raw: DataFrame, ctx: Context) -> Results:
                 ),
             )
         ).alias("value"),
+        F.when(network.isin(UNLISTED, IPV6), F.lit(OUTPUT_UNLISTED)).alias("output"),
     )
     rejects = parsed.where(F.col("reason").isNotNull()).select(
         "value", "topic", "partition", "offset", "timestamp", "reason"
@@ -106,6 +115,7 @@ app = App(
     # no windows: a batch that only closes windows has nothing to close
     settings={"source_partitions": 4, "sink_partitions": 4, "close_out_batches": False},
     reasons=access_log.REASONS,
+    outputs={OUTPUT_UNLISTED: "the requests whose IP is in no listed network, IPv6 ones included"},
     rules_version=access_log.rules.RULES_VERSION,
     event_time=False,
 )

@@ -555,6 +555,14 @@ def test_the_operator_console_in_a_real_browser(platform):
         page.wait_for_function("document.querySelectorAll('#table tr').length > 5", timeout=60_000)
         assert "txn ms" in page.inner_text("#table") and page.locator("#charts svg").count() == 3
         shots["batches"] = page.screenshot(path=str(SCREENSHOTS / "console-batches.png"), full_page=True)
+        # the second app's own batches (its pages under its prefix), each counted per output topic: ip_networks
+        # writes its listed networks to its sink topic and the rest to its named output `unlisted`
+        nets = second_instance(s)
+        page.goto(f"{base}/onceflow/app/{NETS}/batches", wait_until="networkidle")
+        page.wait_for_function("document.querySelectorAll('#table tr').length > 2", timeout=60_000)
+        table = page.inner_text("#table")
+        assert f"{nets.sink_topic} " in table and f"{nets.outputs['unlisted']} " in table, table[:1000]
+        page.screenshot(path=str(SCREENSHOTS / "console-batches-ip-networks.png"), full_page=True)
 
         # a record with markup in its fields, as anyone who may write the job's events topic could write it: shown
         # as text, run never (escaped, typed, and the page's Content-Security-Policy would refuse it anyway)

@@ -273,11 +273,23 @@ def test_a_second_app_stateless_and_joined_with_a_table_is_exact_under_kill9(app
     }, [c.summary for c in res.checks]
     h = harness(s)
     by_source = {f"{s.source_topic}|{r.partition}|{r.offset}": r for r in truth(sent)}
-    sink = [json.loads(m.value) | {"key": m.key.decode()} for m in kafka_reading.read_topic(h, s.sink_topic)]
+    # its two outputs: listed networks on the sink topic, the others on the topic of its named output `unlisted`
+    assert set(s.outputs) == {"main", "unlisted"}
+    sink = [
+        json.loads(m.value) | {"key": m.key.decode(), "output": None if name == "main" else name}
+        for name, topic in s.outputs.items()
+        for m in kafka_reading.read_topic(h, topic)
+    ]
     assert Counter(v["source"] for v in sink) == Counter(k for k, r in by_source.items() if r.reason is None)
     for v in sink:  # late records too: without a window nothing is late
         assert v["key"] == v["ip"] == by_source[v["source"]].ip and v["network"] == ip_networks.network_of(v["ip"])
+        assert v["output"] == ip_networks.output_of(v["network"])
     assert {ip_networks.UNLISTED, ip_networks.IPV6} < {v["network"] for v in sink}
+    entries = audit.ledger_entries(s)  # every batch counted per topic, the counts adding up to what each holds
+    assert all(e.outputs_by_topic is not None and sum(e.outputs_by_topic.values()) == e.outputs for e in entries)
+    assert {t: sum(e.outputs_by_topic[t] for e in entries) for t in s.sink_topics} == {
+        t: sum(1 for v in sink if s.outputs[v["output"] or "main"] == t) for t in s.sink_topics
+    }
     dlq = audit.dlq_provenance(kafka_reading.read_topic(h, s.dlq_topic))
     assert sorted(dlq) == sorted((r.partition, r.offset) for r in by_source.values() if r.reason is not None)
     assert check_coverage(audit.ledger_entries(s), audit.committed_offsets(s, ends), {p: 0 for p in ends}).ok

@@ -96,13 +96,15 @@ def test_ip_networks_tags_each_good_record_once_with_its_networks_block(spark, t
     app_plan.check_deterministic(s.declared_app(), frame)
     out = frame.collect()
     results = sorted(
-        (r.key, json.loads(r.value)["network"], json.loads(r.value)["source"]) for r in out if r.kind == "result"
+        (r.key, json.loads(r.value)["network"], json.loads(r.value)["source"], r.output)
+        for r in out
+        if r.kind == "result"
     )
-    assert results == [
-        ("2001:db8::1", "ipv6", "t_source|0|2"),
-        ("8.127.255.255", "level3-8", "t_source|0|1"),
-        ("8.128.0.0", "level3-8b", "t_source|0|0"),
-        ("9.9.9.9", "unlisted", "t_source|0|3"),
+    assert results == [  # the requests of no listed network go to its named output
+        ("2001:db8::1", "ipv6", "t_source|0|2", "unlisted"),
+        ("8.127.255.255", "level3-8", "t_source|0|1", None),
+        ("8.128.0.0", "level3-8b", "t_source|0|0", None),
+        ("9.9.9.9", "unlisted", "t_source|0|3", "unlisted"),
     ]
     assert [(r.kind, r.reason, r.src_offset) for r in out if r.kind == "dlq"] == [("dlq", "unrecognized_format", 4)]
 
@@ -143,3 +145,24 @@ def test_a_new_apps_scaffold_is_listed_valid_and_its_own_test_passes(monkeypatch
         timeout=300,
     )
     assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def test_an_apps_rows_name_their_outputs_exactly_when_it_declares_outputs(spark):
+    """Declared outputs and an `output` column go together: either alone is refused when the plan is built (by
+    `onceflow app validate` and at the job's start), not found batch by batch."""
+    from onceflow.spark import app_plan
+
+    s = config.load(env={"ONCEFLOW_APP": "upper", "ONCEFLOW_APP_REGISTRY": REG})
+    routed = s.declared_app().transform
+
+    def routing(raw, ctx):
+        from pyspark.sql import functions as F
+
+        out = routed(raw, ctx)
+        return type(out)(rows=out.rows.withColumn("output", F.lit("elsewhere")), rejects=out.rejects)
+
+    with pytest.raises(config.ConfigError, match="its rows have an `output` column but it declares no outputs"):
+        app_plan.output(routing, _kafka_rows(spark, [b"a"]), s)
+    networks = config.load(env={"ONCEFLOW_APP": "ip_networks"})
+    with pytest.raises(config.ConfigError, match=r"declares outputs \['unlisted'\] but its rows have no `output`"):
+        app_plan.output(routed, _kafka_rows(spark, [b"a"]), networks)

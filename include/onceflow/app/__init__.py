@@ -1,6 +1,6 @@
 """Declared apps: what a team writes to put its stream on the platform (App, Results, Context), and where the
 platform finds them (registry)."""
 
-from onceflow.app.declaration import App, AppError, Context, Results
+from onceflow.app.declaration import MAIN_OUTPUT, App, AppError, Context, Results
 
-__all__ = ["App", "AppError", "Context", "Results"]
+__all__ = ["MAIN_OUTPUT", "App", "AppError", "Context", "Results"]

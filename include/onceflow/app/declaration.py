@@ -29,6 +29,10 @@ if TYPE_CHECKING:  # types only: this module is read without Spark and below the
 
 # An app's name is part of its topics, groups, transactional ids, principals and file names (onceflow.rules.names).
 NAME = re.compile(r"[a-z][a-z0-9_]{0,47}")
+# A named output's name is part of its default topic, `<sink topic>-<output>` (onceflow.config.Settings.outputs).
+OUTPUT_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+# The output a result row without an `output` goes to: the app's sink topic.
+MAIN_OUTPUT = "main"
 
 
 class AppError(OnceflowError, ValueError):
@@ -58,7 +62,9 @@ class Context:
 class Results:
     """A transformation's output, both parts computed from one source DataFrame (one transaction carries both).
 
-    rows: the results, columns `key` (string) and `value` (string or binary), written to the app's sink topic.
+    rows: the results, columns `key` (string) and `value` (string or binary), written to the app's sink topic; an
+      app with named outputs (App.outputs) adds a column `output` (string) naming the one a row goes to (null: the
+      sink topic). A row naming an output the app does not declare fails its batch: nothing of it is committed.
     rejects: the source records that are not results and why, columns `value`, `topic`, `partition`, `offset`,
       `timestamp` (as the Kafka source gives them) and `reason` (a short stable word, e.g. `malformed`); the
       platform writes each to the DLQ with its provenance (a capped copy of the value, its size and sha256).
@@ -79,6 +85,9 @@ class App:
     settings: the app's own defaults for the platform's per-app settings (APP_SETTINGS in onceflow.config: its
       window and watermark, trigger, partitions, topics); the environment still overrides them.
     reasons: what goes to the DLQ and why, reason -> meaning (the console and docs show it).
+    outputs: the app's named outputs besides its sink topic, name -> meaning. Each is a topic of its own
+      (`<sink topic>-<name>` unless ONCEFLOW_OUTPUT_TOPICS names another), written in the same transaction as the
+      rest of the batch, counted per topic in its ledger record and proven by the same replay.
     event_time: whether results are event-time windows closed by a watermark (health judges event-time lag only
       then).
     deterministic: the author's word that the transformation is deterministic (see the module's docstring); the
@@ -100,6 +109,7 @@ class App:
     description: str = ""
     settings: Mapping[str, Any] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)
+    outputs: Mapping[str, str] = field(default_factory=dict)
     event_time: bool = True
     deterministic: bool = True
     reference: str | None = None
@@ -118,3 +128,11 @@ class App:
             raise AppError(f"app {self.name}: rules_version must be a positive integer, got {self.rules_version!r}")
         if not isinstance(self.settings, Mapping):
             raise AppError(f"app {self.name}: settings must be a mapping of setting names to values")
+        if not isinstance(self.outputs, Mapping):
+            raise AppError(f"app {self.name}: outputs must be a mapping of output names to what each holds")
+        for name in self.outputs:
+            if not isinstance(name, str) or not OUTPUT_NAME.fullmatch(name) or name == MAIN_OUTPUT:
+                raise AppError(
+                    f"app {self.name}: an output's name is lower case letters, digits and underscores, starting with "
+                    f"a letter (at most 32), and not {MAIN_OUTPUT!r} (the sink topic's): got {name!r}"
+                )

@@ -189,10 +189,10 @@ def watch(settings: Settings, sink: alerts.AlertSink, now_ms: int | None = None)
     """One run of the transaction watch: what it found and the alerts it sent."""
     now_ms = now_ms or clock.now_ms()
     evs = new_events(settings, {wire.TRANSACTION_TIMEOUT, wire.TRANSACTION_NEAR_TIMEOUT, wire.BATCH_COMMITTED})
-    # every topic the platform writes in transactions: the job's sink, DLQ and ledger (shared with restores and
-    # backfills, whose open chunk would hide the job's own records), and the backfills' target
+    # every topic the platform writes in transactions: the job's sink (every output's), DLQ and ledger (shared with
+    # restores and backfills, whose open chunk would hide the job's own records), and the backfills' target
     txns = open_transactions(
-        settings, [settings.sink_topic, settings.dlq_topic, settings.ledger_topic, settings.backfill_topic]
+        settings, [*settings.sink_topics, settings.dlq_topic, settings.ledger_topic, settings.backfill_topic]
     )
     hang = hanging(txns, now_ms, settings.transaction_timeout_ms)
     # Timeouts stay open until the job commits their batch again. First every new and still open one (new ones

@@ -91,7 +91,8 @@ def required(settings: Settings, role: str) -> list[Acl]:
     if role == "job":
         return [
             topic(s.source_topic, "READ"),
-            *(topic(t, "WRITE") for t in (s.sink_topic, s.dlq_topic, s.ledger_topic, s.job_events_topic)),
+            # the sink topic and every named output's (App.outputs)
+            *(topic(t, "WRITE") for t in (*s.sink_topics, s.dlq_topic, s.ledger_topic, s.job_events_topic)),
             # the shared events: the savepoint and restore events of deploy's upgrade and restore, which run as the job
             topic(s.events_topic, "WRITE"),
             topic(s.ledger_topic, "READ"),
@@ -124,7 +125,7 @@ def required(settings: Settings, role: str) -> list[Acl]:
                 topic(t, "READ")
                 for t in (
                     s.source_topic,
-                    s.sink_topic,
+                    *s.sink_topics,
                     s.dlq_topic,
                     s.ledger_topic,
                     s.events_topic,
@@ -149,7 +150,7 @@ def required(settings: Settings, role: str) -> list[Acl]:
                 # the job's events: Spark's own count of rows dropped as late, which the late rule is checked against
                 for t in (
                     s.source_topic,
-                    s.sink_topic,
+                    *s.sink_topics,
                     s.dlq_topic,
                     s.ledger_topic,
                     s.job_events_topic,

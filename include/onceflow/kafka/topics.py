@@ -36,7 +36,8 @@ def specs(settings: Settings) -> list[TopicSpec]:
             settings.source_partitions,
             {**common, "retention.ms": WEEK_MS, "message.timestamp.type": "LogAppendTime"},
         ),
-        TopicSpec(settings.sink_topic, settings.sink_partitions, {**common, "retention.ms": WEEK_MS}),
+        # the sink topic, then each named output's (App.outputs)
+        *(TopicSpec(t, settings.sink_partitions, {**common, "retention.ms": WEEK_MS}) for t in settings.sink_topics),
         # DLQ and ledger are the audit trail: kept until an operator decides otherwise.
         TopicSpec(settings.dlq_topic, 1, {**common, "retention.ms": KEEP_FOREVER}),
         # One partition: the ledger is one ordered history per app (key = app id).
@@ -82,7 +83,7 @@ def ensure(settings: Settings, timeout: float = 30.0) -> list[str]:
 def job_topics(settings: Settings) -> set[str]:
     """The topics the streaming job itself reads and writes (on a secured cluster, the only ones it may see)."""
     s = settings
-    return {s.source_topic, s.sink_topic, s.dlq_topic, s.ledger_topic, s.job_events_topic}
+    return {s.source_topic, *s.sink_topics, s.dlq_topic, s.ledger_topic, s.job_events_topic}
 
 
 def check(settings: Settings, timeout: float = 10.0, only: set[str] | None = None) -> list[str]:

@@ -189,7 +189,8 @@ def audit(settings: Settings) -> invariants.Report:
         # onceflow's sink records always carry a key and a value
         sink = [
             invariants.SinkRecord(cast(bytes, m.key).decode(), cast(bytes, m.value), m.partition, m.offset)
-            for m in kafka_reading.read_topic(settings, settings.sink_topic)
+            for topic in settings.sink_topics  # every output's topic
+            for m in kafka_reading.read_topic(settings, topic)
             if snap.includes(m.headers)
         ]
         dlq = dlq_provenance(

@@ -83,6 +83,7 @@ def validate(settings: Settings, spec: br.Spec) -> br.Spec:
     br.check_params(
         spec,
         {
+            **{topic: f"output {name}" for name, topic in settings.outputs.items()},
             settings.sink_topic: "sink",
             settings.dlq_topic: "DLQ",
             settings.ledger_topic: "ledger",
@@ -187,7 +188,10 @@ def windows(spark: SparkSession, settings: Settings, spec: br.Spec) -> DataFrame
         max_event_ahead_s=(spec.max_event_ahead_ms if spec.max_event_ahead_ms is not None else 10**15) / 1000,
     )
     out = app_plan.output(settings.declared_app().transform, raw.select(*app_plan.SOURCE_COLUMNS), as_spec)
-    return out.where(F.col("kind") == wire.KIND_RESULT).select("key", "value").orderBy("key", "value")
+    # every output's results go to the target topic, a named output's with its name (header onceflow.output)
+    return (
+        out.where(F.col("kind") == wire.KIND_RESULT).select("key", "value", "output").orderBy("key", "value", "output")
+    )
 
 
 # ---------------------------------------------------------------------------- the run
@@ -275,10 +279,10 @@ def _run(spark, settings: Settings, spec: br.Spec, writer: ChunkWriter | None, i
     try:
         chunk, rows = first, []
         # a partition at a time, in order, as Arrow batches
-        for i, (key, value) in enumerate(partition_stream.tuples(out.select("key", "value"))):
+        for i, (key, value, output) in enumerate(partition_stream.tuples(out.select("key", "value", "output"))):
             if i < first * spec.chunk_size:
                 continue
-            rows.append((key, value))
+            rows.append((key, value, output))
             if len(rows) == spec.chunk_size:
                 writer.write(chunk, rows, injector)
                 written, records = written + 1, records + len(rows)
@@ -310,7 +314,7 @@ class ChunkWriter:
         )
         self.group = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings, spec.id))
 
-    def write(self, chunk: int, rows: list[tuple[str, bytes]], injector: Injector) -> None:
+    def write(self, chunk: int, rows: list[tuple[str, bytes, str | None]], injector: Injector) -> None:
         done = read_progress(self.s, self.spec.source_topic, self.spec.end, consumer=self.group).chunk
         if done is None and chunk > 0:  # the group's offsets expired: its first new commit restores them
             done = ledger_progress(self.s, self.spec.id).chunk
@@ -324,8 +328,9 @@ class ChunkWriter:
         w = self.writer
         # a TxnError leaves the chunk aborted, or its producer replaced (an unknown outcome: a re-run settles it)
         with w.transaction():
-            for key, value in rows:
-                w.produce(self.spec.target_topic, key.encode(), value, headers)
+            for key, value, output in rows:
+                named = [(wire.H_OUTPUT, output.encode())] if output is not None else []
+                w.produce(self.spec.target_topic, key.encode(), value, headers + named)
             if injector.faults:  # tests: the crash then leaves the chunk's records in the open transaction
                 w.flush(30)
             injector.hit("crash_in_chunk", chunk)

@@ -148,13 +148,16 @@ def starting_offsets(settings: Settings) -> dict[int, int] | None:
 
 
 def _visibility(spark, settings, selected, entries) -> rr.Check:
-    committed_view = committed_reads.bounded(spark, settings, settings.sink_topic, selected, entries)
-    uncommitted = committed_reads.bounded(
-        spark, settings, settings.sink_topic, selected, entries, isolation="read_uncommitted"
-    )
-    c = committed_view.select("partition", "offset")
-    u = uncommitted.select("partition", "offset", "app")
-    gone = c.join(u, ["partition", "offset"], "left_anti").count()
-    extra = u.join(c, ["partition", "offset"], "left_anti")
-    foreign = extra.where(F.col("app").isNull() | (F.col("app") != settings.app_id)).count()
-    return rr.visibility_check(c.count(), u.count(), gone, foreign)
+    """I4 over every topic the app writes results to (its outputs'): nothing visible that was not committed."""
+    seen = [0, 0, 0, 0]  # committed, uncommitted, gone, foreign
+    for topic in settings.sink_topics:
+        committed_view = committed_reads.bounded(spark, settings, topic, selected, entries)
+        uncommitted = committed_reads.bounded(spark, settings, topic, selected, entries, isolation="read_uncommitted")
+        c = committed_view.select("partition", "offset")
+        u = uncommitted.select("partition", "offset", "app")
+        gone = c.join(u, ["partition", "offset"], "left_anti").count()
+        extra = u.join(c, ["partition", "offset"], "left_anti")
+        foreign = extra.where(F.col("app").isNull() | (F.col("app") != settings.app_id)).count()
+        for i, n in enumerate((c.count(), u.count(), gone, foreign)):
+            seen[i] += n
+    return rr.visibility_check(*seen)

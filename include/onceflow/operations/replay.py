@@ -15,6 +15,7 @@ the replay sees what the job saw: onceflow.rules.replay).
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -29,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from onceflow import wire
-from onceflow.app import App
+from onceflow.app import MAIN_OUTPUT, App
 from onceflow.config import Settings
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit, committed_reads, recon_chain
@@ -54,7 +55,7 @@ STATEFUL_NODES = (
 )
 RUN_TIMEOUT_S = 3600
 CAP = 100
-COMPARED = ["batch", "kind", "key", "sha", "reason"]
+COMPARED = ["batch", "kind", "output", "key", "sha", "reason"]  # output: a result's (App.outputs)
 
 
 def is_stateful(frame: DataFrame) -> bool:
@@ -317,6 +318,7 @@ def _compare(
     expected = replayed.select(
         "batch",
         F.col("kind"),
+        F.when(F.col("kind") == wire.KIND_RESULT, F.coalesce(F.col("output"), F.lit(MAIN_OUTPUT))).alias("output"),
         F.col("key").cast("string").alias("key"),
         F.sha2(F.col("value"), 256).alias("sha"),
         F.col("reason"),
@@ -337,7 +339,7 @@ def _compare(
         )
         .cache()
     )
-    cols = ["batch", "kind", "key", "replayed", "committed"]
+    cols = ["batch", "kind", "output", "key", "replayed", "committed"]
     missing = [r.asDict() for r in j.where(F.col("replayed") > F.col("committed")).select(*cols).limit(CAP).collect()]
     extra = [r.asDict() for r in j.where(F.col("committed") > F.col("replayed")).select(*cols).limit(CAP).collect()]
     per_batch = {
@@ -367,26 +369,29 @@ def _compare(
 
 def _topic_side(spark: SparkSession, settings: Settings, selected: list[LedgerEntry], history: list[LedgerEntry]):
     """What the compared batches committed to the sink and DLQ topics (read_committed), as the compared columns."""
-    sink = committed_reads.bounded(spark, settings, settings.sink_topic, selected, history)
     dlq = committed_reads.bounded(spark, settings, settings.dlq_topic, selected, history)
     ours = (F.col("app").isNull()) | (F.col("app") == settings.app_id)
-    return (
-        sink.where(ours)
+    results = [
+        committed_reads.bounded(spark, settings, topic, selected, history)
+        .where(ours)
         .select(
             "batch",
             F.lit(wire.KIND_RESULT).alias("kind"),
+            F.lit(name).alias("output"),
             F.col("key").cast("string").alias("key"),
             F.sha2(F.col("value"), 256).alias("sha"),
             F.lit(None).cast("string").alias("reason"),
         )
-        .unionByName(
-            dlq.where(ours).select(
-                "batch",
-                F.lit(wire.KIND_DLQ).alias("kind"),
-                F.col("key").cast("string").alias("key"),
-                F.sha2(F.col("value"), 256).alias("sha"),
-                committed_reads.header(wire.H_REASON).alias("reason"),
-            )
+        for name, topic in settings.outputs.items()
+    ]
+    return functools.reduce(DataFrame.unionByName, results).unionByName(
+        dlq.where(ours).select(
+            "batch",
+            F.lit(wire.KIND_DLQ).alias("kind"),
+            F.lit(None).cast("string").alias("output"),
+            F.col("key").cast("string").alias("key"),
+            F.sha2(F.col("value"), 256).alias("sha"),
+            committed_reads.header(wire.H_REASON).alias("reason"),
         )
     )
 
@@ -416,6 +421,7 @@ def _table_sides(spark: SparkSession, settings: Settings, expected: DataFrame, f
         .select(
             "batch",
             F.lit(wire.KIND_RESULT).alias("kind"),
+            F.lit(MAIN_OUTPUT).alias("output"),  # (an app with named outputs cannot have this sink: Settings)
             "key",
             F.sha2(F.col("value"), 256).alias("sha"),
             F.lit(None).cast("string").alias("reason"),
@@ -424,6 +430,7 @@ def _table_sides(spark: SparkSession, settings: Settings, expected: DataFrame, f
             dlq.where(F.col("batch").between(first, last)).select(
                 "batch",
                 F.lit(wire.KIND_DLQ).alias("kind"),
+                F.lit(None).cast("string").alias("output"),
                 "key",
                 F.sha2(F.col("value"), 256).alias("sha"),
                 "reason",

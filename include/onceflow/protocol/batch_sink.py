@@ -31,6 +31,7 @@ class OutRecord:
     reason: str | None = None
     src_size: int | None = None  # the original value's size (DLQ)
     src_sha256: str | None = None  # set when the DLQ copy holds less than the original value
+    output: str | None = None  # a result's named output (App.outputs); None: the sink topic
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,13 @@ class BatchNotCommitted(OnceflowError):
 class UndeliverableRecord(OnceflowError):
     """A record the sink refuses every time (fault `undeliverable`, standing in for a permanent delivery error): its
     batch can never commit until the operator quarantines the source record (onceflow.operations.quarantine)."""
+
+
+class UnknownOutput(OnceflowError):
+    """A result names an output its app does not declare (App.outputs): the app's bug, which no replay mends, so the
+    job stops (a misconfiguration) rather than be restarted into it."""
+
+    exit_code = wire.EXIT_CONFIG
 
 
 class BatchSink:

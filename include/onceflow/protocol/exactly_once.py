@@ -6,7 +6,8 @@ Spark writes `offsets/N` (the planned range) before batch N runs and `commits/N`
 Between the two, `ExactlyOnceSink.write_batch` does, in ONE transaction of a producer whose transactional.id
 is stable per app:
 
-    1. the batch's results          -> sink topic   (headers onceflow.app, onceflow.batch)
+    1. the batch's results          -> sink topic   (headers onceflow.app, onceflow.batch), or the topic of the
+                                                       named output a result names (App.outputs)
     2. the batch's malformed input  -> DLQ topic    (original bytes + provenance headers)
     3. one ledger record            -> ledger topic (app, batch, ranges, watermark, counts, durations)
     4. send_offsets_to_transaction  -> the batch's end offsets for group onceflow.<app>, metadata {"batch": N}
@@ -43,6 +44,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from onceflow import wire
+from onceflow.app import MAIN_OUTPUT
 from onceflow.config import Settings
 from onceflow.faults import Injector
 from onceflow.kafka import clients as kafka_clients
@@ -50,7 +52,7 @@ from onceflow.kafka import events as ev
 from onceflow.kafka import transactional as tw
 from onceflow.kafka.surfaces import Producer
 from onceflow.protocol import hanging
-from onceflow.protocol.batch_sink import BatchOutcome, BatchSink, OutRecord, UndeliverableRecord
+from onceflow.protocol.batch_sink import BatchOutcome, BatchSink, OutRecord, UndeliverableRecord, UnknownOutput
 from onceflow.protocol.sink_reads import KafkaSinkReads, SinkReads
 from onceflow.rules import clock
 from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, offset_metadata
@@ -79,6 +81,7 @@ class ExactlyOnceSink(BatchSink):
         self.faults = faults
         self.timeout_ms = settings.transaction_timeout_ms
         self.rules_version = settings.declared_app().rules_version  # carried by each ledger record
+        self.topics = settings.outputs  # output name -> topic (onceflow.app.MAIN_OUTPUT: the sink topic)
         self._batch: int | None = None  # the batch whose transaction is open, for events
         self._warned = False  # the near-timeout warning of the open transaction went out
         self._settle_first = True  # check for a hanging transaction before the next write (a new producer, a failure)
@@ -163,10 +166,13 @@ class ExactlyOnceSink(BatchSink):
             with self.writer.transaction():  # commits when the body returns; aborts when it raises
                 warn.start()
                 outputs = dlq = 0
+                per_topic = dict.fromkeys(self.topics.values(), 0)
                 headers = [(wire.H_APP, self.s.app_id.encode()), (wire.H_BATCH, str(plan.batch).encode())]
                 for r in rows:
                     if r.kind == wire.KIND_RESULT:
-                        self.writer.produce(self.s.sink_topic, r.key.encode(), r.value, headers)
+                        topic = self._topic(r.output)
+                        self.writer.produce(topic, r.key.encode(), r.value, headers)
+                        per_topic[topic] += 1
                         outputs += 1
                     else:
                         if (
@@ -195,6 +201,7 @@ class ExactlyOnceSink(BatchSink):
                     self.s.transactional_id,
                     self.rules_version,
                     self.s.max_event_ahead_ms,
+                    per_topic if len(per_topic) > 1 else None,
                 )
                 self.writer.produce(self.s.ledger_topic, self.s.app_id.encode(), entry.to_json(), headers)
                 offsets = [
@@ -241,6 +248,17 @@ class ExactlyOnceSink(BatchSink):
         return BatchOutcome(plan.batch, Decision.WRITE, outputs, dlq, txn_ms)
 
     # ------------------------------------------------------------------ helpers
+    def _topic(self, output: str | None) -> str:
+        """The topic of a result's output; a name the app does not declare fails the batch (its transaction aborts,
+        nothing of it is visible) and says what to change."""
+        try:
+            return self.topics[output or MAIN_OUTPUT]
+        except KeyError:
+            raise UnknownOutput(
+                f"app {self.s.app}: a result names output {output!r}, which the app does not declare; its outputs: "
+                f"{sorted(self.topics)}. Declare it in App.outputs or fix the transform's `output` column"
+            ) from None
+
     def _writer_event(self, type_: str, fields: dict[str, Any]) -> None:
         if type_ == wire.PRODUCER_REPLACED:
             self._settle_first = True
@@ -259,7 +277,8 @@ class ExactlyOnceSink(BatchSink):
         settle (onceflow.protocol.hanging). No false alarm for an outage: a producer's init_transactions returns only
         once every earlier transaction of its id is complete, its markers written with acks=all or skipped."""
         ledger = (self.s.ledger_topic, 0)
-        parts = [(self.s.sink_topic, p) for p in range(self.s.sink_partitions)] + [(self.s.dlq_topic, 0), ledger]
+        sinks = [(t, p) for t in self.topics.values() for p in range(self.s.sink_partitions)]
+        parts = sinks + [(self.s.dlq_topic, 0), ledger]
         owners: dict[int, bool] = {}  # the ledger's last stable offset -> whether the job opened it
         deadline = time.monotonic() + self.s.ledger_wait_s
         while True:

@@ -84,16 +84,31 @@ class LedgerEntry:
     # timestamp (None: no such rule, as in batches written before it existed).
     rules: int | None = None
     max_event_ahead_ms: int | None = None
+    # An app with named outputs (App.outputs): its results per topic, every output's topic named (`outputs` is their
+    # sum). None: one output, the sink topic.
+    outputs_by_topic: dict[str, int] | None = None
 
     def to_json(self) -> bytes:
         d = asdict(self)
         d["ranges"] = {str(p): [s, e] for p, (s, e) in sorted(self.ranges.items())}
+        if self.outputs_by_topic is None:
+            del d["outputs_by_topic"]  # the record of a one-output app keeps its shape
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> LedgerEntry:
         d = _object(raw)
         d["ranges"] = _ranges(d.get("ranges"), "ranges")
+        per_topic = d.get("outputs_by_topic")
+        if per_topic is not None:
+            if not isinstance(per_topic, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for k, v in per_topic.items()
+            ):
+                raise MalformedRecord(
+                    f"ledger record field outputs_by_topic: expected topic -> count, got {per_topic!r:.80}"
+                )
+            d["outputs_by_topic"] = dict(per_topic)
         return cls(**_typed(cls, {k: v for k, v in d.items() if k in _ENTRY_FIELDS}))
 
     @property
@@ -116,6 +131,7 @@ class LedgerEntry:
         transactional_id: str,
         rules: int | None = None,
         max_event_ahead_ms: int | None = None,
+        outputs_by_topic: dict[str, int] | None = None,
     ) -> LedgerEntry:
         return cls(
             app=app,
@@ -133,6 +149,7 @@ class LedgerEntry:
             epoch=plan.epoch,
             rules=rules,
             max_event_ahead_ms=max_event_ahead_ms,
+            outputs_by_topic=outputs_by_topic,
         )
 
 

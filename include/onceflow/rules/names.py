@@ -8,7 +8,9 @@ the right that allows it. Pure: strings in, strings out.
 An app `<app>` (its instance id, Settings.app_id) owns:
 
 - topics `<app>_source`, `<app>_sink`, `<app>_dlq`, `<app>_ledger`, `<app>_events` (the job's own facts) and
-  `<app>_backfill` (defaults: a setting may name another topic);
+  `<app>_backfill` (defaults: a setting may name another topic), and one per named output of its app,
+  `<sink topic>-<output>` (onceflow.config.Settings.outputs: '-' is neither '.' nor '_', so it folds onto no other
+  name of the app);
 - the job's transactional id and group `onceflow.<app>` (a restarted job fences its predecessor by reusing it);
 - `onceflow.<app>.ledger` (the job reading its ledger back), `onceflow.<app>.reconciliation` (the chain's
   position and its transactional id), `onceflow.<app>.backfill.<id>` (a backfill's transactional id and group);

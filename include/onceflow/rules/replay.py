@@ -96,26 +96,33 @@ def source_gone(p: Plan, log_starts: dict[int, int]) -> str | None:
 
 
 def differences(missing: list[dict[str, Any]], extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The record-level differences, named: a (batch, kind, key) the replay and the job both have but with other
-    values is `different_value`; otherwise the job lacks a record (`missing`), holds one the replay does not
-    (`unexpected`, or `duplicate` when the replay has it fewer times)."""
-    by_key = {(d["batch"], d["kind"], d["key"]): d for d in extra}
+    """The record-level differences, named: a (batch, kind, output, key) the replay and the job both have but with
+    other values is `different_value`; otherwise the job lacks a record (`missing`), holds one the replay does not
+    (`unexpected`, or `duplicate` when the replay has it fewer times). A result on another output's topic than the
+    replay's is `missing` on one and `unexpected` on the other."""
+
+    def record(d: dict[str, Any]) -> tuple[Any, ...]:
+        return (d["batch"], d["kind"], d.get("output"), d["key"])
+
+    def named(kind: str, d: dict[str, Any]) -> dict[str, Any]:
+        out = {"kind": kind, "batch": d["batch"], "record": d["kind"], "key": d["key"]}
+        return out | ({"output": d["output"]} if d.get("output") is not None else {})
+
+    by_key = {record(d): d for d in extra}
     out: list[dict[str, Any]] = []
     paired = set()
     for d in missing:
-        k = (d["batch"], d["kind"], d["key"])
+        k = record(d)
         other = by_key.get(k)
         if other is not None and other["replayed"] == 0 and d["committed"] == 0:
             paired.add(k)
-            out.append({"kind": "different_value", "batch": d["batch"], "record": d["kind"], "key": d["key"]})
+            out.append(named("different_value", d))
         else:
-            out.append({"kind": "missing", "batch": d["batch"], "record": d["kind"], "key": d["key"]} | _n(d))
+            out.append(named("missing", d) | _n(d))
     for d in extra:
-        k = (d["batch"], d["kind"], d["key"])
-        if k in paired:
+        if record(d) in paired:
             continue
-        kind = "duplicate" if d["replayed"] > 0 else "unexpected"
-        out.append({"kind": kind, "batch": d["batch"], "record": d["kind"], "key": d["key"]} | _n(d))
+        out.append(named("duplicate" if d["replayed"] > 0 else "unexpected", d) | _n(d))
     return out
 
 

@@ -2,7 +2,8 @@
 (onceflow.app), and the one shape every batch's output takes on its way into the transaction.
 
 Kafka source (read_committed) -> the app's transform -> its results and its rejects -> one DataFrame of
-OUTPUT_COLUMNS, each row tagged with `kind` (a result or a DLQ record with its provenance), so that one
+OUTPUT_COLUMNS, each row tagged with `kind` (a result, with the named output it goes to if any, or a DLQ record with
+its provenance), so that one
 foreachBatch call, and so one Kafka transaction, carries both.
 """
 
@@ -14,7 +15,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from onceflow import wire
-from onceflow.app import App, Context, Results
+from onceflow.app import MAIN_OUTPUT, App, Context, Results
 from onceflow.config import ConfigError, Settings
 from onceflow.spark.kafka_source import kafka_options
 
@@ -34,6 +35,7 @@ OUTPUT_COLUMNS = [
     "reason",
     "src_size",
     "src_sha256",
+    "output",
 ]
 
 
@@ -75,6 +77,19 @@ def output(
     """An app's output of `raw` (Spark's Kafka source columns) through its `transform` (App.transform) as
     OUTPUT_COLUMNS: its results, then its rejects as DLQ records with their provenance."""
     out = transform(raw, Context(settings, tuple(quarantine)))
+    # a named output's rows carry its name (App.outputs); the sink's rows none
+    routed, declared = "output" in out.rows.columns, len(settings.outputs) > 1
+    if routed != declared:
+        raise ConfigError(
+            f"app {settings.app}: "
+            + (
+                f"it declares outputs {[n for n in settings.outputs if n != MAIN_OUTPUT]} but its rows have no `output` column naming the "
+                f"one each goes to"
+                if declared
+                else "its rows have an `output` column but it declares no outputs (App.outputs)"
+            )
+        )
+    output_name = F.col("output").cast("string") if routed else F.lit(None).cast("string")
     results = out.rows.select(
         F.lit(wire.KIND_RESULT).alias("kind"),
         F.col("key").cast("string").alias("key"),
@@ -85,6 +100,7 @@ def output(
         F.lit(None).cast("string").alias("reason"),
         F.lit(None).cast("int").alias("src_size"),
         F.lit(None).cast("string").alias("src_sha256"),
+        output_name.alias("output"),
     )
     if out.rejects is None:
         return results
@@ -101,6 +117,7 @@ def output(
         F.col("reason").cast("string").alias("reason"),
         size.alias("src_size"),
         sha.alias("src_sha256"),
+        F.lit(None).cast("string").alias("output"),
     )
     return results.unionByName(dlq)
 

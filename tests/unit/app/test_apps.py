@@ -89,3 +89,9 @@ def test_the_cli_lists_the_declared_apps_and_names_a_broken_one(monkeypatch, cap
 def test_a_rules_version_that_is_not_a_positive_integer_is_refused(version):
     with pytest.raises(AppError, match="rules_version must be a positive integer"):
         App(name="v", transform=lambda raw, ctx: None, rules_version=version)
+
+
+@pytest.mark.parametrize("name", ["main", "Loud", "with.dot", "9lives", "", "x" * 33])
+def test_an_outputs_name_is_what_a_topic_name_can_end_with_and_not_the_sink_topics(name):
+    with pytest.raises(AppError, match="an output's name is lower case letters"):
+        App(name="fine", transform=lambda raw, ctx: None, outputs={name: "what it holds"})  # type: ignore[arg-type,return-value]

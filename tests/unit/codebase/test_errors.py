@@ -40,7 +40,7 @@ def test_the_sink_raises_the_writers_errors_as_they_are():
         return {n for n in found if getattr(module, n).__module__ == module.__name__}
 
     assert own(exactly_once) == set(), own(exactly_once)
-    assert own(batch_sink) == {"BatchNotCommitted", "UndeliverableRecord"}, own(batch_sink)
+    assert own(batch_sink) == {"BatchNotCommitted", "UndeliverableRecord", "UnknownOutput"}, own(batch_sink)
     assert all(issubclass(c, tw.TxnError) for c in (tw.Fenced, tw.CoordinatorTimedOut, tw.TxnConfigError))
 
 

@@ -196,3 +196,30 @@ def test_the_settings_come_in_sections_each_setting_in_exactly_one():
     assert s.section(config.Topics).sink_topic == s.sink_topic == "orders_sink"
     with pytest.raises(TypeError, match="not a section"):
         s.section(config.Settings)
+
+
+def test_an_apps_named_outputs_have_topics_of_their_own_named_from_its_sink_or_given():
+    s = config.load(env={}, app="ip_networks")
+    assert s.outputs == {"main": "ip_networks_sink", "unlisted": "ip_networks_sink-unlisted"}
+    assert s.sink_topics == ("ip_networks_sink", "ip_networks_sink-unlisted")
+    given = config.load(env={"ONCEFLOW_OUTPUT_TOPICS": "unlisted=other_networks"}, app="ip_networks")
+    assert given.outputs["unlisted"] == "other_networks"
+    assert config.load(env={}).outputs == {"main": "ip_count_sink"}  # an app without named outputs: its sink only
+    # the shape of its results includes where they go, so a savepoint of one routing is not restored into another
+    assert given.job_config_hash() != s.job_config_hash()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ONCEFLOW_OUTPUT_TOPICS": "rest=x"}, r"names outputs app ip_networks does not declare: \['rest'\]"),
+        ({"ONCEFLOW_OUTPUT_TOPICS": "unlisted"}, r"ONCEFLOW_OUTPUT_TOPICS is name=topic"),
+        ({"ONCEFLOW_OUTPUT_TOPICS": "unlisted=a,unlisted=b"}, r"each output once"),
+        # an output's topic is a topic like the others: never one another setting names (as Kafka compares names)
+        ({"ONCEFLOW_OUTPUT_TOPICS": "unlisted=ip_networks.dlq"}, r"ONCEFLOW_DLQ_TOPIC='ip_networks_dlq' and "),
+        ({"ONCEFLOW_SINK_KIND": "postgres"}, r"the postgres sink holds one output; set ONCEFLOW_SINK_KIND=kafka"),
+    ],
+)
+def test_named_outputs_that_cannot_be_written_are_refused_at_start(env, message):
+    with pytest.raises(ConfigError, match=message):
+        config.load(env=env, app="ip_networks")

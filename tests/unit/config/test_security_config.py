@@ -345,3 +345,13 @@ def test_the_embedded_stack_gives_airflow_each_database_role_as_a_connection_the
     job = orchestration.settings(role="job")
     assert (job.postgres_port, job.postgres_user, job.postgres_password) == (45678, "onceflow_ip_count_job", "j-pw")
     assert orchestration.settings().postgres_password == "r-pw"
+
+
+def test_an_apps_named_outputs_are_written_by_its_job_and_read_by_its_control_plane_and_reconciliation():
+    s = config.load(env={}, app="ip_networks")
+    unlisted = s.outputs["unlisted"]
+    assert ("TOPIC", unlisted, "WRITE") in {(a.resource, a.name, a.operation) for a in acls.required(s, "job")}
+    for role in ("control", "reconcile"):
+        assert ("TOPIC", unlisted, "READ") in {(a.resource, a.name, a.operation) for a in acls.required(s, role)}
+    backfill = {a.name for a in acls.required(s, "backfill") if a.resource == "TOPIC"}
+    assert unlisted not in backfill  # a backfill writes its own target topic, never the live outputs

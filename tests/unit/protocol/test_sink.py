@@ -304,3 +304,42 @@ def test_markers_on_their_way_are_waited_for_and_a_failed_transaction_is_checked
     assert again.write_batch(plan(0, 0, 10), ROWS).decision is Decision.WRITE
     assert time.monotonic() - t0 >= 0.35  # the replay began only once the marker had landed
     assert len([m for _, m in c.calls if m == "begin_transaction"]) == 2  # the first attempt and the replay
+
+
+NETWORKS = config.load(env={}, app="ip_networks")  # declares a named output, `unlisted`
+
+
+def test_an_apps_named_outputs_go_to_their_own_topics_in_the_batchs_one_transaction_counted_per_topic():
+    c = FakeCluster()
+    rows = [
+        OutRecord(wire.KIND_RESULT, "10.0.0.1", b"listed"),
+        OutRecord(wire.KIND_RESULT, "192.0.2.9", b"unlisted", output="unlisted"),
+        OutRecord(wire.KIND_RESULT, "::1", b"v6", output="unlisted"),
+    ]
+    out = sink(c, settings=NETWORKS).write_batch(BatchPlan(0, NETWORKS.source_topic, {0: 0}, {0: 3}), rows)
+    unlisted = NETWORKS.outputs["unlisted"]
+    assert unlisted == f"{NETWORKS.sink_topic}-unlisted"
+    assert (out.outputs, visible(c, NETWORKS.sink_topic)) == (3, [(b"10.0.0.1", b"listed")])
+    assert visible(c, unlisted) == [(b"192.0.2.9", b"unlisted"), (b"::1", b"v6")]
+    [ledger] = FakeSinkReads(c, NETWORKS)._entries()
+    assert ledger.outputs == 3 and ledger.outputs_by_topic == {NETWORKS.sink_topic: 1, unlisted: 2}
+    assert [m for _, m in c.calls if "transaction" in m].count("commit_transaction") == 1
+
+
+def test_a_one_output_apps_ledger_record_keeps_its_shape():
+    c = FakeCluster()
+    sink(c).write_batch(plan(0, 0, 10), ROWS)
+    [record] = c.topic(S.ledger_topic)
+    assert b"outputs_by_topic" not in record.value
+
+
+def test_a_result_naming_an_output_the_app_does_not_declare_fails_its_batch_and_nothing_shows():
+    from onceflow.protocol.batch_sink import UnknownOutput
+    from onceflow.runtime.driver_state import failure_exit_code
+
+    c = FakeCluster()
+    rows = [OutRecord(wire.KIND_RESULT, "10.0.0.1", b"a"), OutRecord(wire.KIND_RESULT, "x", b"b", output="nope")]
+    with pytest.raises(UnknownOutput, match="output 'nope'.*'main', 'unlisted'") as e:
+        sink(c, settings=NETWORKS).write_batch(BatchPlan(0, NETWORKS.source_topic, {0: 0}, {0: 2}), rows)
+    assert failure_exit_code(e.value) == wire.EXIT_CONFIG  # the app's bug: not restarted into it
+    assert visible(c, NETWORKS.sink_topic) == [] and visible(c, NETWORKS.ledger_topic) == []

@@ -105,6 +105,19 @@ def test_metadata_roundtrip():
 def test_ledger_entry_json_roundtrip():
     e = entry(4, [1, 2], [3, 4])
     assert LedgerEntry.from_json(e.to_json()) == e
+    per_topic = LedgerEntry.for_plan("app", plan(4, [1], [3]), 3, 0, 1.0, 0, "t", outputs_by_topic={"s": 1, "s-x": 2})
+    assert LedgerEntry.from_json(per_topic.to_json()) == per_topic
+
+
+@pytest.mark.parametrize("bad", [[1], {"s": -1}, {"s": "1"}, {"s": True}])
+def test_a_ledger_records_per_topic_counts_are_topic_to_count(bad):
+    import json
+
+    from onceflow.rules.ledger import MalformedRecord
+
+    d = json.loads(entry(4, [1], [3]).to_json()) | {"outputs_by_topic": bad}
+    with pytest.raises(MalformedRecord, match="outputs_by_topic"):
+        LedgerEntry.from_json(json.dumps(d))
 
 
 def test_plan_rejects_backwards_range():

@@ -85,3 +85,12 @@ def test_the_verdict_checks_watermarks_and_ledger_counts_of_the_compared_batches
     assert ok.status == Status.PASS and ok.figures["replay_from"] == 0
     bad = rp.check(p, {}, rp.ledger_differences(p, {3: (1, 0)}))
     assert bad.status == Status.FAIL and "1 ledger_count" in bad.summary and bad.differences[0]["batch"] == 4
+
+
+def test_a_result_on_another_outputs_topic_is_missing_on_one_and_unexpected_on_the_other():
+    missing = [{"batch": 3, "kind": "result", "output": "main", "key": "a", "replayed": 1, "committed": 0}]
+    extra = [{"batch": 3, "kind": "result", "output": "unlisted", "key": "a", "replayed": 0, "committed": 1}]
+    assert [(d["kind"], d["output"], d["key"]) for d in rp.differences(missing, extra)] == [
+        ("missing", "main", "a"),
+        ("unexpected", "unlisted", "a"),
+    ]

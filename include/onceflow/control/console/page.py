@@ -120,7 +120,7 @@ async function renderBatches(){
     <th>records</th><th>outputs</th><th>DLQ</th><th>late</th><th>txn ms</th><th>committed</th></tr>
     ${rows.map(r => `<tr><td>${esc(r.batch)}${r.spark_batch!==r.batch&&r.spark_batch!==null?` <span class="muted">(spark ${esc(r.spark_batch)})</span>`:''}</td>
     <td>${esc(r.epoch)}</td><td><code>${esc(Object.entries(r.ranges).map(([p,x])=>`${p}:[${x[0]},${x[1]})`).join(' '))}</code></td>
-    <td>${esc(r.records)}</td><td>${esc(r.outputs)}</td><td>${esc(r.dlq)}</td><td>${esc(r.late)}</td><td>${esc(r.txn_ms)}</td><td>${fmtMs(r.commit_ms)}</td></tr>`).join('')}
+    <td>${esc(r.records)}</td><td>${esc(r.outputs)}${r.outputs_by_topic ? ` <span class="muted">(${esc(Object.entries(r.outputs_by_topic).map(([t,n])=>`${t} ${n}`).join(', '))})</span>` : ''}</td><td>${esc(r.dlq)}</td><td>${esc(r.late)}</td><td>${esc(r.txn_ms)}</td><td>${fmtMs(r.commit_ms)}</td></tr>`).join('')}
     </table>` + (b.data && b.data.next_before !== null ? `<button id="older">older batches</button>` : '');
   const o = document.getElementById('older');
   if (o) o.onclick = () => { before = b.data.next_before; renderBatches(); };

@@ -192,7 +192,9 @@ def read_now(settings: Settings) -> dict[str, Any]:
     health = _health(settings)
     open_txns = [
         t.__dict__
-        for t in txnwatch.open_transactions(settings, [settings.sink_topic, settings.dlq_topic, settings.ledger_topic])
+        for t in txnwatch.open_transactions(
+            settings, [*settings.sink_topics, settings.dlq_topic, settings.ledger_topic]
+        )
     ]
     return views.now_view(settings, st, health, open_txns, clock.now_ms())
 
@@ -220,7 +222,7 @@ def read_charts(settings: Settings) -> dict[str, Any]:
 
 def read_transactions(settings: Settings) -> dict[str, Any]:
     topics = [
-        settings.sink_topic,
+        *settings.sink_topics,
         settings.dlq_topic,
         settings.ledger_topic,
         settings.backfill_topic,

@@ -122,6 +122,7 @@ def batch_rows(entries: Iterable[LedgerEntry], late_by_batch: dict[int, int]) ->
                 "ranges": {str(p): [s, end] for p, (s, end) in sorted(e.ranges.items())},
                 "records": sum(end - s for s, end in e.ranges.values()),
                 "outputs": e.outputs,
+                "outputs_by_topic": e.outputs_by_topic,  # an app with named outputs: its results per topic
                 "dlq": e.dlq,
                 "late": late_by_batch.get(e.batch),
                 "txn_ms": e.txn_ms,
