@@ -11,11 +11,13 @@ Phases, each run in turn for every contender on the same machine:
    read_committed and checked against the counts recounted from the backlog (onceflow_dev.bench_check): a
    contender whose output is wrong is marked WRONG in the table;
 2. latency: records produced live at BENCH_LIVE_RATE/s with event time = wall clock, from the contender's start; a
-   read_committed consumer stamps each result when it sees it; latency = seen - (window end + watermark delay).
+   read_committed consumer stamps each result when it sees it; latency = seen - (window end + watermark delay), and
+   for ip_networks (no window: one result per record, on either of its outputs) seen - the record's event time.
    First the catch-up: until the contender's lag (source records past the position it committed) stays within
    two trigger intervals of input for BENCH_STEADY_S s (at most BENCH_CATCHUP_MAX_S): its time from the first
    record is a figure of its own (`catch_up_s`). Then the steady state, measured: BENCH_LIVE_S s more of input,
-   over the windows that end in it (`windows`, and p50/p95/p99 of their results);
+   over the windows that end in it (`windows`, and p50/p95/p99 of their results; ip_networks: over the records
+   stamped in it);
 3. recovery (exactly-once job only): live input, then kill -9 of the job; the time to its next committed batch
    and until its lag is back to the level before the crash; BENCH_RECOVERY_RUNS times (default 3, each a fresh app:
    the median and the worst) restarted by its supervisor after the fixed delay (a new spark-submit), as many taken
@@ -376,10 +378,17 @@ def ceiling(s: config.Settings, end: dict[int, int], records_: int) -> dict:
     }
 
 
-class Stamper(threading.Thread):
-    """Reads a sink with read_committed and stamps each result with the moment it became visible."""
+def anchor(value: dict) -> str:
+    """What a result's latency is measured from: its window's end (ip_count's windows), else the event time of the
+    record it stands for (a stateless app's one result per record: ip_networks' `ts`)."""
+    return value["window_end"] if "window_end" in value else value["ts"]
 
-    seen: list[tuple[int, str]]  # (ms when it became visible, its window end)
+
+class Stamper(threading.Thread):
+    """Reads a sink (every output's topic) with read_committed and stamps each result with the moment it became
+    visible."""
+
+    seen: list[tuple[int, str]]  # (ms when it became visible, its anchor: a window's end or an event time)
 
     def __init__(self, s: config.Settings):
         super().__init__(daemon=True)
@@ -389,12 +398,12 @@ class Stamper(threading.Thread):
         c = kafka_clients.read_committed_consumer(
             self.s, group_id=f"bench.stamper.{self.s.app_id}", **{"fetch.wait.max.ms": 50}
         )
-        c.subscribe([self.s.sink_topic])
+        c.subscribe(list(self.s.sink_topics))
         while not self.stop_ev.is_set():
             for m in c.consume(num_messages=5000, timeout=0.2):
                 if m.error() is None:
                     v = json.loads(cast(bytes, m.value()))  # the sink's records always carry a value
-                    self.seen.append((clock.now_ms(), v["window_end"]))
+                    self.seen.append((clock.now_ms(), anchor(v)))
         c.close()
 
 
@@ -415,7 +424,7 @@ class TableStamper(Stamper):
                 rows = conn.execute(query, (last,)).fetchall()
                 now = clock.now_ms()
                 for batch, value in rows:
-                    self.seen.append((now, json.loads(value)["window_end"]))
+                    self.seen.append((now, anchor(json.loads(value))))
                     last = max(last, batch)
 
 
@@ -516,20 +525,23 @@ def steady_since(lags: list[tuple[int, int]], bound: int, hold_ms: int) -> int |
 
 
 def window_latencies(seen: list[tuple[int, str]], s: config.Settings, first_ms: int, end_ms: int) -> dict:
-    """Percentiles of each result's latency (visible - (window end + watermark delay)) over the windows ending in
-    [first_ms, end_ms - one window]: early enough that a later event closes them."""
-    delay = s.watermark_s * 1000
-    inside = [(seen_ms, we) for seen_ms, we in seen if first_ms <= _iso_ms(we) <= end_ms - s.window_s * 1000]
-    lat = sorted(seen_ms - (_iso_ms(we) + delay) for seen_ms, we in inside)
+    """Percentiles of each result's latency over the steady state [first_ms, end_ms]. An event-time app's result
+    (a window) is due at its window's end plus the watermark delay, counted for the windows ending in
+    [first_ms, end_ms - one window] (early enough that a later event closes them); a stateless app's result is due
+    at the event time of its record (the live feed stamps now), counted for the records stamped in the steady state."""
+    windowed = s.declared_app().event_time
+    delay, tail = (s.watermark_s * 1000, s.window_s * 1000) if windowed else (0, 0)
+    inside = [(seen_ms, a) for seen_ms, a in seen if first_ms <= _iso_ms(a) <= end_ms - tail]
+    lat = sorted(seen_ms - (_iso_ms(a) + delay) for seen_ms, a in inside)
     if not lat:
-        return {"results": 0, "windows": 0}
+        return {"results": 0, "windows": 0} if windowed else {"results": 0}
 
     def pct(q):
         return lat[min(len(lat) - 1, int(q * len(lat)))]
 
     return {
         "results": len(lat),
-        "windows": len({we for _, we in inside}),
+        **({"windows": len({a for _, a in inside})} if windowed else {}),
         "p50_ms": pct(0.50),
         "p95_ms": pct(0.95),
         "p99_ms": pct(0.99),
@@ -751,6 +763,34 @@ def flink_ratios(results: dict) -> dict:
     return out
 
 
+def latencies(base: config.Settings, rows: set[str], spec: BenchSpec) -> dict:
+    """Phase 2 for each streaming row of `rows`, each on a fresh app and source of its own."""
+    out: dict = {}
+    onceflow = {
+        "eos": (ExactlyOnce, {}),
+        "alo": (AtLeastOnce, {}),
+        # the stateless app: each result due at its record's event time
+        "eos_ip_networks": (ExactlyOnce, {"app": "ip_networks", **config.app_defaults({"app": "ip_networks"})}),
+        "eos_postgres": (ExactlyOnce, {}),
+    }
+    for key, (cls, given) in onceflow.items():
+        if key not in rows:
+            continue
+        s = _settings(base, f"bench_live_{key}", f"bench_live_{key}.source", spec, **given)
+        s = postgres.provision_sink(s) if key == "eos_postgres" else s
+        topics.ensure(s)
+        log.info("latency: %s", NAMES[key])
+        out[key] = latency(cls(s), s, spec)
+        log.info("  %s", out[key])
+    for key, ms in flink_configs(spec).items():
+        s = _settings(base, f"bench_live_{key}", f"bench_live_{key}.source", spec)
+        topics.ensure(s)
+        flink = Flink(s, ms)
+        log.info("latency: %s", flink.name)
+        out[key] = _reported(flink, lambda f=flink, s=s: latency(f, s, spec))
+    return out
+
+
 def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, results: dict) -> None:
     names = [key for key in ("eos", "alo", "ceiling") if spec.runs(key)]
     apps = {name: _settings(base, f"bench_{name}", "bench.source", spec) for name in names}
@@ -815,29 +855,7 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
             if "error" in results["throughput"][key]:
                 continue
             results["correctness"][key] = _checked(apps[key], exp)
-        results["latency"] = {}
-        for key, cls in (("eos", ExactlyOnce), ("alo", AtLeastOnce)):
-            if key not in apps:
-                continue
-            s = _settings(base, f"bench_live_{key}", f"bench_live_{key}.source", spec)
-            topics.ensure(s)
-            log.info("latency: %s", cls.name)
-            results["latency"][key] = latency(cls(s), s, spec)
-            log.info("  %s", results["latency"][key])
-        if "eos_postgres" in apps:
-            s = postgres.provision_sink(
-                _settings(base, "bench_live_eos_postgres", "bench_live_eos_postgres.source", spec)
-            )
-            topics.ensure(s)
-            log.info("latency: onceflow exactly-once into PostgreSQL")
-            results["latency"]["eos_postgres"] = latency(ExactlyOnce(s), s, spec)
-            log.info("  %s", results["latency"]["eos_postgres"])
-        for key, ms in flink_configs(spec).items():
-            s = _settings(base, f"bench_live_{key}", f"bench_live_{key}.source", spec)
-            topics.ensure(s)
-            flink = Flink(s, ms)
-            log.info("latency: %s", flink.name)
-            results["latency"][key] = _reported(flink, lambda f=flink, s=s: latency(f, s, spec))
+        results["latency"] = latencies(base, set(apps), spec)
         results["recovery"] = {}
         for key, standby in (("restart", False), ("standby", True)):
             runs = []
@@ -858,17 +876,20 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
             postgres.remove(base)
 
 
+NAMES = {
+    "eos": "onceflow exactly-once",
+    "eos_ip_networks": "onceflow exactly-once, ip_networks (stateless)",
+    "eos_postgres": "onceflow exactly-once into PostgreSQL",
+    "alo": "Spark Kafka sink (at-least-once)",
+    "ceiling": "confluent-kafka txn loop (no Spark)",
+}
+
+
 def table(r: dict) -> str:
     tp, lat = r["throughput"], r["latency"]
     ok = r.get("correctness", {})
     rows = [("", "records/s", "p50 ms", "p95 ms", "p99 ms", "windows", "catch-up s", "peak RSS MB", "CPU s", "output")]
-    names = {
-        "eos": "onceflow exactly-once",
-        "eos_ip_networks": "onceflow exactly-once, ip_networks (stateless)",
-        "eos_postgres": "onceflow exactly-once into PostgreSQL",
-        "alo": "Spark Kafka sink (at-least-once)",
-        "ceiling": "confluent-kafka txn loop (no Spark)",
-    }
+    names = dict(NAMES)
     flink_ms = r.get("settings", {}).get("flink_checkpoint_ms", {})
     names |= {k: f"Flink KafkaSink exactly-once (ckpt {ms} ms)" for k, ms in flink_ms.items()}
     for k in names:

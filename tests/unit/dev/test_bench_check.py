@@ -174,6 +174,23 @@ def test_window_latencies_count_the_windows_measured():
     assert got["windows"] == 6 and got["results"] == 18 and got["p50_ms"] == 1_200
 
 
+def test_a_stateless_apps_results_are_due_at_their_records_event_time_on_every_output():
+    """ip_networks: one result per record, due when the record was stamped (no window, no watermark to wait for)."""
+    from onceflow import config
+    from onceflow_dev.bench import anchor, window_latencies
+
+    s = config.load(env={}, app="ip_networks")
+    base = 1_795_000_000_000
+
+    def iso(ms: int) -> str:  # as ip_networks' `ts`
+        return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+    assert anchor({"ts": iso(base), "ip": "9.9.9.9"}) == iso(base)
+    seen = [(base + 1_000 * k + 700, iso(base + 1_000 * k)) for k in range(40)]
+    got = window_latencies(seen, s, first_ms=base + 10_000, end_ms=base + 29_000)
+    assert got["results"] == 20 and got["p50_ms"] == got["max_ms"] == 700 and "windows" not in got
+
+
 def test_the_benchs_settings_take_another_app_with_its_declared_settings():
     from onceflow import config
     from onceflow_dev import bench
