@@ -93,6 +93,11 @@ def test_savepoint_under_load_then_kill9_and_restore_latest_is_exact(app, tmp_pa
     res = reconcile.run(spark, s, with_gx=False)
     assert res.ok, json.dumps([c.__dict__ for c in res.failures()], default=str)
     assert res.check("I2_accounting").figures["spark_rows_dropped_by_watermark"]
+    # the proof for any app too: the app's plan replayed over the ledger's history, across the restore, finds every
+    # result of the batches before it, and after it, as committed (it was a warning, "not built yet", before)
+    replayed = res.check("replay")
+    assert replayed.status == "pass", replayed.summary
+    assert replayed.figures["committed_results"] == replayed.figures["results"] > 0
 
 
 def test_stop_with_savepoint_upgrade_continues_exact_and_damaged_savepoints_are_refused(app, tmp_path):

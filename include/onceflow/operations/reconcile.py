@@ -20,7 +20,7 @@ from onceflow.operations import audit, committed_reads, recon_chain, replay
 from onceflow.rules import clock, progress
 from onceflow.rules import reconciliation as rr
 from onceflow.rules.checkpoint import parse_initial_offsets
-from onceflow.rules.ledger import RestoreRecord, check_coverage
+from onceflow.rules.ledger import check_coverage
 from onceflow.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -114,12 +114,12 @@ def run(
     elif app.reference is not None:  # the app's own independent check (ip_count's recount), beside the replay
         reference = registry.load(app.reference)
         reference(spark, settings, res, selected, entries, quarantine, with_gx, chain)
-    # the proof for any app: its own plan replayed over the committed ranges, against the sink and the DLQ
-    restores = [r for r in snap.records if isinstance(r, RestoreRecord)]
+    # the proof for any app: its own plan replayed over the committed ranges, against the sink and the DLQ (across
+    # a savepoint restore too: the ledger's stream batches are one history, onceflow.rules.replay.plan)
     # The replay's state is kept between runs, the chain's apart from manual runs': each run replays only the
     # batches no run before it replayed (onceflow.operations.replay, `keep`).
     keep = recon_chain.home(settings) / ("replay-chain" if chain else "replay-manual")
-    res.checks.append(replay.check(spark, settings, app, entries, selected, quarantine, restores, keep=keep))
+    res.checks.append(replay.check(spark, settings, app, entries, selected, quarantine, keep=keep))
     progress.report(f"reconciliation of batches {selected[0].batch}..{selected[-1].batch}: the replay done")
     if table_sink:  # I4 on a table is the database's: no session sees another's uncommitted rows
         res.checks.append(

@@ -36,7 +36,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit, committed_reads, recon_chain
 from onceflow.rules import reconciliation as rr
 from onceflow.rules import replay as rp
-from onceflow.rules.ledger import LedgerEntry, QuarantineRange, RestoreRecord
+from onceflow.rules.ledger import LedgerEntry, QuarantineRange
 from onceflow.rules.reconciliation import Check
 from onceflow.spark import app_plan, kafka_source
 
@@ -78,7 +78,6 @@ def check(
     history: list[LedgerEntry],
     selected: list[LedgerEntry],
     quarantine: Sequence[QuarantineRange] = (),
-    restores: Sequence[RestoreRecord] = (),
     keep: Path | None = None,
 ) -> Check:
     """The replay proof of the stream batches `selected` (given the app's whole committed `history`).
@@ -95,7 +94,7 @@ def check(
         (work / "in").mkdir(parents=True, exist_ok=True)
         frame = app_plan.output(app.transform, _file_stream(spark, work / "in"), settings, quarantine)
         try:
-            p = rp.plan(history, selected, is_stateful(frame), restores)
+            p = rp.plan(history, selected, is_stateful(frame))
         except rp.Unprovable as e:
             return rp.unprovable(str(e))
         state = _resumable(work, p, history)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onceflow.rules.ledger import LedgerEntry, RestoreRecord
+from onceflow.rules.ledger import LedgerEntry
 from onceflow.rules.reconciliation import Check, Status
 from onceflow.wire import OnceflowError
 
@@ -47,18 +47,17 @@ def plan(
     history: Sequence[LedgerEntry],
     selected: Sequence[LedgerEntry],
     stateful: bool,
-    restores: Sequence[RestoreRecord] = (),
 ) -> Plan:
-    """The replay of `selected` (stream batches, in order) given the app's whole committed `history`."""
+    """The replay of `selected` (stream batches, in order) given the app's whole committed `history`.
+
+    A savepoint restored in the history changes nothing here: the ledger's stream batches stay one contiguous
+    history (a restore's catch-up writes no batch of its own), and the restored job's state after the catch-up is the
+    one the original run had after the sink's batch (docs/savepoints.md), so the batches after it are what the app's
+    plan computes over the same straight history. The replay runs that history; a restore that did change a result
+    shows as a difference in the batches after it."""
     if not selected:
         raise Unprovable("no committed batch to replay")
     first, last = selected[0].batch, selected[-1].batch
-    if restores:
-        r = restores[0]
-        raise Unprovable(
-            f"a savepoint was restored in this app's history (epoch {r.epoch}, savepoint {r.savepoint_id}): "
-            f"a replay across a restore is not built yet; the reference checks still apply"
-        )
     if stateful:
         if not history or history[0].batch != 0:
             begins = history[0].batch if history else None

@@ -4,7 +4,7 @@ which differences it names."""
 import pytest
 
 from onceflow.rules import replay as rp
-from onceflow.rules.ledger import LedgerEntry, RestoreRecord
+from onceflow.rules.ledger import LedgerEntry
 from onceflow.rules.reconciliation import Status
 
 
@@ -36,21 +36,27 @@ def test_source_records_deleted_by_retention_are_named():
 
 
 @pytest.mark.parametrize(
-    "history, restores, says",
+    "history, says",
     [
-        (HISTORY[1:], (), "begins at batch 1"),
-        ([e for e in HISTORY if e.batch != 2], (), "ledger batch 2 is missing"),
-        (
-            HISTORY,
-            (RestoreRecord("app", 1, "sp-1", 1, 3, False, (2, 3), {0: (20, 40)}, 2, 0, 5),),
-            "savepoint was restored",
-        ),
+        (HISTORY[1:], "begins at batch 1"),
+        ([e for e in HISTORY if e.batch != 2], "ledger batch 2 is missing"),
     ],
 )
-def test_what_a_replay_cannot_prove_is_a_warning_that_says_why(history, restores, says):
+def test_what_a_replay_cannot_prove_is_a_warning_that_says_why(history, says):
     with pytest.raises(rp.Unprovable, match=says):
-        rp.plan(history, HISTORY[3:], stateful=True, restores=restores)
+        rp.plan(history, HISTORY[3:], stateful=True)
     assert rp.unprovable("x").status == Status.WARN
+
+
+def test_a_replay_runs_across_a_savepoint_restore_as_the_ledgers_straight_history():
+    """A restore behind the sink at batch 4 (savepoint at 2, catch-up of 3..4): the ledger's stream batches go on
+    5, 6 in the new epoch; the replay runs 0..6 as one history and compares the batches asked for."""
+    after = [
+        LedgerEntry("app", n, "src", {0: (n * 10, n * 10 + 10)}, 9000, 0, 1, 0, 1.0, n, "t", epoch=1) for n in (5, 6)
+    ]
+    history = HISTORY + after
+    p = rp.plan(history, history[4:], stateful=True)
+    assert [e.batch for e in p.batches] == [0, 1, 2, 3, 4, 5, 6] and p.compared == (4, 6)
 
 
 def test_differences_are_named_per_batch_and_key():
