@@ -3,8 +3,7 @@
 
 Kafka source (read_committed) -> the app's transform -> its results and its rejects -> one DataFrame of
 OUTPUT_COLUMNS, each row tagged with `kind` (a result, with the named output it goes to if any, or a DLQ record with
-its provenance), so that one
-foreachBatch call, and so one Kafka transaction, carries both.
+its provenance), so that one foreachBatch call, and so one Kafka transaction, carries both.
 """
 
 from __future__ import annotations
@@ -78,17 +77,15 @@ def output(
     OUTPUT_COLUMNS: its results, then its rejects as DLQ records with their provenance."""
     out = transform(raw, Context(settings, tuple(quarantine)))
     # a named output's rows carry its name (App.outputs); the sink's rows none
-    routed, declared = "output" in out.rows.columns, len(settings.outputs) > 1
-    if routed != declared:
-        raise ConfigError(
-            f"app {settings.app}: "
-            + (
-                f"it declares outputs {[n for n in settings.outputs if n != MAIN_OUTPUT]} but its rows have no `output` column naming the "
-                f"one each goes to"
-                if declared
-                else "its rows have an `output` column but it declares no outputs (App.outputs)"
-            )
+    named = [n for n in settings.outputs if n != MAIN_OUTPUT]
+    routed = "output" in out.rows.columns
+    if routed != bool(named):
+        why = (
+            f"it declares outputs {named} but its rows have no `output` column naming the one each goes to"
+            if named
+            else "its rows have an `output` column but it declares no outputs (App.outputs)"
         )
+        raise ConfigError(f"app {settings.app}: {why}")
     output_name = F.col("output").cast("string") if routed else F.lit(None).cast("string")
     results = out.rows.select(
         F.lit(wire.KIND_RESULT).alias("kind"),

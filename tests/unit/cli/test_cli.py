@@ -78,3 +78,24 @@ def test_kafka_tools_run_from_the_stacks_jars_with_their_arguments_untouched(mon
     for main in (dev_cli.main, cli.main):
         assert main(["kafka", "transactions", *args]) == 3
     assert ran == [["/usr/bin/java", "-cp", "/jars/*", "org.apache.kafka.tools.TransactionsCommand", *args]] * 2
+
+
+def test_show_prints_a_named_outputs_topic_and_refuses_an_output_the_app_lacks(monkeypatch, tmp_path, capsys):
+    """`onceflow --app ip_networks show sink --output unlisted` reads that output's topic; an output the app does not
+    declare, or --output with another kind of record, is refused before anything is read."""
+    from onceflow import cli
+    from onceflow.kafka import reading
+
+    monkeypatch.setenv("ONCEFLOW_VAR_DIR", str(tmp_path))
+    read = []
+    monkeypatch.setattr(reading, "read_topic", lambda s, topic, **kw: read.append(topic) or [])
+    assert cli.main(["--app", "ip_networks", "show", "sink", "--output", "unlisted"]) == 0
+    assert read == ["ip_networks_sink-unlisted"]
+    for args, says in (
+        (["--app", "ip_networks", "show", "sink", "--output", "elsewhere"], "has no output 'elsewhere'"),
+        (["--app", "ip_networks", "show", "dlq", "--output", "unlisted"], "--output is for `onceflow show sink`"),
+    ):
+        capsys.readouterr()
+        assert cli.main(args) != 0
+        assert says in capsys.readouterr().err
+    assert read == ["ip_networks_sink-unlisted"]
