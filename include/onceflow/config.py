@@ -612,17 +612,16 @@ class Settings(
             f"app {app.name} declares named outputs ({sorted(app.outputs)}): the postgres sink holds one output; "
             f"set {ENV_PREFIX}SINK_KIND=kafka",
         )
-        topics = {f: getattr(self, f) for f in TOPIC_FIELDS} | {
-            f"output_topics[{n}]": v for n, v in self.outputs.items() if n != MAIN_OUTPUT
+        # each topic by the variable that names it (an output's: ONCEFLOW_OUTPUT_TOPICS[name])
+        topics = {ENV_PREFIX + f.upper(): getattr(self, f) for f in TOPIC_FIELDS} | {
+            f"{ENV_PREFIX}OUTPUT_TOPICS[{n}]": v for n, v in self.outputs.items() if n != MAIN_OUTPUT
         }
         kafka_name = {f: names.kafka_collision_key(v) for f, v in topics.items()}
         shared = sorted({k for k in kafka_name.values() if list(kafka_name.values()).count(k) > 1})
         need(
             not shared,
             "each topic setting names its own topic (Kafka takes '.' and '_' for one character); named twice: "
-            + ", ".join(
-                " and ".join(f"{_env_name(f)}={topics[f]!r}" for f in topics if kafka_name[f] == k) for k in shared
-            ),
+            + ", ".join(" and ".join(f"{f}={topics[f]!r}" for f in topics if kafka_name[f] == k) for k in shared),
         )
         need(
             _is_ip(self.listen_host),
@@ -671,12 +670,6 @@ TOPIC_FIELDS = (
     "reconciliation_topic",
     "backfill_topic",
 )
-
-
-def _env_name(field: str) -> str:
-    """The variable that sets a topic field; `output_topics[x]`: output x's topic, as ONCEFLOW_OUTPUT_TOPICS names it."""
-    base, _, output = field.partition("[")
-    return ENV_PREFIX + base.upper() + (f"[{output}" if output else "")
 
 
 def parse_output_topics(raw: str) -> dict[str, str]:
