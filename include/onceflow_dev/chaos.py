@@ -257,7 +257,8 @@ def run(spec: ChaosSpec, var_dir) -> dict:
 class OneNodeFaults:
     """The one-node run's faults (scenario.Fault each): kill -9 of the job (every other one onto a warm standby),
     the broker killed and started again, the driver paused, the database crash-restarted. Faults never overlap,
-    and none starts while a held transaction waits for its timeout."""
+    each lands on a live job (a commit since the previous one began), and none starts while a held transaction
+    waits for its timeout."""
 
     def __init__(self, s, base, job, observer, spec: ChaosSpec, stall_s: float):
         self.s, self.base, self.job, self.observer, self.spec, self.stall_s = s, base, job, observer, spec, stall_s
@@ -272,7 +273,9 @@ class OneNodeFaults:
             "pause_driver": self.pause_driver,
         }
         # a transaction held open must reach its timeout: no other fault until the coordinator aborted it
-        return scenario.Scenario(faults, t0, before=lambda st: _wait_stall_over(self.observer, self.stall_s)).run(steps)
+        return scenario.Scenario(
+            faults, t0, before=lambda st: _wait_stall_over(self.observer, self.stall_s), live=live_since(self.observer)
+        ).run(steps)
 
     def kill_job(self, st: chaos_plan.Step) -> scenario.Began:
         if not wait_commit_since(self.observer, self.last_kill_ms, 300):
@@ -380,6 +383,20 @@ def wait_commit_since(s, since_ms: int, timeout: float) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+LIVE_WAIT_S = 300.0  # how long a step waits for a commit since the previous fault before it is a miss
+
+
+def live_since(s) -> Callable[[int], None]:
+    """The fault engine's `live` wait (scenario.Scenario): a batch committed since the previous fault began, or the
+    step is a miss that says so."""
+
+    def wait(since_ms: int) -> None:
+        if not wait_commit_since(s, since_ms, LIVE_WAIT_S):
+            raise scenario.Missed(f"no batch committed within {LIVE_WAIT_S:.0f} s since the previous fault began")
+
+    return wait
 
 
 def liveness_lines(live: dict) -> str:

@@ -135,7 +135,8 @@ def settings_for(var_dir: Path, spec: ClusterChaosSpec) -> config.Settings:
 class Runner:
     """The cluster run's faults (scenario.Fault each), carried out with overlap: what a fault stopped is started
     again by a timer `duration` later, whatever the steps after it are waiting for (a deliberate double fault starts
-    while the outage's node is still down). A broker fault waits for every partition in sync first."""
+    while the outage's node is still down). Every fault but a deliberate overlap waits for a commit since the previous
+    one began; a broker fault waits for every partition in sync too."""
 
     def __init__(self, s: config.Settings, job: config.Settings, t0: float):
         self.s, self.job, self.t0 = s, job, t0
@@ -155,7 +156,9 @@ class Runner:
             "kill_leader": self.kill_node,
             "broker_down": self.kill_node,
         }
-        self.outcome = scenario.Scenario(faults, self.t0, overlap=True, before=self._in_sync).run(steps)
+        self.outcome = scenario.Scenario(
+            faults, self.t0, overlap=True, before=self._in_sync, live=chaos.live_since(self.job)
+        ).run(steps)
 
     def windows(self, kind: str = "", note: str = "") -> list[tuple[int, int]]:
         """(start, end) of the injected faults of `kind` (or with `note`): the outage's and the double fault's."""

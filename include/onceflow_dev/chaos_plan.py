@@ -4,6 +4,8 @@ A run is only a proof of liveness if its verdict does not depend on the seed. So
 - broker faults never overlap: each one's node must be back and caught up before the next (the runner also waits
   for every partition to be fully in sync); a topology of three nodes with min ISR 2 tolerates one node down, and
   a second one down is a deliberate step of its own, which says so (`Step.note`), never an accident of the seed;
+- every fault lands on a live platform: the engine waits for a commit since the previous fault began
+  (onceflow_dev.scenario), so no two faults a seed draws close together are judged as one;
 - every planned step is injected, or the run fails and names the step and why (`Outcome.missed`);
 - liveness is measured per fault: the time to the next committed batch and the time until the lag is back at its
   level before the fault, each against a stated bound (`Bounds`), with the median and the worst per kind.

@@ -80,3 +80,33 @@ def test_before_runs_ahead_of_each_step_and_may_refuse_it():
     out = scenario.Scenario({"kill_job": r.kill, "restart_broker": r.stop}, time.monotonic(), before=before).run(steps)
     assert r.log == [("before", "kill_job"), ("kill", "kill_job"), ("before", "restart_broker")]
     assert [f.kind for f in out.injected] == ["kill_job"] and "not fully in sync" in out.missed[0]["why"]
+
+
+def test_with_live_each_step_waits_for_a_commit_since_the_previous_fault_began_and_a_deliberate_overlap_does_not():
+    r = Recorder()
+    waited: list[tuple[int, str]] = []
+    began: list[int] = []
+
+    def kill(st: Step) -> scenario.Began:
+        began.append(clock.now_ms())
+        return r.kill(st)
+
+    def live(since_ms: int) -> None:
+        waited.append((since_ms, r.log[-1][1]))
+        if len(waited) == 2:
+            raise scenario.Missed("no batch committed within 300 s since the previous fault began")
+
+    steps = [
+        Step(0.0, "kill_leader"),
+        Step(0.0, "kill_worker"),  # drawn in the same second as the first: waits for a commit after it
+        Step(0.01, "kill_job"),  # no commit came: a miss, and the wait after it still runs from the first fault
+        Step(0.02, "kill_coordinator", note="deliberate double fault"),  # its point is to land inside: no wait
+        Step(0.03, "broker_down"),
+    ]
+    faults = {k: kill for k in ("kill_leader", "kill_worker", "kill_job", "kill_coordinator", "broker_down")}
+    out = scenario.Scenario(faults, time.monotonic(), live=live).run(steps)
+    assert [f.kind for f in out.injected] == ["kill_leader", "kill_worker", "kill_coordinator", "broker_down"]
+    assert [m["kind"] for m in out.missed] == ["kill_job"] and "no batch committed" in out.missed[0]["why"]
+    # the first step waits for nothing; each later one (but the deliberate overlap) for a commit since the fault
+    # before it began
+    assert waited == [(began[0], "kill_leader"), (began[1], "kill_worker"), (began[2], "kill_coordinator")]
