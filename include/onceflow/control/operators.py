@@ -6,15 +6,22 @@ result as its own XCom, so a downstream task reads it like any other task's retu
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from onceflow.control import triggers
 from onceflow.control.deploy import DeployError
 from onceflow.control.triggers import BatchJobTrigger, Fired, FirstCommitTrigger
 from onceflow.runtime import batch_jobs
+
+
+def _settle_until() -> float:
+    """The earliest a trigger deferred now may fire (onceflow.control.triggers: Airflow's stale-event race)."""
+    return time.time() + triggers.SETTLE_S
 
 
 class WaitForBatchJob(BaseOperator):
@@ -30,7 +37,8 @@ class WaitForBatchJob(BaseOperator):
         self.handle, self.poll_s = handle, poll_s
 
     def execute(self, context) -> None:
-        self.defer(trigger=BatchJobTrigger(dict(self.handle), poll_s=self.poll_s), method_name="execute_complete")
+        trigger = BatchJobTrigger(dict(self.handle), poll_s=self.poll_s, not_before=_settle_until())
+        self.defer(trigger=trigger, method_name="execute_complete")
 
     def execute_complete(self, context, event: dict) -> dict:
         h = batch_jobs.Handle.from_dict(event["handle"])
@@ -57,7 +65,7 @@ class WaitForFirstCommit(BaseOperator):
             self.log.info("nothing was launched: nothing to wait for")
             return info
         self.defer(
-            trigger=FirstCommitTrigger(info),
+            trigger=FirstCommitTrigger(info, not_before=_settle_until()),
             method_name="execute_complete",
             timeout=timedelta(seconds=info["wait"]["deadline"] - info["wait"]["after_ms"] / 1000 + 60),
         )

@@ -6,7 +6,14 @@
   failing at once if its supervisor gave up.
 
 Each fires one event, `{"status": Fired, ...}` (its value: events are serialised); the operator (onceflow.control.operators)
-resumes on it. The checks are plain file reads, run in a thread so the triggerer's event loop never blocks."""
+resumes on it. The checks are plain file reads, run in a thread so the triggerer's event loop never blocks.
+
+No event fires before `not_before` (the deferral plus SETTLE_S). Airflow 3.3 fails a deferred task whose trigger fires
+before the scheduler has taken in the executor's event for the worker that deferred: the resumed attempt is running
+by then, and the stale "success" of the deferring worker reads as a state changed from outside (apache/airflow#72716,
+open). In the running-Airflow test a scheduled recount with nothing new ended 2 s after its task deferred, the
+deferring worker's exit was taken in 6 s after the deferral, and the run failed. Every wait here is for a job of
+minutes, so holding a quick answer for SETTLE_S costs little."""
 
 from __future__ import annotations
 
@@ -21,6 +28,11 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from onceflow.runtime import batch_jobs
 
 POLL_S = 5.0
+SETTLE_S = 20.0  # no event before this long after the deferral (see above)
+
+
+async def _settled(not_before: float) -> None:
+    await asyncio.sleep(max(0.0, not_before - time.time()))
 
 
 class Fired(StrEnum):
@@ -32,12 +44,13 @@ class Fired(StrEnum):
 
 
 class BatchJobTrigger(BaseTrigger):
-    def __init__(self, handle: dict, offset: int = 0, poll_s: float = POLL_S):
+    def __init__(self, handle: dict, offset: int = 0, poll_s: float = POLL_S, not_before: float = 0.0):
         super().__init__()
-        self.handle, self.offset, self.poll_s = handle, offset, poll_s
+        self.handle, self.offset, self.poll_s, self.not_before = handle, offset, poll_s, not_before
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{__name__}.BatchJobTrigger", {"handle": self.handle, "offset": self.offset, "poll_s": self.poll_s})
+        kwargs = {"handle": self.handle, "offset": self.offset, "poll_s": self.poll_s, "not_before": self.not_before}
+        return (f"{__name__}.BatchJobTrigger", kwargs)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         h = batch_jobs.Handle.from_dict(self.handle)
@@ -48,24 +61,27 @@ class BatchJobTrigger(BaseTrigger):
             for line in p.lines:
                 self.log.info("%s", line)
             if p.finished:
+                await _settled(self.not_before)
                 yield TriggerEvent(
                     {"status": (Fired.DONE if p.rc == 0 else Fired.FAILED).value, "rc": p.rc, "handle": self.handle}
                 )
                 return
             if time.time() > h.deadline:
                 await asyncio.to_thread(batch_jobs.stop, h)
+                await _settled(self.not_before)
                 yield TriggerEvent({"status": Fired.TIMEOUT.value, "rc": None, "handle": self.handle})
                 return
             await asyncio.sleep(self.poll_s)
 
 
 class FirstCommitTrigger(BaseTrigger):
-    def __init__(self, launched: dict, poll_s: float = 1.0):
+    def __init__(self, launched: dict, poll_s: float = 1.0, not_before: float = 0.0):
         super().__init__()
-        self.launched, self.poll_s = launched, poll_s
+        self.launched, self.poll_s, self.not_before = launched, poll_s, not_before
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{__name__}.FirstCommitTrigger", {"launched": self.launched, "poll_s": self.poll_s})
+        kwargs = {"launched": self.launched, "poll_s": self.poll_s, "not_before": self.not_before}
+        return (f"{__name__}.FirstCommitTrigger", kwargs)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from onceflow.runtime import jobctl
@@ -76,12 +92,15 @@ class FirstCommitTrigger(BaseTrigger):
             try:
                 st = await asyncio.to_thread(w.check)
             except jobctl.JobControlError as e:
+                await _settled(self.not_before)
                 yield TriggerEvent({"status": Fired.FAILED.value, "error": str(e)})
                 return
             if st is not None:
+                await _settled(self.not_before)
                 yield TriggerEvent({"status": Fired.DONE.value, "status_file": st})
                 return
             if time.time() > w.deadline:
+                await _settled(self.not_before)
                 yield TriggerEvent(
                     {"status": Fired.TIMEOUT.value, "error": f"no committed batch of {w.app_id} by the deadline"}
                 )

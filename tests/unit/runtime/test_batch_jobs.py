@@ -112,18 +112,23 @@ def test_the_trigger_relays_progress_to_the_log_and_fires_once_when_the_job_ends
     assert said == ["step 1 of 3", "step 2 of 3", "step 3 of 3"]
 
 
-def test_the_operator_defers_then_returns_the_result_or_fails_with_the_reason(s, tmp_path):
+def test_the_operator_defers_then_returns_the_result_or_fails_with_the_reason(s, tmp_path, monkeypatch):
     from airflow.sdk.exceptions import TaskDeferred
 
+    from onceflow.control import triggers
     from onceflow.control.operators import WaitForBatchJob
     from onceflow.control.triggers import BatchJobTrigger
 
+    monkeypatch.setattr(triggers, "SETTLE_S", 1.5)
     h = batch_jobs.start(s, "test", argv(tmp_path), tmp_path / "out.json", tmp_path / "j.log", 60)
     op = WaitForBatchJob(task_id="wait", handle=h.as_dict())
+    deferred_at = time.time()
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({})
     assert isinstance(deferred.value.trigger, BatchJobTrigger)
     [event] = _events(deferred.value.trigger)
+    # a job that ends at once is still answered no sooner than SETTLE_S after the deferral (Airflow's stale-event race)
+    assert time.time() - deferred_at >= 1.5
     assert op.execute_complete({}, event.payload)["steps"] == 3
 
     h = batch_jobs.start(s, "test", argv(tmp_path, code=4), tmp_path / "out.json", tmp_path / "j2.log", 60)
@@ -166,3 +171,24 @@ def test_the_first_commit_wait_fires_on_a_commit_after_the_launch_or_on_a_superv
     [event] = _events(FirstCommitTrigger({"launched": True, "wait": wait.as_dict()}, poll_s=0.05))
     assert event.payload["status"] == "failed" and "not running" in event.payload["error"]
     assert WaitForFirstCommit(task_id="w2", launched={"launched": False}).execute({}) == {"launched": False}
+
+
+def test_no_trigger_fires_before_its_not_before_even_when_its_answer_is_there_at_once(s, tmp_path):
+    """Airflow 3.3 fails a deferred task whose trigger fires before the scheduler took in the deferring worker's exit
+    (apache/airflow#72716): a job already done, a commit already there or a supervisor already gone waits until
+    `not_before`; the event is the same."""
+    from onceflow.control.triggers import BatchJobTrigger, FirstCommitTrigger
+    from onceflow.runtime import jobctl
+
+    h = batch_jobs.start(s, "test", argv(tmp_path), tmp_path / "out.json", tmp_path / "j.log", 60)
+    procs.wait_until(lambda: batch_jobs.poll(h, 0).finished, 30, what="the job's end")
+    start = time.time()
+    [event] = _events(BatchJobTrigger(h.as_dict(), poll_s=0.05, not_before=start + 1.0))
+    assert event.payload["status"] == "done" and time.time() - start >= 1.0
+    path, kwargs = BatchJobTrigger(h.as_dict(), not_before=start + 1.0).serialize()
+    assert kwargs["not_before"] == start + 1.0  # it survives the triggerer's storage
+
+    wait = jobctl.CommitWait.of(s, int(start * 1000), 30, or_idle=True)  # no supervisor: fails at once, not sooner
+    start = time.time()
+    [event] = _events(FirstCommitTrigger({"launched": True, "wait": wait.as_dict()}, not_before=start + 1.0))
+    assert event.payload["status"] == "failed" and time.time() - start >= 1.0
