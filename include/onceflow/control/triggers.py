@@ -31,10 +31,6 @@ POLL_S = 5.0
 SETTLE_S = 20.0  # no event before this long after the deferral (see above)
 
 
-async def _settled(not_before: float) -> None:
-    await asyncio.sleep(max(0.0, not_before - time.time()))
-
-
 class Fired(StrEnum):
     """The `status` of a trigger's one event."""
 
@@ -43,7 +39,21 @@ class Fired(StrEnum):
     TIMEOUT = "timeout"
 
 
-class BatchJobTrigger(BaseTrigger):
+class _OneEvent(BaseTrigger):
+    """A trigger that fires one event, its `_watch()`'s answer, and not before `not_before` (see above)."""
+
+    not_before: float = 0.0
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        event = await self._watch()
+        await asyncio.sleep(max(0.0, self.not_before - time.time()))
+        yield TriggerEvent(event)
+
+    async def _watch(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class BatchJobTrigger(_OneEvent):
     def __init__(self, handle: dict, offset: int = 0, poll_s: float = POLL_S, not_before: float = 0.0):
         super().__init__()
         self.handle, self.offset, self.poll_s, self.not_before = handle, offset, poll_s, not_before
@@ -52,7 +62,7 @@ class BatchJobTrigger(BaseTrigger):
         kwargs = {"handle": self.handle, "offset": self.offset, "poll_s": self.poll_s, "not_before": self.not_before}
         return (f"{__name__}.BatchJobTrigger", kwargs)
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def _watch(self) -> dict[str, Any]:
         h = batch_jobs.Handle.from_dict(self.handle)
         self.log.info("waiting for the %s job in the triggerer (log %s)", h.what, h.log_file)
         while True:
@@ -61,20 +71,14 @@ class BatchJobTrigger(BaseTrigger):
             for line in p.lines:
                 self.log.info("%s", line)
             if p.finished:
-                await _settled(self.not_before)
-                yield TriggerEvent(
-                    {"status": (Fired.DONE if p.rc == 0 else Fired.FAILED).value, "rc": p.rc, "handle": self.handle}
-                )
-                return
+                return {"status": (Fired.DONE if p.rc == 0 else Fired.FAILED).value, "rc": p.rc, "handle": self.handle}
             if time.time() > h.deadline:
                 await asyncio.to_thread(batch_jobs.stop, h)
-                await _settled(self.not_before)
-                yield TriggerEvent({"status": Fired.TIMEOUT.value, "rc": None, "handle": self.handle})
-                return
+                return {"status": Fired.TIMEOUT.value, "rc": None, "handle": self.handle}
             await asyncio.sleep(self.poll_s)
 
 
-class FirstCommitTrigger(BaseTrigger):
+class FirstCommitTrigger(_OneEvent):
     def __init__(self, launched: dict, poll_s: float = 1.0, not_before: float = 0.0):
         super().__init__()
         self.launched, self.poll_s, self.not_before = launched, poll_s, not_before
@@ -83,7 +87,7 @@ class FirstCommitTrigger(BaseTrigger):
         kwargs = {"launched": self.launched, "poll_s": self.poll_s, "not_before": self.not_before}
         return (f"{__name__}.FirstCommitTrigger", kwargs)
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def _watch(self) -> dict[str, Any]:
         from onceflow.runtime import jobctl
 
         w = jobctl.CommitWait.from_dict(self.launched["wait"])
@@ -92,17 +96,9 @@ class FirstCommitTrigger(BaseTrigger):
             try:
                 st = await asyncio.to_thread(w.check)
             except jobctl.JobControlError as e:
-                await _settled(self.not_before)
-                yield TriggerEvent({"status": Fired.FAILED.value, "error": str(e)})
-                return
+                return {"status": Fired.FAILED.value, "error": str(e)}
             if st is not None:
-                await _settled(self.not_before)
-                yield TriggerEvent({"status": Fired.DONE.value, "status_file": st})
-                return
+                return {"status": Fired.DONE.value, "status_file": st}
             if time.time() > w.deadline:
-                await _settled(self.not_before)
-                yield TriggerEvent(
-                    {"status": Fired.TIMEOUT.value, "error": f"no committed batch of {w.app_id} by the deadline"}
-                )
-                return
+                return {"status": Fired.TIMEOUT.value, "error": f"no committed batch of {w.app_id} by the deadline"}
             await asyncio.sleep(self.poll_s)
