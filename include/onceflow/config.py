@@ -6,7 +6,8 @@ carry their own rules (a Range, a Literal's choices, a Secret); `Settings` is al
 
 The CLI, the streaming job, the supervisor, the batch jobs and the DAGs all call `load()`. Every field can be
 overridden by an environment variable `ONCEFLOW_<FIELD>` (upper case), e.g. `ONCEFLOW_BOOTSTRAP_SERVERS`; the
-declared app's own settings (`APP_SETTINGS`) are the defaults under the environment's. Values are validated on
+declared app's own settings (`APP_SETTINGS`) are the defaults under the environment's, and one instance of several
+takes its own from `ONCEFLOW__<INSTANCE>__<FIELD>` (instance_values). Values are validated on
 load, so a misconfiguration fails before anything starts, with the setting to change. The reference of every
 setting is generated from this module (docs/configuration.md, `make docs`).
 """
@@ -17,7 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin, get_type_hints
@@ -782,13 +783,18 @@ def field_rules() -> dict[str, FieldRule]:
 
 
 def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-    """Defaults, then `ONCEFLOW_*` environment variables, then explicit overrides; validated."""
+    """Defaults, then `ONCEFLOW_*` environment variables, then the instance's own `ONCEFLOW__<INSTANCE>__*` ones
+    (instance_values), then explicit overrides; validated."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     for f in fields(Settings):
         key = ENV_PREFIX + f.name.upper()
         if key in env:
             values[f.name] = field_rules()[f.name].coerce(env[key])
+    app_id = str(
+        overrides.get("app_id") or values.get("app_id") or overrides.get("app") or values.get("app") or Settings.app
+    )
+    values.update(instance_values(env, app_id))
     values.update(overrides)
     unknown = set(values) - {f.name for f in fields(Settings)}
     if unknown:
@@ -836,10 +842,18 @@ def declaration(app: str, app_registry: str = "") -> App:
         raise ConfigError(f"{ENV_PREFIX}APP={app}: {e}") from e
 
 
-def instances(s: Settings) -> dict[str, str]:
-    """The app instances of Settings.apps, app id -> app, in the order given."""
+def instances(s: Settings, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The app instances of Settings.apps, app id -> app, in the order given. With `env`, its per-instance
+    variables are checked against them (check_instance_env)."""
     if not s.apps.strip():
         return {s.app_id: s.app}
+    out = _listed_instances(s)
+    if env is not None:
+        check_instance_env(env, list(out))
+    return out
+
+
+def _listed_instances(s: Settings) -> dict[str, str]:
     if s.apps.strip() == "*":
         return {name: name for name in registry.declared(s.app_registry)}
     out: dict[str, str] = {}
@@ -857,6 +871,63 @@ def instances(s: Settings) -> dict[str, str]:
 # What the environment sets for its own app instance only: another instance of the same control plane takes its
 # names from its id and its shape from its declaration, not from the other instance's environment.
 INSTANCE_ONLY = frozenset({"app", "app_id", "checkpoint_uri", "fault", "apps"})
+
+
+# Settings one instance of a control plane that runs several (Settings.apps) may take for itself, from
+# `ONCEFLOW__<INSTANCE>__<SETTING>`: its shape, pace, places, schedules, thresholds and alert routing. Not where the
+# stack is (its Kafka cluster and embedded servers, var_dir, the shared topics), not which app it is, and no secret:
+# an instance's credentials come from its own connections (docs/security.md).
+INSTANCE_PREFIX = ENV_PREFIX + "_"
+NOT_PER_INSTANCE = frozenset({"app", "app_id", "apps", "app_registry", "kafka_conn_id", "postgres_password"})
+
+
+def per_instance_settings() -> frozenset[str]:
+    sections = (Job, Spark, ResultSink, Savepoints, Supervision, ControlPlane)
+    return frozenset({f.name for c in sections for f in fields(c)} | APP_SETTINGS) - NOT_PER_INSTANCE
+
+
+def instance_token(app_id: str) -> str:
+    """How an instance id is written in its settings' variable names: upper case, '-' as '_'."""
+    return app_id.upper().replace("-", "_")
+
+
+def instance_values(env: Mapping[str, str], app_id: str) -> dict[str, Any]:
+    """The settings `ONCEFLOW__<INSTANCE>__<SETTING>` variables give instance `app_id` (e.g.
+    ONCEFLOW__NETS__TRIGGER_INTERVAL_S=10), coerced; a variable of this instance that names no setting an instance
+    may take for itself is refused. A longer instance id that begins the same way (nets__eu) is another's."""
+    head = f"{INSTANCE_PREFIX}{instance_token(app_id)}__"
+    allowed = per_instance_settings()
+    out: dict[str, Any] = {}
+    for key, raw in env.items():
+        name = key[len(head) :].lower() if key.startswith(head) else ""
+        if not name or "__" in name:
+            continue
+        if name not in allowed:
+            hint = "not a setting" if name not in field_rules() else "a setting of the whole stack or of its identity"
+            raise ConfigError(
+                f"{key}: {name!r} is {hint}, not one an instance takes for itself; per instance: {sorted(allowed)}"
+            )
+        out[name] = field_rules()[name].coerce(raw)
+    return out
+
+
+def check_instance_env(env: Mapping[str, str], ids: Sequence[str]) -> None:
+    """Refuse per-instance variables that name no instance of ONCEFLOW_APPS (a typo would otherwise leave an
+    instance on the defaults), and instances whose ids write alike in variable names (a-b and a_b)."""
+    tokens: dict[str, str] = {}
+    for app_id in ids:
+        other = tokens.setdefault(instance_token(app_id), app_id)
+        if other != app_id:
+            raise ConfigError(
+                f"{ENV_PREFIX}APPS: instances {other!r} and {app_id!r} are both {INSTANCE_PREFIX}{instance_token(app_id)}__* "
+                "in per-instance variables: rename one"
+            )
+    for key in env:
+        if key.startswith(INSTANCE_PREFIX) and not any(key.startswith(f"{INSTANCE_PREFIX}{t}__") for t in tokens):
+            raise ConfigError(
+                f"{key} names no instance of {ENV_PREFIX}APPS ({', '.join(ids)}): per-instance variables are "
+                f"{INSTANCE_PREFIX}<INSTANCE>__<SETTING>, the instance's id in upper case with '-' as '_'"
+            )
 
 
 def load_instance(app_id: str, app: str, env: Mapping[str, str] | None = None) -> Settings:

@@ -4,6 +4,7 @@ standalone cluster and the PostgreSQL sink's server; another takes it down."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from onceflow import config
@@ -41,10 +42,10 @@ def up(settings: Settings, spark_workers: int = 0, with_postgres: bool = False) 
 
 def instances(settings: Settings) -> list[Settings]:
     """The settings of every app instance of the control plane (config.instances), in ONCEFLOW_APPS' order."""
-    env = settings.as_env()
+    env = {**os.environ, **settings.as_env()}  # the shell's per-instance variables (ONCEFLOW__<INSTANCE>__*) too
     return [
         settings if app_id == settings.app_id else config.load_instance(app_id, app, env=env)
-        for app_id, app in config.instances(settings).items()
+        for app_id, app in config.instances(settings, env=env).items()
     ]
 
 

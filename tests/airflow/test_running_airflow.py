@@ -23,6 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,13 @@ pytestmark = pytest.mark.integration
 
 APP = "airflow_e2e"
 NETS = "airflow_nets"  # the second instance, of ip_networks: its DAGs generated beside the first's (ONCEFLOW_APPS)
+# The second instance's own pace and reconciliation schedule, as an operator sets one instance's
+# (ONCEFLOW__<INSTANCE>__<SETTING>): a quarter of the first's input needs batches and proofs less often.
+NETS_TRIGGER_S, NETS_RECONCILE_MINUTES = 10.0, 1.5
+NETS_ENV = {
+    f"ONCEFLOW__{config.instance_token(NETS)}__TRIGGER_INTERVAL_S": str(NETS_TRIGGER_S),
+    f"ONCEFLOW__{config.instance_token(NETS)}__RECONCILE_INTERVAL_MINUTES": str(NETS_RECONCILE_MINUTES),
+}
 # Shortened through the same settings an operator would set (ONCEFLOW_*_INTERVAL_*), not through test code paths.
 SCHEDULES = dict(
     health_interval_s=30.0, txn_watch_interval_s=30.0, rotation_interval_minutes=1.0, reconcile_interval_minutes=0.75
@@ -93,6 +101,7 @@ def platform(kafka, tmp_path_factory):
         stack.provision(nets)
     webhook = Receiver()
     extra = {
+        **NETS_ENV,
         "AIRFLOW_CONN_ONCEFLOW_WEBHOOK": json.dumps(webhook.connection()),
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(procs.free_port()),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(procs.free_port()),
@@ -149,7 +158,7 @@ NETS_DEPLOY: list[dict] = []  # the second app's deploy run, triggered by the fi
 
 def second_instance(s):
     """The second instance's settings, as the control plane's DAG files read them from the same environment."""
-    return config.load_instance(NETS, "ip_networks", env=s.as_env())
+    return config.load_instance(NETS, "ip_networks", env={**s.as_env(), **NETS_ENV})
 
 
 def scheduled(api, dag_id: str, state: str | None = None) -> list[dict]:
@@ -266,6 +275,12 @@ def test_a_second_app_has_its_own_dags_and_is_proven_by_them(platform):
     ]
     assert [log for log in logs if "the replay done" in log], logs[0][-3000:]
     assert not [log for log in logs if "step 3 of 3" in log]
+    # its own pace and schedule (NETS_ENV), not the first app's: its DAG's interval, and its job's batches paced
+    assert api.dag(f"{NETS}_reconciliation")["timetable_summary"] == str(timedelta(minutes=NETS_RECONCILE_MINUTES))
+    assert api.dag(f"{APP}_reconciliation")["timetable_summary"] == str(timedelta(minutes=s.reconcile_interval_minutes))
+    paced = [e.batch_ts_ms for e in audit.ledger_entries(nets)]
+    gaps = sorted(b - a for a, b in zip(paced, paced[1:]))
+    assert gaps and gaps[len(gaps) // 2] >= 0.9 * NETS_TRIGGER_S * 1000 > s.trigger_interval_s * 1000, gaps
     # its health is its own: its record names it, with its own source's partitions
     [*_, h] = procs.wait_until(lambda: health_records(nets), 120, what=f"{NETS}'s health record")
     assert h["running"] and set(h["partitions"]) == {str(p) for p in range(nets.source_partitions)}, h

@@ -4,6 +4,7 @@ the alert sink with the configured notifiers. DAG files stay thin; every decisio
 from __future__ import annotations
 
 import logging
+import os
 
 from onceflow import config
 from onceflow.control import alerts
@@ -15,7 +16,7 @@ log = logging.getLogger(__name__)
 
 def instances() -> dict[str, str]:
     """The app instances this control plane runs DAGs for, app id -> app (ONCEFLOW_APPS; config.instances)."""
-    return config.instances(config.load())
+    return config.instances(config.load(), env=os.environ)
 
 
 def instance_settings(app_id: str | None = None) -> config.Settings:

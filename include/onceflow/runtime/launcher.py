@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from onceflow import resources
-from onceflow.config import ENV_PREFIX, ConfigError, Settings
+from onceflow.config import ENV_PREFIX, INSTANCE_PREFIX, ConfigError, Settings
 from onceflow.runtime import jvm
 
 # what spark-submit runs: files of the package (onceflow.entrypoints), found without a checkout
@@ -237,7 +237,10 @@ def child_env(settings: Settings, parent: Mapping[str, str] | None = None) -> di
     kept = {
         k: v
         for k, v in parent.items()
-        if k in CHILD_ENV_NAMES or k.startswith(CHILD_ENV_PREFIXES) and not _another_roles_secret(k)
+        if (k in CHILD_ENV_NAMES or k.startswith(CHILD_ENV_PREFIXES))
+        and not _another_roles_secret(k)
+        # ONCEFLOW__<INSTANCE>__*: resolved into the settings below, one instance's, as the parent has them
+        and not k.startswith(INSTANCE_PREFIX)
     }
     return {**kept, **settings.as_env()}
 

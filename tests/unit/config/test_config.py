@@ -223,3 +223,62 @@ def test_an_apps_named_outputs_have_topics_of_their_own_named_from_its_sink_or_g
 def test_named_outputs_that_cannot_be_written_are_refused_at_start(env, message):
     with pytest.raises(ConfigError, match=message):
         config.load(env=env, app="ip_networks")
+
+
+def test_an_instance_takes_its_own_settings_over_the_environments():
+    """ONCEFLOW__<INSTANCE>__<SETTING>: over the plain variable for that instance only, under explicit values; the
+    environment's own instance and any other alike."""
+    env = {
+        "ONCEFLOW_APP_ID": "a",
+        "ONCEFLOW_TRIGGER_INTERVAL_S": "2",
+        "ONCEFLOW_HEALTH_INTERVAL_S": "30",
+        "ONCEFLOW__A__TRIGGER_INTERVAL_S": "3",
+        "ONCEFLOW__EU_NETS__TRIGGER_INTERVAL_S": "10",
+        "ONCEFLOW__EU_NETS__HEALTH_INTERVAL_S": "300",
+        "ONCEFLOW__EU_NETS__ALERT_CHANNELS": "webhook",
+        "ONCEFLOW__A__B__TRIGGER_INTERVAL_S": "99",  # instance a__b's, not a setting `b__trigger_interval_s` of a's
+    }
+    own = config.load(env)
+    assert (own.app_id, own.trigger_interval_s, own.health_interval_s) == ("a", 3.0, 30.0)
+    assert config.load(env, trigger_interval_s=1).trigger_interval_s == 1.0
+    eu = config.load_instance("eu-nets", "ip_networks", env=env)
+    assert (eu.trigger_interval_s, eu.health_interval_s, eu.alert_channels) == (10.0, 300.0, "webhook")
+    assert config.load_instance("other", "ip_networks", env=env).health_interval_s == 30.0  # the plain one
+    assert config.load_instance("a__b", "ip_count", env=env).trigger_interval_s == 99.0
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("ONCEFLOW__A__BOOTSTRAP_SERVERS", "h:1", "a setting of the whole stack or of its identity"),
+        ("ONCEFLOW__A__APP", "ip_networks", "a setting of the whole stack or of its identity"),
+        ("ONCEFLOW__A__POSTGRES_PASSWORD", "x", "a setting of the whole stack or of its identity"),
+        ("ONCEFLOW__A__TRIGGER_INTERVAL", "5", "is not a setting"),
+        ("ONCEFLOW__A__TRIGGER_INTERVAL_S", "-1", "TRIGGER_INTERVAL_S"),
+    ],
+)
+def test_a_per_instance_variable_it_may_not_set_is_refused(name, value, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        config.load({"ONCEFLOW_APP_ID": "a", name: value})
+
+
+def test_per_instance_variables_of_no_instance_and_ids_written_alike_are_refused():
+    s = config.load(env={}).replace(apps="a=ip_count, eu-nets=ip_networks")
+    assert config.instances(s, env={"ONCEFLOW__EU_NETS__TRIGGER_INTERVAL_S": "1"}) == {
+        "a": "ip_count",
+        "eu-nets": "ip_networks",
+    }
+    with pytest.raises(ConfigError, match="ONCEFLOW__EU_NET__TRIGGER_INTERVAL_S names no instance"):
+        config.instances(s, env={"ONCEFLOW__EU_NET__TRIGGER_INTERVAL_S": "1"})
+    with pytest.raises(ConfigError, match="'eu-nets' and 'eu_nets'"):
+        config.instances(s.replace(apps="eu-nets=ip_networks, eu_nets=ip_networks"), env={})
+
+
+def test_a_child_process_takes_its_instances_settings_resolved_not_the_per_instance_variables():
+    from onceflow.runtime import launcher
+
+    parent = {"ONCEFLOW_APP_ID": "a", "ONCEFLOW__A__TRIGGER_INTERVAL_S": "3", "ONCEFLOW__B__TRIGGER_INTERVAL_S": "4"}
+    s = config.load(parent, trigger_interval_s=7)  # an explicit value wins over the variable...
+    child = launcher.child_env(s, parent)
+    assert not [k for k in child if k.startswith("ONCEFLOW__")]
+    assert config.load(child).trigger_interval_s == 7.0  # ...and the child runs with what its parent resolved

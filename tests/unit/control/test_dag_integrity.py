@@ -81,6 +81,36 @@ def test_one_set_of_dags_per_app_instance(tmp_path, monkeypatch):
     assert orchestration.instance_settings("ip_count").source_topic == "ip_count_in"
 
 
+def test_an_instance_takes_its_own_schedule_and_pace_from_its_variables(monkeypatch, tmp_path):
+    """ONCEFLOW__<INSTANCE>__<SETTING>: one instance of a control plane checked less often and paced slower than the
+    others, its DAGs' schedules and its settings its own; a variable that names no instance fails the DAG files'
+    import with what to change."""
+    from datetime import timedelta
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    from onceflow.control import orchestration
+
+    monkeypatch.setenv("ONCEFLOW_VAR_DIR", str(tmp_path))
+    monkeypatch.setenv("ONCEFLOW_APPS", "ip_count, eu-networks=ip_networks")
+    monkeypatch.setenv("ONCEFLOW_RECONCILE_INTERVAL_MINUTES", "5")  # the control plane's, for every instance
+    monkeypatch.setenv("ONCEFLOW__EU_NETWORKS__RECONCILE_INTERVAL_MINUTES", "30")
+    monkeypatch.setenv("ONCEFLOW__EU_NETWORKS__TRIGGER_INTERVAL_S", "10")
+    bag = DagBag()
+    assert bag.import_errors == {}
+    assert bag.dags["eu-networks_reconciliation"].schedule == timedelta(minutes=30)
+    assert bag.dags["ip_count_reconciliation"].schedule == timedelta(minutes=5)
+    eu, first = orchestration.instance_settings("eu-networks"), orchestration.instance_settings("ip_count")
+    assert (eu.trigger_interval_s, eu.reconcile_interval_minutes) == (10.0, 30.0)
+    assert (first.trigger_interval_s, first.reconcile_interval_minutes) == (5.0, 5.0)
+
+    monkeypatch.setenv("ONCEFLOW__EU_NETWORK__TRIGGER_INTERVAL_S", "10")  # a typo of the instance
+    bag = DagBag()
+    assert bag.import_errors and all(
+        "ONCEFLOW__EU_NETWORK__TRIGGER_INTERVAL_S names no instance" in e for e in bag.import_errors.values()
+    ), bag.import_errors
+
+
 def test_app_instances_are_parsed_or_refused():
     from onceflow import config
 
