@@ -98,7 +98,8 @@ test-secured: setup
 ## (the latency phase's steady state, after its catch-up: BENCH_STEADY_S, BENCH_CATCHUP_MAX_S), BENCH_TRIGGER_S, BENCH_MAX_OFFSETS,
 ## BENCH_FLINK (0: without Flink), BENCH_FLINK_FAST_MS (Flink's short checkpoint interval, default 500),
 ## BENCH_POSTGRES=0 (without the rows for ip_count into PostgreSQL: throughput, and latency polled from the table),
-## BENCH_CONTENDERS (e.g. alo,flink: only these rows beside onceflow's). Its short variant: `make bench-short`.
+## BENCH_CONTENDERS (e.g. alo,flink: only these rows beside onceflow's; eos_loaded: onceflow's latency beside a second
+## job fed BENCH_LOAD_RATE records/s, default BENCH_LIVE_RATE). Its short variant: `make bench-short`.
 bench: setup
 	$(BIN)/python -m onceflow_dev.bench
 

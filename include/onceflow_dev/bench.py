@@ -17,7 +17,9 @@ Phases, each run in turn for every contender on the same machine:
    two trigger intervals of input for BENCH_STEADY_S s (at most BENCH_CATCHUP_MAX_S): its time from the first
    record is a figure of its own (`catch_up_s`). Then the steady state, measured: BENCH_LIVE_S s more of input,
    over the windows that end in it (`windows`, and p50/p95/p99 of their results; ip_networks: over the records
-   stamped in it);
+   stamped in it). The row `eos_loaded` measures onceflow the same way with a second onceflow job running beside
+   it (another ip_count at BENCH_LOAD_RATE records/s, default BENCH_LIVE_RATE, caught up before the measured job
+   starts); the load is reported with it (its CPU over the phase, and whether it kept up);
 3. recovery (exactly-once job only): live input, then kill -9 of the job; the time to its next committed batch
    and until its lag is back to the level before the crash; BENCH_RECOVERY_RUNS times (default 3, each a fresh app:
    the median and the worst) restarted by its supervisor after the fixed delay (a new spark-submit), as many taken
@@ -98,6 +100,9 @@ class BenchSpec:
     # rows for ip_count into PostgreSQL (docs/database-sink.md), throughput and latency (its results polled from the
     # table every 200 ms), on a server of the bench's own; BENCH_POSTGRES=0 leaves them out
     postgres: bool = field(default_factory=lambda: os.environ.get("BENCH_POSTGRES", "1") != "0")
+    # the loaded latency row (`eos_loaded`): a second onceflow job (another ip_count, its own source) fed this many
+    # records/s beside the measured one; 0: BENCH_LIVE_RATE, the measured job's own rate
+    load_rate: int = field(default_factory=lambda: _env_int("BENCH_LOAD_RATE", 0))
     # BENCH_CONTENDERS=eos,alo,...: only these rows (onceflow's own, `eos`, always runs: every ratio is to it);
     # empty: every row the flags above allow. The short variant, `make bench-short` (tests/integration/test_bench.py),
     # leaves out `flink_fast`, the same code as `flink` at another interval
@@ -118,7 +123,8 @@ class BenchSpec:
 
 
 # every row `make bench` can have, in the table's order
-CONTENDERS = ("eos", "eos_ip_networks", "eos_postgres", "alo", "ceiling", "flink", "flink_fast")
+# (eos_loaded: a latency row only, onceflow's latency with a second onceflow job running beside it)
+CONTENDERS = ("eos", "eos_ip_networks", "eos_postgres", "alo", "ceiling", "flink", "flink_fast", "eos_loaded")
 
 
 def _settings(base: config.Settings, app_id: str, source: str, spec: BenchSpec, **overrides) -> config.Settings:
@@ -503,6 +509,59 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     }
 
 
+def loaded_latency(base: config.Settings, spec: BenchSpec) -> dict:
+    """Phase 2 for onceflow with the machine loaded by a second onceflow job: another ip_count instance on a source of
+    its own, fed live at the load rate, started first and measured once it has caught up (its cold start is not the
+    load), running until the measured job's phase ends. The load is reported with the figures: its rate, its CPU
+    over the measured job's phase, and whether it kept up."""
+    rate = spec.load_rate or spec.live_rate
+    load = _settings(base, "bench_load", "bench_load.source", spec)
+    s = _settings(base, "bench_live_eos_loaded", "bench_live_eos_loaded.source", spec)
+    for x in (load, s):
+        topics.ensure(x)
+    job, stop = ExactlyOnce(load), threading.Event()
+    feed = live_feed(
+        load, rate, spec.ips, 3 * (spec.catchup_max_s + spec.steady_s + spec.live_s) + 300, seed=9, stop=stop
+    )
+    bound = steady_lag_bound(rate, job.commit_interval_s())
+    try:
+        job.start()
+        feed.start()
+        lags: list[tuple[int, int]] = []
+
+        def caught_up() -> bool:
+            lag = job.lag(load)
+            if lag is not None:
+                lags.append((clock.now_ms(), lag))
+            return steady_since(lags, bound, spec.steady_s * 1000) is not None
+
+        try:
+            procs.wait_until(caught_up, spec.catchup_max_s + spec.steady_s, interval=1, what="the load job to catch up")
+            ready = True
+        except TimeoutError:  # measured anyway: the load is then more than the machine keeps up with, and says so
+            ready = False
+        before, t0 = usage(job.pid())["cpu_s"], time.monotonic()
+        got = latency(ExactlyOnce(s), s, spec)
+        used, wall = usage(job.pid())["cpu_s"] - before, time.monotonic() - t0
+        lag_end = job.lag(load)
+    finally:
+        stop.set()
+        if feed.ident is not None:  # started
+            feed.join(60)
+        job.stop()
+    return got | {
+        "load": {
+            "app": load.app,
+            "rate": rate,
+            "cpu_s": round(used, 1),
+            "cores": round(used / wall, 2) if wall > 0 else None,
+            "caught_up_before": ready,
+            "lag_at_end": lag_end,
+            "kept_up": ready and lag_end is not None and lag_end <= bound,
+        }
+    }
+
+
 def steady_lag_bound(rate: int, commit_interval_s: float) -> int:
     """The most lag a caught-up contender shows: the position moves only on a commit, so just before one the lag
     holds a whole interval's input; twice that (and at least 2 s of input) absorbs a slow batch or checkpoint.
@@ -724,6 +783,11 @@ def ratios(results: dict, trigger_s: float) -> dict:
         "ip_networks_vs_ip_count_throughput": over("eos", "eos_ip_networks"),
         "postgres_vs_kafka_sink_throughput": over("eos", "eos_postgres"),
         "eos_p99_in_trigger_intervals": round(results["latency"]["eos"].get("p99_ms", 0) / 1000 / trigger_s, 2),
+        "eos_loaded_p99_in_trigger_intervals": (
+            round(results["latency"]["eos_loaded"]["p99_ms"] / 1000 / trigger_s, 2)
+            if results["latency"].get("eos_loaded", {}).get("p99_ms")
+            else None
+        ),
     } | flink_ratios(results)
 
 
@@ -782,6 +846,10 @@ def latencies(base: config.Settings, rows: set[str], spec: BenchSpec) -> dict:
         log.info("latency: %s", NAMES[key])
         out[key] = latency(cls(s), s, spec)
         log.info("  %s", out[key])
+    if "eos_loaded" in rows:
+        log.info("latency: %s", NAMES["eos_loaded"])
+        out["eos_loaded"] = loaded_latency(base, spec)
+        log.info("  %s", out["eos_loaded"])
     for key, ms in flink_configs(spec).items():
         s = _settings(base, f"bench_live_{key}", f"bench_live_{key}.source", spec)
         topics.ensure(s)
@@ -855,7 +923,8 @@ def run_contenders(base: config.Settings, end: dict[int, int], spec: BenchSpec, 
             if "error" in results["throughput"][key]:
                 continue
             results["correctness"][key] = _checked(apps[key], exp)
-        results["latency"] = latencies(base, set(apps), spec)
+        loaded = {"eos_loaded"} if spec.runs("eos_loaded") else set()  # a latency row only
+        results["latency"] = latencies(base, set(apps) | loaded, spec)
         results["recovery"] = {}
         for key, standby in (("restart", False), ("standby", True)):
             runs = []
@@ -882,6 +951,7 @@ NAMES = {
     "eos_postgres": "onceflow exactly-once into PostgreSQL",
     "alo": "Spark Kafka sink (at-least-once)",
     "ceiling": "confluent-kafka txn loop (no Spark)",
+    "eos_loaded": "onceflow exactly-once beside a second job",
 }
 
 
@@ -924,6 +994,13 @@ def table(r: dict) -> str:
         f"PostgreSQL sink / Kafka sink throughput (onceflow): {ra.get('postgres_vs_kafka_sink_throughput') or '-'}",
         f"exactly-once p99 latency in trigger intervals ({r['spec']['trigger_s']} s): "
         f"{ra['eos_p99_in_trigger_intervals']}",
+        *(
+            f"exactly-once beside a second job ({x['load']['app']} at {x['load']['rate']:,} records/s, "
+            f"{x['load']['cores']} of a core, {'kept up' if x['load']['kept_up'] else 'did NOT keep up'}): p50 "
+            f"{x.get('p50_ms', '-')} ms, p99 {x.get('p99_ms', '-')} ms, "
+            f"{ra.get('eos_loaded_p99_in_trigger_intervals') or '-'} trigger intervals"
+            for x in ([lat["eos_loaded"]] if "eos_loaded" in lat else [])
+        ),
         *(
             f"exactly-once / {names[k]}: throughput {ra.get(f'eos_vs_{k}_throughput', '-')}, "
             f"p99 latency {ra.get(f'eos_vs_{k}_p99', '-')}"

@@ -242,6 +242,37 @@ def test_the_ratios_of_a_run_without_some_rows_are_none_and_the_table_says_so():
     assert "PostgreSQL sink / Kafka sink throughput (onceflow): 0.5" in text
 
 
+def test_the_loaded_row_reports_its_latency_in_trigger_intervals_and_states_its_load():
+    """eos_loaded: a latency row only (no throughput line of its own), its p99 in trigger intervals, and the load
+    beside it said with the figure: the second job's app, rate, share of a core and whether it kept up."""
+    from onceflow_dev import bench
+
+    row = {"records_per_s": 20_000, "peak_rss_mb": 900, "cpu_s": 100.0}
+    load = {"app": "ip_count", "rate": 5000, "cpu_s": 60.0, "cores": 0.5, "lag_at_end": 10, "kept_up": True}
+    r = {
+        "spec": {"trigger_s": 5.0},
+        "settings": {"flink_checkpoint_ms": {}},
+        "throughput": {"eos": row},
+        "latency": {"eos": {"p99_ms": 2500}, "eos_loaded": {"p50_ms": 3000, "p99_ms": 7500, "load": load}},
+        "correctness": {"eos": {"verdict": "ok"}},
+        "recovery": {},
+    }
+    r["ratios"] = bench.ratios(r, 5.0)
+    assert r["ratios"]["eos_loaded_p99_in_trigger_intervals"] == 1.5
+    text = bench.table(r)
+    assert (
+        "beside a second job (ip_count at 5,000 records/s, 0.5 of a core, kept up): p50 3000 ms, p99 7500 ms, 1.5"
+        in text
+    )
+    assert not [ln for ln in text.splitlines() if ln.startswith(bench.NAMES["eos_loaded"])]  # no throughput row
+    r["latency"].pop("eos_loaded")
+    assert bench.ratios(r, 5.0)["eos_loaded_p99_in_trigger_intervals"] is None
+    assert "second job" not in bench.table(r | {"ratios": bench.ratios(r, 5.0)})
+    # in every full run; with BENCH_CONTENDERS, only when named
+    assert bench.BenchSpec(contenders=frozenset()).runs("eos_loaded")
+    assert not bench.BenchSpec(contenders=frozenset({"alo"})).runs("eos_loaded")
+
+
 def test_a_contender_has_drained_once_at_the_end_and_for_windows_after_a_batch_that_read_nothing():
     from onceflow_dev.bench import read_to_the_end
 
