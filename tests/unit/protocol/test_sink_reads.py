@@ -125,6 +125,20 @@ def test_offset_lookups_ride_out_a_moving_leader_within_their_bound(monkeypatch)
         reading.latest_offsets(stuck, [tp])
 
 
+def test_an_offset_lookup_a_dead_leader_never_answered_is_asked_again_within_the_bound(monkeypatch):
+    """Cluster chaos seed 4711: the leader died with the lookup in flight, its future timed out, and the job failed
+    its batch on that (a restart in the middle of a broker's outage) instead of asking the new leader."""
+    c = FakeCluster()
+    committed_batches(c, 2)
+    tp = TopicPartition(S.ledger_topic, 0)
+    admin = ScriptedAdmin(c, {"list_offsets": [TimeoutError(), TimeoutError()]})
+    assert reading.latest_offsets(admin, [tp]) == {(S.ledger_topic, 0): 2}
+    assert reading.unsettled(ScriptedAdmin(c, {"list_offsets": [TimeoutError()]}), [tp]) == {}
+    monkeypatch.setattr(reading, "LEADER_WAIT_S", 0.3)
+    with pytest.raises(TimeoutError):
+        reading.latest_offsets(ScriptedAdmin(c, {"list_offsets": [TimeoutError()] * 1000}), [tp])
+
+
 def test_a_groups_position_is_read_while_its_coordinator_loads():
     c = FakeCluster()
     sink(c).write_batch(plan(0, 0, 10), ROWS)
