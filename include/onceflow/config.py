@@ -879,11 +879,13 @@ INSTANCE_ONLY = frozenset({"app", "app_id", "checkpoint_uri", "fault", "apps"})
 # an instance's credentials come from its own connections (docs/security.md).
 INSTANCE_PREFIX = ENV_PREFIX + "_"
 NOT_PER_INSTANCE = frozenset({"app", "app_id", "apps", "app_registry", "kafka_conn_id", "postgres_password"})
-
-
-def per_instance_settings() -> frozenset[str]:
-    sections = (Job, Spark, ResultSink, Savepoints, Supervision, ControlPlane)
-    return frozenset({f.name for c in sections for f in fields(c)} | APP_SETTINGS) - NOT_PER_INSTANCE
+PER_INSTANCE = (
+    frozenset(
+        {f.name for c in (Job, Spark, ResultSink, Savepoints, Supervision, ControlPlane) for f in fields(c)}
+        | APP_SETTINGS
+    )
+    - NOT_PER_INSTANCE
+)
 
 
 def instance_token(app_id: str) -> str:
@@ -896,16 +898,15 @@ def instance_values(env: Mapping[str, str], app_id: str) -> dict[str, Any]:
     ONCEFLOW__NETS__TRIGGER_INTERVAL_S=10), coerced; a variable of this instance that names no setting an instance
     may take for itself is refused. A longer instance id that begins the same way (nets__eu) is another's."""
     head = f"{INSTANCE_PREFIX}{instance_token(app_id)}__"
-    allowed = per_instance_settings()
     out: dict[str, Any] = {}
     for key, raw in env.items():
         name = key[len(head) :].lower() if key.startswith(head) else ""
         if not name or "__" in name:
             continue
-        if name not in allowed:
+        if name not in PER_INSTANCE:
             hint = "not a setting" if name not in field_rules() else "a setting of the whole stack or of its identity"
             raise ConfigError(
-                f"{key}: {name!r} is {hint}, not one an instance takes for itself; per instance: {sorted(allowed)}"
+                f"{key}: {name!r} is {hint}, not one an instance takes for itself; per instance: {sorted(PER_INSTANCE)}"
             )
         out[name] = field_rules()[name].coerce(raw)
     return out

@@ -480,15 +480,7 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     t_live = clock.now_ms()
     feed.start()
     bound = steady_lag_bound(spec.live_rate, c.commit_interval_s())
-    lags: list[tuple[int, int]] = []
-    deadline = time.monotonic() + spec.catchup_max_s + spec.steady_s
-    steady_ms = None
-    while steady_ms is None and time.monotonic() < deadline:
-        time.sleep(1.0)
-        lag = c.lag(s)
-        if lag is not None:
-            lags.append((clock.now_ms(), lag))
-        steady_ms = steady_since(lags, bound, spec.steady_s * 1000)
+    steady_ms = catch_up(c, s, bound, spec)
     caught_up = steady_ms is not None
     t_first = steady_ms if steady_ms is not None else clock.now_ms()
     time.sleep(max(0.0, spec.live_s - (clock.now_ms() - t_first) / 1000))
@@ -509,6 +501,21 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     }
 
 
+def catch_up(c: Contender, s: config.Settings, bound: int, spec: BenchSpec) -> int | None:
+    """Sample `c`'s lag every second until it has stayed within `bound` for BENCH_STEADY_S (at most
+    BENCH_CATCHUP_MAX_S + BENCH_STEADY_S): the moment (epoch ms) the steady state began, None if it never did."""
+    lags: list[tuple[int, int]] = []
+    deadline = time.monotonic() + spec.catchup_max_s + spec.steady_s
+    steady_ms = None
+    while steady_ms is None and time.monotonic() < deadline:
+        time.sleep(1.0)
+        lag = c.lag(s)
+        if lag is not None:
+            lags.append((clock.now_ms(), lag))
+        steady_ms = steady_since(lags, bound, spec.steady_s * 1000)
+    return steady_ms
+
+
 def loaded_latency(base: config.Settings, spec: BenchSpec) -> dict:
     """Phase 2 for onceflow with the machine loaded by a second onceflow job: another ip_count instance on a source of
     its own, fed live at the load rate, started first and measured once it has caught up (its cold start is not the
@@ -527,19 +534,8 @@ def loaded_latency(base: config.Settings, spec: BenchSpec) -> dict:
     try:
         job.start()
         feed.start()
-        lags: list[tuple[int, int]] = []
-
-        def caught_up() -> bool:
-            lag = job.lag(load)
-            if lag is not None:
-                lags.append((clock.now_ms(), lag))
-            return steady_since(lags, bound, spec.steady_s * 1000) is not None
-
-        try:
-            procs.wait_until(caught_up, spec.catchup_max_s + spec.steady_s, interval=1, what="the load job to catch up")
-            ready = True
-        except TimeoutError:  # measured anyway: the load is then more than the machine keeps up with, and says so
-            ready = False
+        # measured even if it never catches up: the load is then more than the machine keeps up with, and says so
+        ready = catch_up(job, load, bound, spec) is not None
         before, t0 = usage(job.pid())["cpu_s"], time.monotonic()
         got = latency(ExactlyOnce(s), s, spec)
         used, wall = usage(job.pid())["cpu_s"] - before, time.monotonic() - t0
