@@ -38,20 +38,39 @@ OUTPUT_COLUMNS = [
 ]
 
 
+# How the stream's source plans a batch when a broker dies. Spark's source looks up the partitions' end offsets with
+# a Java admin client and, when a lookup fails, tries again with a new admin (`fetchOffset.numRetries`, a fresh
+# metadata view each time). Kafka's default gives one lookup 60 s: a lookup sent while a dead node still led a
+# partition waited all of it (cluster chaos seed 4711) though the controller had moved every leader within 6 s.
+# 15 s a lookup (as onceflow.kafka.reading's own), asked up to 8 times, follows a moved leader within a lookup and
+# still waits out an outage of about 2 minutes before the batch fails and the supervisor restarts the job.
+SOURCE_LOOKUP_TIMEOUT_MS = 15_000
+SOURCE_LOOKUP_ATTEMPTS = 8
+SOURCE_LOOKUP_RETRY_MS = 1_000
+
+
+def source_options(settings: Settings, starting: str | None = None) -> dict[str, str]:
+    """The stream's Kafka source options (read_committed, paced by `max_offsets_per_trigger`, lookups bounded as
+    above); `starting`: Spark's JSON of start offsets instead of the setting (the standby's warm-up)."""
+    return {
+        "kafka.bootstrap.servers": settings.bootstrap_servers,
+        **kafka_options(settings),
+        "subscribe": settings.source_topic,
+        "startingOffsets": starting or settings.starting_offsets,
+        "failOnDataLoss": "true",
+        "kafka.isolation.level": "read_committed",
+        "maxOffsetsPerTrigger": str(settings.max_offsets_per_trigger),
+        # the admin's own default (60 s) would override a shorter request timeout: both are set
+        "kafka.default.api.timeout.ms": str(SOURCE_LOOKUP_TIMEOUT_MS),
+        "kafka.request.timeout.ms": str(SOURCE_LOOKUP_TIMEOUT_MS),
+        "fetchOffset.numRetries": str(SOURCE_LOOKUP_ATTEMPTS),
+        "fetchOffset.retryIntervalMs": str(SOURCE_LOOKUP_RETRY_MS),
+    }
+
+
 def source(spark: SparkSession, settings: Settings, starting: str | None = None) -> DataFrame:
-    """The source topic as a stream; `starting`: Spark's JSON of start offsets instead of the setting (the
-    standby's warm-up)."""
-    return (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", settings.bootstrap_servers)
-        .options(**kafka_options(settings))
-        .option("subscribe", settings.source_topic)
-        .option("startingOffsets", starting or settings.starting_offsets)
-        .option("failOnDataLoss", "true")
-        .option("kafka.isolation.level", "read_committed")
-        .option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
-        .load()
-    )
+    """The source topic as a stream (source_options)."""
+    return spark.readStream.format("kafka").options(**source_options(settings, starting)).load()
 
 
 def empty_source(spark: SparkSession) -> DataFrame:
