@@ -52,7 +52,7 @@ from onceflow.operations import audit
 from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs, run_files, supervisor
-from onceflow_dev import bench_check, bench_flink, broker, generator, postgres
+from onceflow_dev import bench_check, bench_flink, broker, generator, postgres, spark_cluster
 
 log = logging.getLogger("onceflow_dev.bench")
 # The job settings a tuning run varies (docs/performance.md); recorded with every result.
@@ -109,6 +109,14 @@ class BenchSpec:
     contenders: frozenset[str] = field(
         default_factory=lambda: frozenset(filter(None, os.environ.get("BENCH_CONTENDERS", "").split(",")))
     )
+    # BENCH_TOPOLOGY=cluster: the same run on the loopback cluster (three brokers, replication 3 with min ISR 2, and
+    # a Spark standalone master with two workers: the job's tasks in the workers' executors, its writer in the
+    # driver); the default, one-node: one broker and Spark in the job's own JVM (local[2])
+    topology: str = field(default_factory=lambda: os.environ.get("BENCH_TOPOLOGY", "one-node"))
+
+    def __post_init__(self) -> None:
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"BENCH_TOPOLOGY={self.topology!r}: one of {', '.join(TOPOLOGIES)}")
 
     def as_json(self) -> dict:
         """The workload as a results file records it."""
@@ -118,9 +126,22 @@ class BenchSpec:
         """Whether the row `key` (one of CONTENDERS) is in this run."""
         if key not in CONTENDERS:
             raise ValueError(f"unknown bench contender {key!r}: one of {', '.join(CONTENDERS)}")
-        allowed = {"flink": self.flink, "flink_fast": self.flink, "eos_postgres": self.postgres}.get(key, True)
+        allowed = {
+            "flink": self.flink,
+            "flink_fast": self.flink,
+            "eos_postgres": self.postgres,
+            # two jobs' executors at once are not told apart by their CPU (executor_pids): one node only
+            "eos_loaded": self.topology == "one-node",
+        }.get(key, True)
         return key == "eos" or (allowed and (not self.contenders or key in self.contenders))
 
+
+CLUSTER_WORKERS = 2
+TOPOLOGY_NAMES = {
+    "one-node": "one broker, Spark local[2] in the job's JVM",
+    "cluster": f"three brokers (replication 3, min ISR 2), a Spark standalone master with {CLUSTER_WORKERS} workers",
+}
+TOPOLOGIES = tuple(TOPOLOGY_NAMES)
 
 # every row `make bench` can have, in the table's order
 # (eos_loaded: a latency row only, onceflow's latency with a second onceflow job running beside it)
@@ -163,13 +184,38 @@ def _group_pids(pid: int | None) -> list[int]:
     return out
 
 
-def usage(pid: int | None) -> dict:
+def executor_pids(since_ticks: int) -> list[int]:
+    """The Spark executors a standalone worker started after `since_ticks` (a process start time, in clock ticks
+    since boot): on the cluster a job's tasks run in them, outside the job's process group. The bench's contenders
+    run one at a time, so the executors started since one began are its own."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            if b"CoarseGrainedExecutorBackend" not in Path(f"/proc/{d}/cmdline").read_bytes():
+                continue
+            if int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[19]) >= since_ticks:
+                out.append(int(d))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def boot_ticks_now() -> int:
+    """Now, as a process start time is written in /proc/<pid>/stat (clock ticks since boot)."""
+    return int(float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK"))
+
+
+def usage(pid: int | None, executors_since: int | None = None) -> dict:
     """Peak RSS (sum of VmHWM) and CPU seconds of a process group, read while it runs: each member's own (utime +
     stime) and that of its children it has reaped (cutime + cstime), such as the short processes a JVM forks (Hadoop's
     `chmod` on each file it creates, without its native library). A member that ends between two readings is still
-    counted, in its parent's reaped time, when the parent is in the group."""
+    counted, in its parent's reaped time, when the parent is in the group. `executors_since`: the Spark executors
+    started since then count too (the cluster topology, executor_pids)."""
     hwm_kb, ticks = 0, 0
-    for p in _group_pids(pid):
+    extra = executor_pids(executors_since) if executors_since is not None and pid is not None else []
+    for p in _group_pids(pid) + extra:
         try:
             status = Path(f"/proc/{p}/status").read_text()
             hwm_kb += int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmHWM")))
@@ -339,10 +385,10 @@ def check_any_app(s: config.Settings, exp: bench_check.Expected) -> dict:
 
 # ---------------------------------------------------------------------------- phases
 def throughput(c: Contender, end: dict[int, int], records_: int, timeout: float = 3600) -> dict:
-    t0 = time.time()
+    t0, since = time.time(), boot_ticks_now()
     c.start()
     got = procs.wait_until(lambda: c.drained(end), timeout, interval=1.0, what=f"{c.name} to drain")
-    use = usage(c.pid())
+    use = usage(c.pid(), since if c.s.master.startswith("spark://") else None)
     c.stop()
     secs = (got["last_ms"] - got["first_ms"]) / 1000
     return {
@@ -471,6 +517,7 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     the steady state that follows the contender's catch-up after its cold start (the module's docstring)."""
     stamper = TableStamper(s) if s.sink_kind == "postgres" else Stamper(s)
     stamper.start()
+    since = boot_ticks_now()
     c.start()
     stop = threading.Event()
     duration_s = spec.catchup_max_s + spec.steady_s + spec.live_s + 60
@@ -488,7 +535,7 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     stop.set()
     feed.join(60)
     time.sleep(3 * s.trigger_interval_s + s.watermark_s + s.window_s)
-    use = usage(c.pid())
+    use = usage(c.pid(), since if c.s.master.startswith("spark://") else None)
     c.stop()
     stamper.stop_ev.set()
     stamper.join(10)
@@ -673,15 +720,31 @@ def setup_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def private_settings(var: Path) -> config.Settings:
+def private_settings(var: Path, topology: str = "one-node") -> config.Settings:
     """The embedded defaults on a private broker of free ports under `var` (emptied of the last run's broker, jobs
-    and logs); the caller's ONCEFLOW_* environment is left out."""
+    and logs); the caller's ONCEFLOW_* environment is left out. On the cluster topology: three brokers and a
+    standalone Spark master (as the cluster tests' and `make chaos`'s, docs/cluster.md)."""
     import shutil
 
-    for sub in ("kafka", "checkpoints", "run", "log"):
+    for sub in ("kafka", "checkpoints", "run", "log", "spark"):
         shutil.rmtree(var / sub, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
+    if topology == "cluster":
+        return config.load(
+            env=env,
+            var_dir=var,
+            brokers=3,
+            bootstrap_servers=",".join(f"127.0.0.1:{procs.free_port()}" for _ in range(3)),
+            controller_port=procs.free_port_run(3, config.NODE_PORT_STEP),
+            master=f"spark://127.0.0.1:{procs.free_port()}",
+            driver_memory="1g",
+            executor_memory="1g",
+            cores_max=2,
+            broker_heap="512m",
+            restart_delay_s=2.0,
+        )
     return config.load(
-        env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
+        env=env,
         var_dir=var,
         bootstrap_servers=f"127.0.0.1:{procs.free_port()}",
         controller_port=procs.free_port(),
@@ -692,10 +755,13 @@ def private_settings(var: Path) -> config.Settings:
 
 @contextmanager
 def bench_stack(spec: BenchSpec, var: Path):
-    """A private broker with the backlog written to `bench.source`; yields (base settings, end offsets)."""
-    base = private_settings(var)
+    """A private broker (three, and a Spark master with its workers, on the cluster topology) with the backlog written
+    to `bench.source`; yields (base settings, end offsets)."""
+    base = private_settings(var, spec.topology)
     broker.start(base)
     try:
+        if spec.topology == "cluster":
+            spark_cluster.start(base, workers=CLUSTER_WORKERS)
         backlog = _settings(base, "bench_backlog", "bench.source", spec)
         topics.ensure(backlog)
         log.info("writing the backlog: %d records", spec.records)
@@ -724,6 +790,8 @@ def bench_stack(spec: BenchSpec, var: Path):
         _warm_up(base, end)
         yield base, end
     finally:
+        if spec.topology == "cluster":
+            spark_cluster.stop(base)
         broker.stop(base)
 
 
@@ -984,6 +1052,7 @@ def table(r: dict) -> str:
     ra, rec = r["ratios"], r["recovery"]
     lines += [
         "",
+        f"topology: {TOPOLOGY_NAMES[r['spec'].get('topology', 'one-node')]}",
         f"exactly-once / at-least-once throughput: {ra.get('eos_vs_alo_throughput') or '-'}",
         f"exactly-once / ceiling throughput:       {ra.get('eos_vs_ceiling_throughput') or '-'}",
         f"ip_networks / ip_count throughput (onceflow): {ra.get('ip_networks_vs_ip_count_throughput') or '-'}",
