@@ -114,11 +114,17 @@ def _build(out: Path, digest: str) -> Path:
     return out
 
 
-def parallelism(master: str) -> int:
-    """The Spark job's local executor threads: local[N] -> N, local[*] -> every core, local -> 1."""
+def parallelism(master: str, cores_max: int = 0) -> int:
+    """The Spark job's task slots, which Flink's local run matches: local[N] -> N, local[*] -> every core, local ->
+    1; on a standalone master (`make bench` on the cluster) the job's `cores_max`, where Flink still runs in one
+    JVM of its own (the brokers are the cluster's)."""
+    if master.startswith("spark://"):
+        if cores_max <= 0:
+            raise ValueError(f"the Flink contender matches the job's cores: set cores_max for the master {master!r}")
+        return cores_max
     m = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", master.strip())
     if m is None:
-        raise ValueError(f"the Flink contender runs locally: a local Spark master is needed, got {master!r}")
+        raise ValueError(f"the Flink contender matches the job's cores: {master!r} is not a master it knows")
     n = m.group(1)
     return 1 if n is None else (os.cpu_count() or 1) if n == "*" else int(n)
 
@@ -137,7 +143,7 @@ def argv(s: config.Settings, home: Path, checkpoint_ms: int) -> list[str]:
         "dlq": s.dlq_topic,
         "group": f"flink.{s.app_id}",
         "txn-prefix": f"flink.{s.app_id}",
-        "parallelism": parallelism(s.master),
+        "parallelism": parallelism(s.master, s.cores_max),
         "checkpoint-ms": checkpoint_ms,
         "checkpoint-dir": s.checkpoint,
         "window-s": s.window_s,

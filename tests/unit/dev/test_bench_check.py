@@ -95,6 +95,10 @@ def test_flink_parallelism_follows_the_local_master():
     assert bench_flink.parallelism("local[2]") == 2
     assert bench_flink.parallelism("local") == 1
     assert bench_flink.parallelism("local[3,2]") == 3
+    # on the loopback cluster: the job's cores on the standalone master, which Flink's one JVM matches
+    assert bench_flink.parallelism("spark://127.0.0.1:7077", cores_max=2) == 2
+    with pytest.raises(ValueError, match="set cores_max"):
+        bench_flink.parallelism("spark://127.0.0.1:7077")
 
 
 def test_recovery_is_reported_as_median_and_worst_of_its_runs():
