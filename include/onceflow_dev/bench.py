@@ -484,7 +484,12 @@ def _iso_ms(text: str) -> int:
     return clock.parse_iso_ms(text)
 
 
-RECOVERY_FEED_S = 150
+# the recovery phase's bounds: a warm standby's readiness, the first commit after the kill, the lag back
+STANDBY_READY_S, NEXT_COMMIT_S, LAG_BACK_S = 300, 300, 600
+# The input outlasts every wait of the phase, and is stopped once the recovery is measured. It ran 150 s before:
+# on the loopback cluster a standby took 2.5 minutes to be ready, the input had ended by the kill, and no batch
+# was left to commit after it.
+RECOVERY_FEED_S = 60 + STANDBY_READY_S + NEXT_COMMIT_S + LAG_BACK_S
 
 
 def live_feed(
@@ -656,7 +661,7 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
     """kill -9 of the exactly-once job under live input: time to its next commit and until lag recovers."""
     jobctl.start(s)
     jobctl.wait_running(s, timeout=300)
-    feed_s = RECOVERY_FEED_S  # input goes on past the kill and the recovery (a standby is up ~30 s after start)
+    feed_s = RECOVERY_FEED_S
     stop_feed = threading.Event()
     feeder = live_feed(s, spec.live_rate, spec.ips, feed_s, seed=8, stop=stop_feed)
     feeder.start()
@@ -670,7 +675,9 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
         return sum(hi[p] - got.get(p, 0) for p in hi)
 
     if s.standby:  # the kill lands on a job whose standby is up (it is launched after the job's first commit)
-        procs.wait_until(lambda: (sb := jobctl.status(s).standby) is not None and sb.ready, 300, what="a warm standby")
+        procs.wait_until(
+            lambda: (sb := jobctl.status(s).standby) is not None and sb.ready, STANDBY_READY_S, what="a warm standby"
+        )
     before = []
     for _ in range(int(2 * spec.trigger_s) + 3):
         time.sleep(0.5)
@@ -680,11 +687,11 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
     jobctl.kill(s)
     first = procs.wait_until(
         lambda: next((e for e in _events(s, wire.BATCH_COMMITTED) if e["ts_ms"] > t_kill), None),
-        300,
+        NEXT_COMMIT_S,
         interval=0.2,
         what="a commit after the kill",
     )
-    back = procs.wait_until(lambda: lag() <= level and clock.now_ms(), 600, interval=0.5, what="lag to recover")
+    back = procs.wait_until(lambda: lag() <= level and clock.now_ms(), LAG_BACK_S, interval=0.5, what="lag to recover")
     stop_feed.set()  # measured: the rest of the input would only be waited for
     feeder.join(feed_s + 30)
     jobctl.stop(s)
