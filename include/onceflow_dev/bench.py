@@ -383,12 +383,18 @@ def check_any_app(s: config.Settings, exp: bench_check.Expected) -> dict:
     }
 
 
+def contender_usage(c: Contender, since: int) -> dict:
+    """`usage` of a contender's processes; on a standalone master (the cluster topology) with the executors started
+    since `since` (boot_ticks_now() before it started)."""
+    return usage(c.pid(), since if c.s.master.startswith("spark://") else None)
+
+
 # ---------------------------------------------------------------------------- phases
 def throughput(c: Contender, end: dict[int, int], records_: int, timeout: float = 3600) -> dict:
     t0, since = time.time(), boot_ticks_now()
     c.start()
     got = procs.wait_until(lambda: c.drained(end), timeout, interval=1.0, what=f"{c.name} to drain")
-    use = usage(c.pid(), since if c.s.master.startswith("spark://") else None)
+    use = contender_usage(c, since)
     c.stop()
     secs = (got["last_ms"] - got["first_ms"]) / 1000
     return {
@@ -540,7 +546,7 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     stop.set()
     feed.join(60)
     time.sleep(3 * s.trigger_interval_s + s.watermark_s + s.window_s)
-    use = usage(c.pid(), since if c.s.master.startswith("spark://") else None)
+    use = contender_usage(c, since)
     c.stop()
     stamper.stop_ev.set()
     stamper.join(10)
