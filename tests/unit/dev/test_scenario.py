@@ -88,8 +88,9 @@ def test_with_live_each_step_waits_for_a_commit_since_the_previous_fault_began_a
     began: list[int] = []
 
     def kill(st: Step) -> scenario.Began:
-        began.append(clock.now_ms())
-        return r.kill(st)
+        b = r.kill(st)
+        began.append(b.at_ms)  # the fault's own stamp: a second clock read may fall in the next millisecond
+        return b
 
     def live(since_ms: int) -> None:
         waited.append((since_ms, r.log[-1][1]))
