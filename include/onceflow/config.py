@@ -30,6 +30,7 @@ from onceflow.wire import OnceflowError
 
 ENV_PREFIX = "ONCEFLOW_"
 NODE_PORT_STEP = 10  # the embedded stack's node i listens on the first node's ports + 10 * (i - 1)
+STANDALONE_SCHEME = "spark://"  # a Spark standalone master's URL; its executors run outside the driver's process
 # Where the package sits: a source checkout's root (include/onceflow), else the directory holding site-packages
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -484,6 +485,11 @@ class Settings(
                 f"of the CA that signed the brokers' certificates"
             )
         return self.kafka_username, self.kafka_ca
+
+    @property
+    def on_standalone(self) -> bool:
+        """The job's master is a Spark standalone cluster (not local[N], not Kubernetes)."""
+        return self.master.startswith(STANDALONE_SCHEME)
 
     @property
     def secured(self) -> bool:

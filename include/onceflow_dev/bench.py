@@ -52,7 +52,7 @@ from onceflow.operations import audit
 from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs, run_files, supervisor
-from onceflow_dev import bench_check, bench_flink, broker, generator, postgres, spark_cluster
+from onceflow_dev import bench_check, bench_flink, broker, generator, loopback, postgres, spark_cluster
 
 log = logging.getLogger("onceflow_dev.bench")
 # The job settings a tuning run varies (docs/performance.md); recorded with every result.
@@ -386,7 +386,7 @@ def check_any_app(s: config.Settings, exp: bench_check.Expected) -> dict:
 def contender_usage(c: Contender, since: int) -> dict:
     """`usage` of a contender's processes; on a standalone master (the cluster topology) with the executors started
     since `since` (boot_ticks_now() before it started)."""
-    return usage(c.pid(), since if c.s.master.startswith("spark://") else None)
+    return usage(c.pid(), since if c.s.on_standalone else None)
 
 
 # ---------------------------------------------------------------------------- phases
@@ -746,10 +746,7 @@ def private_settings(var: Path, topology: str = "one-node") -> config.Settings:
         return config.load(
             env=env,
             var_dir=var,
-            brokers=3,
-            bootstrap_servers=",".join(f"127.0.0.1:{procs.free_port()}" for _ in range(3)),
-            controller_port=procs.free_port_run(3, config.NODE_PORT_STEP),
-            master=f"spark://127.0.0.1:{procs.free_port()}",
+            **loopback.cluster(),
             driver_memory="1g",
             executor_memory="1g",
             cores_max=2,
@@ -759,8 +756,7 @@ def private_settings(var: Path, topology: str = "one-node") -> config.Settings:
     return config.load(
         env=env,
         var_dir=var,
-        bootstrap_servers=f"127.0.0.1:{procs.free_port()}",
-        controller_port=procs.free_port(),
+        **loopback.kafka(),
         broker_heap="1g",
         restart_delay_s=2.0,
     )

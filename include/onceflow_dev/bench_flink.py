@@ -118,7 +118,7 @@ def parallelism(master: str, cores_max: int = 0) -> int:
     """The Spark job's task slots, which Flink's local run matches: local[N] -> N, local[*] -> every core, local ->
     1; on a standalone master (`make bench` on the cluster) the job's `cores_max`, where Flink still runs in one
     JVM of its own (the brokers are the cluster's)."""
-    if master.startswith("spark://"):
+    if master.startswith(config.STANDALONE_SCHEME):
         if cores_max <= 0:
             raise ValueError(f"the Flink contender matches the job's cores: set cores_max for the master {master!r}")
         return cores_max

@@ -34,9 +34,9 @@ from onceflow.protocol.batch_sink import OutRecord
 from onceflow.protocol.sinks import open_sink
 from onceflow.rules.ledger import BatchPlan
 from onceflow.rules.names import private_topics
-from onceflow.runtime import launcher, procs
+from onceflow.runtime import launcher
 from onceflow.spark import partition_stream
-from onceflow_dev import broker, postgres
+from onceflow_dev import broker, loopback, postgres
 
 log = logging.getLogger("onceflow_dev.bench_writer")
 VALUE = b'{"window_start":"2026-11-23T00:00:00Z","window_end":"2026-11-23T00:00:05Z","ip":"%s","count":1}'
@@ -134,14 +134,7 @@ def main() -> int:
     try:
         for nodes in topologies:
             topo_var = var / f"brokers-{nodes}"
-            boot = ",".join(f"127.0.0.1:{procs.free_port()}" for _ in range(nodes))
-            base = config.load(
-                env={},
-                var_dir=topo_var,
-                brokers=nodes,
-                bootstrap_servers=boot,
-                controller_port=procs.free_port_run(nodes, config.NODE_PORT_STEP),
-            )
+            base = config.load(env={}, var_dir=topo_var, **loopback.kafka(nodes))
             broker.start(base)
             try:
                 for n in sizes:

@@ -36,7 +36,7 @@ from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs
 from onceflow.runtime.run_files import JobStatus
-from onceflow_dev import broker, chaos_plan, generator, postgres, scenario
+from onceflow_dev import broker, chaos_plan, generator, loopback, postgres, scenario
 from onceflow_dev.generator import KIND_TAIL
 
 log = logging.getLogger("onceflow_dev.chaos")
@@ -142,8 +142,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
         app=spec.app,
         var_dir=var_dir,
-        bootstrap_servers=f"127.0.0.1:{procs.free_port()}",
-        controller_port=procs.free_port(),
+        **loopback.kafka(),
         broker_txn_abort_check_interval_ms=1000,
         broker_heap="1g",
         kafka_security_protocol="SASL_SSL" if spec.secured else "PLAINTEXT",

@@ -39,7 +39,7 @@ from onceflow.kafka import cluster, topics
 from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs
-from onceflow_dev import broker, chaos, chaos_plan, scenario, spark_cluster
+from onceflow_dev import broker, chaos, chaos_plan, loopback, scenario, spark_cluster
 
 log = logging.getLogger("onceflow_dev.chaos")
 
@@ -101,16 +101,11 @@ def fully_in_sync(s: config.Settings) -> bool:
 
 
 def settings_for(var_dir: Path, spec: ClusterChaosSpec) -> config.Settings:
-    boot = ",".join(f"127.0.0.1:{procs.free_port()}" for _ in range(3))
-    ctl = procs.free_port_run(3, config.NODE_PORT_STEP)
     base = config.load(
         env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
         app=spec.app,
         var_dir=var_dir,
-        brokers=3,
-        bootstrap_servers=boot,
-        controller_port=ctl,
-        master=f"spark://127.0.0.1:{procs.free_port()}",
+        **loopback.cluster(),
         driver_memory="512m",
         executor_memory="1g",
         cores_max=2,  # the reconciliation recount at the end needs the workers' other cores

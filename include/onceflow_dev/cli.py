@@ -36,7 +36,7 @@ def cmd_stack(args, s: config.Settings) -> int:
         # everything the stack started, whatever this shell exported: its remembered topology wins here
         s = config.load(env={**os.environ, **config.remembered_stack(s.var_dir)}, **cli.app_overrides(args))
     s = cli.stack_settings(args, s)  # --brokers, --secured
-    if args.spark_workers and not s.master.startswith("spark://"):
+    if args.spark_workers and not s.on_standalone:
         s = s.replace(master=f"spark://127.0.0.1:{stack.DEFAULT_SPARK_MASTER_PORT}")
     if args.action == "up":
         info = stack.up(s, spark_workers=args.spark_workers or 0, with_postgres=args.postgres)

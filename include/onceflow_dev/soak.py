@@ -34,7 +34,7 @@ from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, procs
 from onceflow.runtime.run_files import JobStatus
-from onceflow_dev import airflow_local, broker, chaos, generator, scenario
+from onceflow_dev import airflow_local, broker, chaos, generator, loopback, scenario
 from onceflow_dev.chaos_plan import Injected, Outcome, Step
 from onceflow_dev.webhook_receiver import Receiver
 
@@ -144,8 +144,7 @@ def run(spec: SoakSpec, var_dir) -> dict:
     base = config.load(
         env={k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")},
         var_dir=var_dir,
-        bootstrap_servers=f"127.0.0.1:{procs.free_port()}",
-        controller_port=procs.free_port(),
+        **loopback.kafka(),
         broker_txn_abort_check_interval_ms=1000,
         broker_heap="1g",
     )

@@ -20,7 +20,7 @@ from onceflow.kafka import cluster, topics
 from onceflow.kafka import reading as kafka_reading
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, preflight, procs, supervisor
-from onceflow_dev import broker, spark_cluster, stack
+from onceflow_dev import broker, loopback, spark_cluster, stack
 from tests.support.harness import assert_exact, produce, wait_drained
 
 pytestmark = pytest.mark.integration
@@ -29,14 +29,10 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def topology(tmp_path_factory):
     var = tmp_path_factory.mktemp("cluster")
-    boot = ",".join(f"127.0.0.1:{procs.free_port()}" for _ in range(3))
     base = config.load(
         env={},
         var_dir=var,
-        brokers=3,
-        bootstrap_servers=boot,
-        controller_port=procs.free_port_run(3, config.NODE_PORT_STEP),
-        master=f"spark://127.0.0.1:{procs.free_port()}",
+        **loopback.cluster(),
         driver_memory="512m",
         executor_memory="1500m",
         cores_max=2,  # one executor on each worker; their other cores stay free for the recount
@@ -59,7 +55,7 @@ def topology(tmp_path_factory):
             "3",
             "--spark-workers",
             "2",
-            ONCEFLOW_BOOTSTRAP_SERVERS=boot,
+            ONCEFLOW_BOOTSTRAP_SERVERS=base.bootstrap_servers,
             ONCEFLOW_CONTROLLER_PORT=str(base.controller_port),
             ONCEFLOW_MASTER=base.master,
             ONCEFLOW_BROKER_TXN_ABORT_CHECK_INTERVAL_MS=str(base.broker_txn_abort_check_interval_ms),

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from onceflow import resources
-from onceflow.config import ENV_PREFIX, INSTANCE_PREFIX, ConfigError, Settings
+from onceflow.config import ENV_PREFIX, INSTANCE_PREFIX, STANDALONE_SCHEME, ConfigError, Settings
 from onceflow.runtime import jvm
 
 # what spark-submit runs: files of the package (onceflow.entrypoints), found without a checkout
@@ -86,9 +86,9 @@ def _executors_on_this_machine(master: str) -> bool:
 
     if master == "local" or master.startswith("local["):
         return True
-    if not master.startswith("spark://"):
+    if not master.startswith(STANDALONE_SCHEME):
         return False
-    for hostport in master[len("spark://") :].split(","):
+    for hostport in master[len(STANDALONE_SCHEME) :].split(","):
         host = hostport.rsplit(":", 1)[0].strip("[]")
         if host != "localhost":
             try:
@@ -109,7 +109,7 @@ def submit_spec(settings: Settings) -> dict:
     the driver runs sees it). Local mode, a standalone cluster (client mode) and Kubernetes (client or cluster
     mode) differ only here."""
     conf = spark_conf(settings)
-    if settings.master.startswith("spark://") and settings.cores_max > 0:
+    if settings.on_standalone and settings.cores_max > 0:
         conf["spark.cores.max"] = str(settings.cores_max)  # leave cores for the recount and backfills
     return _spec(settings, f"onceflow-{settings.app_id}", conf, JOB_SCRIPT)
 

@@ -10,7 +10,7 @@ import pytest
 
 from onceflow import config
 from onceflow.runtime import procs
-from onceflow_dev import broker
+from onceflow_dev import broker, loopback
 
 
 def test_free_ports_lie_below_the_kernels_ephemeral_range():
@@ -18,6 +18,15 @@ def test_free_ports_lie_below_the_kernels_ephemeral_range():
     ports = {procs.free_port() for _ in range(50)}
     assert all(1024 <= p < low for p in ports), sorted(p for p in ports if p >= low)
     assert len(ports) > 1  # drawn, not one fixed port every caller shares
+
+
+def test_a_loopback_cluster_gets_a_port_of_its_own_for_every_node_and_the_master(tmp_path):
+    s = config.load(env={}, var_dir=tmp_path, **loopback.cluster())
+    nodes = s.kafka_nodes()
+    ports = [client for _, _, client, _ in nodes] + [ctl for *_, ctl in nodes] + [int(s.master.rsplit(":", 1)[1])]
+    assert len(nodes) == 3 and len(set(ports)) == 7, (nodes, s.master)
+    assert s.on_standalone and all(h == "127.0.0.1" for _, h, _, _ in nodes)
+    assert not config.load(env={}, var_dir=tmp_path, **loopback.kafka()).on_standalone  # local[2]
 
 
 def _settings(tmp_path):
