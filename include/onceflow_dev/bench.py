@@ -821,20 +821,30 @@ def _warm_up(s: config.Settings, end: dict[int, int]) -> None:
     log.info("broker warmed up: read %d records in %.0f s", n, time.time() - t)
 
 
-def main() -> int:
+def main(var: Path = config.REPO_ROOT / "var" / "bench") -> int:
     setup_logging()
-    var = config.REPO_ROOT / "var" / "bench"
-    results = run(BenchSpec(), var)
+    results: dict = {}
     out = var / f"results-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    try:
+        run(BenchSpec(), var, results)
+    except Exception as e:  # a phase that fails keeps the figures of the phases before it
+        log.exception("the bench stopped")
+        results["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1))
+        print(f"\nthe bench stopped ({results['error']}); the figures of the phases before it: {out}")
+        return 1
     out.write_text(json.dumps(results, indent=1))
     print(table(results))
     print(f"\nfigures: {out}")
     return 0
 
 
-def run(spec: BenchSpec, var: Path) -> dict:
-    """Every phase for every contender of `spec` on a private broker under `var`; the figures, with the ratios."""
-    results: dict = {"spec": spec.as_json(), "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]}}
+def run(spec: BenchSpec, var: Path, results: dict | None = None) -> dict:
+    """Every phase for every contender of `spec` on a private broker under `var`; the figures, with the ratios, in
+    `results` (filled as the phases end, so a caller keeps what was measured when one fails)."""
+    results = {} if results is None else results
+    results |= {"spec": spec.as_json(), "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]}}
     with bench_stack(spec, var) as (base, end):
         run_contenders(base, end, spec, results)
     results["ratios"] = ratios(results, spec.trigger_s)

@@ -3,12 +3,13 @@ of late records, and the comparison of a sink against it. Pure, no broker."""
 
 import datetime
 import json
+from contextlib import contextmanager
 
 import pytest
 
 from onceflow_apps.access_log import rules as R
+from onceflow_dev import bench, bench_flink
 from onceflow_dev import bench_check as B
-from onceflow_dev import bench_flink
 
 T0_MS = 1795298400000  # 2026-11-21T22:00:00Z, a window start
 W = 5
@@ -315,3 +316,22 @@ def test_two_bench_apps_never_share_a_topic_name_as_kafka_compares_them(tmp_path
         names += [getattr(s, f) for f in config.Settings.__dataclass_fields__ if f.endswith("_topic")]
     folded = [kafka_collision_key(n) for n in set(names)]
     assert len(folded) == len(set(folded)), sorted(n for n in folded if folded.count(n) > 1)
+
+
+def test_a_phase_that_fails_ends_the_bench_with_the_figures_of_the_phases_before_it(tmp_path, monkeypatch):
+    @contextmanager
+    def stack(spec, var):
+        yield None, {0: 10}
+
+    def contenders(base, end, spec, results):
+        results["throughput"] = {"eos": {"records_per_s": 1000}}
+        raise TimeoutError("a commit after the kill: not within 300 s")
+
+    monkeypatch.setattr(bench, "bench_stack", stack)
+    monkeypatch.setattr(bench, "run_contenders", contenders)
+    monkeypatch.setattr(bench, "setup_logging", lambda: None)
+    assert bench.main(tmp_path) == 1
+    (out,) = tmp_path.glob("results-*.json")
+    got = json.loads(out.read_text())
+    assert got["throughput"] == {"eos": {"records_per_s": 1000}} and "spec" in got
+    assert got["error"].startswith("TimeoutError: a commit after the kill")
