@@ -73,8 +73,8 @@ test-integration: setup
 		--ignore=$(AIRFLOW_RUNNING) tests/integration tests/airflow tests/topology/test_chaos.py
 
 ## bench-short: the short variant of `make bench` (every row, every phase, a 30,000-record backlog; ~7 min), alone.
-## `make test` runs it too, beside the other integration modules.
-BENCH_SHORT := tests/integration/test_bench.py
+## Outside `make test` as every benchmark run is (its pure parts are unit tests: tests/unit/dev/test_bench_*.py).
+BENCH_SHORT := tests/bench/test_short_bench.py
 bench-short: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=5 $(BENCH_SHORT)
 

@@ -62,7 +62,7 @@ SLOWEST_FIRST = (
     "tests/topology/test_cluster.py",  # ~900 (make test-topology)
     "tests/topology/test_chaos.py",  # ~300 (make test-topology)
     "tests/integration/test_reconcile.py",  # ~550
-    "tests/integration/test_bench.py",  # ~410 (alone: make bench-short)
+    "tests/bench/test_short_bench.py",  # ~600 (make bench-short)
     "tests/integration/test_exactly_once.py",  # ~350
     "tests/integration/test_security.py",  # ~205
     "tests/airflow/test_dags.py",  # ~185

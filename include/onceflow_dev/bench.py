@@ -2,7 +2,7 @@
 transactional confluent-kafka loop (the ceiling), and the same query on Flink 2.x with its exactly-once KafkaSink
 (checkpoints every 5 s, and every BENCH_FLINK_FAST_MS; onceflow_dev.bench_flink), side by side on one generated
 workload and one private broker; ip_networks (the stateless second app) and ip_count into a PostgreSQL table too.
-BENCH_CONTENDERS picks rows (CONTENDERS); `run` is the whole run, which tests/integration/test_bench.py runs small.
+BENCH_CONTENDERS picks rows (CONTENDERS); `run` is the whole run, which tests/bench/test_short_bench.py runs small.
 
 Phases, each run in turn for every contender on the same machine:
 1. throughput: a backlog of BENCH_RECORDS records (4 partitions, BENCH_IPS distinct IPs) is written once; each
@@ -104,7 +104,7 @@ class BenchSpec:
     # records/s beside the measured one; 0: BENCH_LIVE_RATE, the measured job's own rate
     load_rate: int = field(default_factory=lambda: _env_int("BENCH_LOAD_RATE", 0))
     # BENCH_CONTENDERS=eos,alo,...: only these rows (onceflow's own, `eos`, always runs: every ratio is to it);
-    # empty: every row the flags above allow. The short variant, `make bench-short` (tests/integration/test_bench.py),
+    # empty: every row the flags above allow. The short variant, `make bench-short` (tests/bench/test_short_bench.py),
     # leaves out `flink_fast`, the same code as `flink` at another interval
     contenders: frozenset[str] = field(
         default_factory=lambda: frozenset(filter(None, os.environ.get("BENCH_CONTENDERS", "").split(",")))
