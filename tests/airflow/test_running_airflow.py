@@ -188,6 +188,64 @@ def health_windows(s) -> list[tuple]:
     ]
 
 
+def test_a_second_app_has_its_own_dags_and_is_proven_by_them(platform):
+    """ip_networks (stateless, keyed by IP, a reference table) beside ip_count in one control plane: deployed by its
+    own deploy DAG, watched by its own scheduled health and transaction watch, proven batch by batch by its own
+    scheduled reconciliation, which replays its plan (it has no recount of its own), and stopped by its deploy DAG;
+    the first app's job went on committing throughout. First in the module: once proven, the second app is stopped and
+    its DAGs paused, and the first app's scheduled runs, waited for next, no longer share the machine with them."""
+    s, api, webhook, _ = platform
+    nets = second_instance(s)
+    run = _wait(api, f"{NETS}_deploy", NETS_DEPLOY[0])
+    assert run["state"] == "success", api.task_instances(f"{NETS}_deploy", run["dag_run_id"])
+    assert "first_batch" in api.xcom(f"{NETS}_deploy", run["dag_run_id"], "first_commit")
+    first_app = jobctl.status(s).last_batch
+    watching = airflow_local.watch_dags(nets)
+    assert set(watching) == {f"{NETS}_{k}" for k in airflow_local.WATCH_KINDS}
+
+    def proven():
+        done = {d: len(scheduled(api, d, "success")) for d in watching}
+        chain = [r for r in chain_results(nets) if r["first_batch"] is not None]
+        ok = done[f"{NETS}_health"] >= 1 and done[f"{NETS}_txn_watch"] >= 1 and len(chain) >= 2
+        return chain if ok else None
+
+    chain = procs.wait_until(proven, 600, interval=10, what=f"{NETS}'s scheduled runs proving its batches")
+    for dag_id in watching:
+        assert not scheduled(api, dag_id, "failed"), dag_id
+    assert all(r["ok"] for r in chain), [r for r in chain if not r["ok"]]
+    assert chain[0]["first_batch"] == audit.ledger_entries(nets)[0].batch
+    assert all(b["first_batch"] == a["last_batch"] + 1 for a, b in zip(chain, chain[1:], strict=False))
+    # the generic proof, not ip_count's: the replay of the app's own plan, and no recount step
+    logs = [
+        api.task_log(f"{NETS}_reconciliation", r["dag_run_id"], "recount")
+        for r in scheduled(api, f"{NETS}_reconciliation", "success")
+    ]
+    assert [log for log in logs if "the replay done" in log], logs[0][-3000:]
+    assert not [log for log in logs if "step 3 of 3" in log]
+    # its own pace and schedule (NETS_ENV), not the first app's: its DAG's interval, and its job's batches paced
+    assert api.dag(f"{NETS}_reconciliation")["timetable_summary"] == str(timedelta(minutes=NETS_RECONCILE_MINUTES))
+    assert api.dag(f"{APP}_reconciliation")["timetable_summary"] == str(timedelta(minutes=s.reconcile_interval_minutes))
+    paced = [e.batch_ts_ms for e in audit.ledger_entries(nets)]
+    gaps = sorted(b - a for a, b in zip(paced, paced[1:]))
+    assert gaps and gaps[len(gaps) // 2] >= 0.9 * NETS_TRIGGER_S * 1000 > s.trigger_interval_s * 1000, gaps
+    # its health is its own: its record names it, with its own source's partitions
+    [*_, h] = procs.wait_until(lambda: health_records(nets), 120, what=f"{NETS}'s health record")
+    assert h["running"] and set(h["partitions"]) == {str(p) for p in range(nets.source_partitions)}, h
+    assert not webhook.alerts(f"health:{NETS}:")
+    # the first app's job committed meanwhile, on its own ledger
+    assert jobctl.status(s).last_batch > first_app or procs.wait_until(
+        lambda: jobctl.status(s).last_batch > first_app, 120, what=f"{APP} committing beside {NETS}"
+    )
+    assert jobctl.status(s).running
+    # stopped by its deploy DAG, and its watching DAGs paused (the rest of the module is about the first app)
+    stop = _wait(api, f"{NETS}_deploy", api.trigger(f"{NETS}_deploy", {"action": "stop"}, note="done with it"))
+    assert stop["state"] == "success", api.task_instances(f"{NETS}_deploy", stop["dag_run_id"])
+    st = jobctl.status(nets)
+    assert not st.running and st.desired_state == "stopped", st
+    for dag_id in watching:
+        BACKGROUND.append(pause_between_runs_in_background(airflow_local.client(s), dag_id))
+
+
 def test_scheduled_runs_do_their_work(platform):
     s, api, webhook, _ = platform
 
@@ -240,63 +298,6 @@ def test_scheduled_runs_do_their_work(platform):
     assert "ONCEFLOW_TRANSACTION_TIMEOUT_MS" in got[0]["action"]
     # the timeout crashed the job and its supervisor restarted it: health left that restart alone, no alert
     assert not webhook.alerts(f"health:{s.app_id}:"), (webhook.alerts(f"health:{s.app_id}:"), health_windows(s))
-
-
-def test_a_second_app_has_its_own_dags_and_is_proven_by_them(platform):
-    """ip_networks (stateless, keyed by IP, a reference table) beside ip_count in one control plane: deployed by its
-    own deploy DAG, watched by its own scheduled health and transaction watch, proven batch by batch by its own
-    scheduled reconciliation, which replays its plan (it has no recount of its own), and stopped by its deploy DAG;
-    the first app's job went on committing throughout."""
-    s, api, webhook, _ = platform
-    nets = second_instance(s)
-    run = _wait(api, f"{NETS}_deploy", NETS_DEPLOY[0])
-    assert run["state"] == "success", api.task_instances(f"{NETS}_deploy", run["dag_run_id"])
-    assert "first_batch" in api.xcom(f"{NETS}_deploy", run["dag_run_id"], "first_commit")
-    first_app = jobctl.status(s).last_batch
-    watching = airflow_local.watch_dags(nets)
-    assert set(watching) == {f"{NETS}_{k}" for k in airflow_local.WATCH_KINDS}
-
-    def proven():
-        done = {d: len(scheduled(api, d, "success")) for d in watching}
-        chain = [r for r in chain_results(nets) if r["first_batch"] is not None]
-        ok = done[f"{NETS}_health"] >= 1 and done[f"{NETS}_txn_watch"] >= 1 and len(chain) >= 2
-        return chain if ok else None
-
-    chain = procs.wait_until(proven, 600, interval=10, what=f"{NETS}'s scheduled runs proving its batches")
-    for dag_id in watching:
-        assert not scheduled(api, dag_id, "failed"), dag_id
-    assert all(r["ok"] for r in chain), [r for r in chain if not r["ok"]]
-    assert chain[0]["first_batch"] == audit.ledger_entries(nets)[0].batch
-    assert all(b["first_batch"] == a["last_batch"] + 1 for a, b in zip(chain, chain[1:], strict=False))
-    # the generic proof, not ip_count's: the replay of the app's own plan, and no recount step
-    logs = [
-        api.task_log(f"{NETS}_reconciliation", r["dag_run_id"], "recount")
-        for r in scheduled(api, f"{NETS}_reconciliation", "success")
-    ]
-    assert [log for log in logs if "the replay done" in log], logs[0][-3000:]
-    assert not [log for log in logs if "step 3 of 3" in log]
-    # its own pace and schedule (NETS_ENV), not the first app's: its DAG's interval, and its job's batches paced
-    assert api.dag(f"{NETS}_reconciliation")["timetable_summary"] == str(timedelta(minutes=NETS_RECONCILE_MINUTES))
-    assert api.dag(f"{APP}_reconciliation")["timetable_summary"] == str(timedelta(minutes=s.reconcile_interval_minutes))
-    paced = [e.batch_ts_ms for e in audit.ledger_entries(nets)]
-    gaps = sorted(b - a for a, b in zip(paced, paced[1:]))
-    assert gaps and gaps[len(gaps) // 2] >= 0.9 * NETS_TRIGGER_S * 1000 > s.trigger_interval_s * 1000, gaps
-    # its health is its own: its record names it, with its own source's partitions
-    [*_, h] = procs.wait_until(lambda: health_records(nets), 120, what=f"{NETS}'s health record")
-    assert h["running"] and set(h["partitions"]) == {str(p) for p in range(nets.source_partitions)}, h
-    assert not webhook.alerts(f"health:{NETS}:")
-    # the first app's job committed meanwhile, on its own ledger
-    assert jobctl.status(s).last_batch > first_app or procs.wait_until(
-        lambda: jobctl.status(s).last_batch > first_app, 120, what=f"{APP} committing beside {NETS}"
-    )
-    assert jobctl.status(s).running
-    # stopped by its deploy DAG, and its watching DAGs paused (the rest of the module is about the first app)
-    stop = _wait(api, f"{NETS}_deploy", api.trigger(f"{NETS}_deploy", {"action": "stop"}, note="done with it"))
-    assert stop["state"] == "success", api.task_instances(f"{NETS}_deploy", stop["dag_run_id"])
-    st = jobctl.status(nets)
-    assert not st.running and st.desired_state == "stopped", st
-    for dag_id in watching:
-        BACKGROUND.append(pause_between_runs_in_background(airflow_local.client(s), dag_id))
 
 
 def test_a_killed_job_is_brought_back_by_the_scheduled_health_check(platform):
