@@ -209,7 +209,9 @@ def test_a_second_app_has_its_own_dags_and_is_proven_by_them(platform):
         ok = done[f"{NETS}_health"] >= 1 and done[f"{NETS}_txn_watch"] >= 1 and len(chain) >= 2
         return chain if ok else None
 
-    chain = procs.wait_until(proven, 600, interval=10, what=f"{NETS}'s scheduled runs proving its batches")
+    # the module's first test: its schedules' first runs come beside Airflow's and both jobs' starts (the same
+    # deadline as the first app's scheduled runs are waited for with)
+    chain = procs.wait_until(proven, 900, interval=10, what=f"{NETS}'s scheduled runs proving its batches")
     for dag_id in watching:
         assert not scheduled(api, dag_id, "failed"), dag_id
     assert all(r["ok"] for r in chain), [r for r in chain if not r["ok"]]
