@@ -31,6 +31,10 @@ LEADER_MOVING = {
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.UNKNOWN_TOPIC_OR_PART,
     KafkaError._TRANSPORT,
+    # the client's leader epoch and the broker's disagree (a broker restarted, a leader moved): asked again once the
+    # client has refreshed its metadata
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
 }
 
 

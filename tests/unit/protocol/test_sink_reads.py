@@ -125,6 +125,18 @@ def test_offset_lookups_ride_out_a_moving_leader_within_their_bound(monkeypatch)
         reading.latest_offsets(stuck, [tp])
 
 
+def test_an_offset_lookup_with_a_stale_leader_epoch_is_asked_again():
+    """The short chaos run (2026-11-28): the broker restarted with the job's admin client holding the old leader
+    epoch; the lookup answered FENCED_LEADER_EPOCH, the job failed its batch on it and was restarted (46 s to the next
+    commit), where a second lookup, after the client refreshed its metadata, finds the partition's new epoch."""
+    c = FakeCluster()
+    committed_batches(c, 2)
+    tp = TopicPartition(S.ledger_topic, 0)
+    for code in (KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH):
+        stale = kafka_error(code, retriable=True)
+        assert reading.latest_offsets(ScriptedAdmin(c, {"list_offsets": [stale]}), [tp]) == {(S.ledger_topic, 0): 2}
+
+
 def test_an_offset_lookup_a_dead_leader_never_answered_is_asked_again_within_the_bound(monkeypatch):
     """Cluster chaos seed 4711: the leader died with the lookup in flight, its future timed out, and the job failed
     its batch on that (a restart in the middle of a broker's outage) instead of asking the new leader."""
