@@ -229,6 +229,27 @@ def test_faults_that_come_before_the_lag_is_back_are_judged_from_the_last_of_the
     assert alone["violations"] == ["broker_down at 10000: lag not back at 100 (+0) within 300 s"]
 
 
+def test_a_fault_that_begins_before_the_next_commit_has_the_commit_judged_from_it():
+    """The short chaos run in CI (2026-11-28): a job kill after batch 0, and the job's own planned stall held batch 1,
+    the first after the restart, past its timeout: a second restart, and the commit 120.1 s after the kill failed the
+    kill's 120 s bound. The wait is judged from the last fault that began before the commit; a fault alone keeps its
+    own bound, and a wait too long after the last of them still fails, named as theirs."""
+    s = 1000
+    kill = Injected("kill_job", 10 * s, 10 * s)
+    stall = Injected("stall_in_txn", 60 * s, 72 * s)
+    out = cp.liveness([kill, stall], [130 * s], [], Bounds(commit_s=120), lag_slack=0)
+    first = out["faults"][0]
+    assert first["to_commit_s"] == 120.0 and first["commit_overlapped_by"] == 1
+    assert first["commit_judged_from_last_s"] == 70.0 and not out["violations"], out["violations"]
+    late = cp.liveness([kill, stall], [190 * s], [], Bounds(commit_s=120), lag_slack=0)
+    assert late["violations"] == [
+        "kill_job at 10000: no committed batch within 120 s of the last of 2 faults (got 180.0)",
+        "stall_in_txn at 60000: no committed batch within 120 s (got 130.0)",
+    ]
+    alone = cp.liveness([kill], [140 * s], [], Bounds(commit_s=120), lag_slack=0)
+    assert alone["violations"] == ["kill_job at 10000: no committed batch within 120 s (got 130.0)"]
+
+
 def test_the_replays_differences_count_as_lost_and_duplicated_results():
     from onceflow_dev.chaos import replay_counts
 
