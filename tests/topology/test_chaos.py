@@ -11,7 +11,9 @@ from onceflow_dev import chaos
 pytestmark = pytest.mark.integration
 
 
-def test_short_chaos_run_loses_nothing_and_duplicates_nothing(tmp_path):
+def test_short_chaos_run_loses_nothing_and_duplicates_nothing(tmp_path, spark):
+    # `spark`: the session's shared one, which the run's reconciliation then uses (getOrCreate) and the fixture stops
+    # with its JVM; alone in a test session, the session the run would make itself outlived it
     # 500 records/s for 40 s, and on until the faults are over. Cold restarts: a warm standby's takeover is
     # test_standby's claim, and waiting minutes for the standby's session on a 2-core machine doubled this run
     spec = chaos.ChaosSpec(
