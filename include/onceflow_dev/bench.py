@@ -830,11 +830,11 @@ def main(var: Path = config.REPO_ROOT / "var" / "bench") -> int:
     except Exception as e:  # a phase that fails keeps the figures of the phases before it
         log.exception("the bench stopped")
         results["error"] = f"{type(e).__name__}: {str(e)[:500]}"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    if "error" in results:
         print(f"\nthe bench stopped ({results['error']}); the figures of the phases before it: {out}")
         return 1
-    out.write_text(json.dumps(results, indent=1))
     print(table(results))
     print(f"\nfigures: {out}")
     return 0

@@ -194,8 +194,7 @@ def liveness(
     for f in ordered:
         nxt = next((c for c in commits if c > f.from_ms), None)
         to_commit = None if nxt is None else (nxt - f.from_ms) / 1000
-        before_commit = [g for g in ordered if f.start_ms < g.start_ms and (nxt is None or g.start_ms < nxt)]
-        commit_anchor = max([f.from_ms, *(g.from_ms for g in before_commit)])
+        before_commit, commit_anchor = _last_of(f, ordered, nxt)
         commit_judged = None if nxt is None or nxt <= commit_anchor else (nxt - commit_anchor) / 1000
         before = lag_at(samples, f.start_ms)
         to_lag = judged = None
@@ -204,8 +203,7 @@ def liveness(
             level = before + lag_slack
             back = next((t for t, n in samples if t > f.from_ms and n <= level), None)
             to_lag = None if back is None else (back - f.from_ms) / 1000
-            overlapped = [g for g in ordered if f.start_ms < g.start_ms and (back is None or g.start_ms < back)]
-            anchor = max([f.from_ms, *(g.from_ms for g in overlapped)])
+            overlapped, anchor = _last_of(f, ordered, back)
             judged = None if back is None else (back - anchor) / 1000
         row = {
             "kind": f.kind,
@@ -246,6 +244,13 @@ def liveness(
         "violations": violations,
         "lag_samples": samples,  # (epoch ms, lag): the figures can be judged again from the report
     }
+
+
+def _last_of(f: Injected, ordered: list[Injected], until_ms: int | None) -> tuple[list[Injected], int]:
+    """The faults that began after `f` and before `until_ms` (None: not yet), and the moment the last of them (or `f`)
+    is judged from."""
+    later = [g for g in ordered if f.start_ms < g.start_ms and (until_ms is None or g.start_ms < until_ms)]
+    return later, max([f.from_ms, *(g.from_ms for g in later)])
 
 
 def _spread(key: str, rows: list[dict[str, Any]]) -> dict[str, float | None]:
