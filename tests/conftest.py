@@ -41,9 +41,9 @@ import pytest
 from onceflow import config
 from onceflow.kafka import topics
 from onceflow.runtime import jobctl, jvm, launcher
-from onceflow_dev import broker
+from onceflow_dev import broker, loopback
 from tests.support.harness import app_settings
-from tests.support.session import end_on_sigterm, free_port, session_processes
+from tests.support.session import end_on_sigterm, session_processes
 
 end_on_sigterm()  # a run ended by SIGTERM (`timeout`, CI) still stops what its fixtures started
 
@@ -165,8 +165,7 @@ def kafka(tmp_path_factory):
     base = config.load(
         env={},
         var_dir=var,
-        bootstrap_servers=f"127.0.0.1:{free_port()}",
-        controller_port=free_port(),
+        **loopback.kafka(),
         broker_txn_abort_check_interval_ms=1000,
         broker_transaction_max_timeout_ms=300_000,
         trigger_interval_s=1.0,

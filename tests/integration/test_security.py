@@ -27,9 +27,9 @@ from onceflow.kafka.clients import transactional_producer
 from onceflow.operations import backfill, reconcile, savepoints
 from onceflow.protocol.exactly_once import ExactlyOnceSink
 from onceflow.runtime import jobctl, launcher, preflight, procs
-from onceflow_dev import broker, credentials, stack, tls
+from onceflow_dev import broker, credentials, loopback, stack, tls
 from tests.support.harness import app_settings, assert_exact, events, now_ms, produce, wait_drained
-from tests.support.session import free_port, session_processes
+from tests.support.session import session_processes
 
 pytestmark = pytest.mark.integration
 
@@ -40,8 +40,7 @@ def secured(tmp_path_factory):
     base = config.load(
         env={},
         var_dir=tmp_path_factory.mktemp("secured"),
-        bootstrap_servers=f"127.0.0.1:{free_port()}",
-        controller_port=free_port(),
+        **loopback.kafka(),
         broker_txn_abort_check_interval_ms=1000,
         broker_transaction_max_timeout_ms=300_000,
         trigger_interval_s=1.0,

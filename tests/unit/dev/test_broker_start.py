@@ -30,12 +30,7 @@ def test_a_loopback_cluster_gets_a_port_of_its_own_for_every_node_and_the_master
 
 
 def _settings(tmp_path):
-    return config.load(
-        env={},
-        var_dir=tmp_path,
-        bootstrap_servers=f"127.0.0.1:{procs.free_port()}",
-        controller_port=procs.free_port(),
-    )
+    return config.load(env={}, var_dir=tmp_path, **loopback.kafka())
 
 
 def _bind_failure_log(s) -> None:
