@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from onceflow import wire
@@ -243,8 +243,16 @@ def _rows(df: DataFrame, cols: list[str]) -> list[dict]:
     return [{c: r[c] for c in cols} for r in df.limit(CAP).collect()]
 
 
+def _differences(j: DataFrame, kinds: dict[str, tuple[Column, list[str]]], *figures: Column):
+    """The rows of each kind of difference in `j` (at most CAP each), and `figures` over all of `j`, from one Spark
+    job that counts every kind: the rows of a kind are read only where there are some, so a clean range (the usual
+    case) costs one job, not one per kind."""
+    row = j.agg(*[F.count(F.when(cond, True)).alias(k) for k, (cond, _) in kinds.items()], *figures).first()
+    assert row is not None  # a global aggregation has one row
+    return {k: _rows(j.where(cond), cols) if row[k] else [] for k, (cond, cols) in kinds.items()}, row
+
+
 def _results(expected, sink, selected, totals, late_groups, pending, settings, dlq_records) -> list[rr.Check]:
-    ours = sink.where(F.col("batch").isNotNull())
     per_key = sink.groupBy("key").agg(
         F.count(F.lit(1)).alias("times"),
         F.collect_set("batch").alias("batches"),
@@ -252,30 +260,36 @@ def _results(expected, sink, selected, totals, late_groups, pending, settings, d
         F.min("batch").alias("batch"),
     )
     j = expected.join(per_key, "key", "full_outer").cache()
-    duplicates = _rows(j.where(F.col("times") > 1), ["key", "times", "batches"])
-    missing = _rows(j.where(F.col("times").isNull()), ["key", "expected", "emit_batch"])
-    wrong = _rows(
-        j.where(F.col("times").isNotNull() & F.col("expected").isNotNull() & (F.col("count") != F.col("expected"))),
-        ["key", "expected", "count", "batch"],
-    )
-    unexpected = _rows(j.where(F.col("expected").isNull()), ["key", "count", "batches"])
-    misplaced = _rows(
-        j.where((F.col("times") == 1) & F.col("expected").isNotNull() & (F.col("batch") != F.col("emit_batch"))),
-        ["key", "batch", "emit_batch"],
-    )
-    figs = j.agg(
+    times, exp = F.col("times"), F.col("expected")
+    diffs, figs = _differences(
+        j,
+        {
+            "duplicates": (times > 1, ["key", "times", "batches"]),
+            "missing": (times.isNull(), ["key", "expected", "emit_batch"]),
+            "wrong": (
+                times.isNotNull() & exp.isNotNull() & (F.col("count") != exp),
+                ["key", "expected", "count", "batch"],
+            ),
+            "unexpected": (exp.isNull(), ["key", "count", "batches"]),
+            "misplaced": (
+                (times == 1) & exp.isNotNull() & (F.col("batch") != F.col("emit_batch")),
+                ["key", "batch", "emit_batch"],
+            ),
+        },
         F.count("expected").alias("expected_keys"),
-        F.sum(F.when(F.col("expected").isNotNull(), F.col("count"))).alias("sink_counted"),
-        F.sum(F.col("expected") - F.col("from_range")).alias("carried_in"),
-    ).first()
-    j.unpersist()
-    sink_records = ours.count()
-    ledger_outputs = sum(e.outputs for e in selected)
-    i3 = rr.results_check(
-        figs["expected_keys"], sink_records, duplicates, missing, wrong, unexpected, misplaced, ledger_outputs
+        F.sum(F.when(exp.isNotNull(), F.col("count"))).alias("sink_counted"),
+        F.sum(exp - F.col("from_range")).alias("carried_in"),
     )
-    # records in the sink's time window that no onceflow transaction wrote (no batch header)
-    i3.figures["foreign_records"] = sink.where(F.col("batch").isNull()).count()
+    j.unpersist()
+    # the sink's records of the range: ours (a batch header), and those no onceflow transaction wrote (none)
+    headed = sink.agg(
+        F.count(F.when(F.col("batch").isNotNull(), True)).alias("ours"),
+        F.count(F.when(F.col("batch").isNull(), True)).alias("foreign"),
+    ).first()
+    assert headed is not None
+    ledger_outputs = sum(e.outputs for e in selected)
+    i3 = rr.results_check(figs["expected_keys"], headed["ours"], ledger_outputs=ledger_outputs, **diffs)
+    i3.figures["foreign_records"] = headed["foreign"]
     counted_in_sink = int((figs["sink_counted"] or 0) - (figs["carried_in"] or 0))
     i2 = rr.accounting_check(
         totals["total"],
@@ -303,13 +317,20 @@ def _dlq(spark, settings, src, selected, entries) -> rr.Check:
     )
     bad = src.where(F.col("reason").isNotNull()).select("partition", "offset", "reason", F.col("batch").alias("b"))
     j = bad.join(got, ["partition", "offset"], "full_outer").cache()
-    missing = _rows(j.where(F.col("times").isNull()), ["partition", "offset", "reason", "b"])
-    unexpected = _rows(j.where(F.col("reason").isNull()), ["partition", "offset", "dlq_reason", "batch"])
-    duplicates = _rows(j.where(F.col("times") > 1), ["partition", "offset", "times"])
-    malformed = j.where(F.col("reason").isNotNull()).count()
-    records = dlq.count()
+    diffs, figs = _differences(
+        j,
+        {
+            "missing": (F.col("times").isNull(), ["partition", "offset", "reason", "b"]),
+            "unexpected": (F.col("reason").isNull(), ["partition", "offset", "dlq_reason", "batch"]),
+            "duplicates": (F.col("times") > 1, ["partition", "offset", "times"]),
+        },
+        F.count(F.when(F.col("reason").isNotNull(), True)).alias("malformed"),
+        # every DLQ record of the range is in one group of `got` (those without source headers too: null keys
+        # group together and match no source record), and each group in one row of the full outer join
+        F.sum("times").alias("records"),
+    )
     j.unpersist()
-    return rr.dlq_check(malformed, records, missing, unexpected, duplicates, sum(e.dlq for e in selected))
+    return rr.dlq_check(figs["malformed"], int(figs["records"] or 0), ledger_dlq=sum(e.dlq for e in selected), **diffs)
 
 
 def _gx(sink: DataFrame, settings: Settings, res: rr.Result) -> rr.Check:
