@@ -60,7 +60,7 @@ SECURITY = os.environ.get("ONCEFLOW_TEST_KAFKA_SECURITY", "PLAINTEXT").upper()
 SLOWEST_FIRST = (
     "tests/airflow/test_running_airflow.py",  # ~560 (alone, before the others: the Makefile)
     "tests/topology/test_cluster.py",  # ~900 (make test-topology)
-    "tests/topology/test_chaos.py",  # ~300 (make test-topology)
+    "tests/topology/test_chaos.py",  # ~300 (make chaos-short)
     "tests/integration/test_reconcile.py",  # ~550
     "tests/bench/test_short_bench.py",  # ~600 (make bench-short)
     "tests/integration/test_exactly_once.py",  # ~350
