@@ -44,15 +44,18 @@ pytestmark = pytest.mark.integration
 APP = "airflow_e2e"
 NETS = "airflow_nets"  # the second instance, of ip_networks: its DAGs generated beside the first's (ONCEFLOW_APPS)
 # The second instance's own pace and reconciliation schedule, as an operator sets one instance's
-# (ONCEFLOW__<INSTANCE>__<SETTING>): a quarter of the first's input needs batches and proofs less often.
+# (ONCEFLOW__<INSTANCE>__<SETTING>): a quarter of the first's input needs batches less often, and its proofs (the
+# replay alone) are cheap enough to come every 90 s.
 NETS_TRIGGER_S, NETS_RECONCILE_MINUTES = 10.0, 1.5
 NETS_ENV = {
     f"ONCEFLOW__{config.instance_token(NETS)}__TRIGGER_INTERVAL_S": str(NETS_TRIGGER_S),
     f"ONCEFLOW__{config.instance_token(NETS)}__RECONCILE_INTERVAL_MINUTES": str(NETS_RECONCILE_MINUTES),
 }
 # Shortened through the same settings an operator would set (ONCEFLOW_*_INTERVAL_*), not through test code paths.
+# The first app's chain every 3 min: each of its runs (a spark-submit, ip_count's recount with its GX suite, the
+# replay) took 2-3 min on a slow 2-core machine, so at 45 s they ran back to back, a core's worth beside every test.
 SCHEDULES = dict(
-    health_interval_s=30.0, txn_watch_interval_s=30.0, rotation_interval_minutes=1.0, reconcile_interval_minutes=0.75
+    health_interval_s=30.0, txn_watch_interval_s=30.0, rotation_interval_minutes=1.0, reconcile_interval_minutes=3.0
 )
 BACKGROUND: list[threading.Thread] = []  # the module's own threads, joined before Airflow stops
 STOP = threading.Event()  # set by the module's teardown: its threads end
@@ -437,8 +440,8 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
     with pytest.raises(AirflowApiError) as e:
         api.trigger(f"{APP}_deploy", {"action": "explode"})
     assert e.value.status == 400
-    # The chain's scheduled and manual runs are proven above; from here on its recounts (every 45 s, each minutes of
-    # Spark beside the job) would only slow the tests that follow. The reconciliation DAG is paused once its run in
+    # The chain's scheduled and manual runs are proven above; from here on its recounts (each minutes of Spark beside
+    # the job) would only slow the tests that follow. The reconciliation DAG is paused once its run in
     # progress finishes, while the next tests go on.
     BACKGROUND.append(pause_between_runs_in_background(airflow_local.client(s), f"{APP}_reconciliation"))
 
