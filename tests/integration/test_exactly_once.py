@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -383,6 +384,10 @@ def test_the_broker_killed_and_restarted_under_a_running_job_loses_and_duplicate
     jobctl.wait_running(s, timeout=240)
     feeder.start()  # the input flows through the outage
     jobctl.wait_for_commit(s, after_ms=now_ms(), timeout=240)
+    # not at once after a commit: a one-node broker killed between a commit's answer and its markers can drop them
+    # on restart (Kafka's KAFKA-20734, docs/cluster.md), and the job then rightly stops for the operator (exit 7);
+    # a moment unrelated to the commits (batches of about a second) lands inside a transaction or between two
+    time.sleep(random.Random(12).uniform(0.4, 2.5))
     assert broker.kill(kafka)
     time.sleep(BROKER_DOWN_S)
     broker.start(kafka)
