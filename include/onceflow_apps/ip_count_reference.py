@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from onceflow import wire
@@ -25,14 +25,13 @@ from onceflow.operations import committed_reads, recon_chain
 from onceflow.rules import progress
 from onceflow.rules import reconciliation as rr
 from onceflow.rules.ledger import LedgerEntry, QuarantineRange
-from onceflow.spark import kafka_source
+from onceflow.spark import differences, kafka_source
 from onceflow_apps import ip_count_expectations
 from onceflow_apps.access_log import parsing
 from onceflow_apps.access_log.rules import RULES_VERSION
 from onceflow_apps.ip_count_plan import ISO_MS
 
 log = logging.getLogger(__name__)
-CAP = 100  # differences listed per kind
 SINK_SCHEMA = "window_start STRING, window_end STRING, ip STRING, count DOUBLE"
 
 
@@ -239,19 +238,6 @@ def recount(
     sink_raw.unpersist()
 
 
-def _rows(df: DataFrame, cols: list[str]) -> list[dict]:
-    return [{c: r[c] for c in cols} for r in df.limit(CAP).collect()]
-
-
-def _differences(j: DataFrame, kinds: dict[str, tuple[Column, list[str]]], *figures: Column):
-    """The rows of each kind of difference in `j` (at most CAP each), and `figures` over all of `j`, from one Spark
-    job that counts every kind: the rows of a kind are read only where there are some, so a clean range (the usual
-    case) costs one job, not one per kind."""
-    row = j.agg(*[F.count(F.when(cond, True)).alias(k) for k, (cond, _) in kinds.items()], *figures).first()
-    assert row is not None  # a global aggregation has one row
-    return {k: _rows(j.where(cond), cols) if row[k] else [] for k, (cond, cols) in kinds.items()}, row
-
-
 def _results(expected, sink, selected, totals, late_groups, pending, settings, dlq_records) -> list[rr.Check]:
     per_key = sink.groupBy("key").agg(
         F.count(F.lit(1)).alias("times"),
@@ -261,7 +247,7 @@ def _results(expected, sink, selected, totals, late_groups, pending, settings, d
     )
     j = expected.join(per_key, "key", "full_outer").cache()
     times, exp = F.col("times"), F.col("expected")
-    diffs, figs = _differences(
+    diffs, figs = differences.listed(
         j,
         {
             "duplicates": (times > 1, ["key", "times", "batches"]),
@@ -317,7 +303,7 @@ def _dlq(spark, settings, src, selected, entries) -> rr.Check:
     )
     bad = src.where(F.col("reason").isNotNull()).select("partition", "offset", "reason", F.col("batch").alias("b"))
     j = bad.join(got, ["partition", "offset"], "full_outer").cache()
-    diffs, figs = _differences(
+    diffs, figs = differences.listed(
         j,
         {
             "missing": (F.col("times").isNull(), ["partition", "offset", "reason", "b"]),

@@ -38,7 +38,7 @@ from onceflow.rules import reconciliation as rr
 from onceflow.rules import replay as rp
 from onceflow.rules.ledger import LedgerEntry, QuarantineRange
 from onceflow.rules.reconciliation import Check
-from onceflow.spark import app_plan, kafka_source
+from onceflow.spark import app_plan, differences, kafka_source
 
 log = logging.getLogger(__name__)
 # Logical plan nodes that keep state across micro-batches (a join is counted too: a stream-stream join keeps state;
@@ -54,7 +54,7 @@ STATEFUL_NODES = (
     "Join",
 )
 RUN_TIMEOUT_S = 3600
-CAP = 100
+CAP = differences.CAP
 COMPARED = ["batch", "kind", "output", "key", "sha", "reason"]  # output: a result's (App.outputs)
 
 
@@ -339,20 +339,17 @@ def _compare(
         .cache()
     )
     cols = ["batch", "kind", "output", "key", "replayed", "committed"]
-    short, over = F.col("replayed") > F.col("committed"), F.col("committed") > F.col("replayed")
-    # one job for the totals and the number of differences of each kind; their rows are read only where there are
-    # some (a proven range, the usual case, has none)
-    totals = j.agg(
+    rows, totals = differences.listed(
+        j,
+        {
+            "missing": (F.col("replayed") > F.col("committed"), cols),
+            "extra": (F.col("committed") > F.col("replayed"), cols),
+        },
         F.sum(F.when(F.col("kind") == wire.KIND_RESULT, F.col("replayed"))).alias("results"),
         F.sum(F.when(F.col("kind") == wire.KIND_DLQ, F.col("replayed"))).alias("dlq"),
         F.sum(F.when(F.col("kind") == wire.KIND_RESULT, F.col("committed"))).alias("committed_results"),
         F.sum(F.when(F.col("kind") == wire.KIND_DLQ, F.col("committed"))).alias("committed_dlq"),
-        F.count(F.when(short, True)).alias("missing"),
-        F.count(F.when(over, True)).alias("extra"),
-    ).first()
-    assert totals is not None  # a global aggregation has one row
-    missing = [r.asDict() for r in j.where(short).select(*cols).limit(CAP).collect()] if totals["missing"] else []
-    extra = [r.asDict() for r in j.where(over).select(*cols).limit(CAP).collect()] if totals["extra"] else []
+    )
     per_batch = {
         r["batch"]: (int(r["results"]), int(r["dlq"]))
         for r in produced.groupBy("batch")
@@ -364,7 +361,9 @@ def _compare(
     }
     j.unpersist()
     diffs = (
-        rp.watermark_differences(p, watermarks) + rp.ledger_differences(p, per_batch) + rp.differences(missing, extra)
+        rp.watermark_differences(p, watermarks)
+        + rp.ledger_differences(p, per_batch)
+        + rp.differences(rows["missing"], rows["extra"])
     )
     figures: dict[str, int | float] = {
         k: int(totals[k] or 0) for k in ("results", "dlq", "committed_results", "committed_dlq")

@@ -1,16 +1,16 @@
-"""How ip_count's reference checks list their differences (onceflow_apps.ip_count_reference._differences): every
-kind counted in one pass with the check's figures, the rows of a kind capped, a kind with none listed empty."""
+"""How the proofs list their differences (onceflow.spark.differences, the replay's and ip_count's reference checks'):
+every kind counted in one pass with the check's figures, the rows of a kind capped, a kind with none listed empty."""
 
 from pyspark.sql import functions as F
 
-from onceflow_apps.ip_count_reference import CAP, _differences
+from onceflow.spark.differences import CAP, listed
 
 
 def test_each_kind_is_counted_in_full_listed_up_to_the_cap_and_empty_where_there_is_none(spark):
     rows = [(f"dup{i}", 2, 1) for i in range(CAP + 20)] + [("lost", None, 3), ("fine", 1, 1), ("also", 1, 1)]
     j = spark.createDataFrame(rows, "key string, times long, expected long")
     times = F.col("times")
-    diffs, figs = _differences(
+    diffs, figs = listed(
         j,
         {
             "duplicates": (times > 1, ["key", "times"]),
