@@ -119,11 +119,21 @@ def test_the_reconciliation_dag_submits_its_spark_job_and_pages_a_gap(airflow_ap
     wait_drained(s, sent)
     assert jobctl.stop(s)
     last = audit.ledger_entries(s)[-1].batch
+    # A ledger with a batch missing: the run fails and pages with the exact gap. (Green scheduled and manual runs of
+    # this DAG are the running Airflow's: test_running_airflow.py.)
+    gone = audit.ledger_entries(s)[1]
+    copy_topic(s, s.ledger_topic, s.ledger_topic + ".gap", keep=lambda m: json.loads(m.value).get("batch") != 1)
+    monkeypatch.setenv("ONCEFLOW_LEDGER_TOPIC", s.ledger_topic + ".gap")
     state, tis = _run(s, "reconciliation", first_batch=0, last_batch=last)
-    assert state == "success", tis
+    assert state == "failed", tis
+    [alert] = webhook.alerts(f"reconcile:{s.app_id}:I1_coverage")
+    gaps = {(d["partition"], d["start"], d["end"]) for d in alert["details"]["differences"] if d["kind"] == "gap"}
+    assert gaps == {(p, a, b) for p, (a, b) in gone.ranges.items() if b > a}
+    # the run's every check recorded beside the chain, the failed one with its gap
     recorded = json.loads(kafka_reading.read_topic(s, s.reconciliation_topic)[-1].value)
-    assert recorded["ok"] and (recorded["first_batch"], recorded["last_batch"]) == (0, last)
-    assert {c["name"] for c in recorded["checks"]} == {
+    assert not recorded["ok"] and (recorded["first_batch"], recorded["last_batch"]) == (0, last)
+    checks = {c["name"]: c["status"] for c in recorded["checks"]}
+    assert set(checks) == {
         "I1_coverage",
         "I2_accounting",
         "I3_results",
@@ -132,14 +142,5 @@ def test_the_reconciliation_dag_submits_its_spark_job_and_pages_a_gap(airflow_ap
         "gx_suite",
         "replay",  # the proof for any app (ip_count's recount is the checks above it)
     }
-    assert {c["name"]: c["status"] for c in recorded["checks"]}["replay"] == "pass"
-    # A ledger with a batch missing: the run fails and pages with the exact gap.
-    gone = audit.ledger_entries(s)[1]
-    copy_topic(s, s.ledger_topic, s.ledger_topic + ".gap", keep=lambda m: json.loads(m.value).get("batch") != 1)
-    monkeypatch.setenv("ONCEFLOW_LEDGER_TOPIC", s.ledger_topic + ".gap")
-    state, tis = _run(s, "reconciliation", first_batch=0, last_batch=last, great_expectations=False)
-    assert state == "failed", tis
-    [alert] = webhook.alerts(f"reconcile:{s.app_id}:I1_coverage")
-    gaps = {(d["partition"], d["start"], d["end"]) for d in alert["details"]["differences"] if d["kind"] == "gap"}
-    assert gaps == {(p, a, b) for p, (a, b) in gone.ranges.items() if b > a}
+    assert checks["I1_coverage"] == "fail" and checks["gx_suite"] == "pass" and checks["replay"] == "warn", checks
     monkeypatch.setenv("ONCEFLOW_LEDGER_TOPIC", s.ledger_topic)

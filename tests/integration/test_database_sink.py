@@ -119,9 +119,12 @@ def test_kill9_around_the_database_commit_and_a_crashed_server_lose_and_duplicat
             postgres.crash_restart(pg_home)
 
     spec = dict(rate=2500, event_rate=2500, distinct_ips=400, out_of_order_fraction=0.05, late_fraction=0.01)
+    # one kill -9 at a random moment besides the four protocol points (the plaintext Kafka sink's test kills at
+    # random twice, `make chaos` many times), and the server's crash once the job runs again
     sent = fed_and_killed(
-        s, tmp_path, kill_seed=3, between=crash_server, count=30_000, malformed_fraction=0.02, tail_s=30, seed=4, **spec
-    )
+        s, tmp_path, kill_seed=3, kills=1, between=crash_server, count=30_000, malformed_fraction=0.02, tail_s=30,
+        seed=4, **spec,
+    )  # fmt: skip
     _wait_drained_into_the_table(s, sent, 420)
     assert jobctl.stop(s)
     entries, results, dlq = _assert_exact_table(s, sent)
@@ -200,7 +203,7 @@ def test_a_savepoint_behind_a_table_sink_taken_under_load_and_restored_after_kil
     assert audit.audit(s).ok
     # the reconciliation of the whole history, across the restore: green (coverage from the ledger table), and the
     # replay of the plan over the ledger's history proves the table's rows across the restore too
-    res = reconcile.run(spark, s)
+    res = reconcile.run(spark, s, with_gx=False)  # (the GX suite on a table sink: the kill -9 test above)
     assert res.ok and res.check("I1_coverage").status == Status.PASS, [c.__dict__ for c in res.failures()]
     assert res.check("replay").status == Status.PASS, res.check("replay").summary
     assert res.check("replay").figures["committed_results"] == res.check("replay").figures["results"] > 0

@@ -254,34 +254,83 @@ def test_bad_configuration_fails_at_start_with_a_clear_message(app):
     assert not jobctl.status(s).running
 
 
-def test_a_second_app_stateless_and_joined_with_a_table_is_exact_under_kill9(app, tmp_path, spark):
-    """ip_networks (no window, no state, a reference-table join, keyed by IP), kill -9 twice while records flow:
-    every good record tagged exactly once with its network, every malformed one in the DLQ, the ledger gap-free,
-    and the generic proof holds. The truth is the generator's manifest and the table read in plain Python."""
+def test_two_apps_at_once_are_isolated_and_each_is_exact_under_kill9(app, tmp_path, spark):
+    """ip_count and ip_networks (no window, no state, a reference-table join, keyed by IP, two outputs) on one broker
+    at once, each with its own transactional id, group, checkpoint, lock, ledger and topics. kill -9 of ip_count's
+    driver (not restarted) leaves ip_networks committing, across a kill -9 of its own driver (restarted by its
+    supervisor) while records flow; ip_count started again resumes. Both exact: ip_count by the replay proof;
+    ip_networks every good record tagged exactly once with its network, every malformed one in the DLQ, the ledger
+    gap-free, by the generator's manifest and the table read in plain Python, by its reconciliation and by
+    `onceflow --app ip_networks audit`. (One test: each app's own test started, fed and killed a job of its own.)"""
+    from onceflow.operations import reconcile
     from onceflow_apps import ip_networks
 
-    s = app(app="ip_networks", max_offsets_per_trigger=3000, close_out_batches=False, restart_attempts=10)
-    assert s.declared_app() is ip_networks.app
-    spec = dict(rate=2500, event_rate=2500, distinct_ips=500, late_fraction=0.02, malformed_fraction=0.02)
-    sent = fed_and_killed(s, tmp_path, kill_seed=8, count=30_000, seed=8, **spec)
-    ends = end_offsets(sent)
-    procs.wait_until(lambda: audit.committed_offsets(s, ends) == ends, 420, interval=2.0, what="every record committed")
+    a = app(restart_attempts=0, max_offsets_per_trigger=2000)
+    b = app("_b", app="ip_networks", close_out_batches=False, max_offsets_per_trigger=3000, restart_attempts=10)
+    assert b.declared_app() is ip_networks.app
+    for attr in ("transactional_id", "group_id", "checkpoint", "ledger_topic", "source_topic", "sink_topic"):
+        assert getattr(a, attr) != getattr(b, attr), attr
+    done = threading.Event()
+    sent: dict = {}
+    b_spec = dict(count=20_000, rate=1000, event_rate=1000, distinct_ips=500, late_fraction=0.02)
+    feeders = [
+        threading.Thread(
+            target=lambda: sent.update(
+                {a.app_id: produce(a, tmp_path / "a.csv", stop=done, count=40_000, rate=400, seed=31)}
+            ),
+            daemon=True,
+        ),
+        threading.Thread(
+            target=lambda: sent.update(
+                {b.app_id: produce(b, tmp_path / "b.csv", malformed_fraction=0.02, seed=8, **b_spec)}
+            ),
+            daemon=True,
+        ),
+    ]
+    jobctl.start(a)
+    jobctl.start(b)
+    for f in feeders:
+        f.start()
 
-    from onceflow.operations import reconcile
+    def last(x):
+        return jobctl.status(x).last_batch
 
-    res = reconcile.run(spark, harness(s), with_gx=False)  # what `onceflow --app ip_networks reconcile` runs
+    procs.wait_until(lambda: None not in (last(a), last(b)), 240, what="both apps committing")
+    assert jobctl.kill(a)
+    a_last, b_last = last(a), last(b)
+    time.sleep(random.Random(8).uniform(0.5, 5.0))  # a moment unrelated to b's batches
+    killed_ms = now_ms()
+    assert jobctl.kill(b)  # its supervisor restarts it
+    jobctl.wait_running(b, after_ms=killed_ms, timeout=180)
+    # (a restarted driver has no last batch of its own until it commits)
+    procs.wait_until(lambda: (last(b) or -1) >= b_last + 2, 180, what=f"{b.app_id} committing while {a.app_id} is down")
+    assert last(a) == a_last and not jobctl.status(a).running  # nothing restarted it, nothing else wrote for it
+    locks = {p.name for p in a.run_dir.glob("*.lock")}
+    assert {f"{a.app_id}.lock", f"{b.app_id}.lock"} <= locks
+    done.set()
+    for f in feeders:
+        f.join(300)
+    jobctl.start(a)
+    for x in (a, b):
+        ends = end_offsets(sent[x.app_id])
+        procs.wait_until(
+            lambda x=x, ends=ends: audit.committed_offsets(x, ends) == ends, 420, what=f"{x.app_id} drained"
+        )
+    assert_replayed(a, spark)
+
+    res = reconcile.run(spark, harness(b), with_gx=False)  # what `onceflow --app ip_networks reconcile` runs
     assert {c.name: c.status for c in res.checks} == {
         "I1_coverage": "pass",
         "replay": "pass",
         "I4_visibility": "pass",
     }, [c.summary for c in res.checks]
-    h = harness(s)
-    by_source = {f"{s.source_topic}|{r.partition}|{r.offset}": r for r in truth(sent)}
+    h = harness(b)
+    by_source = {f"{b.source_topic}|{r.partition}|{r.offset}": r for r in truth(sent[b.app_id])}
     # its two outputs: listed networks on the sink topic, the others on the topic of its named output `unlisted`
-    assert set(s.outputs) == {"main", "unlisted"}
+    assert set(b.outputs) == {"main", "unlisted"}
     sink = [
         json.loads(m.value) | {"key": m.key.decode(), "output": None if name == "main" else name}
-        for name, topic in s.outputs.items()
+        for name, topic in b.outputs.items()
         for m in kafka_reading.read_topic(h, topic)
     ]
     assert Counter(v["source"] for v in sink) == Counter(k for k, r in by_source.items() if r.reason is None)
@@ -289,14 +338,15 @@ def test_a_second_app_stateless_and_joined_with_a_table_is_exact_under_kill9(app
         assert v["key"] == v["ip"] == by_source[v["source"]].ip and v["network"] == ip_networks.network_of(v["ip"])
         assert v["output"] == ip_networks.output_of(v["network"])
     assert {ip_networks.UNLISTED, ip_networks.IPV6} < {v["network"] for v in sink}
-    entries = audit.ledger_entries(s)  # every batch counted per topic, the counts adding up to what each holds
+    entries = audit.ledger_entries(b)  # every batch counted per topic, the counts adding up to what each holds
     assert all(e.outputs_by_topic is not None and sum(e.outputs_by_topic.values()) == e.outputs for e in entries)
-    assert {t: sum(e.outputs_by_topic[t] for e in entries) for t in s.sink_topics} == {
-        t: sum(1 for v in sink if s.outputs[v["output"] or "main"] == t) for t in s.sink_topics
+    assert {t: sum(e.outputs_by_topic[t] for e in entries) for t in b.sink_topics} == {
+        t: sum(1 for v in sink if b.outputs[v["output"] or "main"] == t) for t in b.sink_topics
     }
-    dlq = audit.dlq_provenance(kafka_reading.read_topic(h, s.dlq_topic))
+    dlq = audit.dlq_provenance(kafka_reading.read_topic(h, b.dlq_topic))
     assert sorted(dlq) == sorted((r.partition, r.offset) for r in by_source.values() if r.reason is not None)
-    assert check_coverage(audit.ledger_entries(s), audit.committed_offsets(s, ends), {p: 0 for p in ends}).ok
+    ends = end_offsets(sent[b.app_id])
+    assert check_coverage(entries, audit.committed_offsets(b, ends), {p: 0 for p in ends}).ok
     # `onceflow --app ip_networks audit`, as an operator runs it: the ledger's accounting, not ip_count's recount
     # (which found ip_count's windows missing from this sink and called the history violated)
     out = subprocess.run(
@@ -312,53 +362,6 @@ def test_a_second_app_stateless_and_joined_with_a_table_is_exact_under_kill9(app
         dlq
     )
     assert "the ledger's accounting" in out.stderr
-
-
-def test_two_apps_at_once_are_isolated_and_a_kill_of_one_leaves_the_other_committing(app, tmp_path, spark):
-    """ip_count and ip_networks on one broker at once, each with its own transactional id, group, checkpoint, lock,
-    ledger and topics. kill -9 of one's driver (not restarted) leaves the other committing; started again, it
-    resumes, and both are exact by the replay proof."""
-    a = app(restart_attempts=0, max_offsets_per_trigger=2000)
-    b = app("_b", app="ip_networks", close_out_batches=False, max_offsets_per_trigger=2000, trigger_interval_s=1)
-    for attr in ("transactional_id", "group_id", "checkpoint", "ledger_topic", "source_topic", "sink_topic"):
-        assert getattr(a, attr) != getattr(b, attr), attr
-    done = threading.Event()
-    sent: dict = {}
-    feeders = [
-        threading.Thread(
-            target=lambda x=x, seed=seed: sent.update(
-                {x.app_id: produce(x, tmp_path / f"{seed}.csv", stop=done, count=40_000, rate=400, seed=seed)}
-            ),
-            daemon=True,
-        )
-        for x, seed in ((a, 31), (b, 32))
-    ]
-    jobctl.start(a)
-    jobctl.start(b)
-    for f in feeders:
-        f.start()
-
-    def last(x):
-        return jobctl.status(x).last_batch
-
-    procs.wait_until(lambda: None not in (last(a), last(b)), 240, what="both apps committing")
-    assert jobctl.kill(a)
-    a_last, b_last = last(a), last(b)
-    procs.wait_until(lambda: last(b) >= b_last + 2, 120, what=f"{b.app_id} committing while {a.app_id} is down")
-    assert last(a) == a_last and not jobctl.status(a).running  # nothing restarted it, nothing else wrote for it
-    locks = {p.name for p in a.run_dir.glob("*.lock")}
-    assert {f"{a.app_id}.lock", f"{b.app_id}.lock"} <= locks
-    done.set()
-    for f in feeders:
-        f.join(60)
-    jobctl.start(a)
-    for x in (a, b):
-        ends = end_offsets(sent[x.app_id])
-        procs.wait_until(
-            lambda x=x, ends=ends: audit.committed_offsets(x, ends) == ends, 300, what=f"{x.app_id} drained"
-        )
-    for x in (a, b):
-        assert_replayed(x, spark)
 
 
 BROKER_DOWN_S = 5.0  # the outage's length: a fault's parameter, not a wait for a result
