@@ -210,9 +210,16 @@ def test_a_second_app_has_its_own_dags_and_is_proven_by_them(platform):
 
     def proven():
         done = {d: len(scheduled(api, d, "success")) for d in watching}
-        chain = [r for r in chain_results(nets) if r["first_batch"] is not None]
-        # one scheduled run that proved batches: the chain's contiguity across runs is the first app's test
-        ok = done[f"{NETS}_health"] >= 1 and done[f"{NETS}_txn_watch"] >= 1 and len(chain) >= 1
+        recorded = chain_results(nets)
+        chain = [r for r in recorded if r["first_batch"] is not None]
+        # one scheduled run that proved batches, and every recorded run finished (a run records its result before
+        # its DAG run ends): the chain's contiguity across runs is the first app's test
+        ok = (
+            done[f"{NETS}_health"] >= 1
+            and done[f"{NETS}_txn_watch"] >= 1
+            and done[f"{NETS}_reconciliation"] >= len(recorded)
+            and len(chain) >= 1
+        )
         return chain if ok else None
 
     # the module's first test: its schedules' first runs come beside Airflow's and both jobs' starts (the same
