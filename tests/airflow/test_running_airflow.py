@@ -429,23 +429,21 @@ def test_operators_trigger_backfill_reconciliation_and_deploy_through_the_rest_a
     tis = api.task_instances(f"{APP}_deploy", dup["dag_run_id"])
     assert dup["state"] == "failed" and tis["preflight"] == "failed" and tis["launch"] != "success", tis
     assert jobctl.status(s).job_pid == pid
-    for action in ("upgrade",):
-        pid = jobctl.status(s).job_pid
-        run = _wait(
-            api,
+    run = _wait(
+        api,
+        f"{APP}_deploy",
+        api.trigger(
             f"{APP}_deploy",
-            api.trigger(
-                f"{APP}_deploy",
-                {"action": action, "savepoint_id": "latest", "allow_rewind": False, "wait_timeout_s": 300},
-            ),
-        )
-        assert run["state"] == "success", (action, api.task_instances(f"{APP}_deploy", run["dag_run_id"]))
-        first = api.xcom(f"{APP}_deploy", run["dag_run_id"], "first_commit")
-        assert "first_batch" in first and "in the triggerer" in api.task_log(
-            f"{APP}_deploy", run["dag_run_id"], "first_commit"
-        )
-        st = jobctl.status(s)
-        assert st.running and st.job_pid != pid and st.desired_state == "running"
+            {"action": "upgrade", "savepoint_id": "latest", "allow_rewind": False, "wait_timeout_s": 300},
+        ),
+    )
+    assert run["state"] == "success", api.task_instances(f"{APP}_deploy", run["dag_run_id"])
+    first = api.xcom(f"{APP}_deploy", run["dag_run_id"], "first_commit")
+    assert "first_batch" in first and "in the triggerer" in api.task_log(
+        f"{APP}_deploy", run["dag_run_id"], "first_commit"
+    )
+    st = jobctl.status(s)
+    assert st.running and st.job_pid != pid and st.desired_state == "running"
     assert [m for m in savepoints.list_all(s) if m.mode == "stop"], "the upgrade's stop-with-savepoint"
     with pytest.raises(AirflowApiError) as e:
         api.trigger(f"{APP}_deploy", {"action": "explode"})
