@@ -155,6 +155,7 @@ def test_kill9_around_the_database_commit_and_a_crashed_server_lose_and_duplicat
     assert not audit.audit(s).ok
 
 
+@pytest.mark.long  # `make test-long`: the savepoint's claims on the Kafka sink are test_savepoints.py's, in `make test`
 def test_a_savepoint_behind_a_table_sink_taken_under_load_and_restored_after_kill9_is_exact(db_app, tmp_path, spark):
     """The rotation DAG's savepoint and the deploy DAG's restore, on an app whose ledger is its table: the savepoint
     finds its batch's row in the ledger table, the restore catches up to the table's newest batch (not the group's

@@ -170,6 +170,7 @@ def test_preflight_names_the_missing_acl_and_the_job_does_not_start(make_app):
     assert security.missing(job, "job") == []
 
 
+@pytest.mark.long  # `make test-long` (and the whole suite on least privilege: `make test-secured`)
 def test_exactly_once_under_kill9_on_least_privilege_and_no_secret_written(make_app, spark, tmp_path, monkeypatch):
     faults = "crash_before_produce@2,crash_after_commit@5"
     a = make_app("eos", max_offsets_per_trigger=4000, fault=faults)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from onceflow import wire
 from onceflow.runtime import job_view, jobctl, procs, standby
 from tests.support.harness import assert_exact, events, now_ms, produce, wait_drained
@@ -22,6 +24,7 @@ def _standby_ready(s) -> job_view.StandbyView:
     return procs.wait_until(ready, 480, interval=0.5, what="a running job with a warm standby")
 
 
+@pytest.mark.long  # `make test-long`: an optional mode (standby=True); a lost driver's restart is make test's
 def test_a_warm_standby_takes_over_and_loses_nothing(app, tmp_path):
     # raise_after_commit: a failure the driver reports (not a lost process): the fixed delay is kept
     s = app(standby=True, max_offsets_per_trigger=3000, restart_delay_s=4.0, fault="raise_after_commit@12")
