@@ -33,8 +33,12 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 # a short Spark application measured 18.8 s of JVM CPU with both tiers, 10.5-12.9 s with C1 only (docs/testing.md).
 # What the JIT does cannot change what a job writes; the benchmarks and long runs keep the JVM's defaults. A
 # session that brings up Spark also shares one class-data archive across them (spark_class_archive, below).
-OWN_SPARK_SUBMIT_OPTS = "SPARK_SUBMIT_OPTS" not in os.environ  # a caller's own options are left as they are
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+# A caller's own options are left as they are. Ours are marked as ours: pytest-xdist's workers inherit them from the
+# controller, and a worker that took them for a caller's went without the archive (every integration test on two
+# workers did, until 2026-11-29: a job's start took 28-39 s to its Spark session on the loaded machine).
+if "SPARK_SUBMIT_OPTS" not in os.environ:
+    os.environ["SPARK_SUBMIT_OPTS"] = os.environ["ONCEFLOW_TEST_SPARK_SUBMIT_OPTS"] = "-XX:TieredStopAtLevel=1"
+OWN_SPARK_SUBMIT_OPTS = os.environ["SPARK_SUBMIT_OPTS"] == os.environ.get("ONCEFLOW_TEST_SPARK_SUBMIT_OPTS")
 
 import pytest
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable
 from pathlib import Path
 
 from onceflow.config import REPO_ROOT, Settings, instances
@@ -186,17 +185,10 @@ def _healthy(s: Settings) -> bool:
         return False
 
 
-def up(
-    s: Settings,
-    trigger_deploy: bool = True,
-    timeout: float = 300,
-    extra_env: dict[str, str] | None = None,
-    keep_paused: Iterable[str] = (),
-) -> dict:
+def up(s: Settings, trigger_deploy: bool = True, timeout: float = 300, extra_env: dict[str, str] | None = None) -> dict:
     """Start Airflow as `make run` does: `airflow standalone` (api-server, scheduler, dag-processor, triggerer)
-    with the connections to the embedded Kafka and Spark, every onceflow DAG unpaused but those in `keep_paused`
-    (the caller unpauses them when it wants their schedule to begin), and (by default) the deploy DAG triggered to
-    start the job."""
+    with the connections to the embedded Kafka and Spark, every onceflow DAG unpaused, and (by default) the deploy
+    DAG triggered to start the job."""
     pw = password(s)
     if s.airflow_db == "postgres":
         postgres.up(s)  # before anything reads env(s): it carries the connection string
@@ -233,10 +225,8 @@ def up(
             return False
 
     procs.wait_until(parsed, timeout, interval=3, what="the onceflow DAGs to be parsed")
-    held = set(keep_paused)
     for d in all_dags(s):  # manual DAGs too: a paused DAG's triggered runs would wait
-        if d not in held:
-            api.unpause(d)
+        api.unpause(d)
     if trigger_deploy:
         api.trigger(dag_id(s, "deploy"), {"action": "start"}, note="make run: start the job")
     return {

@@ -138,15 +138,11 @@ def platform(kafka, tmp_path_factory):
     feeder.start()
     nets_feeder.start()
     try:
-        # Each app's reconciliation is unpaused once its job has committed, as an operator would begin proving a
-        # new app: its first scheduled run then proves batches (one unpaused with the rest came before the first
-        # commit, found nothing new, and the chain's second proving run came a whole interval later)
-        info = airflow_local.up(s, trigger_deploy=True, timeout=420, extra_env=extra, keep_paused=RECONCILIATIONS)
+        info = airflow_local.up(s, trigger_deploy=True, timeout=420, extra_env=extra)
         api = airflow_local.client(s)
         # the second app is started the way an operator starts any app: its own deploy DAG, through the REST API
         NETS_DEPLOY.append(api.trigger(f"{NETS}_deploy", {"action": "start"}, note="the second app"))
         airflow_local.wait_job_started(s, timeout=420)
-        api.unpause(f"{APP}_reconciliation")
         yield s, api, webhook, info
     finally:
         done.set()
@@ -163,7 +159,6 @@ def platform(kafka, tmp_path_factory):
 
 
 NETS_DEPLOY: list[dict] = []  # the second app's deploy run, triggered by the fixture
-RECONCILIATIONS = (f"{APP}_reconciliation", f"{NETS}_reconciliation")  # unpaused once their app has committed
 
 
 def second_instance(s):
@@ -209,7 +204,6 @@ def test_a_second_app_has_its_own_dags_and_is_proven_by_them(platform):
     run = _wait(api, f"{NETS}_deploy", NETS_DEPLOY[0])
     assert run["state"] == "success", api.task_instances(f"{NETS}_deploy", run["dag_run_id"])
     assert "first_batch" in api.xcom(f"{NETS}_deploy", run["dag_run_id"], "first_commit")
-    api.unpause(f"{NETS}_reconciliation")  # its job has committed (the fixture's RECONCILIATIONS)
     first_app = jobctl.status(s).last_batch
     watching = airflow_local.watch_dags(nets)
     assert set(watching) == {f"{NETS}_{k}" for k in airflow_local.WATCH_KINDS}

@@ -12,7 +12,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit, reconcile, replay
 from onceflow.rules.reconciliation import Status
 from onceflow.runtime import jobctl
-from onceflow_dev.generator import KIND_TAIL
+from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL
 from tests.support.harness import app_settings, copy_topic, expire_group, produce, wait_drained
 
 pytestmark = pytest.mark.integration
@@ -206,7 +206,7 @@ def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(his
     and leaves the chain where it was (the next run covers the same batches again); nothing new succeeds."""
     from onceflow.operations import recon_chain
 
-    s0, _ = history
+    s0, sent = history
     s = s0.replace(
         reconcile_max_batches=3, reconciliation_topic=f"{s0.reconciliation_topic}.chain", var_dir=s0.var_dir / "chain"
     )
@@ -253,6 +253,11 @@ def test_the_chain_proves_every_batch_once_and_a_failed_run_does_not_move_it(his
     assert failed.check("replay").figures["replayed_now"] == failed.last_batch - failed.first_batch + 1
     covered = [b for a, z in spans for b in range(a, z + 1)]
     assert covered == [e.batch for e in entries], spans  # every batch once, in order, no gap
+    # and every source record in one slice's books: the slices' accounting adds up to the generator's manifest
+    books = [r.check("I2_accounting").figures for r in proven]
+    assert sum(b["source_records"] for b in books) == len(sent), books
+    assert sum(b["malformed_in_dlq"] for b in books) == sum(1 for r in sent if r.kind == KIND_MALFORMED), books
+    assert sum(b["late"] for b in books) > 0, books
     st = recon_chain.status(s, entries[-1].batch)
     assert st["proven_through"] == entries[-1].batch and st["pending"] == [] and st["failed"] == []
     recorded = [json.loads(m.value) for m in kafka_reading.read_topic(s, s.reconciliation_topic)]
@@ -339,7 +344,7 @@ def test_a_lost_carry_reads_only_batches_whose_windows_can_still_be_open(history
     from onceflow.rules import reconciliation as rr
     from tests.support.harness import START_MS, delete_records_before
 
-    s0, _ = history
+    s0, sent = history
     later = START_MS + 10 * 60_000  # ten minutes of event time after the first stretch: its windows are all closed
     sent = produce(s0, tmp_path / "later.csv", count=18_000, event_rate=3000, start_ms=later, tail_s=30, seed=52)
     jobctl.start(s0)

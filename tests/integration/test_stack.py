@@ -1,8 +1,10 @@
 """The embedded stack: the broker from Maven jars, the topics with explicit settings, the CLI around them."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
@@ -52,6 +54,18 @@ def test_jvm_artifacts_are_cached(kafka, monkeypatch):
     names = [p.name for p in jvm.spark_kafka_jars(base)]
     assert any(n.startswith("spark-sql-kafka-0-10_2.13-") for n in names)
     assert not any(n.startswith("scala-library") for n in names), "pyspark already ships scala"
+
+
+def test_the_sessions_spark_jvms_map_the_class_archive(spark):
+    """Every Spark JVM of a test session maps the shared class-data archive (tests/conftest.py), on a pytest-xdist
+    worker too: the workers inherit the controller's SPARK_SUBMIT_OPTS, which they once took for a caller's own and
+    left without it. Read from the session's own Spark JVM, launched through spark-submit as every job is."""
+    if not os.environ.get("SPARK_SUBMIT_OPTS", "").startswith("-XX:TieredStopAtLevel=1"):  # not the suite's own
+        pytest.skip("the caller set SPARK_SUBMIT_OPTS: the suite leaves a caller's JVM options as they are")
+    pid = spark.sparkContext._gateway.proc.pid
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    archive = [a for a in args if a.startswith(b"-XX:SharedArchiveFile=")]
+    assert archive and Path(archive[0].split(b"=", 1)[1].decode()).is_file(), args
 
 
 def test_cli_stack_status_json(kafka):
