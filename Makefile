@@ -56,6 +56,7 @@ format: setup
 ## workers (whole modules each, slowest first: tests/conftest.py), since one module at a time left a core idle about
 ## half the time (jobs starting, waiting on triggers, timeouts and restarts: docs/testing.md). TEST_WORKERS=1: serial.
 TEST_WORKERS ?= 2
+WORKERS = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 AIRFLOW_RUNNING := tests/airflow/test_running_airflow.py
 test: lint test-unit test-spark test-integration
 
@@ -69,16 +70,14 @@ test-spark: setup
 test-integration: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 --durations-min=10 $(AIRFLOW_RUNNING)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 --durations-min=10 -m "not long" \
-		$(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
-		--ignore=$(AIRFLOW_RUNNING) tests/integration tests/airflow
+		$(WORKERS) --ignore=$(AIRFLOW_RUNNING) tests/integration tests/airflow
 
 ## test-long: the integration tests marked `long`, ~16 min: a claim `make test` proves, proven again in another
 ## configuration (kill -9 under least-privileged principals; the table sink's savepoint under load), or an optional
 ## mode (the warm standby). Outside `make test` so that CI's run stays within its time (docs/testing.md).
 test-long: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 --durations-min=10 -m long \
-		$(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
-		tests/integration tests/airflow
+		$(WORKERS) tests/integration tests/airflow
 
 ## bench-short: the short variant of `make bench` (every row, every phase, a 30,000-record backlog; ~7 min), alone.
 ## Outside `make test` as every benchmark run is (its pure parts are unit tests: tests/unit/dev/test_bench_*.py).

@@ -344,7 +344,7 @@ def test_a_lost_carry_reads_only_batches_whose_windows_can_still_be_open(history
     from onceflow.rules import reconciliation as rr
     from tests.support.harness import START_MS, delete_records_before
 
-    s0, sent = history
+    s0, _ = history
     later = START_MS + 10 * 60_000  # ten minutes of event time after the first stretch: its windows are all closed
     sent = produce(s0, tmp_path / "later.csv", count=18_000, event_rate=3000, start_ms=later, tail_s=30, seed=52)
     jobctl.start(s0)
