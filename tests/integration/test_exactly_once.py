@@ -19,7 +19,7 @@ from onceflow.kafka import transactional as tw
 from onceflow.protocol.batch_sink import OutRecord
 from onceflow.protocol.exactly_once import ExactlyOnceSink
 from onceflow.rules.ledger import BatchPlan, Decision, check_coverage
-from onceflow.runtime import jobctl, launcher, procs, supervisor
+from onceflow.runtime import jobctl, launcher, local_fs, procs, supervisor
 from onceflow_dev import broker
 from tests.support.harness import (
     assert_exact,
@@ -62,6 +62,9 @@ def test_happy_path_100k_records_exact(app, tmp_path):
     assert rep.late > 0 and rep.malformed > 1000 and rep.expected_keys > 1000
     st = jobctl.status(s)
     assert st.running and st.committed_batches >= 4 and st.last_batch is not None
+    # its checkpoint was written without a forked chmod per file (onceflow.runtime.local_fs; a JDK is on this machine)
+    [started] = events(s, wire.JOB_STARTED)
+    assert started["checkpoint_fs"] == local_fs.CLASS, started
     assert st.progress["watermark"] and st.transactional_id == f"onceflow.{s.app_id}"
     # every backlog batch spans windows: each is followed at once by the batch that emits them (onceflow.pacing)
     assert st.close_out_batches >= 3, st

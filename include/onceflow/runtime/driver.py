@@ -243,6 +243,7 @@ def run(settings: config.Settings) -> int:
     bus.emit(
         wire.JOB_STARTED,
         checkpoint=settings.checkpoint,
+        checkpoint_fs=fs.implementation,
         transactional_id=settings.transactional_id,
         spark_version=spark.version,
         query_id=query.id,

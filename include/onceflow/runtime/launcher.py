@@ -14,7 +14,7 @@ from pathlib import Path
 
 from onceflow import resources
 from onceflow.config import ENV_PREFIX, INSTANCE_PREFIX, STANDALONE_SCHEME, ConfigError, Settings
-from onceflow.runtime import jvm
+from onceflow.runtime import jvm, local_fs
 
 # what spark-submit runs: files of the package (onceflow.entrypoints), found without a checkout
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -44,6 +44,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.sql.streaming.stopTimeout": "60s",
         "spark.driver.extraJavaOptions": conf_java_log(settings),
         **checkpoint_conf(settings.checkpoint),
+        **local_fs_conf(settings, settings.checkpoint),
         # With close-out batches the job paces batches itself under a 0 trigger; when a paced batch finds no
         # new input Spark polls the source at this interval (its default, 10 ms, would poll Kafka 100 times/s).
         "spark.sql.streaming.pollingDelay": f"{poll_delay_ms(settings)}ms",
@@ -61,6 +62,15 @@ def checkpoint_conf(uri: str) -> dict[str, str]:
     if not uri.startswith("file:"):
         return {}
     return {"spark.sql.streaming.checkpointFileManagerClass": LOCAL_CHECKPOINT_MANAGER}
+
+
+def local_fs_conf(settings: Settings, uri: str) -> dict[str, str]:
+    """For a checkpoint on this machine's file system, written by a driver and executors that run here: Hadoop's local
+    file system without a forked `chmod` per file (onceflow.runtime.local_fs). For spark-submit's command line only:
+    an in-process session's JVM may already run without the class on its class path."""
+    if not uri.startswith("file:"):
+        return {}
+    return local_fs.conf(settings, executors_here=_executors_on_this_machine(settings.master))
 
 
 def driver_bind_conf(settings: Settings) -> dict[str, str]:
@@ -311,7 +321,7 @@ def batch_spec(settings: Settings, name: str, script: Path | None = None) -> dic
     return _spec(
         settings,
         f"onceflow-{settings.app_id}-{name}",
-        batch_conf(settings),
+        batch_conf(settings) | local_fs_conf(settings, settings.var_dir.as_uri()),
         script or ENTRYPOINTS / f"{name}.py",
     )
 

@@ -17,6 +17,12 @@ class HadoopFS:
         self._root = self._Path(uri)
         self._fs = self._root.getFileSystem(spark._jsc.hadoopConfiguration())
 
+    @property
+    def implementation(self) -> str:
+        """The Hadoop FileSystem class the checkpoint is read and written through (on this machine's file system:
+        onceflow.runtime.local_fs's, where it could be built)."""
+        return str(self._fs.getClass().getName())
+
     def _path(self, rel: str):
         return self._Path(self._root, rel)
 

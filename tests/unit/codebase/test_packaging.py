@@ -1,5 +1,6 @@
 """onceflow is a real package: its wheel declares what it needs at run time and carries what it runs without a
-checkout: the console's assets, what spark-submit launches, the driver's log4j2 configuration, the connector's pom."""
+checkout: the console's assets, what spark-submit launches, the driver's log4j2 configuration, the connector's pom,
+the Java source of the checkpoint's local file system."""
 
 import shutil
 import subprocess
@@ -26,7 +27,12 @@ def test_the_wheel_declares_its_dependencies_and_carries_the_consoles_assets(tmp
     assert "onceflow/control/console/app.py" in names and "onceflow_apps/ip_count.py" in names
     for runs in ("entrypoints/stream.py", "entrypoints/reconcile.py", "entrypoints/backfill.py"):
         assert f"onceflow/{runs}" in names, runs
-    for data in ("log4j2-job.properties", "maven/settings.xml", "maven/spark-kafka/pom.xml"):
+    for data in (
+        "log4j2-job.properties",
+        "maven/settings.xml",
+        "maven/spark-kafka/pom.xml",
+        "java/NioLocalFileSystem.java",
+    ):
         assert f"onceflow/resources/{data}" in names, data
     requires = [line.split(":", 1)[1].strip() for line in meta.splitlines() if line.startswith("Requires-Dist:")]
     for need in ("confluent-kafka", "pyspark", "pandas"):
