@@ -13,6 +13,7 @@ import logging
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from onceflow import resources
@@ -36,20 +37,25 @@ def maven(pom: Path, *goals: str, timeout: float = 1800) -> subprocess.Completed
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def resolve(name: str, settings: Settings, poms: Path = resources.MAVEN_POMS) -> Path:
-    """Return the directory holding the resolved jars of `<poms>/<name>/pom.xml`. Processes resolving the same set
-    at once (two test workers, a CLI command beside the job on a fresh machine) take turns: the first resolves, the
-    others find its stamp."""
-    pom = poms / name / "pom.xml"
-    out = settings.jvm_dir / name
-    if _resolved(pom, out):
-        return out
+def built_once(settings: Settings, name: str, ready: Callable[[], bool], build: Callable[[], object]) -> None:
+    """Run `build` unless `ready()`. Processes building the same artifact at once (two test workers, a CLI command
+    beside the job on a fresh machine) take turns on a lock in the artifacts' directory: the first builds, the
+    others find it ready."""
+    if ready():
+        return
     settings.jvm_dir.mkdir(parents=True, exist_ok=True)
     with open(settings.jvm_dir / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if _resolved(pom, out):
-            return out
-        return _resolve(name, pom, out)
+        if not ready():
+            build()
+
+
+def resolve(name: str, settings: Settings, poms: Path = resources.MAVEN_POMS) -> Path:
+    """Return the directory holding the resolved jars of `<poms>/<name>/pom.xml`, resolving them once."""
+    pom = poms / name / "pom.xml"
+    out = settings.jvm_dir / name
+    built_once(settings, name, lambda: _resolved(pom, out), lambda: _resolve(name, pom, out))
+    return out
 
 
 def _resolved(pom: Path, out: Path) -> bool:
@@ -82,10 +88,15 @@ def _artifact(jar: Path) -> str:
     return _VERSION_SUFFIX.sub("", jar.name)
 
 
-def spark_kafka_jars(settings: Settings) -> list[Path]:
-    """The connector's jars that pyspark does not already ship (scala, slf4j, compression codecs stay pyspark's)."""
+def pyspark_jars() -> Path:
+    """The directory of the jars pyspark ships (Spark's, Hadoop's client, Scala's)."""
     import pyspark
 
-    bundled = {_artifact(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def spark_kafka_jars(settings: Settings) -> list[Path]:
+    """The connector's jars that pyspark does not already ship (scala, slf4j, compression codecs stay pyspark's)."""
+    bundled = {_artifact(j) for j in pyspark_jars().glob("*.jar")}
     jars = sorted(resolve("spark-kafka", settings).glob("*.jar"))
     return [j for j in jars if _artifact(j) not in bundled]

@@ -11,7 +11,6 @@ be on their class path), Hadoop's file system stays, as it is for every other sc
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from onceflow import resources
 from onceflow.config import Settings
+from onceflow.runtime import jvm
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +30,10 @@ SOURCE = resources.JAVA / "NioLocalFileSystem.java"
 _warned: set[str] = set()
 
 
-def _hadoop_api_jar() -> Path | None:
-    import pyspark
-
-    return next(iter(sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))), None)
-
-
 def jar(settings: Settings) -> Path | None:
     """The compiled class's jar, built on first use (processes building it at once take turns), or None where it
     cannot be built (logged once per reason)."""
-    api = _hadoop_api_jar()
+    api = next(iter(sorted(jvm.pyspark_jars().glob("hadoop-client-api-*.jar"))), None)
     javac = shutil.which("javac")
     if api is None or javac is None:
         _once(
@@ -51,17 +45,12 @@ def jar(settings: Settings) -> Path | None:
         return None
     digest = hashlib.sha256(SOURCE.read_bytes() + api.name.encode()).hexdigest()[:16]
     out = settings.jvm_dir / "local-fs" / f"nio-local-fs-{digest}.jar"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not out.exists():
-            _build(javac, api, out)
+    jvm.built_once(settings, "local-fs", out.exists, lambda: _build(javac, api, out))
     return out if out.exists() else None
 
 
 def _build(javac: str, api: Path, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="onceflow-local-fs-") as tmp:
         classes = Path(tmp) / "classes"
         proc = subprocess.run(
@@ -89,8 +78,9 @@ def _once(message: str) -> None:
 
 def conf(settings: Settings, executors_here: bool) -> dict[str, str]:
     """Spark settings that make `file:` paths go through the class: on the driver's and the executors' class path
-    (they run on this machine: `executors_here`), and Hadoop's `fs.file.impl`. Empty where it cannot apply."""
-    if not executors_here or settings.deploy_mode == "cluster":
+    (they run on this machine: `executors_here`; cluster deploy mode never does, config allows it on Kubernetes and
+    YARN only), and Hadoop's `fs.file.impl`. Empty where it cannot apply."""
+    if not executors_here:
         return {}
     built = jar(settings)
     if built is None:
