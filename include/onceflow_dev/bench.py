@@ -52,7 +52,7 @@ from onceflow.operations import audit
 from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs, run_files, supervisor
-from onceflow_dev import bench_check, bench_flink, broker, generator, loopback, postgres, spark_cluster
+from onceflow_dev import bench_check, bench_flink, broker, generator, loopback, machine, postgres, spark_cluster
 
 log = logging.getLogger("onceflow_dev.bench")
 # The job settings a tuning run varies (docs/performance.md); recorded with every result.
@@ -844,7 +844,7 @@ def run(spec: BenchSpec, var: Path, results: dict | None = None) -> dict:
     """Every phase for every contender of `spec` on a private broker under `var`; the figures, with the ratios, in
     `results` (filled as the phases end, so a caller keeps what was measured when one fails)."""
     results = {} if results is None else results
-    results |= {"spec": spec.as_json(), "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]}}
+    results |= {"spec": spec.as_json(), "machine": machine.describe()}
     with bench_stack(spec, var) as (base, end):
         run_contenders(base, end, spec, results)
     results["ratios"] = ratios(results, spec.trigger_s)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from onceflow import config
 from onceflow.kafka import topics
 from onceflow.rules import clock
-from onceflow_dev import broker
+from onceflow_dev import broker, machine
 from onceflow_dev.bench import (
     AtLeastOnce,
     BenchSpec,
@@ -92,7 +92,7 @@ def main() -> int:
     base = private_settings(var)
     results: dict = {
         "method": {"rate": RATE, "warmup_s": WARMUP_S, "measure_s": MEASURE_S, "trigger_s": spec.trigger_s},
-        "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]},
+        "machine": machine.describe(),
         "quiet": {},
     }
     broker.start(base)
