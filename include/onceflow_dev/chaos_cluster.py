@@ -47,7 +47,10 @@ log = logging.getLogger("onceflow_dev.chaos")
 @dataclass
 class ClusterChaosSpec:
     seconds: float = field(default_factory=lambda: chaos.env_or("CHAOS_SECONDS", 600.0))
-    records: int = field(default_factory=lambda: chaos.env_or("CHAOS_RECORDS", 600_000))
+    # 500 records/s: at 1,000 the job on the loopback cluster fell behind between faults on a slower day of this
+    # 2-core machine (105,867 records behind at the first job kill, 549,741 at the last; docs/cluster.md), and a lag
+    # that never comes back measures the machine's capacity, not recovery
+    records: int = field(default_factory=lambda: chaos.env_or("CHAOS_RECORDS", 300_000))
     job_kills: int = field(default_factory=lambda: chaos.env_or("CHAOS_JOB_KILLS", 5))
     leader_kills: int = field(default_factory=lambda: chaos.env_or("CHAOS_LEADER_KILLS", 3))
     coordinator_kills: int = field(default_factory=lambda: chaos.env_or("CHAOS_COORDINATOR_KILLS", 2))
