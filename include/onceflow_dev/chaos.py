@@ -36,7 +36,7 @@ from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs
 from onceflow.runtime.run_files import JobStatus
-from onceflow_dev import broker, chaos_plan, generator, loopback, postgres, scenario
+from onceflow_dev import broker, chaos_plan, generator, loopback, machine, postgres, scenario
 from onceflow_dev.generator import KIND_TAIL
 
 log = logging.getLogger("onceflow_dev.chaos")
@@ -228,6 +228,9 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             "stalls_cut_by_a_kill": chaos_plan.cut_short(outcome.injected),
             "wall_s": round(time.monotonic() - t0, 1),
             "seed": spec.seed,
+            "input_per_s": round(spec.records / spec.seconds),
+            # liveness figures depend on the machine's speed (onceflow_dev.machine)
+            "machine": machine.describe(),
             "secured": bool(spec.secured),
             "sink": spec.sink,
         }
@@ -547,7 +550,7 @@ def main() -> int:
     print(f"""
 app               {report["app"]} (checked by {report["audit"]}{" and the replay of its plan" if "replay" in report else ""})
 stack             {"secured: SASL/SCRAM over TLS, ACLs; the job as its own principal" if report["secured"] else "plaintext"}
-records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late)
+records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late) at {report["input_per_s"]:,}/s
 faults injected   {f["kill_job"]} kill -9 of the job, {f["restart_broker"]} broker kill+restart, {f["pause_driver"]} driver SIGSTOP/SIGCONT, {f["stall_in_txn"]} transactions held past their timeout ({report["transaction_timeouts"]} timeouts reported, {report.get("stalls_cut_by_a_kill", 0)} cut short by a kill)
 not injected      {report["missed"] or "none"}
 liveness (seconds from each fault; from its end for a broker restart and a pause)

@@ -39,7 +39,7 @@ from onceflow.kafka import cluster, topics
 from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs
-from onceflow_dev import broker, chaos, chaos_plan, loopback, scenario, spark_cluster
+from onceflow_dev import broker, chaos, chaos_plan, loopback, machine, scenario, spark_cluster
 
 log = logging.getLogger("onceflow_dev.chaos")
 
@@ -301,6 +301,8 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
             "transaction_timeouts": len(chaos.events_of(s, wire.TRANSACTION_TIMEOUT)),
             "wall_s": round(time.monotonic() - t0, 1),
             "seed": spec.seed,
+            "input_per_s": round(spec.records / spec.seconds),
+            "machine": machine.describe(),  # liveness figures depend on its speed (onceflow_dev.machine)
             "secured": bool(spec.secured),
         }
         # the outage is tolerated (one node of three): commits go on through it, except while the deliberate
@@ -328,7 +330,7 @@ def main() -> int:
     print(f"""
 app               {report["app"]} (checked by {report["audit"]}{" and the replay of its plan" if "replay" in report else ""})
 topology          {report["topology"]}{"; SASL/SCRAM over TLS, ACLs, the job as its own principal" if report["secured"] else ""}
-records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late)
+records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late) at {report["input_per_s"]:,}/s
 faults injected   {report["faults"]}; not injected: {report["missed"] or "none"}
 while a broker was down for minutes: {report["batches_committed_while_a_broker_was_down"]} batches committed
 {"".join(f"double fault      {d['committed_during']} batches committed while two nodes were down ({d['why']})" + chr(10) for d in report["double_fault"])}liveness (seconds from each fault)
