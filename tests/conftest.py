@@ -17,8 +17,10 @@ import time
 import uuid
 from pathlib import Path
 
-# Every process this session starts inherits the token (children of children too, detached or not).
+# Every process this session starts inherits the token (children of children too, detached or not); and the run's,
+# which pytest-xdist's workers inherit from their controller (tests.support.session.RUN_ENV).
 os.environ["PYTEST_ONCEFLOW_SESSION"] = uuid.uuid4().hex  # tests.support.session.SESSION_ENV
+os.environ.setdefault("PYTEST_ONCEFLOW_RUN", uuid.uuid4().hex)  # tests.support.session.RUN_ENV
 
 # Airflow reads its home at import time: give the test session its own, before anything imports airflow. Under
 # pytest-xdist each worker is a session of its own: it gets its own home, not the one its controller inherited.
@@ -47,7 +49,7 @@ from onceflow.kafka import topics
 from onceflow.runtime import jobctl, jvm, launcher
 from onceflow_dev import broker, loopback
 from tests.support.harness import app_settings
-from tests.support.session import end_on_sigterm, session_processes
+from tests.support.session import end_on_sigterm, pytest_unconfigure, session_processes  # noqa: F401 (a hook)
 
 end_on_sigterm()  # a run ended by SIGTERM (`timeout`, CI) still stops what its fixtures started
 
