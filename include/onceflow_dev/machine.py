@@ -2,9 +2,9 @@
 
 Machines of one kind differ: the commit that read 11.1 CPU s a minute in `make bench-quiet` on 2026-11-27 read 26.1
 on 2026-11-29 (docs/performance.md). CPU seconds from different days compare only with the machine's speed beside
-them, so every results file carries it: a fixed pure-Python loop (the interpreter) and SHA-256 over 256 MiB of fixed bytes
-(native code), each the best of three, in this process's CPU seconds (not wall time: another process's load does
-not count, a slower core does)."""
+them, so every results file carries it: a fixed pure-Python loop (the interpreter) and SHA-256 over 256 MiB of fixed
+bytes (native code), each the best of three, in this process's CPU seconds (not wall time: another process's load
+does not count, a slower core does)."""
 
 from __future__ import annotations
 
