@@ -36,6 +36,7 @@ LEADER_MOVING = {
     KafkaError.FENCED_LEADER_EPOCH,
     KafkaError.UNKNOWN_LEADER_EPOCH,
 }
+STALE_EPOCH = {KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH}
 
 
 def committed(consumer: surfaces.Consumer, tps: list, timeout_s: float = 60.0) -> list:
@@ -176,8 +177,14 @@ def offsets_at(settings: Settings, topic: str, ts_ms: int, ends: dict[int, int])
         c.close()
 
 
-def latest_offsets(admin: surfaces.Admin, tps: list, read_committed: bool = True) -> dict[tuple[str, int], int]:
-    """The end of each partition: the last stable offset under read_committed, else the high watermark."""
+def latest_offsets(
+    admin: surfaces.Admin,
+    tps: list,
+    read_committed: bool = True,
+    renew: Callable[[], surfaces.Admin] | None = None,
+) -> dict[tuple[str, int], int]:
+    """The end of each partition: the last stable offset under read_committed, else the high watermark. `renew`: a
+    new admin client, asked for when a leader's epoch is newer than the one the client holds (below)."""
 
     isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
     deadline = time.monotonic() + LEADER_WAIT_S
@@ -194,6 +201,11 @@ def latest_offsets(admin: surfaces.Admin, tps: list, read_committed: bool = True
             moving = isinstance(e, TimeoutError) or e.args[0].code() in LEADER_MOVING
             if not moving or time.monotonic() >= deadline:
                 raise
+            if renew is not None and isinstance(e, KafkaException) and e.args[0].code() in STALE_EPOCH:
+                # librdkafka asks again with the leader epoch it cached (librdkafka #4620): a held client answered
+                # FENCED_LEADER_EPOCH for all of LEADER_WAIT_S after a leader kill (cluster chaos seed 1,
+                # 2026-11-29: 212 s to the next commit); a new client's metadata holds the new epoch
+                admin = renew()
             time.sleep(0.2)
 
 
@@ -275,13 +287,23 @@ def read_tail(
     return found, (end if end > low else None)
 
 
-def unsettled(admin: surfaces.Admin, tps: list) -> dict[tuple[str, int], tuple[int, int]]:
+def unsettled(
+    admin: surfaces.Admin, tps: list, renew: Callable[[], surfaces.Admin] | None = None
+) -> dict[tuple[str, int], tuple[int, int]]:
     """The partitions with a transaction open (last stable offset below the high watermark), with (last stable
-    offset, high watermark)."""
+    offset, high watermark). `renew`: as latest_offsets'."""
     if not tps:
         return {}
-    stable = latest_offsets(admin, tps, read_committed=True)
-    high = latest_offsets(admin, tps, read_committed=False)
+    held = [admin]  # the second lookup asks the client the first one renewed, if it did
+
+    def renewed() -> surfaces.Admin:
+        assert renew is not None
+        held[0] = renew()
+        return held[0]
+
+    again = renewed if renew is not None else None
+    stable = latest_offsets(held[0], tps, read_committed=True, renew=again)
+    high = latest_offsets(held[0], tps, read_committed=False, renew=again)
     return {tp: (stable[tp], high[tp]) for tp in high if stable[tp] < high[tp]}
 
 

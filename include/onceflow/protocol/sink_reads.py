@@ -6,7 +6,7 @@ in-memory one over a scripted cluster, so the sink's protocol is unit-tested thr
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from confluent_kafka import TopicPartition
@@ -55,8 +55,10 @@ class KafkaSinkReads:
         group: surfaces.Consumer | None = None,
         ledger: surfaces.Consumer | None = None,
         admin: surfaces.Admin | None = None,
+        new_admin: Callable[[], surfaces.Admin] | None = None,
     ):
-        """The clients are made from the settings unless given (onceflow.testing.kafka has scripted ones)."""
+        """The clients are made from the settings unless given (onceflow.testing.kafka has scripted ones);
+        `new_admin` makes a new admin client when the held one's metadata is stale."""
         self.s = settings
         self.group = group or kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
         self.ledger = ledger or kafka_clients.read_committed_consumer(
@@ -64,6 +66,7 @@ class KafkaSinkReads:
         )
         # the ledger lookups' admin client, held: one connection, not one per lookup
         self.admin = admin or kafka_clients.admin(settings)
+        self._new_admin = new_admin or (lambda: kafka_clients.admin(settings))
 
     def committed(self, partitions: Iterable[int]) -> Committed:
         tps = [TopicPartition(self.s.source_topic, p) for p in sorted(partitions)]
@@ -82,7 +85,12 @@ class KafkaSinkReads:
         return self.group.consumer_group_metadata()
 
     def unsettled(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
-        return kafka_reading.unsettled(self.admin, [TopicPartition(t, p) for t, p in partitions])
+        return kafka_reading.unsettled(self.admin, [TopicPartition(t, p) for t, p in partitions], renew=self._renew)
+
+    def _renew(self) -> surfaces.Admin:
+        """A new admin client in place of the held one (whose cached leader epochs a leader move left stale)."""
+        self.admin = self._new_admin()
+        return self.admin
 
     def opened_by(self, topic: str, partition: int, offset: int) -> dict[str, bytes]:
         reader = kafka_clients.read_committed_consumer(self.s, **{"isolation.level": "read_uncommitted"})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from onceflow import config, wire
 from onceflow.kafka import reading
@@ -170,3 +170,29 @@ def test_partitions_with_a_transaction_open_are_named_with_their_stable_offset_a
     assert reads(c).unsettled(parts) == {(S.dlq_topic, 0): (0, 1)}
     c.hold.clear()
     assert reads(c).unsettled(parts) == {}
+
+
+def test_a_stale_leader_epoch_that_persists_is_asked_again_of_a_new_admin_client(monkeypatch):
+    """Cluster chaos seed 1 (2026-11-29): after a leader kill the job's held admin client answered FENCED_LEADER_EPOCH
+    for all of the lookup's 45 s (librdkafka asks again with the epoch it cached), the batch failed, and the next
+    commit came 212 s after the kill. A new client's metadata holds the new epoch."""
+    monkeypatch.setattr(reading, "LEADER_WAIT_S", 0.5)
+    c = FakeCluster()
+    committed_batches(c, 2)
+    tp = TopicPartition(S.ledger_topic, 0)
+
+    def stale_admin():
+        return ScriptedAdmin(c, {"list_offsets": [kafka_error(KafkaError.FENCED_LEADER_EPOCH, retriable=True)] * 100})
+
+    with pytest.raises(KafkaException):  # the held client alone never gets past it
+        reading.latest_offsets(stale_admin(), [tp])
+    made = []
+
+    def new_admin():
+        made.append(ScriptedAdmin(c))
+        return made[-1]
+
+    reads = KafkaSinkReads(
+        S, group=ScriptedConsumer(c), ledger=ScriptedConsumer(c), admin=stale_admin(), new_admin=new_admin
+    )
+    assert reads.unsettled([(S.ledger_topic, 0)]) == {} and len(made) == 1 and reads.admin is made[0]
