@@ -4,7 +4,7 @@ time, as a read_committed consumer sees them. Generic: nothing here knows what t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,14 +177,27 @@ def offsets_at(settings: Settings, topic: str, ts_ms: int, ends: dict[int, int])
         c.close()
 
 
-def latest_offsets(
-    admin: surfaces.Admin,
-    tps: list,
-    read_committed: bool = True,
-    renew: Callable[[], surfaces.Admin] | None = None,
-) -> dict[tuple[str, int], int]:
-    """The end of each partition: the last stable offset under read_committed, else the high watermark. `renew`: a
-    new admin client, asked for when a leader's epoch is newer than the one the client holds (below)."""
+class RenewableAdmin:
+    """An admin client held for many lookups (one connection, not one per lookup) that a lookup replaces with a new
+    one when it answers with a stale leader epoch: librdkafka asks again with the epoch it cached (librdkafka #4620),
+    so a held client answered FENCED_LEADER_EPOCH for all of LEADER_WAIT_S after a leader kill (cluster chaos seed 1,
+    2026-11-29: 212 s to the next commit); a new client's metadata holds the new epoch."""
+
+    def __init__(self, make: Callable[[], surfaces.Admin], client: surfaces.Admin | None = None):
+        self._make = make
+        self.client = client if client is not None else make()
+
+    def renew(self) -> None:
+        self.client = self._make()
+
+    def list_offsets(
+        self, topic_partition_offsets: dict[TopicPartition, OffsetSpec], **kwargs: Any
+    ) -> Mapping[TopicPartition, Any]:
+        return self.client.list_offsets(topic_partition_offsets, **kwargs)
+
+
+def latest_offsets(admin: surfaces.Admin, tps: list, read_committed: bool = True) -> dict[tuple[str, int], int]:
+    """The end of each partition: the last stable offset under read_committed, else the high watermark."""
 
     isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
     deadline = time.monotonic() + LEADER_WAIT_S
@@ -201,11 +214,8 @@ def latest_offsets(
             moving = isinstance(e, TimeoutError) or e.args[0].code() in LEADER_MOVING
             if not moving or time.monotonic() >= deadline:
                 raise
-            if renew is not None and isinstance(e, KafkaException) and e.args[0].code() in STALE_EPOCH:
-                # librdkafka asks again with the leader epoch it cached (librdkafka #4620): a held client answered
-                # FENCED_LEADER_EPOCH for all of LEADER_WAIT_S after a leader kill (cluster chaos seed 1,
-                # 2026-11-29: 212 s to the next commit); a new client's metadata holds the new epoch
-                admin = renew()
+            if isinstance(admin, RenewableAdmin) and isinstance(e, KafkaException) and e.args[0].code() in STALE_EPOCH:
+                admin.renew()
             time.sleep(0.2)
 
 
@@ -287,23 +297,13 @@ def read_tail(
     return found, (end if end > low else None)
 
 
-def unsettled(
-    admin: surfaces.Admin, tps: list, renew: Callable[[], surfaces.Admin] | None = None
-) -> dict[tuple[str, int], tuple[int, int]]:
+def unsettled(admin: surfaces.Admin, tps: list) -> dict[tuple[str, int], tuple[int, int]]:
     """The partitions with a transaction open (last stable offset below the high watermark), with (last stable
-    offset, high watermark). `renew`: as latest_offsets'."""
+    offset, high watermark)."""
     if not tps:
         return {}
-    held = [admin]  # the second lookup asks the client the first one renewed, if it did
-
-    def renewed() -> surfaces.Admin:
-        assert renew is not None
-        held[0] = renew()
-        return held[0]
-
-    again = renewed if renew is not None else None
-    stable = latest_offsets(held[0], tps, read_committed=True, renew=again)
-    high = latest_offsets(held[0], tps, read_committed=False, renew=again)
+    stable = latest_offsets(admin, tps, read_committed=True)
+    high = latest_offsets(admin, tps, read_committed=False)
     return {tp: (stable[tp], high[tp]) for tp in high if stable[tp] < high[tp]}
 
 

@@ -58,15 +58,14 @@ class KafkaSinkReads:
         new_admin: Callable[[], surfaces.Admin] | None = None,
     ):
         """The clients are made from the settings unless given (onceflow.testing.kafka has scripted ones);
-        `new_admin` makes a new admin client when the held one's metadata is stale."""
+        `new_admin` makes the admin client, and a new one when the held one's metadata is stale."""
         self.s = settings
         self.group = group or kafka_clients.read_committed_consumer(settings, group_id=settings.group_id)
         self.ledger = ledger or kafka_clients.read_committed_consumer(
             settings, group_id=names.ledger_group(settings.app_id)
         )
-        # the ledger lookups' admin client, held: one connection, not one per lookup
-        self.admin = admin or kafka_clients.admin(settings)
-        self._new_admin = new_admin or (lambda: kafka_clients.admin(settings))
+        # the ledger's and the sink's offset lookups' admin client, held: one connection, not one per lookup
+        self.admin = kafka_reading.RenewableAdmin(new_admin or (lambda: kafka_clients.admin(settings)), admin)
 
     def committed(self, partitions: Iterable[int]) -> Committed:
         tps = [TopicPartition(self.s.source_topic, p) for p in sorted(partitions)]
@@ -85,12 +84,7 @@ class KafkaSinkReads:
         return self.group.consumer_group_metadata()
 
     def unsettled(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
-        return kafka_reading.unsettled(self.admin, [TopicPartition(t, p) for t, p in partitions], renew=self._renew)
-
-    def _renew(self) -> surfaces.Admin:
-        """A new admin client in place of the held one (whose cached leader epochs a leader move left stale)."""
-        self.admin = self._new_admin()
-        return self.admin
+        return kafka_reading.unsettled(self.admin, [TopicPartition(t, p) for t, p in partitions])
 
     def opened_by(self, topic: str, partition: int, offset: int) -> dict[str, bytes]:
         reader = kafka_clients.read_committed_consumer(self.s, **{"isolation.level": "read_uncommitted"})

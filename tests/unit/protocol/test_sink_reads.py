@@ -195,4 +195,4 @@ def test_a_stale_leader_epoch_that_persists_is_asked_again_of_a_new_admin_client
     reads = KafkaSinkReads(
         S, group=ScriptedConsumer(c), ledger=ScriptedConsumer(c), admin=stale_admin(), new_admin=new_admin
     )
-    assert reads.unsettled([(S.ledger_topic, 0)]) == {} and len(made) == 1 and reads.admin is made[0]
+    assert reads.unsettled([(S.ledger_topic, 0)]) == {} and len(made) == 1 and reads.admin.client is made[0]
