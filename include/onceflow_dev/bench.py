@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -52,7 +51,17 @@ from onceflow.operations import audit
 from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs, run_files, supervisor
-from onceflow_dev import bench_check, bench_flink, broker, generator, loopback, machine, postgres, spark_cluster
+from onceflow_dev import (
+    bench_check,
+    bench_flink,
+    broker,
+    generator,
+    interrupt,
+    loopback,
+    machine,
+    postgres,
+    spark_cluster,
+)
 
 log = logging.getLogger("onceflow_dev.bench")
 # The job settings a tuning run varies (docs/performance.md); recorded with every result.
@@ -1108,5 +1117,4 @@ def table(r: dict) -> str:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    sys.exit(main())
+    interrupt.run(main)

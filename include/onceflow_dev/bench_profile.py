@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import tempfile
 import time
 
@@ -31,7 +30,7 @@ from onceflow.runtime import launcher
 from onceflow.spark import app_plan, kafka_source, partition_stream
 from onceflow_apps import ip_count_plan as plan_of
 from onceflow_apps.access_log import parsing
-from onceflow_dev import bench
+from onceflow_dev import bench, interrupt
 
 log = logging.getLogger("onceflow_dev.bench")
 
@@ -163,4 +162,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    interrupt.run(main)

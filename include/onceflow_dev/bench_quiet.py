@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 
 from onceflow import config
 from onceflow.kafka import topics
 from onceflow.rules import clock
-from onceflow_dev import broker, machine
+from onceflow_dev import broker, interrupt, machine
 from onceflow_dev.bench import (
     AtLeastOnce,
     BenchSpec,
@@ -132,4 +131,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    interrupt.run(main)

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import sys
 import time
 
 from onceflow import config
 from onceflow.kafka import topics
 from onceflow.runtime import jobctl
-from onceflow_dev import bench
+from onceflow_dev import bench, interrupt
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 VARIANTS: list[tuple[str, dict]] = [
@@ -98,5 +96,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the private broker and jobs on the way out
-    sys.exit(main())
+    interrupt.run(main)

@@ -36,7 +36,7 @@ from onceflow.rules.ledger import BatchPlan
 from onceflow.rules.names import private_topics
 from onceflow.runtime import launcher
 from onceflow.spark import partition_stream
-from onceflow_dev import broker, loopback, postgres
+from onceflow_dev import broker, interrupt, loopback, postgres
 
 log = logging.getLogger("onceflow_dev.bench_writer")
 VALUE = b'{"window_start":"2026-11-23T00:00:00Z","window_end":"2026-11-23T00:00:05Z","ip":"%s","count":1}'
@@ -178,4 +178,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    interrupt.run(main)

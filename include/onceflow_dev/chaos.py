@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs
 from onceflow.runtime.run_files import JobStatus
-from onceflow_dev import broker, chaos_plan, generator, loopback, machine, postgres, scenario
+from onceflow_dev import broker, chaos_plan, generator, interrupt, loopback, machine, postgres, scenario
 from onceflow_dev.generator import KIND_TAIL
 
 log = logging.getLogger("onceflow_dev.chaos")
@@ -566,4 +565,4 @@ result            {chaos_plan.verdict(report)}  (report: {var / "report.json"})"
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    interrupt.run(main)

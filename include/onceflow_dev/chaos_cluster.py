@@ -39,7 +39,7 @@ from onceflow.kafka import cluster, topics
 from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs
-from onceflow_dev import broker, chaos, chaos_plan, loopback, machine, scenario, spark_cluster
+from onceflow_dev import broker, chaos, chaos_plan, interrupt, loopback, machine, scenario, spark_cluster
 
 log = logging.getLogger("onceflow_dev.chaos")
 
@@ -345,4 +345,4 @@ result            {chaos_plan.verdict(report)}  (report: {var / "report.json"})"
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    interrupt.run(main)

@@ -14,7 +14,7 @@ import shutil
 from typing import Any
 
 from onceflow import config
-from onceflow_dev import chaos, chaos_cluster, chaos_plan
+from onceflow_dev import chaos, chaos_cluster, chaos_plan, interrupt
 
 
 def table(topology: str, reports: list[dict[str, Any]]) -> str:
@@ -68,4 +68,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    interrupt.run(main)

@@ -22,7 +22,6 @@ import logging
 import os
 import random
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, procs
 from onceflow.runtime.run_files import JobStatus
-from onceflow_dev import airflow_local, broker, chaos, generator, loopback, scenario
+from onceflow_dev import airflow_local, broker, chaos, generator, interrupt, loopback, scenario
 from onceflow_dev.chaos_plan import Injected, Outcome, Step
 from onceflow_dev.webhook_receiver import Receiver
 
@@ -324,4 +323,4 @@ result            {"PASS" if report["ok"] else "FAIL"}  (report: {var / "report.
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    interrupt.run(main)
