@@ -17,7 +17,8 @@ from pathlib import Path
 from onceflow import config, logs, wire
 from onceflow.app import MAIN_OUTPUT
 from onceflow.kafka import reading as kafka_reading
-from onceflow.rules import clock
+from onceflow.rules import clock, sources
+from onceflow.rules.sources import SourcePartition
 
 
 def print_record(obj, as_json: bool) -> None:
@@ -150,7 +151,7 @@ def cmd_db(args, s: config.Settings) -> int:
             "schema": s.database_schema,
             "committed_batches": rows["ledger"],
             "last_batch": newest.batch if newest else None,
-            "last_end_offsets": newest.end if newest else None,
+            "last_end_offsets": sources.keyed_to_json(newest.end, int) if newest else None,
             "results_rows": rows["results"],
             "dlq_rows": rows["dlq"],
         },
@@ -366,9 +367,8 @@ def _ranges(rs: list) -> str:
     return ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in rs) or "none"
 
 
-def _source_partitions(s: config.Settings) -> list[int]:
-
-    return sorted(kafka_reading.watermarks(s, s.source_topic) or {})
+def _source_partitions(s: config.Settings) -> list[SourcePartition]:
+    return sorted(kafka_reading.source_watermarks(s) or {})
 
 
 def _progress(line: str) -> None:
@@ -414,7 +414,12 @@ def cmd_quarantine(args, s: config.Settings) -> int:
         if args.partition is None or args.offset is None:
             raise SystemExit("onceflow quarantine add: give --partition and --offset (and --reason)")
         rec = quarantine.add(
-            s, args.partition, args.offset, args.end if args.end is not None else args.offset + 1, args.reason or ""
+            s,
+            args.partition,
+            args.offset,
+            args.end if args.end is not None else args.offset + 1,
+            args.reason or "",
+            topic=args.topic,
         )
         print_record(json.loads(rec.to_json()), args.json)
     else:
@@ -623,6 +628,7 @@ def parser() -> argparse.ArgumentParser:
         "(the way past a batch that cannot commit; see docs/operations.md)",
     )
     qu.add_argument("action", choices=["add", "list"])
+    qu.add_argument("--topic", help="the source topic (default: the app's source topic; see App.sources)")
     qu.add_argument("--partition", type=int)
     qu.add_argument("--offset", type=int, help="the first offset to quarantine")
     qu.add_argument("--end", type=int, help="the offset after the last one (default: --offset + 1)")

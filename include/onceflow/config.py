@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from onceflow.app import registry
-from onceflow.app.declaration import MAIN_OUTPUT, App, AppError
+from onceflow.app.declaration import MAIN_OUTPUT, MAIN_SOURCE, App, AppError
 from onceflow.rules import names
 from onceflow.wire import OnceflowError
 
@@ -152,6 +152,9 @@ class Topics:
     # The topics of the app's named outputs (App.outputs), name=topic comma-separated; an output not named here goes
     # to `<sink_topic>-<name>`. Each has sink_partitions partitions.
     output_topics: str = ""
+    # The topics of the app's named sources (App.sources), name=topic comma-separated; a source not named here is read
+    # from `<source_topic>-<name>`. Created (when the platform creates them) with source_partitions partitions.
+    source_topics: str = ""
     source_partitions: PosInt = 4
     sink_partitions: PosInt = 4
     replication_factor: PosInt = 1
@@ -411,6 +414,20 @@ class Settings(
         return {MAIN_OUTPUT: self.sink_topic, **named}
 
     @property
+    def sources(self) -> dict[str, str]:
+        """Every source of the app -> its topic: the main source (onceflow.app.declaration.MAIN_SOURCE) on
+        source_topic, each named source (App.sources) on the topic source_topics gives it, else
+        `<source_topic>-<name>`."""
+        given = parse_output_topics(self.source_topics, "SOURCE_TOPICS")
+        named = {n: given.get(n, f"{self.source_topic}-{n}") for n in self.declared_app().sources}
+        return {MAIN_SOURCE: self.source_topic, **named}
+
+    @property
+    def source_topic_list(self) -> list[str]:
+        """The topics the job reads, sorted (as positions are: onceflow.rules.sources)."""
+        return sorted(set(self.sources.values()))
+
+    @property
     def sink_topics(self) -> tuple[str, ...]:
         """The topics the job writes its results to (its outputs'), the sink topic first."""
         return tuple(self.outputs.values())
@@ -545,6 +562,8 @@ class Settings(
         shape = {k: getattr(self, k) for k in keys} | {"rules": self.declared_app().rules_version}
         if len(self.outputs) > 1:  # (only then: the hash of an app without named outputs is what it was)
             shape["outputs"] = self.outputs
+        if len(self.sources) > 1:  # (likewise)
+            shape["sources"] = self.sources
         blob = json.dumps(shape, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -614,15 +633,23 @@ class Settings(
             f"{ENV_PREFIX}OUTPUT_TOPICS names outputs app {app.name} does not declare: {unknown}; its outputs: "
             f"{sorted(app.outputs) or 'none besides its sink topic'}",
         )
+        unknown = sorted(set(parse_output_topics(self.source_topics, "SOURCE_TOPICS")) - set(app.sources))
+        need(
+            not unknown,
+            f"{ENV_PREFIX}SOURCE_TOPICS names sources app {app.name} does not declare: {unknown}; its sources: "
+            f"{sorted(app.sources) or 'none besides its source topic'}",
+        )
         need(
             self.sink_kind == "kafka" or not app.outputs,
             f"app {app.name} declares named outputs ({sorted(app.outputs)}): the postgres sink holds one output; "
             f"set {ENV_PREFIX}SINK_KIND=kafka",
         )
         # each topic by the variable that names it (an output's: ONCEFLOW_OUTPUT_TOPICS[name])
-        topics = {ENV_PREFIX + f.upper(): getattr(self, f) for f in TOPIC_FIELDS} | {
-            f"{ENV_PREFIX}OUTPUT_TOPICS[{n}]": v for n, v in self.outputs.items() if n != MAIN_OUTPUT
-        }
+        topics = (
+            {ENV_PREFIX + f.upper(): getattr(self, f) for f in TOPIC_FIELDS}
+            | {f"{ENV_PREFIX}OUTPUT_TOPICS[{n}]": v for n, v in self.outputs.items() if n != MAIN_OUTPUT}
+            | {f"{ENV_PREFIX}SOURCE_TOPICS[{n}]": v for n, v in self.sources.items() if n != MAIN_SOURCE}
+        )
         kafka_name = {f: names.kafka_collision_key(v) for f, v in topics.items()}
         shared = sorted({k for k in kafka_name.values() if list(kafka_name.values()).count(k) > 1})
         need(
@@ -679,15 +706,17 @@ TOPIC_FIELDS = (
 )
 
 
-def parse_output_topics(raw: str) -> dict[str, str]:
-    """ONCEFLOW_OUTPUT_TOPICS: `name=topic[,name=topic]` -> {name: topic}; refused when malformed."""
+def parse_output_topics(raw: str, setting: str = "OUTPUT_TOPICS") -> dict[str, str]:
+    """ONCEFLOW_OUTPUT_TOPICS (or SOURCE_TOPICS): `name=topic[,name=topic]` -> {name: topic}; refused when
+    malformed."""
     out: dict[str, str] = {}
     for part in (p.strip() for p in raw.split(",")):
         if not part:
             continue
         name, eq, topic = (x.strip() for x in part.partition("="))
         if not eq or not name or not topic or name in out:
-            raise ConfigError(f"{ENV_PREFIX}OUTPUT_TOPICS is name=topic[,name=topic], each output once; got {raw!r}")
+            noun = "source" if setting == "SOURCE_TOPICS" else "output"
+            raise ConfigError(f"{ENV_PREFIX}{setting} is name=topic[,name=topic], each {noun} once; got {raw!r}")
         out[name] = topic
     return out
 
@@ -818,6 +847,7 @@ APP_SETTINGS = frozenset(
     {
         *names.APP_TOPICS,
         "output_topics",
+        "source_topics",
         "source_partitions",
         "sink_partitions",
         "trigger_interval_s",

@@ -11,6 +11,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.operations.audit import Snapshot, quarantined
 from onceflow.rules import invariants
 from onceflow.rules.ledger import LedgerEntry, QuarantineRange
+from onceflow.rules.sources import SourcePartition
 from onceflow_apps import ip_count_invariants
 from onceflow_apps.access_log import rules as records
 
@@ -23,17 +24,19 @@ def source_records(
     index = invariants.BatchIndex(entries)
     q = list(quarantine)
     out = []
-    for m in kafka_reading.read_topic(settings, settings.source_topic):
-        e = index.find(m.partition, m.offset)
+    topic = settings.source_topic  # ip_count reads one source topic
+    for m in kafka_reading.read_topic(settings, topic):
+        at = SourcePartition(topic, m.partition)
+        e = index.find(at, m.offset)
         ahead = e.max_event_ahead_ms if e is not None else settings.max_event_ahead_ms
-        held = any(r.partition == m.partition and r.start <= m.offset < r.end for r in q)
+        held = any(r.covers(topic, m.partition, m.offset) for r in q)
         p = records.parse(m.value, m.timestamp_ms, ahead, held)
-        out.append(ip_count_invariants.SourceRecord(m.partition, m.offset, p.ts_us, p.ip, p.reason))
+        out.append(ip_count_invariants.SourceRecord(at, m.offset, p.ts_us, p.ip, p.reason))
     return out
 
 
 def check(
-    settings: Settings, snap: Snapshot, sink: list[invariants.SinkRecord], dlq: list[tuple[int, int]]
+    settings: Settings, snap: Snapshot, sink: list[invariants.SinkRecord], dlq: list[tuple[SourcePartition, int]]
 ) -> invariants.Report:
     src = source_records(settings, snap.entries, quarantined(snap.records))
     return ip_count_invariants.check(snap.entries, snap.committed.offsets, src, sink, dlq, settings.window_s)

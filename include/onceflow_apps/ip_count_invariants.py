@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 
 from onceflow.rules.invariants import BatchIndex, Report, SinkRecord
 from onceflow.rules.ledger import LedgerEntry, check_coverage
+from onceflow.rules.sources import SourcePartition
 from onceflow_apps.access_log import rules as records
 
 
 @dataclass(frozen=True)
 class SourceRecord:
-    partition: int
+    partition: SourcePartition  # the record's topic and partition
     offset: int
     ts_us: int | None
     ip: str | None
@@ -30,7 +31,7 @@ class Expected:
     counts: dict[str, int] = field(default_factory=dict)  # sink key -> count, for windows already final
     pending: int = 0  # valid records in windows the watermark has not closed yet
     late: int = 0  # dropped by the watermark (Spark's rule: window end <= batch watermark)
-    malformed: set[tuple[int, int]] = field(default_factory=set)  # (partition, offset)
+    malformed: set[tuple[SourcePartition, int]] = field(default_factory=set)  # (source partition, offset)
     uncommitted: int = 0  # records outside every committed range (not processed yet)
 
 
@@ -83,12 +84,12 @@ def sink_value_errors(rec: SinkRecord, window_s: int) -> str | None:
 
 def check(
     entries: Sequence[LedgerEntry],
-    committed: Mapping[int, int] | None,
+    committed: Mapping[SourcePartition, int] | None,
     source: Iterable[SourceRecord],
     sink: Iterable[SinkRecord],
-    dlq: Iterable[tuple[int, int]],
+    dlq: Iterable[tuple[SourcePartition, int]],
     window_s: int,
-    starting: Mapping[int, int] | None = None,
+    starting: Mapping[SourcePartition, int] | None = None,
 ) -> Report:
     """I1 (coverage), I2 (every record counted, late or in the DLQ once), I3 (exact counts, one record per
     key) and the ledger's own accounting (sink records == sum of committed outputs, I4's visible face)."""

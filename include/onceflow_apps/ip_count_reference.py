@@ -45,22 +45,24 @@ def classified_source(
 ) -> DataFrame:
     """The range's source records with their batch, late-row watermark, window and classification."""
     ranges = rr.source_ranges(selected)
-    raw = kafka_source.read_range(
+    raw = kafka_source.read_ranges(
         spark,
         settings,
-        settings.source_topic,
         {p: s for p, (s, _) in ranges.items()},
         {p: e for p, (_, e) in ranges.items()},
     ).select("value", "topic", "partition", "offset", "timestamp")
     rows = rr.batch_rows(selected, all_entries)
     table = spark.createDataFrame(
-        [(r.partition, r.start, r.end, r.batch, r.late_wm_ms, r.max_ahead_ms) for r in rows],
-        "p int, s long, e long, batch long, late_wm_ms long, max_ahead_ms long",
+        [(r.topic, r.partition, r.start, r.end, r.batch, r.late_wm_ms, r.max_ahead_ms) for r in rows],
+        "t string, p int, s long, e long, batch long, late_wm_ms long, max_ahead_ms long",
     )
     # each record is classified with the rules of the batch that read it (its skew limit, the quarantine)
     with_batch = raw.join(
         F.broadcast(table),
-        (raw["partition"] == table["p"]) & (raw["offset"] >= table["s"]) & (raw["offset"] < table["e"]),
+        (raw["topic"] == table["t"])
+        & (raw["partition"] == table["p"])
+        & (raw["offset"] >= table["s"])
+        & (raw["offset"] < table["e"]),
         "inner",
     )
     joined = parsing.classify(with_batch, F.col("max_ahead_ms"), quarantine)

@@ -6,7 +6,9 @@ Different in kind from ip_count, on the same access-log records:
 - keyed by IP, not by (window, IP): a consumer finds each IP's requests in one sink partition, in order;
 - joined with a small reference table, networks.csv in this package (CIDR blocks and their names, no overlaps);
 - two outputs: the requests of listed networks on its sink topic, the others (`unlisted` and `ipv6`) on its named
-  output `unlisted` (topic `<sink topic>-unlisted`), both in each batch's one transaction.
+  output `unlisted` (topic `<sink topic>-unlisted`), both in each batch's one transaction;
+- two sources: the access logs of its source topic and those of a second site on its named source `mirror` (topic
+  `<source topic>-mirror`), read by one Kafka source, each batch's range and proof covering both.
 
 The table is part of the app's code: its results are deterministic as long as the table is the same, and a changed
 table is a changed app (the replay proof names the batches computed with the old one). An IP in no listed block is
@@ -33,6 +35,7 @@ TABLE = Path(__file__).with_name("networks.csv")
 UNLISTED = "unlisted"
 IPV6 = "ipv6"
 OUTPUT_UNLISTED = "unlisted"  # the named output of the requests of no listed network (App.outputs)
+SOURCE_MIRROR = "mirror"  # the named source of a second site's access logs (App.sources)
 
 
 @functools.cache
@@ -115,6 +118,7 @@ app = App(
     # no windows: a batch that only closes windows has nothing to close
     settings={"source_partitions": 4, "sink_partitions": 4, "close_out_batches": False},
     reasons=access_log.REASONS,
+    sources={SOURCE_MIRROR: "the same service's access logs from a second site"},
     outputs={OUTPUT_UNLISTED: "the requests whose IP is in no listed network, IPv6 ones included"},
     rules_version=access_log.rules.RULES_VERSION,
     event_time=False,

@@ -288,7 +288,7 @@ class ExactlyOnce(Contender):
         entries = audit.ledger_entries(self.s)
         last_read = bool(entries) and any(a < b for a, b in entries[-1].ranges.values())
         if not entries or not read_to_the_end(
-            audit.committed_offsets(self.s, end), end, last_read, self.s.declared_app().event_time
+            audit.committed_on_source(self.s, end), end, last_read, self.s.declared_app().event_time
         ):
             return None
         return {
@@ -298,7 +298,7 @@ class ExactlyOnce(Contender):
         }
 
     def position(self, partitions):
-        return audit.committed_offsets(self.s, partitions) or None
+        return audit.committed_on_source(self.s, partitions) or None
 
     def stop(self):
         jobctl.stop(self.s)
@@ -686,7 +686,7 @@ def recovery(s: config.Settings, spec: BenchSpec) -> dict:
         wm = kafka_reading.watermarks(s, s.source_topic)
         assert wm is not None  # the source topic exists: the job reads it
         hi = {p: h for p, (_, h) in wm.items()}
-        got = audit.committed_offsets(s, hi)
+        got = audit.committed_on_source(s, hi)
         return sum(hi[p] - got.get(p, 0) for p in hi)
 
     if s.standby:  # the kill lands on a job whose standby is up (it is launched after the job's first commit)

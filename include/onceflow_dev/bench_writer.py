@@ -34,6 +34,7 @@ from onceflow.protocol.batch_sink import OutRecord
 from onceflow.protocol.sinks import open_sink
 from onceflow.rules.ledger import BatchPlan
 from onceflow.rules.names import private_topics
+from onceflow.rules.sources import SourcePartition
 from onceflow.runtime import launcher
 from onceflow.spark import partition_stream
 from onceflow_dev import broker, interrupt, loopback, postgres
@@ -55,12 +56,8 @@ def _app(base: config.Settings, name: str) -> config.Settings:
 
 
 def _plan(s: config.Settings) -> BatchPlan:
-    return BatchPlan(
-        batch=0,
-        topic=s.source_topic,
-        start=dict.fromkeys(range(s.source_partitions), 0),
-        end=dict.fromkeys(range(s.source_partitions), 0),
-    )
+    parts = [SourcePartition(s.source_topic, p) for p in range(s.source_partitions)]
+    return BatchPlan(batch=0, start=dict.fromkeys(parts, 0), end=dict.fromkeys(parts, 0))
 
 
 def run_producer(s: config.Settings, n: int) -> float:

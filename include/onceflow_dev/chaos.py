@@ -336,7 +336,7 @@ class LagSampler(threading.Thread):
     def run(self) -> None:
         while not self.stopping.wait(self.every_s):
             try:
-                wm = kafka_reading.watermarks(self.s, self.s.source_topic) or {}
+                wm = kafka_reading.source_watermarks(self.s) or {}
                 done = audit.committed_offsets(self.s, list(wm))
                 lag = sum(hi - max(lo, done.get(p, 0)) for p, (lo, hi) in wm.items())
             except Exception as e:  # a fault under way: the next sample will do
@@ -458,9 +458,7 @@ def _wait_standby(s, timeout: float = 180.0) -> None:
 
 
 def wait_drained(s, sent, timeout: float) -> None:
-    ends: dict[int, int] = {}
-    for r in sent:
-        ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
+    ends = generator.source_end_offsets(sent)
     procs.wait_until(
         lambda: audit.committed_offsets(s, ends) == ends, timeout, interval=2.0, what="the job to drain the input"
     )
@@ -474,8 +472,8 @@ def verify(s, sent, recount=None) -> dict:
     audit); and, given a reconciliation result (`recount`), the replay of the app's plan over the committed ranges.
     Lost and duplicated count what either found: results the audit or the replay expected and the job did not
     write, or wrote more often (the replay names at most its first differences: a lower bound, never 0 by mistake)."""
-    on_broker = {(m.partition, m.offset) for m in kafka_reading.read_topic(s, s.source_topic)}
-    not_in_source = sum(1 for r in sent if (r.partition, r.offset) not in on_broker)
+    on_broker = {(t, m.partition, m.offset) for t in s.source_topic_list for m in kafka_reading.read_topic(s, t)}
+    not_in_source = sum(1 for r in sent if (r.topic, r.partition, r.offset) not in on_broker)
     rep = audit.audit(s)
     lost = len(rep.missing) + sum(max(0, e - f) for e, f in rep.wrong.values())
     duplicated = (

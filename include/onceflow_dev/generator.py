@@ -1,6 +1,7 @@
-"""An emulation of an NGINX access-log service: writes (time, IP) records to the source topic.
+"""An emulation of an NGINX access-log service: writes (time, IP) records to the source topic (an app of several
+source topics, App.sources: to each in turn, a run of one record per partition on each).
 
-Reproducible from a seed; optional manifest (CSV: partition, offset, kind, ts_us, ip, reason) records what
+Reproducible from a seed; optional manifest (CSV: partition, offset, kind, ts_us, ip, reason, topic) records what
 was sent and where it landed, so tests know the truth without trusting the job.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.rules import clock
+from onceflow.rules.sources import SourcePartition
 from onceflow.wire import OnceflowError
 from onceflow_apps.access_log import rules as records
 
@@ -95,6 +97,7 @@ class Sent:
     ip: str | None
     reason: str | None
     offset: int = -1
+    topic: str = ""  # set by the sender: the source topic it went to
 
 
 @dataclass
@@ -168,15 +171,17 @@ class _Sender:
     """Produces the records to the source topic and keeps the manifest's rows, offsets filled in on delivery."""
 
     def __init__(self, settings: Settings):
-        self.topic = settings.source_topic
+        self.topics = settings.source_topic_list
         self.producer = kafka_clients.idempotent_producer(
             settings, **{"linger.ms": 50, "batch.size": 262144, "compression.type": "lz4"}
         )
         self.sent: list[Sent] = []
         self.errors: list[str] = []
 
-    def emit(self, value: bytes, rec: Sent, ts_ms: int | None = None) -> None:
+    def emit(self, value: bytes, rec: Sent, ts_ms: int | None = None, turn: int = 0) -> None:
+        """Send `rec` to the source topic of this `turn` (one after the other, for an app of several)."""
         idx = len(self.sent)
+        rec.topic = self.topics[turn % len(self.topics)]
         self.sent.append(rec)
 
         def on_delivery(err, msg, idx=idx):
@@ -188,7 +193,7 @@ class _Sender:
         while True:
             try:
                 self.producer.produce(
-                    self.topic, value=value, partition=rec.partition, on_delivery=on_delivery, timestamp=ts_ms or 0
+                    rec.topic, value=value, partition=rec.partition, on_delivery=on_delivery, timestamp=ts_ms or 0
                 )
                 break
             except BufferError:
@@ -247,7 +252,7 @@ def generate(
             continue
         ip = ips[bisect_left(cum, rng.random() * cum[-1])]
         value, rec, ts_ms = _record(spec, rng, ip, i % parts, start_ms + int(i * 1000 / spec.event_rate))
-        out.emit(value, rec, ts_ms)
+        out.emit(value, rec, ts_ms, turn=i // parts)
         if rec.kind != KIND_MALFORMED and rec.ts_us is not None:
             max_ts_ms = max(max_ts_ms, rec.ts_us // 1000)
         i += 1
@@ -255,9 +260,10 @@ def generate(
             log.info("produced %d records (%.0f/s)", i, i / max(1e-9, time.monotonic() - t0))
     if spec.tail_s > 0:
         tail_ms = max_ts_ms + int(spec.tail_s * 1000)
-        for part in range(parts):
-            value, ts_us = _json_record(ips[0], tail_ms, random.Random(part))
-            out.emit(value, Sent(part, KIND_TAIL, ts_us, ips[0], None))
+        for turn in range(len(out.topics)):  # every partition of every source topic: the watermark moves on all
+            for part in range(parts):
+                value, ts_us = _json_record(ips[0], tail_ms, random.Random(part))
+                out.emit(value, Sent(part, KIND_TAIL, ts_us, ips[0], None), turn=turn)
     out.flush()
     result = _summary(out.sent, time.monotonic() - t0)
     if manifest is not None:
@@ -302,7 +308,7 @@ def default_start_ms(spec: GeneratorSpec, now_ms: int) -> int:
     return now_ms - int(spec.count * 1000 / spec.event_rate) - int(spec.tail_s * 1000) - 1000
 
 
-MANIFEST_FIELDS = ["partition", "offset", "kind", "ts_us", "ip", "reason"]
+MANIFEST_FIELDS = ["partition", "offset", "kind", "ts_us", "ip", "reason", "topic"]
 
 
 def write_manifest(path: Path, sent: list[Sent]) -> None:
@@ -311,7 +317,9 @@ def write_manifest(path: Path, sent: list[Sent]) -> None:
         w = csv.writer(f)
         w.writerow(MANIFEST_FIELDS)
         for s in sent:
-            w.writerow([s.partition, s.offset, s.kind, "" if s.ts_us is None else s.ts_us, s.ip or "", s.reason or ""])
+            w.writerow(
+                [s.partition, s.offset, s.kind, "" if s.ts_us is None else s.ts_us, s.ip or "", s.reason or "", s.topic]
+            )
 
 
 def read_manifest(path: Path) -> list[Sent]:
@@ -326,6 +334,16 @@ def read_manifest(path: Path) -> list[Sent]:
                     row["ip"] or None,
                     row["reason"] or None,
                     int(row["offset"]),
+                    row.get("topic") or "",
                 )
             )
     return out
+
+
+def source_end_offsets(sent: list[Sent]) -> dict[SourcePartition, int]:
+    """Where the records sent end, per source partition: the position a job that read them all has committed."""
+    ends: dict[SourcePartition, int] = {}
+    for r in sent:
+        at = SourcePartition(r.topic, r.partition)
+        ends[at] = max(ends.get(at, 0), r.offset + 1)
+    return ends

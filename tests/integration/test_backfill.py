@@ -14,6 +14,7 @@ from onceflow import wire
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit, backfill
 from onceflow.rules.backfill import BackfillError
+from onceflow.rules.sources import of_topic
 from onceflow.runtime import launcher, procs
 from onceflow_apps.access_log import rules as records
 from onceflow_dev.generator import KIND_MALFORMED
@@ -54,7 +55,7 @@ def test_backfill_validates_resumes_after_kill9_and_writes_each_window_once(app,
         late_fraction=0.02,
         seed=61,
     )
-    ends = end_offsets(sent)
+    ends = of_topic(s.source_topic, end_offsets(sent))  # a backfill reads one source topic
     start = {p: 0 for p in ends}
     spec = lambda **kw: backfill.spec_from(
         s, **({"backfill_id": "bf1", "start": start, "end": ends, "chunk_size": 200} | kw)
@@ -170,7 +171,7 @@ def test_two_runs_of_one_backfill_never_write_a_chunk_twice(app, spark, tmp_path
 
     s = app()
     sent = produce(s, tmp_path / "m.csv", count=6000, event_rate=1000, distinct_ips=200, seed=62)
-    ends = end_offsets(sent)
+    ends = of_topic(s.source_topic, end_offsets(sent))  # a backfill reads one source topic
     start = {p: 0 for p in ends}
     env = launcher.submit_env(s) | {
         "ONCEFLOW_FAULT": "stall_before_fence@0:40",
@@ -243,7 +244,9 @@ def test_a_time_range_backfill_resumes_after_the_source_grew(app, spark, tmp_pat
     )  # more records inside [since, until) by their Kafka timestamps
     spec = backfill.spec_from(s, "by-time", since=str(since), until=str(until), chunk_size=100)
     resumed = backfill.run(spark, s, spec)
-    assert resumed["already_committed_chunks"] == 2 and resumed["end"] == end_offsets(sent), resumed
+    assert resumed["already_committed_chunks"] == 2 and resumed["end"] == of_topic(s.source_topic, end_offsets(sent)), (
+        resumed
+    )
     out = written(s, s.backfill_topic)
     assert len(out) == len({m.key for m in out})
     assert {m.key.decode(): json.loads(m.value)["count"] for m in out} == expected_windows(s, sent)

@@ -20,6 +20,7 @@ from onceflow.protocol.batch_sink import BatchNotCommitted, OutRecord
 from onceflow.protocol.database_sink import DatabaseRefused, DatabaseSink, Fenced, StatementTimedOut
 from onceflow.rules.ledger import BatchPlan, Committed, Decision
 from onceflow.rules.reconciliation import Status
+from onceflow.rules.sources import on_topic
 from onceflow.runtime import jobctl, procs
 from onceflow_apps import ip_count_invariants as invariants
 from onceflow_dev import postgres
@@ -186,7 +187,7 @@ def test_a_savepoint_behind_a_table_sink_taken_under_load_and_restored_after_kil
     plan = savepoints.restore(s, "latest", bus=ev.EventBus(s))
     assert plan.manifest.id == m.id and not plan.rewind
     # the restore fenced it: its next batch transaction fails before it writes anything
-    nothing = BatchPlan(batch=sink_batch + 1, topic=s.source_topic, start=newest.end, end=newest.end)
+    nothing = BatchPlan(batch=sink_batch + 1, start=newest.end, end=newest.end)
     with pytest.raises(Fenced, match="another instance"):
         zombie.write_batch(nothing, [], decision=Decision.WRITE)
     zombie.close()
@@ -211,7 +212,7 @@ def test_a_savepoint_behind_a_table_sink_taken_under_load_and_restored_after_kil
 
 
 def _plan(s, batch, start, end):
-    return BatchPlan(batch=batch, topic=s.source_topic, start={0: start}, end={0: end})
+    return BatchPlan(batch=batch, start=on_topic(s.source_topic, {0: start}), end=on_topic(s.source_topic, {0: end}))
 
 
 def _out(batch, n):

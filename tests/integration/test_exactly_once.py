@@ -19,6 +19,7 @@ from onceflow.kafka import transactional as tw
 from onceflow.protocol.batch_sink import OutRecord
 from onceflow.protocol.exactly_once import ExactlyOnceSink
 from onceflow.rules.ledger import BatchPlan, Decision, check_coverage
+from onceflow.rules.sources import on_topic
 from onceflow.runtime import jobctl, launcher, local_fs, procs, supervisor
 from onceflow_dev import broker
 from tests.support.harness import (
@@ -96,7 +97,7 @@ def test_crash_at_every_protocol_point_and_random_kill9(app, tmp_path, spark):
 
 
 def _plan(s, batch, start, end):
-    return BatchPlan(batch=batch, topic=s.source_topic, start={0: start}, end={0: end})
+    return BatchPlan(batch=batch, start=on_topic(s.source_topic, {0: start}), end=on_topic(s.source_topic, {0: end}))
 
 
 def _rows(batch, n):
@@ -330,7 +331,16 @@ def test_two_apps_at_once_are_isolated_and_each_is_exact_under_kill9(app, tmp_pa
         "I4_visibility": "pass",
     }, [c.summary for c in res.checks]
     h = harness(b)
-    by_source = {f"{b.source_topic}|{r.partition}|{r.offset}": r for r in truth(sent[b.app_id])}
+    # from both its source topics (App.sources: the mirror), each record by its own topic
+    by_source = {f"{r.partition.topic}|{r.partition.partition}|{r.offset}": r for r in truth(sent[b.app_id])}
+    assert (
+        {r.partition.topic for r in by_source.values()}
+        == set(b.source_topic_list)
+        == {
+            b.source_topic,
+            f"{b.source_topic}-mirror",
+        }
+    )
     # its two outputs: listed networks on the sink topic, the others on the topic of its named output `unlisted`
     assert set(b.outputs) == {"main", "unlisted"}
     sink = [
@@ -350,6 +360,7 @@ def test_two_apps_at_once_are_isolated_and_each_is_exact_under_kill9(app, tmp_pa
     }
     dlq = audit.dlq_provenance(kafka_reading.read_topic(h, b.dlq_topic))
     assert sorted(dlq) == sorted((r.partition, r.offset) for r in by_source.values() if r.reason is not None)
+    assert {p.topic for p, _ in dlq} == set(b.source_topic_list)  # each DLQ copy names its own source topic
     ends = end_offsets(sent[b.app_id])
     assert check_coverage(entries, audit.committed_offsets(b, ends), {p: 0 for p in ends}).ok
     # `onceflow --app ip_networks audit`, as an operator runs it: the ledger's accounting, not ip_count's recount

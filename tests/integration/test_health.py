@@ -9,6 +9,7 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from onceflow.control import alerts, health
 from onceflow.kafka import clients as kafka_clients
+from onceflow.rules.sources import SourcePartition
 from onceflow.runtime import jobctl, procs
 from tests.support.harness import assert_exact, expire_group, produce, wait_drained
 
@@ -86,6 +87,7 @@ def test_health_leaves_a_long_first_batch_alone_and_a_failed_restart_keeps_the_i
 
     expire_group(s, s.group_id)
     parts = sorted(int(p) for p in health.collect(s, None).partitions)
-    assert audit.committed_offsets(s, parts) == {}
+    assert audit.committed_on_source(s, parts) == {}
     assert {p: v["lag"] for p, v in health.collect(s, None).partitions.items()} == {str(p): 0 for p in parts}
-    assert audit.consumed_position(s, parts).batch == audit.ledger_entries(s)[-1].batch
+    at = [SourcePartition(s.source_topic, p) for p in parts]
+    assert audit.consumed_position(s, at).batch == audit.ledger_entries(s)[-1].batch

@@ -24,6 +24,7 @@ from onceflow.protocol.batch_sink import OutRecord
 from onceflow.protocol.exactly_once import ExactlyOnceSink
 from onceflow.protocol.hanging import HangingTransaction
 from onceflow.rules.ledger import BatchPlan, Decision
+from onceflow.rules.sources import on_topic
 from onceflow.runtime import jobctl, procs
 from onceflow.storage.store import Store
 from onceflow_apps.access_log import rules as records
@@ -146,14 +147,14 @@ def test_oversized_and_poison_records_never_stop_the_job(app, tmp_path):
         )
     assert p.flush(30) == 0 and all(err is None for err, _ in got["spelled"])
     extra += [
-        Sent(3, KIND_OK, ts_ms * 1000, canonical, None, off)
+        Sent(3, KIND_OK, ts_ms * 1000, canonical, None, off, s.source_topic)
         for (_, off), canonical in zip(got["spelled"], spellings.values())
     ]
     poisoned = s.replace(fault=f"undeliverable@2:{poison_off}")
     jobctl.start(poisoned)
     gave_up = wait_event(s, wire.SUPERVISOR_GAVE_UP, timeout=240)
     assert gave_up[-1]["reason"] == "restart attempts exhausted"
-    committed = audit.committed_offsets(s, [2]).get(2, 0)
+    committed = audit.committed_on_source(s, [2]).get(2, 0)
     assert committed <= poison_off  # the batch holding the poison record never committed
 
     # The operator's way out: quarantine the offset (audited in the ledger), start again.
@@ -222,7 +223,7 @@ def test_lost_group_offsets_do_not_turn_a_replay_into_a_second_write(app, tmp_pa
 
 
 def _plan(s, batch, start, end):
-    return BatchPlan(batch=batch, topic=s.source_topic, start={0: start}, end={0: end})
+    return BatchPlan(batch=batch, start=on_topic(s.source_topic, {0: start}), end=on_topic(s.source_topic, {0: end}))
 
 
 def _rows(batch, n):

@@ -105,7 +105,7 @@ def test_a_removed_ledger_record_is_a_gap_with_exact_offsets(history, spark):
     res = reconcile.run(spark, s.replace(ledger_topic=s.ledger_topic + ".gap"), with_gx=False)
     i1 = res.check("I1_coverage")
     gaps = {(d["partition"], d["start"], d["end"]) for d in i1.differences if d["kind"] == "gap"}
-    assert i1.status == Status.FAIL and gaps == {(p, a, b) for p, (a, b) in gone.ranges.items() if b > a}
+    assert i1.status == Status.FAIL and gaps == {(p.partition, a, b) for p, (a, b) in gone.ranges.items() if b > a}
     assert res.check("replay").status == Status.WARN and f"batch {gone.batch} is missing" in res.check("replay").summary
 
 
@@ -356,7 +356,7 @@ def test_a_lost_carry_reads_only_batches_whose_windows_can_still_be_open(history
     last = entries[-1].batch
     needed = rr.carry_sources(entries, last, s0.window_s * 1000, s0.watermark_s * 1000)
     assert needed and needed[0].batch > entries[0].batch, [(e.batch, e.watermark_ms) for e in entries]
-    delete_records_before(s0, s0.source_topic, {p: lo for p, (lo, _) in needed[0].ranges.items()})
+    delete_records_before(s0, s0.source_topic, {p.partition: lo for p, (lo, _) in needed[0].ranges.items()})
     s = s0.replace(var_dir=tmp_path / "fresh")  # no carry kept
     res = reconcile.run(spark, s, first=last, last=last, with_gx=False)
     assert res.ok, json.dumps(res.as_dict(), indent=1)

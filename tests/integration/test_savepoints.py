@@ -12,6 +12,7 @@ from onceflow.control import deploy
 from onceflow.kafka import events as ev
 from onceflow.operations import savepoints
 from onceflow.rules.savepoints import DATA_DIR, MANIFEST, SavepointError
+from onceflow.rules.sources import SourcePartition
 from onceflow.runtime import jobctl, procs
 from tests.support.harness import assert_exact, audit, events, produce, wait_drained
 
@@ -116,7 +117,10 @@ def test_stop_with_savepoint_upgrade_continues_exact_and_damaged_savepoints_are_
     m = savepoints.load(s2, out.savepoint)
     assert m.mode == "stop"
     # Stopped at a batch boundary: the savepoint is exactly where the sink stood.
-    assert m.group_offsets == m.end_offsets and json.loads(m.group_metadata[0])["batch"] == m.ledger_batch
+    assert (
+        m.group_offsets == m.end_offsets
+        and json.loads(m.group_metadata[SourcePartition(s.source_topic, 0)])["batch"] == m.ledger_batch
+    )
     assert jobctl.status(s2).running
     started = [e for e in events(s2, wire.JOB_STARTED)]
     assert len(started) == 2

@@ -17,6 +17,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit
 from onceflow.rules import clock
 from onceflow.rules.names import private_topics
+from onceflow.rules.sources import SourcePartition
 from onceflow.runtime import jobctl, procs
 from onceflow_apps import ip_count_audit
 from onceflow_apps import ip_count_invariants as invariants
@@ -55,16 +56,19 @@ def produce(s: Settings, path: Path, stop=None, **spec) -> list[generator.Sent]:
 def truth(sent: list[generator.Sent]) -> list[invariants.SourceRecord]:
     """The generator's own record of what it sent: the expected results do not depend on any parser."""
     return [
-        invariants.SourceRecord(r.partition, r.offset, r.ts_us, r.ip, r.reason if r.kind == KIND_MALFORMED else None)
+        invariants.SourceRecord(
+            SourcePartition(r.topic, r.partition),
+            r.offset,
+            r.ts_us,
+            r.ip,
+            r.reason if r.kind == KIND_MALFORMED else None,
+        )
         for r in sent
     ]
 
 
-def end_offsets(sent: list[generator.Sent]) -> dict[int, int]:
-    ends: dict[int, int] = {}
-    for r in sent:
-        ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
-    return ends
+def end_offsets(sent: list[generator.Sent]) -> dict[SourcePartition, int]:
+    return generator.source_end_offsets(sent)
 
 
 def final_window_end_ms(s: Settings, sent: list[generator.Sent]) -> int:

@@ -33,6 +33,8 @@ NAME = re.compile(r"[a-z][a-z0-9_]{0,47}")
 OUTPUT_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 # The output a result row without an `output` goes to: the app's sink topic.
 MAIN_OUTPUT = "main"
+# The source read from the app's source topic; each further source (App.sources) has a name of its own.
+MAIN_SOURCE = "main"
 
 
 class AppError(OnceflowError, ValueError):
@@ -85,6 +87,10 @@ class App:
     settings: the app's own defaults for the platform's per-app settings (APP_SETTINGS in onceflow.config: its
       window and watermark, trigger, partitions, topics); the environment still overrides them.
     reasons: what goes to the DLQ and why, reason -> meaning (the console and docs show it).
+    sources: the app's named sources besides its source topic, name -> meaning. Each is a topic of its own
+      (`<source topic>-<name>` unless ONCEFLOW_SOURCE_TOPICS names another), subscribed by the job's one Kafka
+      source: the transformation sees all their records in one DataFrame (its `topic` column says which), and each
+      batch's range, ledger record, savepoint and proof covers every partition of every source topic.
     outputs: the app's named outputs besides its sink topic, name -> meaning. Each is a topic of its own
       (`<sink topic>-<name>` unless ONCEFLOW_OUTPUT_TOPICS names another), written in the same transaction as the
       rest of the batch, counted per topic in its ledger record and proven by the same replay.
@@ -109,6 +115,7 @@ class App:
     description: str = ""
     settings: Mapping[str, Any] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
     outputs: Mapping[str, str] = field(default_factory=dict)
     event_time: bool = True
     deterministic: bool = True
@@ -128,11 +135,15 @@ class App:
             raise AppError(f"app {self.name}: rules_version must be a positive integer, got {self.rules_version!r}")
         if not isinstance(self.settings, Mapping):
             raise AppError(f"app {self.name}: settings must be a mapping of setting names to values")
-        if not isinstance(self.outputs, Mapping):
-            raise AppError(f"app {self.name}: outputs must be a mapping of output names to what each holds")
-        for name in self.outputs:
-            if not isinstance(name, str) or not OUTPUT_NAME.fullmatch(name) or name == MAIN_OUTPUT:
-                raise AppError(
-                    f"app {self.name}: an output's name is lower case letters, digits and underscores, starting with "
-                    f"a letter (at most 32), and not {MAIN_OUTPUT!r} (the sink topic's): got {name!r}"
-                )
+        for kind, one, named, main, topic in (
+            ("sources", "a source", self.sources, MAIN_SOURCE, "source"),
+            ("outputs", "an output", self.outputs, MAIN_OUTPUT, "sink"),
+        ):
+            if not isinstance(named, Mapping):
+                raise AppError(f"app {self.name}: {kind} must be a mapping of names to what each holds")
+            for name in named:
+                if not isinstance(name, str) or not OUTPUT_NAME.fullmatch(name) or name == main:
+                    raise AppError(
+                        f"app {self.name}: {one}'s name is lower case letters, digits and underscores, starting with "
+                        f"a letter (at most 32), and not {main!r} (the {topic} topic's): got {name!r}"
+                    )

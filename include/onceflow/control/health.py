@@ -31,7 +31,8 @@ from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit
-from onceflow.rules import lag
+from onceflow.rules import lag, sources
+from onceflow.rules.sources import SourcePartition
 from onceflow.runtime import jobctl, run_files
 from onceflow.storage.store import Store
 
@@ -106,11 +107,15 @@ def last_record(settings: Settings) -> HealthRecord | None:
     return HealthRecord(**json.loads(cast(bytes, msgs[-1].value))) if msgs else None  # health records carry a value
 
 
-def _end_offsets(settings: Settings) -> dict[int, int]:
+def _end_offsets(settings: Settings) -> dict[SourcePartition, int]:
     admin = kafka_clients.admin(settings)
-    md = admin.list_topics(settings.source_topic, timeout=10).topics[settings.source_topic]
-    ends = kafka_reading.latest_offsets(admin, [TopicPartition(settings.source_topic, p) for p in md.partitions])
-    return {p: off for (_, p), off in ends.items()}
+    tps = [
+        TopicPartition(topic, p)
+        for topic in settings.source_topic_list
+        for p in admin.list_topics(topic, timeout=10).topics[topic].partitions
+    ]
+    ends = kafka_reading.latest_offsets(admin, tps)
+    return {SourcePartition(t, p): off for (t, p), off in ends.items()}
 
 
 def checkpoint_age_s(settings: Settings, now: float) -> float | None:
@@ -149,15 +154,16 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
     run_start = st.started_ms
     # a run that has not committed yet is judged by the down and progress rules (their thresholds), not by lag's
     run_committed = bool(run_start and int(st.last_commit_ms or 0) >= run_start)
+    keys = sources.position_keys(ends)  # a partition's number, or `topic:number` for several source topics
     for p, end in sorted(ends.items()):
-        prev = (previous.partitions.get(str(p)) or previous.partitions.get(p) or {}) if previous else {}
+        prev = (previous.partitions.get(keys[p]) or {}) if previous else {}
         samples = [lag.Sample(**s) for s in prev.get("samples", [])]
         cur = committed.get(p, 0)
         moved = bool(samples) and samples[-1].committed != cur
         commit_ts = int(now * 1000) if moved else prev.get("commit_ts_ms")
         sample = lag.Sample(int(now * 1000), cur, end, commit_ts)
         samples = (samples + [sample])[-WINDOW:]
-        parts[str(p)] = {
+        parts[keys[p]] = {
             "samples": [s.to_dict() for s in samples],
             "lag": sample.lag,
             # judged over the job's current run only; while it is down the down/restarting rules speak
@@ -265,10 +271,10 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
             alerts.Condition(
                 f"health:{app}:lag:{p}",
                 sev,
-                f"lag on {settings.source_topic}[{p}] is {status} ({info['lag']} records, trend {info['trend']})",
+                f"lag on {_where(settings, p)} is {status} ({info['lag']} records, trend {info['trend']})",
                 "WARN: the job falls behind; raise ONCEFLOW_MAX_OFFSETS_PER_TRIGGER or add cores. STALL/STOP: the job "
                 "does not commit; see the progress alert. REWIND: the group's offsets went backwards: someone reset them",
-                {"partition": int(p), "lag": info["lag"], "status": status},
+                {"partition": int(p) if p.isdigit() else p, "lag": info["lag"], "status": status},
             )
         )
     cp = rec.checkpoint_age_s
@@ -406,3 +412,9 @@ def check(settings: Settings, sink: alerts.AlertSink, start_fn=None) -> HealthRe
     sink.raise_and_resolve(conditions, "health", scope_prefix=f"health:{settings.app_id}:")
     publish(rec, settings)
     return rec
+
+
+def _where(settings: Settings, key: str) -> str:
+    """A health record's partition key as `topic[partition]` (its number alone on an app of one source topic)."""
+    topic, sep, part = key.rpartition(":")
+    return f"{topic}[{part}]" if sep else f"{settings.source_topic}[{key}]"

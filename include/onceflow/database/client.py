@@ -103,7 +103,7 @@ def row_counts(conn: Any, settings: Settings) -> dict[str, int]:
 
 def snapshot(settings: Settings) -> tuple[list[LedgerEntry], list[tuple[str, str, int]], list[tuple]]:
     """One consistent cut of the app's tables (a REPEATABLE READ transaction, as its role): the ledger's rows, the
-    results (key, value, batch) and the DLQ rows (src_partition, src_offset, key, value, reason, batch)."""
+    results (key, value, batch) and the DLQ rows (src_partition, src_offset, key, value, reason, batch, src_topic)."""
     with connect(settings, "reader") as conn:
         conn.read_only = True
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
@@ -112,7 +112,7 @@ def snapshot(settings: Settings) -> tuple[list[LedgerEntry], list[tuple[str, str
             results = conn.execute(sql.SQL("SELECT key, value, batch FROM {}").format(table(settings, "results")))
             rows = [(str(k), str(v), int(b)) for k, v, b in results.fetchall()]
             dlq = conn.execute(
-                sql.SQL("SELECT src_partition, src_offset, key, value, reason, batch FROM {}").format(
+                sql.SQL("SELECT src_partition, src_offset, key, value, reason, batch, src_topic FROM {}").format(
                     table(settings, "dlq")
                 )
             ).fetchall()

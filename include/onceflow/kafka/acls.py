@@ -90,7 +90,7 @@ def required(settings: Settings, role: str) -> list[Acl]:
     configs = Acl(who, "CLUSTER", "kafka-cluster", "LITERAL", "DESCRIBE_CONFIGS")  # transaction.max.timeout.ms
     if role == "job":
         return [
-            topic(s.source_topic, "READ"),
+            *(topic(t, "READ") for t in s.source_topic_list),
             # the sink topic and every named output's (App.outputs)
             *(topic(t, "WRITE") for t in (*s.sink_topics, s.dlq_topic, s.ledger_topic, s.job_events_topic)),
             # the shared events: the savepoint and restore events of deploy's upgrade and restore, which run as the job
@@ -99,7 +99,8 @@ def required(settings: Settings, role: str) -> list[Acl]:
             # deploy's preflight: a batch committed recently by a driver elsewhere is another live instance
             topic(s.job_events_topic, "READ"),
             topic(s.dlq_topic, "DESCRIBE_CONFIGS"),  # preflight: a DLQ copy fits the topic's record limit
-            topic(s.source_topic, "DESCRIBE_CONFIGS"),  # preflight: who stamps the source's records
+            # preflight: who stamps the source's records
+            *(topic(t, "DESCRIBE_CONFIGS") for t in s.source_topic_list),
             group(names.group_id(app)),
             group(names.ledger_group(app)),
             *reader,
@@ -108,7 +109,7 @@ def required(settings: Settings, role: str) -> list[Acl]:
         ]
     if role == "backfill":
         return [
-            topic(s.source_topic, "READ"),
+            *(topic(t, "READ") for t in s.source_topic_list),
             topic(s.ledger_topic, "READ"),
             topic(s.ledger_topic, "WRITE"),
             topic(s.backfill_topic, "WRITE"),
@@ -124,7 +125,7 @@ def required(settings: Settings, role: str) -> list[Acl]:
             *(
                 topic(t, "READ")
                 for t in (
-                    s.source_topic,
+                    *s.source_topic_list,
                     *s.sink_topics,
                     s.dlq_topic,
                     s.ledger_topic,
@@ -149,7 +150,7 @@ def required(settings: Settings, role: str) -> list[Acl]:
                 topic(t, "READ")
                 # the job's events: Spark's own count of rows dropped as late, which the late rule is checked against
                 for t in (
-                    s.source_topic,
+                    *s.source_topic_list,
                     *s.sink_topics,
                     s.dlq_topic,
                     s.ledger_topic,

@@ -21,6 +21,7 @@ from confluent_kafka.admin import OffsetSpec
 from onceflow.config import Settings
 from onceflow.kafka import surfaces
 from onceflow.kafka.clients import read_committed_consumer
+from onceflow.rules.sources import SourcePartition, on_topic
 
 # How long a lookup waits for a partition that is between leaders. A killed leader's partitions move once its
 # session times out (6-9 s), and a request already sent to it waits out its own timeout (LOOKUP_TIMEOUT_S) first.
@@ -64,23 +65,25 @@ def committed(consumer: surfaces.Consumer, tps: list, timeout_s: float = 60.0) -
 
 def group_offsets(
     settings: Settings,
-    partitions: Iterable[int],
+    partitions: Iterable[SourcePartition],
     *,
     group: str | None = None,
-    topic: str | None = None,
     consumer: surfaces.Consumer | None = None,
-) -> list[tuple[int, int | None, str]]:
-    """What a group (default the job's) has committed on `topic` (default the source): (partition, offset or None,
-    its metadata), by partition. The one reader of a group's position: the job's, the reconciliation chain's, a
-    backfill's (each keeps its protocol state in the offsets' metadata). `consumer`: a consumer of the group to ask
-    instead (left open)."""
+) -> list[tuple[SourcePartition, int | None, str]]:
+    """What a group (default the job's) has committed on source `partitions`: (source partition, offset or None,
+    its metadata). The one reader of a group's position: the job's, the reconciliation chain's, a backfill's (each
+    keeps its protocol state in the offsets' metadata). `consumer`: a consumer of the group to ask instead (left
+    open)."""
     c = consumer or read_committed_consumer(settings, group_id=group or settings.group_id)
     try:
-        got = committed(c, [TopicPartition(topic or settings.source_topic, p) for p in sorted(partitions)])
+        got = committed(c, [TopicPartition(sp.topic, sp.partition) for sp in sorted(partitions)])
     finally:
         if consumer is None:
             c.close()
-    return [(tp.partition, tp.offset if tp.offset >= 0 else None, tp.metadata or "") for tp in got]
+    return [
+        (SourcePartition(tp.topic, tp.partition), tp.offset if tp.offset >= 0 else None, tp.metadata or "")
+        for tp in got
+    ]
 
 
 def consume_to_end(consumer: surfaces.Consumer, partitions: list, timeout_s: float = 120.0):
@@ -88,13 +91,14 @@ def consume_to_end(consumer: surfaces.Consumer, partitions: list, timeout_s: flo
     its end (the LSO under read_committed). Needs `enable.partition.eof`."""
 
     consumer.assign(partitions)
-    pending = {tp.partition for tp in partitions}
+    pending = {(tp.topic, tp.partition) for tp in partitions}
     deadline = time.monotonic() + timeout_s
     while pending:
         if time.monotonic() > deadline:
             raise TimeoutError(
-                f"reading {partitions[0].topic} did not reach the end of partitions "
-                f"{sorted(pending)} in {timeout_s:.0f}s"
+                "reading did not reach the end of "
+                + ", ".join(f"{t}[{p}]" for t, p in sorted(pending))
+                + f" in {timeout_s:.0f}s"
             )
         msg = consumer.poll(1.0)
         if msg is None:
@@ -102,7 +106,7 @@ def consume_to_end(consumer: surfaces.Consumer, partitions: list, timeout_s: flo
         err = msg.error()
         if err:
             if err.code() == KafkaError._PARTITION_EOF:
-                pending.discard(msg.partition())
+                pending.discard((msg.topic(), msg.partition()))
                 continue
             raise KafkaException(err)
         yield msg
@@ -163,6 +167,18 @@ def watermarks(settings: Settings, topic: str) -> dict[int, tuple[int, int]] | N
         }
     finally:
         c.close()
+
+
+def source_watermarks(settings: Settings) -> dict[SourcePartition, tuple[int, int]] | None:
+    """(low, high) of every partition of every source topic of the app (Settings.sources); None if one of them does
+    not exist."""
+    out: dict[SourcePartition, tuple[int, int]] = {}
+    for topic in settings.source_topic_list:
+        wm = watermarks(settings, topic)
+        if wm is None:
+            return None
+        out.update(on_topic(topic, wm))
+    return out
 
 
 def offsets_at(settings: Settings, topic: str, ts_ms: int, ends: dict[int, int]) -> dict[int, int]:

@@ -31,10 +31,14 @@ def specs(settings: Settings) -> list[TopicSpec]:
         # Stamped by the broker: the skew rule judges event times against the broker's clock, not the producer's
         # (a producer whose clock runs ahead would otherwise pass its own records); the stamp is stored, so
         # replays, backfills and reconciliation judge alike (docs/operations.md).
-        TopicSpec(
-            settings.source_topic,
-            settings.source_partitions,
-            {**common, "retention.ms": WEEK_MS, "message.timestamp.type": "LogAppendTime"},
+        # the source topic, then each named source's (App.sources)
+        *(
+            TopicSpec(
+                t,
+                settings.source_partitions,
+                {**common, "retention.ms": WEEK_MS, "message.timestamp.type": "LogAppendTime"},
+            )
+            for t in settings.sources.values()
         ),
         # the sink topic, then each named output's (App.outputs)
         *(TopicSpec(t, settings.sink_partitions, {**common, "retention.ms": WEEK_MS}) for t in settings.sink_topics),
@@ -83,7 +87,7 @@ def ensure(settings: Settings, timeout: float = 30.0) -> list[str]:
 def job_topics(settings: Settings) -> set[str]:
     """The topics the streaming job itself reads and writes (on a secured cluster, the only ones it may see)."""
     s = settings
-    return {s.source_topic, *s.sink_topics, s.dlq_topic, s.ledger_topic, s.job_events_topic}
+    return {*s.source_topic_list, *s.sink_topics, s.dlq_topic, s.ledger_topic, s.job_events_topic}
 
 
 def check(settings: Settings, timeout: float = 10.0, only: set[str] | None = None) -> list[str]:
@@ -100,6 +104,6 @@ def check(settings: Settings, timeout: float = 10.0, only: set[str] | None = Non
             problems.append(
                 f"topic {s.name} is missing: run `onceflow-dev stack up` (or create it with {s.partitions} partitions)"
             )
-        elif len(t.partitions) != s.partitions and s.name != settings.source_topic:
+        elif len(t.partitions) != s.partitions and s.name not in settings.source_topic_list:
             problems.append(f"topic {s.name} has {len(t.partitions)} partitions, expected {s.partitions}")
     return problems

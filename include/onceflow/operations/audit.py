@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
+from confluent_kafka import KafkaException
+
 from onceflow import wire
 from onceflow.app import registry
 from onceflow.config import Settings
@@ -30,6 +32,7 @@ from onceflow.rules.ledger import (
     committed_from_ledger,
     parse_record,
 )
+from onceflow.rules.sources import SourcePartition, of_topic
 
 
 def ledger_records(settings: Settings, app: str | None = None) -> list[LedgerEntry | RestoreRecord | QuarantineRecord]:
@@ -60,17 +63,27 @@ def quarantined(recs: Iterable) -> list[QuarantineRange]:
     return [r for q in recs if isinstance(q, QuarantineRecord) for r in q.ranges]
 
 
-def committed_position(settings: Settings, partitions: Iterable[int], group: str | None = None) -> Committed:
+def committed_position(
+    settings: Settings, partitions: Iterable[SourcePartition], group: str | None = None
+) -> Committed:
     """The group's committed offsets on the source with the batch their metadata names (`group`: another of the
     app's groups than the job's, e.g. the reconciliation chain's)."""
     return Committed.from_partitions(kafka_reading.group_offsets(settings, partitions, group=group))
 
 
-def committed_offsets(settings: Settings, partitions: Iterable[int], group: str | None = None) -> dict[int, int]:
+def committed_offsets(
+    settings: Settings, partitions: Iterable[SourcePartition], group: str | None = None
+) -> dict[SourcePartition, int]:
     return committed_position(settings, partitions, group).offsets
 
 
-def consumed_position(settings: Settings, partitions: Iterable[int]) -> Committed:
+def committed_on_source(settings: Settings, partitions: Iterable[int]) -> dict[int, int]:
+    """The job's committed offsets on its (main) source topic, by partition: for tools that feed it (bench, chaos)."""
+    topic = settings.source_topic
+    return of_topic(topic, committed_offsets(settings, [SourcePartition(topic, p) for p in partitions]))
+
+
+def consumed_position(settings: Settings, partitions: Iterable[SourcePartition]) -> Committed:
     """How far the job has consumed: its group's committed position, or, when the group holds nothing, the
     ledger's newest batch (a table sink: its ledger table's newest row, always). Kafka deletes a group's offsets
     `offsets.retention.minutes` (7 days by default) after its last commit, so an idle week would read as "nothing
@@ -123,8 +136,7 @@ class Snapshot:
 def snapshot(settings: Settings, wait_s: float = 30.0) -> Snapshot:
     if settings.sink_kind == "postgres":  # the ledger table alone: one query is a consistent cut
         return _table_cut(ledger_entries(settings), settings)
-    md = kafka_clients.admin(settings).list_topics(settings.source_topic, timeout=10).topics[settings.source_topic]
-    committed = committed_position(settings, sorted(md.partitions))
+    committed = committed_position(settings, source_partitions(settings))
     deadline = time.monotonic() + wait_s
     while True:
         recs = ledger_records(settings)
@@ -152,7 +164,7 @@ class TableContents:
     """A table sink's committed results and DLQ rows, from the same cut as its Snapshot."""
 
     results: list[tuple[str, str, int]]  # key, value, batch
-    dlq: list[tuple]  # src_partition, src_offset, key, value, reason, batch
+    dlq: list[tuple]  # src_partition, src_offset, key, value, reason, batch, src_topic
 
 
 def table_snapshot(settings: Settings) -> tuple[Snapshot, TableContents]:
@@ -171,8 +183,29 @@ def _table_cut(entries: list[LedgerEntry], settings: Settings) -> Snapshot:
     return Snapshot(committed, stream, [*stream, *others])
 
 
-def dlq_provenance(msgs: Iterable[kafka_reading.Msg]) -> list[tuple[int, int]]:
-    return [(int(m.headers[wire.H_SOURCE_PARTITION]), int(m.headers[wire.H_SOURCE_OFFSET])) for m in msgs]
+def dlq_provenance(msgs: Iterable[kafka_reading.Msg]) -> list[tuple[SourcePartition, int]]:
+    """Each DLQ record's source record: (its source partition, its offset), from its provenance headers."""
+    return [
+        (
+            SourcePartition(
+                bytes(m.headers.get(wire.H_SOURCE_TOPIC) or b"").decode(), int(m.headers[wire.H_SOURCE_PARTITION])
+            ),
+            int(m.headers[wire.H_SOURCE_OFFSET]),
+        )
+        for m in msgs
+    ]
+
+
+def source_partitions(settings: Settings) -> list[SourcePartition]:
+    """Every partition of every source topic of the app, as the broker has them now."""
+    admin = kafka_clients.admin(settings)
+    out = []
+    for topic in settings.source_topic_list:
+        md = admin.list_topics(topic, timeout=10).topics[topic]
+        if md.error is not None:
+            raise KafkaException(md.error)
+        out += [SourcePartition(topic, p) for p in sorted(md.partitions)]
+    return out
 
 
 def audit(settings: Settings) -> invariants.Report:
@@ -183,7 +216,7 @@ def audit(settings: Settings) -> invariants.Report:
     if settings.sink_kind == "postgres":  # one row per key: its latest value (the table's rows are the records)
         snap, rows = table_snapshot(settings)
         sink = [invariants.SinkRecord(k, v.encode(), 0, i) for i, (k, v, _) in enumerate(rows.results)]
-        dlq = [(int(r[0]), int(r[1])) for r in rows.dlq]
+        dlq = [(SourcePartition(str(r[6]), int(r[0])), int(r[1])) for r in rows.dlq]
     else:
         snap = snapshot(settings)
         # onceflow's sink records always carry a key and a value

@@ -35,6 +35,7 @@ from onceflow.rules.ledger import LedgerEntry
 from onceflow.rules.progress import report as say
 from onceflow.rules.progress import step
 from onceflow.rules.reconciliation import to_ms
+from onceflow.rules.sources import SourcePartition, on_topic
 from onceflow.runtime import launcher, procs
 from onceflow.spark import app_plan, kafka_source, partition_stream
 
@@ -132,8 +133,11 @@ class Progress:
 
 def read_progress(settings: Settings, topic: str, partitions, *, group: str | None = None, consumer=None) -> Progress:
     """The progress a backfill's group (`group`, or `consumer`'s) holds in its offsets' metadata."""
-    got = kafka_reading.group_offsets(settings, partitions, group=group, topic=topic, consumer=consumer)
-    metas = {p: (off, json.loads(meta)) for p, off, meta in got if off is not None and meta}
+    # a backfill reads one source topic: its progress is kept by partition of it
+    got = kafka_reading.group_offsets(
+        settings, [SourcePartition(topic, p) for p in partitions], group=group, consumer=consumer
+    )
+    metas = {sp.partition: (off, json.loads(meta)) for sp, off, meta in got if off is not None and meta}
     if not metas:
         return Progress()
     first = metas[min(metas)][1]
@@ -171,8 +175,8 @@ def ledger_progress(settings: Settings, backfill_id: str) -> Progress:
     return Progress(
         last.batch,
         last.spec_hash,
-        {p: a for p, (a, _) in last.ranges.items()},
-        {p: b for p, (_, b) in last.ranges.items()},
+        {p.partition: a for p, (a, _) in last.ranges.items()},  # one topic: the backfill's source
+        {p.partition: b for p, (_, b) in last.ranges.items()},
     )
 
 
@@ -337,8 +341,9 @@ class ChunkWriter:
             entry = LedgerEntry(
                 app=self.s.app_id,
                 batch=chunk,
-                topic=self.spec.source_topic,
-                ranges={p: (self.spec.start[p], self.spec.end[p]) for p in sorted(self.spec.start)},
+                ranges=on_topic(
+                    self.spec.source_topic, {p: (self.spec.start[p], self.spec.end[p]) for p in self.spec.start}
+                ),
                 watermark_ms=0,
                 batch_ts_ms=0,
                 outputs=len(rows),

@@ -29,6 +29,7 @@ from onceflow.protocol import ledger_writes, sinks
 from onceflow.rules import clock
 from onceflow.rules.checkpoint import QUARANTINE_FILE, render_quarantine
 from onceflow.rules.ledger import QuarantineRange, QuarantineRecord
+from onceflow.rules.sources import SourcePartition
 from onceflow.runtime import jobctl
 from onceflow.wire import OnceflowError
 
@@ -50,9 +51,15 @@ def current(settings: Settings) -> list[QuarantineRange]:
 
 
 def add(
-    settings: Settings, partition: int, start: int, end: int, reason: str, by: str | None = None
+    settings: Settings,
+    partition: int,
+    start: int,
+    end: int,
+    reason: str,
+    by: str | None = None,
+    topic: str | None = None,
 ) -> QuarantineRecord:
-    """Quarantine source offsets [start, end) of `partition`. Under the app's start lock (no start here can slip
+    """Quarantine source offsets [start, end) of `partition` of source `topic` (default the app's source topic). Under the app's start lock (no start here can slip
     in) and after fencing every driver of the app anywhere (the app's transactional id), so what is checked cannot
     change before it is written. The checkpoint's copy is written first and the ledger record committed second; if
     the commit fails the copy is put back: the job never runs with a quarantine the ledger does not record."""
@@ -62,6 +69,13 @@ def add(
         raise QuarantineError("say why the records are quarantined (--reason): the ledger keeps it")
     if end <= start:
         raise QuarantineError(f"the range [{start}, {end}) is empty")
+    topic = topic or settings.source_topic
+    if topic not in settings.source_topic_list:
+        raise QuarantineError(
+            f"{topic} is not a source topic of app {settings.app_id} (its source topics: "
+            f"{', '.join(settings.source_topic_list)})"
+        )
+    at = SourcePartition(topic, partition)
     with jobctl.start_lock(settings):
         running = jobctl.still_running(settings)
         if running:
@@ -69,28 +83,28 @@ def add(
                 f"app {settings.app_id} is running ({running}): stop it first (`onceflow job stop`); the job "
                 f"reads the quarantine when it starts"
             )
-        wm = kafka_reading.watermarks(settings, settings.source_topic) or {}
+        wm = kafka_reading.watermarks(settings, topic) or {}
         if partition not in wm:
-            raise QuarantineError(f"the source topic {settings.source_topic} has no partition {partition}")
+            raise QuarantineError(f"the source topic {topic} has no partition {partition}")
         if end > wm[partition][1]:
-            raise QuarantineError(f"partition {partition} ends at offset {wm[partition][1]}; {end} is beyond it")
+            raise QuarantineError(f"{at} ends at offset {wm[partition][1]}; {end} is beyond it")
         writer = sinks.operator_writer(settings, "quarantine")  # fences any driver of the app, here or elsewhere
         try:
             snap = audit.snapshot(settings)  # after the fence: nothing can commit past it any more
             done = (
-                snap.committed.offsets.get(partition)
+                snap.committed.offsets.get(at)
                 if snap.committed.offsets
-                else (snap.entries[-1].end.get(partition) if snap.entries else None)
+                else (snap.entries[-1].end.get(at) if snap.entries else None)
             )
             if done is not None and start < done:
                 raise QuarantineError(
-                    f"offsets of partition {partition} below {done} are committed already: a "
+                    f"offsets of {at} below {done} are committed already: a "
                     f"quarantine applies only to records the job has not processed yet"
                 )
             record = QuarantineRecord(
                 app=settings.app_id,
-                topic=settings.source_topic,
-                ranges=(QuarantineRange(partition, start, end),),
+                topic=topic,
+                ranges=(QuarantineRange(partition, start, end, topic),),
                 reason=reason.strip(),
                 by=by or getpass.getuser(),
                 ts_ms=clock.now_ms(),
@@ -108,13 +122,14 @@ def add(
         wire.RECORDS_QUARANTINED,
         logging.WARNING,
         flush=True,
+        topic=topic,
         partition=partition,
         start=start,
         end=end,
         reason=record.reason,
         by=record.by,
     )
-    log.warning("quarantined %s[%d] [%d, %d): %s", settings.source_topic, partition, start, end, record.reason)
+    log.warning("quarantined %s [%d, %d): %s", at, start, end, record.reason)
     return record
 
 

@@ -25,7 +25,7 @@ from onceflow.config import Settings
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.kafka.transactional import TransactionalWriter
-from onceflow.rules import clock, names
+from onceflow.rules import clock, names, sources
 from onceflow.rules.reconciliation import (
     ChainPosition,
     Mode,
@@ -35,6 +35,7 @@ from onceflow.rules.reconciliation import (
     chain_metadata,
     chain_position,
 )
+from onceflow.rules.sources import SourcePartition
 
 STATUS_TAIL = 2000  # reconciliation records read back for the status (the newest ones)
 
@@ -51,10 +52,10 @@ def transactional_id(settings: Settings) -> str:
     return names.reconciliation_transactional_id(settings.app_id)
 
 
-def _partitions(settings: Settings) -> list[int]:
-    wm = kafka_reading.watermarks(settings, settings.source_topic)
+def _partitions(settings: Settings) -> list[SourcePartition]:
+    wm = kafka_reading.source_watermarks(settings)
     if wm is None:
-        raise ReconcileError(f"the source topic {settings.source_topic} does not exist")
+        raise ReconcileError(f"a source topic of {', '.join(settings.source_topic_list)} does not exist")
     return sorted(wm)
 
 
@@ -112,9 +113,11 @@ def commit(settings: Settings, res: Result) -> dict:
             if moves:
                 assert res.last_batch is not None  # `moves` says so
                 meta = chain_metadata(res.last_batch, res.run_id, clock.now_ms())
-                ends = {int(p): int(o) for p, o in res.coverage["end_offsets"].items()}
+                ends = sources.keyed_from_json(
+                    res.coverage["end_offsets"], res.coverage.get("end_topic") or settings.source_topic
+                )
                 writer.send_offsets(
-                    [TopicPartition(settings.source_topic, p, ends[p], meta) for p in sorted(ends)],
+                    [TopicPartition(p.topic, p.partition, int(ends[p]), meta) for p in sorted(ends)],
                     consumer.consumer_group_metadata(),
                 )
         return {"chain_moved": moves, "proven_through": res.last_batch if moves else now.batch}

@@ -17,10 +17,11 @@ from pyspark.sql import functions as F
 from onceflow.app import registry
 from onceflow.config import Settings
 from onceflow.operations import audit, committed_reads, recon_chain, replay
-from onceflow.rules import clock, progress
+from onceflow.rules import clock, progress, sources
 from onceflow.rules import reconciliation as rr
 from onceflow.rules.checkpoint import parse_initial_offsets
 from onceflow.rules.ledger import check_coverage
+from onceflow.rules.sources import SourcePartition
 from onceflow.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -88,11 +89,12 @@ def run(
         coverage=rr.coverage(selected),
     )
     if selected:  # where the job's group stood after the last batch: the chain's position once it is proven
-        ends: dict[int, int] = {}
+        ends: dict[SourcePartition, int] = {}
         for e in entries:
             if e.batch <= selected[-1].batch:
                 ends.update(e.end)
-        res.coverage["end_offsets"] = {str(p): o for p, o in sorted(ends.items())}
+        res.coverage["end_offsets"] = sources.keyed_to_json(ends, int)
+        res.coverage["end_topic"] = sources.topic_field(ends)  # what the keys are on (onceflow.rules.sources)
     res.checks.append(
         rr.coverage_check(check_coverage(entries, snap.committed.offsets or None, starting_offsets(settings)))
     )
@@ -138,13 +140,13 @@ def run(
     return res
 
 
-def starting_offsets(settings: Settings) -> dict[int, int] | None:
+def starting_offsets(settings: Settings) -> dict[SourcePartition, int] | None:
     """Where the job began reading (Spark's initial offsets in the checkpoint), when it is at hand."""
     try:
         text = Store(settings.checkpoint).read_text("sources/0/0")
     except Exception:
         return None
-    return parse_initial_offsets(text, settings.source_topic) if text else None
+    return parse_initial_offsets(text, settings.source_topic_list) if text else None
 
 
 def _visibility(spark, settings, selected, entries) -> rr.Check:

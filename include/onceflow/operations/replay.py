@@ -101,7 +101,7 @@ def check(
         todo = rp.Plan([e for e in p.batches if e.batch > state["through"]], p.compared)
         took = {"stage_s": 0.0, "replay_s": 0.0}
         if todo.batches:
-            marks = kafka_reading.watermarks(settings, settings.source_topic) or {}
+            marks = kafka_reading.source_watermarks(settings) or {}
             gone = rp.source_gone(todo, {q: lo for q, (lo, _) in marks.items()})
             if gone is not None:
                 return rp.unprovable(gone)
@@ -202,25 +202,27 @@ def _file_stream(spark: SparkSession, inp: Path) -> DataFrame:
 def _stage(spark: SparkSession, settings: Settings, p: rp.Plan, where: Path) -> dict[int, Path]:
     """Step 1: the replayed batches' source records, one Parquet file per batch that has any (by ledger batch)."""
     ranges = rr.source_ranges(p.batches)
-    raw = kafka_source.read_range(
+    raw = kafka_source.read_ranges(
         spark,
         settings,
-        settings.source_topic,
         {q: s for q, (s, _) in ranges.items()},
         {q: e for q, (_, e) in ranges.items()},
     ).select(*app_plan.SOURCE_COLUMNS)
-    bounds = [(e.batch, q, s, end) for e in p.batches for q, (s, end) in e.ranges.items() if end > s]
+    bounds = [(e.batch, q.topic, q.partition, s, end) for e in p.batches for q, (s, end) in e.ranges.items() if end > s]
     if not bounds:
         return {}
-    table = spark.createDataFrame(bounds, "ledger_batch long, p int, s long, e long")
+    table = spark.createDataFrame(bounds, "ledger_batch long, t string, p int, s long, e long")
     tagged = raw.join(
         F.broadcast(table),
-        (raw["partition"] == table["p"]) & (raw["offset"] >= table["s"]) & (raw["offset"] < table["e"]),
+        (raw["topic"] == table["t"])
+        & (raw["partition"] == table["p"])
+        & (raw["offset"] >= table["s"])
+        & (raw["offset"] < table["e"]),
     ).select(*app_plan.SOURCE_COLUMNS, "ledger_batch")
     # one task per batch, so one file per batch, records in the order the source read gives them
-    tagged.repartition("ledger_batch").sortWithinPartitions("ledger_batch", "partition", "offset").write.partitionBy(
-        "ledger_batch"
-    ).parquet(str(where))
+    tagged.repartition("ledger_batch").sortWithinPartitions(
+        "ledger_batch", "topic", "partition", "offset"
+    ).write.partitionBy("ledger_batch").parquet(str(where))
     out: dict[int, Path] = {}
     for d in where.glob("ledger_batch=*"):
         files = sorted(d.glob("*.parquet"))

@@ -55,6 +55,7 @@ from onceflow.rules.savepoints import (
     plan_restore,
     savepoint_uri,
 )
+from onceflow.rules.sources import SourcePartition
 from onceflow.runtime import jobctl
 from onceflow.storage.store import Store
 
@@ -110,7 +111,7 @@ def runtime(settings: Settings) -> Runtime:
 
 
 # ---------------------------------------------------------------------------- Kafka facts
-def _sink_position(settings: Settings, partitions) -> tuple[Committed, dict[int, str]]:
+def _sink_position(settings: Settings, partitions) -> tuple[Committed, dict[SourcePartition, str]]:
     """Where the sink stands: the job's group (its offsets and their metadata), or, for a table sink, the ledger
     table's newest row (its group is a cache written after each commit, a batch behind after a crash between)."""
     if settings.sink_kind == "postgres":
@@ -145,8 +146,8 @@ def _ledger_entry(settings: Settings, batch: int | None, wait_s: float = 15.0):
         c.close()
 
 
-def _source_low(settings: Settings, partitions) -> dict[int, int]:
-    wm = kafka_reading.watermarks(settings, settings.source_topic) or {}
+def _source_low(settings: Settings, partitions) -> dict[SourcePartition, int]:
+    wm = kafka_reading.source_watermarks(settings) or {}
     return {p: wm[p][0] for p in partitions if p in wm}
 
 
@@ -166,7 +167,7 @@ def create(settings: Settings, stop: bool = False, bus: ev.EventBus | None = Non
         raise SavepointError(f"the checkpoint {settings.checkpoint} has no committed batch yet: nothing to save")
     batch = committed[-1]
     offsets_text = src.read(f"offsets/{batch}").decode()
-    meta, end = parse_offsets_file(offsets_text, settings.source_topic)
+    meta, end = parse_offsets_file(offsets_text, settings.source_topic_list)
     partitions = int(meta.get("conf", {}).get("spark.sql.shuffle.partitions", settings.shuffle_partitions))
     provider = meta.get("conf", {}).get("spark.sql.streaming.stateStore.providerClass", settings.state_store_provider)
     epoch = Epoch.from_json(src.read(EPOCH_FILE).decode()) if EPOCH_FILE in listing else Epoch()
@@ -504,7 +505,7 @@ def _swap_in(settings: Settings, m: Manifest, plan: RestorePlan, quarantine=()) 
             template = src.read(f"offsets/{m.spark_batch}").decode()
             ckpt.write(
                 f"offsets/{c.spark_batch}",
-                render_offsets_file(template, settings.source_topic, c.end, c.watermark_ms, c.batch_ts_ms).encode(),
+                render_offsets_file(template, c.end, c.watermark_ms, c.batch_ts_ms).encode(),
             )
     except BaseException:
         _swap_back(settings, moved)

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from onceflow import wire
 from onceflow.faults import Injector
 from onceflow.kafka import events as ev
+from onceflow.rules import sources
 from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, decide
 from onceflow.wire import OnceflowError
 
@@ -32,6 +33,7 @@ class OutRecord:
     src_size: int | None = None  # the original value's size (DLQ)
     src_sha256: str | None = None  # set when the DLQ copy holds less than the original value
     output: str | None = None  # a result's named output (App.outputs); None: the sink topic
+    src_topic: str | None = None  # a DLQ record's source topic (an app may read several)
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ class BatchSink:
                     wire.BATCH_REPLAY_SKIPPED,
                     batch=plan.batch,
                     spark_batch=plan.spark_batch,
-                    ranges=plan.ranges,
+                    ranges=sources.keyed_to_json(plan.ranges, list),
                     catch_up_from=plan.catch_up_from,
                     decision=decision.value,
                 )
@@ -168,7 +170,7 @@ class BatchSink:
             txn_ms=round(txn_ms, 1),
             records=plan.records,
             watermark_ms=plan.watermark_ms,
-            end_offsets=plan.end,
+            end_offsets=sources.keyed_to_json(plan.end, int),
             **extra,
         )
 

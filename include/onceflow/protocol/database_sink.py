@@ -226,18 +226,19 @@ class DatabaseSink(BatchSink):
         it. Returns (results rows written, DLQ rows written)."""
         cur.execute(
             "CREATE TEMP TABLE IF NOT EXISTS onceflow_stage (seq bigserial, kind text, key text, value bytea, "
-            "src_partition integer, src_offset bigint, src_timestamp_ms bigint, reason text, original_size integer, "
-            "original_sha256 text) ON COMMIT DELETE ROWS"
+            "src_topic text, src_partition integer, src_offset bigint, src_timestamp_ms bigint, reason text, "
+            "original_size integer, original_sha256 text) ON COMMIT DELETE ROWS"
         )
         columns = (
-            "kind, key, value, src_partition, src_offset, src_timestamp_ms, reason, original_size, original_sha256"
+            "kind, key, value, src_topic, src_partition, src_offset, src_timestamp_ms, reason, original_size, "
+            "original_sha256"
         )
         with cur.copy(f"COPY onceflow_stage ({columns}) FROM STDIN") as copy:
             for r in rows:
                 if r.kind != wire.KIND_RESULT and self.faults is not None and r.value is not None:
                     if self.faults.undeliverable(r.src_partition, r.src_offset):
                         raise UndeliverableRecord(
-                            f"the DLQ copy of {plan.topic}[{r.src_partition}] offset {r.src_offset} is refused "
+                            f"the DLQ copy of {r.src_topic}[{r.src_partition}] offset {r.src_offset} is refused "
                             f"(injected fault): quarantine the record (onceflow quarantine add)"
                         )
                 copy.write_row(
@@ -245,6 +246,7 @@ class DatabaseSink(BatchSink):
                         r.kind,
                         r.key,
                         r.value,
+                        r.src_topic,
                         r.src_partition,
                         r.src_offset,
                         r.src_timestamp_ms,
@@ -267,18 +269,19 @@ class DatabaseSink(BatchSink):
         cur.execute(
             sql.SQL(
                 "INSERT INTO {t} (key, src_topic, src_partition, src_offset, src_timestamp_ms, reason, value, "
-                "original_size, original_sha256, batch) SELECT key, %s, src_partition, src_offset, src_timestamp_ms, "
-                "coalesce(reason, ''), value, original_size, original_sha256, %s FROM onceflow_stage WHERE kind <> %s"
+                "original_size, original_sha256, batch) SELECT key, coalesce(src_topic, ''), src_partition, src_offset, "
+                "src_timestamp_ms, coalesce(reason, ''), value, original_size, original_sha256, %s FROM onceflow_stage "
+                "WHERE kind <> %s"
             ).format(t=client.table(self.s, "dlq")),
-            (plan.topic, plan.batch, wire.KIND_RESULT),
+            (plan.batch, wire.KIND_RESULT),
         )
         return outputs, cur.rowcount
 
     def _cache_offsets(self, plan: BatchPlan) -> None:
         """The committed position into the app's Kafka group (not transactional: a cache for lag and health)."""
         offsets = [
-            TopicPartition(plan.topic, p, off, offset_metadata(plan.batch, plan.epoch))
-            for p, off in sorted(plan.end.items())
+            TopicPartition(sp.topic, sp.partition, off, offset_metadata(plan.batch, plan.epoch))
+            for sp, off in sorted(plan.end.items())
         ]
         try:
             self.group.commit(offsets=offsets, asynchronous=False)

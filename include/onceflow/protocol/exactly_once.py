@@ -56,6 +56,7 @@ from onceflow.protocol.batch_sink import BatchOutcome, BatchSink, OutRecord, Und
 from onceflow.protocol.sink_reads import KafkaSinkReads, SinkReads
 from onceflow.rules import clock
 from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, offset_metadata
+from onceflow.rules.sources import SourcePartition
 
 log = logging.getLogger(__name__)
 H_APP, H_BATCH = wire.H_APP, wire.H_BATCH  # headers of every record the job writes
@@ -111,7 +112,7 @@ class ExactlyOnceSink(BatchSink):
         self.reads: SinkReads = reads if reads is not None else KafkaSinkReads(settings)
 
     # ------------------------------------------------------------------ what is committed
-    def committed(self, partitions: Iterable[int]) -> Committed:
+    def committed(self, partitions: Iterable[SourcePartition]) -> Committed:
         return self.reads.committed(partitions)
 
     def ledger_entry(self, batch: int) -> LedgerEntry | None:
@@ -181,13 +182,11 @@ class ExactlyOnceSink(BatchSink):
                             and self.faults.undeliverable(r.src_partition, r.src_offset)
                         ):
                             raise UndeliverableRecord(
-                                f"the broker refuses the DLQ copy of {plan.topic}[{r.src_partition}] "
+                                f"the broker refuses the DLQ copy of {r.src_topic}[{r.src_partition}] "
                                 f"offset {r.src_offset} (injected fault): the batch cannot commit; "
                                 f"quarantine the record (onceflow quarantine add)"
                             )
-                        self.writer.produce(
-                            self.s.dlq_topic, r.key.encode(), r.value, headers + dlq_headers(plan.topic, r)
-                        )
+                        self.writer.produce(self.s.dlq_topic, r.key.encode(), r.value, headers + dlq_headers(r))
                         dlq += 1
                 self._fault("crash_after_produce", plan.batch)
                 txn_ms = (time.monotonic() - started) * 1000
@@ -205,8 +204,8 @@ class ExactlyOnceSink(BatchSink):
                 )
                 self.writer.produce(self.s.ledger_topic, self.s.app_id.encode(), entry.to_json(), headers)
                 offsets = [
-                    TopicPartition(plan.topic, p, off, offset_metadata(plan.batch, plan.epoch))
-                    for p, off in sorted(plan.end.items())
+                    TopicPartition(sp.topic, sp.partition, off, offset_metadata(plan.batch, plan.epoch))
+                    for sp, off in sorted(plan.end.items())
                 ]
                 self.writer.send_offsets(offsets, self.reads.group_metadata(), self.s.send_offsets_timeout_s)
                 self._fault("stall_in_txn", plan.batch)
@@ -341,11 +340,11 @@ def timeout_advice(elapsed_ms: float | None = None) -> str:
     )
 
 
-def dlq_headers(source_topic: str, r: OutRecord) -> list[tuple[str, bytes]]:
+def dlq_headers(r: OutRecord) -> list[tuple[str, bytes]]:
     """Provenance of a DLQ record (Kafka Connect style); a copy that holds less than the original value (capped,
     or quarantined) says so, with the original's size and sha256."""
     out = [
-        (wire.H_SOURCE_TOPIC, source_topic.encode()),
+        (wire.H_SOURCE_TOPIC, (r.src_topic or "").encode()),
         (wire.H_SOURCE_PARTITION, str(r.src_partition).encode()),
         (wire.H_SOURCE_OFFSET, str(r.src_offset).encode()),
         (wire.H_SOURCE_TIMESTAMP, str(r.src_timestamp_ms).encode()),

@@ -18,10 +18,11 @@ from onceflow.kafka import surfaces
 from onceflow.protocol import ledger_reader
 from onceflow.rules import names
 from onceflow.rules.ledger import Committed, LedgerEntry
+from onceflow.rules.sources import SourcePartition
 
 
 class SinkReads(Protocol):
-    def committed(self, partitions: Iterable[int]) -> Committed:
+    def committed(self, partitions: Iterable[SourcePartition]) -> Committed:
         """The group's committed offsets of the source partitions, with the batch their metadata names."""
 
     def entry(self, batch: int) -> LedgerEntry | None:
@@ -67,11 +68,11 @@ class KafkaSinkReads:
         # the ledger's and the sink's offset lookups' admin client, held: one connection, not one per lookup
         self.admin = kafka_reading.RenewableAdmin(new_admin or (lambda: kafka_clients.admin(settings)), admin)
 
-    def committed(self, partitions: Iterable[int]) -> Committed:
-        tps = [TopicPartition(self.s.source_topic, p) for p in sorted(partitions)]
+    def committed(self, partitions: Iterable[SourcePartition]) -> Committed:
+        tps = [TopicPartition(sp.topic, sp.partition) for sp in sorted(partitions)]
         got = kafka_reading.committed(self.group, tps) if tps else []
         return Committed.from_partitions(
-            (tp.partition, tp.offset if tp.offset >= 0 else None, tp.metadata) for tp in got
+            (SourcePartition(tp.topic, tp.partition), tp.offset if tp.offset >= 0 else None, tp.metadata) for tp in got
         )
 
     def entry(self, batch: int) -> LedgerEntry | None:

@@ -16,8 +16,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from onceflow.rules import json_records
+from onceflow.rules import json_records, sources
 from onceflow.rules.ledger import BatchPlan, QuarantineRange
+from onceflow.rules.sources import SourcePartition
 from onceflow.wire import OnceflowError
 
 
@@ -29,8 +30,9 @@ class CheckpointFS(Protocol):
     def read_text(self, rel: str) -> str | None: ...
 
 
-def parse_offsets_file(text: str, topic: str) -> tuple[dict[str, Any], dict[int, int]]:
-    """`offsets/N`: line 1 `v1`, line 2 the batch metadata JSON, then one offsets JSON per source."""
+def parse_offsets_file(text: str, topics: list[str]) -> tuple[dict[str, Any], dict[SourcePartition, int]]:
+    """`offsets/N`: line 1 `v1`, line 2 the batch metadata JSON, then one offsets JSON per source. The app's one
+    Kafka source subscribes all its topics, so their offsets are on one line (`{"a": {"0": 5}, "b": {...}}`)."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines or not lines[0].startswith("v"):
         raise CheckpointError(f"unrecognised offsets file (first line {lines[:1]})")
@@ -39,19 +41,18 @@ def parse_offsets_file(text: str, topic: str) -> tuple[dict[str, Any], dict[int,
         if ln.strip() == "-":
             continue
         src = json.loads(ln)
-        if topic in src:
-            return meta, {int(p): int(o) for p, o in src[topic].items()}
-    raise CheckpointError(f"no offsets for topic {topic} in the offsets file")
+        if any(t in src for t in topics):
+            return meta, sources.offsets_from_json(src, topics)
+    raise CheckpointError(f"no offsets for topic {','.join(topics)} in the offsets file")
 
 
-def parse_initial_offsets(text: str, topic: str) -> dict[int, int]:
+def parse_initial_offsets(text: str, topics: list[str]) -> dict[SourcePartition, int]:
     """`sources/0/0`, the Kafka source's initial offsets (a leading NUL byte, `v1`, then JSON)."""
     body = text.lstrip("\x00")
     start = body.find("{")
     if start < 0:
         raise CheckpointError("unrecognised initial offsets file")
-    src = json.loads(body[start:])
-    return {int(p): int(o) for p, o in src.get(topic, {}).items()}
+    return sources.offsets_from_json(json.loads(body[start:]), topics)
 
 
 EPOCH_FILE = "onceflow/epoch.json"
@@ -107,19 +108,25 @@ def read_quarantine(fs: CheckpointFS) -> list[QuarantineRange]:
 
 
 def render_quarantine(ranges: Iterable[QuarantineRange]) -> str:
-    return json.dumps([{"partition": r.partition, "start": r.start, "end": r.end} for r in ranges])
+    return json.dumps(
+        [
+            {"partition": r.partition, "start": r.start, "end": r.end} | ({"topic": r.topic} if r.topic else {})
+            for r in ranges
+        ]
+    )
 
 
-def render_offsets_file(template: str, topic: str, end: Mapping[int, int], watermark_ms: int, batch_ts_ms: int) -> str:
+def render_offsets_file(template: str, end: Mapping[SourcePartition, int], watermark_ms: int, batch_ts_ms: int) -> str:
     """An `offsets/N` file like `template` (the previous batch's, so Spark's conf entries carry over) with the
-    given end offsets for every source line of `topic` and the given batch watermark and timestamp."""
+    given end offsets on the source line of their topics and the given batch watermark and timestamp."""
     lines = [ln for ln in template.splitlines() if ln.strip()]
     meta = json.loads(lines[1])
     meta["batchWatermarkMs"], meta["batchTimestampMs"] = int(watermark_ms), int(batch_ts_ms)
     out = [lines[0], json.dumps(meta, separators=(",", ":"))]
+    topics = sources.topics_of(end)
     for ln in lines[2:]:
-        if ln.strip() != "-" and topic in json.loads(ln):
-            ln = json.dumps({topic: {str(p): int(o) for p, o in sorted(end.items())}}, separators=(",", ":"))
+        if ln.strip() != "-" and any(t in json.loads(ln) for t in topics):
+            ln = json.dumps(sources.offsets_to_json(end), separators=(",", ":"))
         out.append(ln)
     return "\n".join(out)
 
@@ -141,28 +148,28 @@ def first_start_debris(listing: Mapping[str, Iterable[str]]) -> list[str]:
     return [f"{d}/{name}" for d in SPARK_LOG_DIRS for name in sorted(listing.get(d, ())) if name.startswith(".")]
 
 
-def batch_plan(fs: CheckpointFS, batch: int, topic: str, epoch: Epoch = Epoch()) -> BatchPlan:
-    """The plan of Spark batch `batch`, under the ledger's batch id (`epoch` maps one to the other)."""
+def batch_plan(fs: CheckpointFS, batch: int, topics: list[str], epoch: Epoch = Epoch()) -> BatchPlan:
+    """The plan of Spark batch `batch` over the app's source `topics`, under the ledger's batch id (`epoch` maps one
+    to the other)."""
     cur = fs.read_text(f"offsets/{batch}")
     if cur is None:
         raise CheckpointError(f"offsets/{batch} is missing from the checkpoint")
-    meta, end = parse_offsets_file(cur, topic)
+    meta, end = parse_offsets_file(cur, topics)
     if batch > 0:
         prev = fs.read_text(f"offsets/{batch - 1}")
         if prev is None:
             raise CheckpointError(f"offsets/{batch - 1} is missing: cannot tell where batch {batch} starts")
-        _, start = parse_offsets_file(prev, topic)
+        _, start = parse_offsets_file(prev, topics)
     else:
         init = fs.read_text("sources/0/0")
         if init is None:
             raise CheckpointError("sources/0/0 (the initial offsets) is missing from the checkpoint")
-        start = parse_initial_offsets(init, topic)
+        start = parse_initial_offsets(init, topics)
     # A partition new in this batch starts at the offset Spark began reading it from (0 for a new partition).
     start = {p: start.get(p, 0) for p in end}
     catch_up = epoch.catch_up_from if batch == epoch.catch_up_spark_batch else None
     return BatchPlan(
         batch=epoch.ledger_batch(batch),
-        topic=topic,
         start=start,
         end=end,
         watermark_ms=int(meta.get("batchWatermarkMs", 0)),

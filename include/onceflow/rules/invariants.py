@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.rules.ledger import CoverageReport, LedgerEntry, check_coverage
+from onceflow.rules.sources import SourcePartition
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,11 @@ class SinkRecord:
 
 
 class BatchIndex:
-    """Which committed batch holds (partition, offset), and with which watermark."""
+    """Which committed batch holds (source partition, offset), and with which watermark."""
 
     def __init__(self, entries: Iterable[LedgerEntry]):
-        self._starts: dict[int, list[int]] = {}
-        self._rows: dict[int, list[tuple[int, int, LedgerEntry]]] = {}
+        self._starts: dict[SourcePartition, list[int]] = {}
+        self._rows: dict[SourcePartition, list[tuple[int, int, LedgerEntry]]] = {}
         for e in sorted(entries, key=lambda e: e.batch):
             for p, (s, end) in e.ranges.items():
                 if end > s:
@@ -39,7 +40,7 @@ class BatchIndex:
             rows.sort(key=lambda r: r[0])
             self._starts[p] = [r[0] for r in rows]
 
-    def find(self, partition: int, offset: int) -> LedgerEntry | None:
+    def find(self, partition: SourcePartition, offset: int) -> LedgerEntry | None:
         starts = self._starts.get(partition)
         if not starts:
             return None
@@ -60,9 +61,9 @@ class Report:
     unexpected: dict[str, int] = field(default_factory=dict)  # key -> count found
     wrong: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (expected, found)
     malformed_values: list[str] = field(default_factory=list)
-    dlq_missing: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset)
-    dlq_unexpected: list[tuple[int, int]] = field(default_factory=list)
-    dlq_duplicates: list[tuple[int, int]] = field(default_factory=list)
+    dlq_missing: list[tuple[SourcePartition, int]] = field(default_factory=list)  # (partition, offset)
+    dlq_unexpected: list[tuple[SourcePartition, int]] = field(default_factory=list)
+    dlq_duplicates: list[tuple[SourcePartition, int]] = field(default_factory=list)
     ledger_outputs: int = 0
     ledger_dlq: int = 0
     late: int = 0
@@ -119,10 +120,10 @@ class Report:
 
 def check_accounting(
     entries: Sequence[LedgerEntry],
-    committed: Mapping[int, int] | None,
+    committed: Mapping[SourcePartition, int] | None,
     sink: Iterable[SinkRecord],
-    dlq: Iterable[tuple[int, int]],
-    starting: Mapping[int, int] | None = None,
+    dlq: Iterable[tuple[SourcePartition, int]],
+    starting: Mapping[SourcePartition, int] | None = None,
 ) -> Report:
     """What holds for any app, without knowing what its results mean: I1 (coverage), one sink record for each
     output and one DLQ record for each reject the committed batches counted (a foreign or doubled record, or one

@@ -15,9 +15,12 @@ from enum import Enum
 from typing import Any
 
 from onceflow import wire
+from onceflow.rules import sources
+from onceflow.rules.sources import SourcePartition, fmt_ranges
 from onceflow.wire import OnceflowError
 
-Offsets = Mapping[int, int]  # partition -> offset
+Offsets = Mapping[SourcePartition, int]  # source partition -> offset
+Ranges = dict[SourcePartition, tuple[int, int]]  # source partition -> [start, end)
 
 
 class DivergentHistory(OnceflowError):
@@ -31,13 +34,13 @@ class BatchPlan:
     `batch` is the ledger's batch id, the one the sink commits under. It equals Spark's batch id until a
     savepoint is restored behind the sink: from then on Spark's ids run behind the ledger's by a fixed shift
     (the epoch of the restore, see onceflow.rules.checkpoint.Epoch). `catch_up_from` is set on the one batch after
-    such a restore that re-reads the already-committed ledger batches catch_up_from..batch in one go.
+    such a restore that re-reads the already-committed ledger batches catch_up_from..batch in one go. Ranges are
+    keyed by source partition (topic and partition): an app may read several topics.
     """
 
     batch: int
-    topic: str
-    start: dict[int, int]
-    end: dict[int, int]
+    start: dict[SourcePartition, int]
+    end: dict[SourcePartition, int]
     watermark_ms: int = 0
     batch_ts_ms: int = 0
     spark_batch: int | None = None  # Spark's id, when it differs from `batch`
@@ -46,16 +49,20 @@ class BatchPlan:
 
     def __post_init__(self) -> None:
         if set(self.start) != set(self.end):
-            raise ValueError(f"batch {self.batch}: start partitions {sorted(self.start)} != end {sorted(self.end)}")
+            raise ValueError(
+                f"batch {self.batch}: start partitions {sorted(map(str, self.start))} != end {sorted(map(str, self.end))}"
+            )
         for p in self.start:
             if self.end[p] < self.start[p]:
-                raise ValueError(
-                    f"batch {self.batch}: partition {p} ends at {self.end[p]} before its start {self.start[p]}"
-                )
+                raise ValueError(f"batch {self.batch}: {p} ends at {self.end[p]} before its start {self.start[p]}")
 
     @property
-    def ranges(self) -> dict[int, tuple[int, int]]:
+    def ranges(self) -> Ranges:
         return {p: (self.start[p], self.end[p]) for p in sorted(self.start)}
+
+    @property
+    def topics(self) -> list[str]:
+        return sources.topics_of(self.start)
 
     @property
     def records(self) -> int:
@@ -66,8 +73,7 @@ class BatchPlan:
 class LedgerEntry:
     app: str
     batch: int
-    topic: str
-    ranges: dict[int, tuple[int, int]]
+    ranges: Ranges
     watermark_ms: int
     batch_ts_ms: int
     outputs: int
@@ -90,7 +96,9 @@ class LedgerEntry:
 
     def to_json(self) -> bytes:
         d = asdict(self)
-        d["ranges"] = {str(p): [s, e] for p, (s, e) in sorted(self.ranges.items())}
+        # The source topic(s) beside the ranges (onceflow.rules.sources: one topic keeps the shape of before).
+        d["topic"] = sources.topic_field(self.ranges)
+        d["ranges"] = sources.keyed_to_json(self.ranges, list)
         if self.outputs_by_topic is None:
             del d["outputs_by_topic"]  # the record of a one-output app keeps its shape
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
@@ -98,7 +106,7 @@ class LedgerEntry:
     @classmethod
     def from_json(cls, raw: bytes | str) -> LedgerEntry:
         d = _object(raw)
-        d["ranges"] = _ranges(d.get("ranges"), "ranges")
+        d["ranges"] = _ranges(d.get("ranges"), d.get("topic"), "ranges")
         per_topic = d.get("outputs_by_topic")
         if per_topic is not None:
             if not isinstance(per_topic, dict) or not all(
@@ -112,12 +120,16 @@ class LedgerEntry:
         return cls(**_typed(cls, {k: v for k, v in d.items() if k in _ENTRY_FIELDS}))
 
     @property
-    def end(self) -> dict[int, int]:
+    def end(self) -> dict[SourcePartition, int]:
         return {p: e for p, (_, e) in self.ranges.items()}
 
     @property
-    def start(self) -> dict[int, int]:
+    def start(self) -> dict[SourcePartition, int]:
         return {p: s for p, (s, _) in self.ranges.items()}
+
+    @property
+    def topics(self) -> list[str]:
+        return sources.topics_of(self.ranges)
 
     @classmethod
     def for_plan(
@@ -136,7 +148,6 @@ class LedgerEntry:
         return cls(
             app=app,
             batch=plan.batch,
-            topic=plan.topic,
             ranges=plan.ranges,
             watermark_ms=plan.watermark_ms,
             batch_ts_ms=plan.batch_ts_ms,
@@ -158,7 +169,8 @@ class RestoreRecord:
     """Written to the ledger when a savepoint is restored: which one, where the sink stood, what is skipped.
 
     `skipped` is the source range of the ledger batches `skipped_batches` (already committed after the
-    savepoint): the restored job re-reads it to rebuild its state and writes none of its results again.
+    savepoint): the restored job re-reads it to rebuild its state and writes none of its results again. A record
+    written before source topics were named (no `topic` field) reads back with its ranges on topic "".
     """
 
     app: str
@@ -168,7 +180,7 @@ class RestoreRecord:
     sink_batch: int | None  # the last ledger batch committed when it was restored
     rewind: bool  # an older savepoint than the newest, restored on explicit request
     skipped_batches: tuple[int, int] | None
-    skipped: dict[int, tuple[int, int]]
+    skipped: Ranges
     spark_batch_from: int  # Spark's first batch of the new epoch
     ledger_shift: int  # ledger batch = Spark batch + ledger_shift from then on
     restored_ms: int
@@ -176,13 +188,15 @@ class RestoreRecord:
 
     def to_json(self) -> bytes:
         d = asdict(self)
-        d["skipped"] = {str(p): [s, e] for p, (s, e) in sorted(self.skipped.items())}
+        if self.skipped:
+            d["topic"] = sources.topic_field(self.skipped)
+        d["skipped"] = sources.keyed_to_json(self.skipped, list)
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> RestoreRecord:
         d = _object(raw)
-        d["skipped"] = _ranges(d.get("skipped"), "skipped")
+        d["skipped"] = _ranges(d.get("skipped"), d.pop("topic", None), "skipped", legacy_topic="")
         if d.get("skipped_batches") is not None:
             pair = d["skipped_batches"]
             if not (isinstance(pair, list) and len(pair) == 2):
@@ -194,11 +208,20 @@ class RestoreRecord:
 @dataclass(frozen=True)
 class QuarantineRange:
     """Source offsets [start, end) of one partition whose records an operator quarantined: they go to the DLQ
-    with reason `quarantined` and their provenance only (the way out of a batch that can never commit)."""
+    with reason `quarantined` and their provenance only (the way out of a batch that can never commit). `topic`:
+    the source topic (None in what was written before an app could read several: its one source topic)."""
 
     partition: int
     start: int
     end: int
+    topic: str | None = None
+
+    def covers(self, topic: str, partition: int, offset: int) -> bool:
+        return (
+            (self.topic is None or self.topic == topic)
+            and self.partition == partition
+            and self.start <= offset < self.end
+        )
 
 
 @dataclass(frozen=True)
@@ -215,7 +238,8 @@ class QuarantineRecord:
 
     def to_json(self) -> bytes:
         d = asdict(self)
-        d["ranges"] = [asdict(r) for r in self.ranges]
+        # the record's own topic field names the ranges' topic: the shape of before
+        d["ranges"] = [{"partition": r.partition, "start": r.start, "end": r.end} for r in self.ranges]
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -223,7 +247,15 @@ class QuarantineRecord:
         d = _object(raw)
         if not isinstance(d.get("ranges"), list) or not all(isinstance(r, dict) for r in d["ranges"]):
             raise MalformedRecord("ledger record field ranges: expected a list of {partition, start, end}")
-        d["ranges"] = tuple(QuarantineRange(**_typed(QuarantineRange, r)) for r in d["ranges"])
+        topic = d.get("topic")
+        try:
+            sources.topics_from_field(topic)
+        except sources.BadPositions as e:
+            raise MalformedRecord(f"ledger record field topic: {e}") from None
+        d["ranges"] = tuple(
+            QuarantineRange(**_typed(QuarantineRange, {k: v for k, v in r.items() if k != "topic"}), topic=topic)
+            for r in d["ranges"]
+        )
         return cls(**_typed(cls, d))
 
 
@@ -251,15 +283,25 @@ def _as_int(v: object, name: str) -> int:
     raise MalformedRecord(f"ledger record field {name}: expected an integer, got {v!r:.80}")
 
 
-def _ranges(v: object, name: str) -> dict[int, tuple[int, int]]:
-    if not isinstance(v, dict):
+def _ranges(v: object, topic: object, name: str, legacy_topic: str | None = None) -> Ranges:
+    """A record's ranges, beside its `topic` field (onceflow.rules.sources). `legacy_topic`: the topic of ranges in a
+    record of a kind that named none before several source topics were possible."""
+    if not isinstance(v, dict) or not all(isinstance(r, list) and len(r) == 2 for r in v.values()):
         raise MalformedRecord(f"ledger record field {name}: expected {{partition: [start, end]}}, got {v!r:.80}")
-    out = {}
-    for p, r in v.items():
-        if not (isinstance(p, str) and p.isdigit() and isinstance(r, list) and len(r) == 2):
-            raise MalformedRecord(f"ledger record field {name}: expected {{partition: [start, end]}}, got {v!r:.80}")
-        out[int(p)] = (_as_int(r[0], name), _as_int(r[1], name))
-    return out
+    if not v:
+        return {}
+    try:
+        if topic is None and legacy_topic is not None:
+            if not all(isinstance(p, str) and p.isascii() and p.isdigit() for p in v):
+                raise MalformedRecord(
+                    f"ledger record field {name}: expected {{partition: [start, end]}}, got {v!r:.80}"
+                )
+            keyed = {SourcePartition(legacy_topic, int(p)): r for p, r in v.items()}
+        else:
+            keyed = sources.keyed_from_json(v, topic)
+    except sources.BadPositions as e:
+        raise MalformedRecord(f"ledger record field {name}: {e}") from None
+    return {p: (_as_int(r[0], name), _as_int(r[1], name)) for p, r in sorted(keyed.items())}
 
 
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
@@ -310,14 +352,14 @@ def parse_record(raw: bytes | str) -> LedgerEntry | RestoreRecord | QuarantineRe
 class Committed:
     """The consumer group's committed position, with the batch id carried in the offset metadata."""
 
-    offsets: dict[int, int]
+    offsets: dict[SourcePartition, int]
     batch: int | None
     foreign: bool = False  # offsets exist that onceflow did not write (no batch metadata)
 
     @classmethod
-    def from_partitions(cls, items: Iterable[tuple[int, int | None, str | None]]) -> Committed:
-        """items: (partition, offset or None when nothing is committed, metadata)."""
-        offsets: dict[int, int] = {}
+    def from_partitions(cls, items: Iterable[tuple[SourcePartition, int | None, str | None]]) -> Committed:
+        """items: (source partition, offset or None when nothing is committed, metadata)."""
+        offsets: dict[SourcePartition, int] = {}
         batches: set[int] = set()
         foreign = False
         for p, off, meta in items:
@@ -402,17 +444,17 @@ def decide(
             raise DivergentHistory(
                 f"batch {n}: the group says batch {n} is committed but the ledger has no record of it"
             )
-        if entry.ranges != plan.ranges or entry.topic != plan.topic:
+        if entry.ranges != plan.ranges:
             raise DivergentHistory(
-                f"batch {n} was committed with ranges {_fmt(entry.ranges)} but Spark now plans "
-                f"{_fmt(plan.ranges)}: the checkpoint and the sink disagree (was a checkpoint restored or "
+                f"batch {n} was committed with ranges {fmt_ranges(entry.ranges)} but Spark now plans "
+                f"{fmt_ranges(plan.ranges)}: the checkpoint and the sink disagree (was a checkpoint restored or "
                 f"the source changed?)"
             )
         mismatch = {p: (committed.offsets.get(p), e) for p, e in plan.end.items() if committed.offsets.get(p) != e}
         if mismatch:
             raise DivergentHistory(
                 f"batch {n} is committed but the group's offsets differ from its end: "
-                f"{mismatch} (partition: (committed, planned end))"
+                f"{_fmt_pairs(mismatch)} (partition: (committed, planned end))"
             )
         return Decision.SKIP
     if committed.batch > n:
@@ -433,8 +475,8 @@ def decide(
     }
     if mismatch:
         raise DivergentHistory(
-            f"batch {n} starts at {plan.start} but batch {n - 1} committed "
-            f"{committed.offsets}: gap or overlap at {mismatch} (partition: (committed, start))"
+            f"batch {n} starts at {_fmt_pairs(plan.start)} but batch {n - 1} committed "
+            f"{_fmt_pairs(committed.offsets)}: gap or overlap at {_fmt_pairs(mismatch)} (partition: (committed, start))"
         )
     return Decision.WRITE
 
@@ -449,29 +491,29 @@ def _decide_catch_up(plan: BatchPlan, committed: Committed, entry: LedgerEntry |
             f"the restore expected the sink at batch {n} (catching up batches {first}..{n}) but it has "
             f"committed batch {committed.batch}: another driver wrote to the sink after the restore"
         )
-    if entry is None or entry.end != plan.end or entry.topic != plan.topic:
+    if entry is None or entry.end != plan.end:
         raise DivergentHistory(
             f"catching up batches {first}..{n}: the ledger record of batch {n} does not end at "
-            f"{plan.end} ({_fmt(entry.ranges) if entry else 'missing'})"
+            f"{_fmt_pairs(plan.end)} ({fmt_ranges(entry.ranges) if entry else 'missing'})"
         )
     mismatch = {p: (committed.offsets.get(p), e) for p, e in plan.end.items() if committed.offsets.get(p) != e}
     if mismatch:
         raise DivergentHistory(
             f"catching up batches {first}..{n}: the group's offsets differ from their end: "
-            f"{mismatch} (partition: (committed, planned end))"
+            f"{_fmt_pairs(mismatch)} (partition: (committed, planned end))"
         )
     return Decision.CATCH_UP
 
 
-def _fmt(ranges: Mapping[int, tuple[int, int]]) -> str:
-    return "{" + ", ".join(f"{p}: [{s}, {e})" for p, (s, e) in sorted(ranges.items())) + "}"
+def _fmt_pairs(by_source: Mapping[SourcePartition, object]) -> str:
+    return "{" + ", ".join(f"{p}: {v}" for p, v in sorted(by_source.items())) + "}"
 
 
 # ---------------------------------------------------------------------------- coverage (invariant I1)
 @dataclass(frozen=True)
 class CoverageIssue:
     kind: str  # gap | overlap | batch_sequence | divergent_batch | not_at_committed
-    partition: int | None
+    partition: SourcePartition | None
     detail: str
     start: int | None = None
     end: int | None = None
@@ -481,7 +523,7 @@ class CoverageIssue:
 class CoverageReport:
     issues: list[CoverageIssue] = field(default_factory=list)
     batches: int = 0
-    covered: dict[int, tuple[int, int]] = field(default_factory=dict)  # partition -> [first start, last end)
+    covered: Ranges = field(default_factory=dict)  # source partition -> [first start, last end)
 
     @property
     def ok(self) -> bool:
@@ -502,7 +544,9 @@ def check_coverage(
             kind = "divergent_batch" if prev.ranges != e.ranges else "batch_sequence"
             report.issues.append(
                 CoverageIssue(
-                    kind, None, f"batch {e.batch} is in the ledger twice ({_fmt(prev.ranges)} and {_fmt(e.ranges)})"
+                    kind,
+                    None,
+                    f"batch {e.batch} is in the ledger twice ({fmt_ranges(prev.ranges)} and {fmt_ranges(e.ranges)})",
                 )
             )
             continue
@@ -512,8 +556,8 @@ def check_coverage(
     for a, b in zip(ordered, ordered[1:]):
         if b.batch != a.batch + 1:
             report.issues.append(CoverageIssue("batch_sequence", None, f"batch ids jump from {a.batch} to {b.batch}"))
-    cursor: dict[int, int] = dict(starting or {})
-    first: dict[int, int] = {}
+    cursor: dict[SourcePartition, int] = dict(starting or {})
+    first: dict[SourcePartition, int] = {}
     for e in ordered:
         for p, (s, end) in sorted(e.ranges.items()):
             if p not in cursor:
@@ -523,8 +567,7 @@ def check_coverage(
                     CoverageIssue(
                         "gap",
                         p,
-                        f"offsets [{cursor[p]}, {s}) of partition {p} are in "
-                        f"no committed batch (before batch {e.batch})",
+                        f"offsets [{cursor[p]}, {s}) of {p} are in no committed batch (before batch {e.batch})",
                         cursor[p],
                         s,
                     )
@@ -534,7 +577,7 @@ def check_coverage(
                     CoverageIssue(
                         "overlap",
                         p,
-                        f"offsets [{s}, {cursor[p]}) of partition {p} are committed twice (batch {e.batch} again)",
+                        f"offsets [{s}, {cursor[p]}) of {p} are committed twice (batch {e.batch} again)",
                         s,
                         cursor[p],
                     )
@@ -548,7 +591,7 @@ def check_coverage(
                     CoverageIssue(
                         "not_at_committed",
                         p,
-                        f"ledger ends at {cursor.get(p)} on partition {p} but the group committed {off}",
+                        f"ledger ends at {cursor.get(p)} on {p} but the group committed {off}",
                         cursor.get(p),
                         off,
                     )

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from onceflow.rules import clock, json_records
-from onceflow.rules.ledger import CoverageReport, LedgerEntry
+from onceflow.rules import clock, json_records, sources
+from onceflow.rules.ledger import CoverageReport, LedgerEntry, Ranges
 from onceflow.wire import OnceflowError
 
 
@@ -65,6 +65,7 @@ def to_ms(v: Any) -> int | None:
 class BatchRow:
     """One ledger batch on one source partition: which offsets it read, and its late-row watermark."""
 
+    topic: str
     partition: int
     start: int
     end: int
@@ -103,16 +104,17 @@ def select_batches(
 def batch_rows(selected: Sequence[LedgerEntry], all_entries: Sequence[LedgerEntry]) -> list[BatchRow]:
     wm = {e.batch: e.watermark_ms for e in all_entries}
     return [
-        BatchRow(p, s, end, e.batch, wm.get(e.batch - 1, 0), e.max_event_ahead_ms)
+        BatchRow(p.topic, p.partition, s, end, e.batch, wm.get(e.batch - 1, 0), e.max_event_ahead_ms)
         for e in selected
         for p, (s, end) in sorted(e.ranges.items())
         if end > s
     ]
 
 
-def source_ranges(selected: Sequence[LedgerEntry]) -> dict[int, tuple[int, int]]:
-    """Per partition, the offsets the run reads: from the first selected batch's start to the last one's end."""
-    out: dict[int, tuple[int, int]] = {}
+def source_ranges(selected: Sequence[LedgerEntry]) -> Ranges:
+    """Per source partition, the offsets the run reads: from the first selected batch's start to the last one's
+    end."""
+    out: Ranges = {}
     for e in selected:
         for p, (s, end) in e.ranges.items():
             lo, hi = out.get(p, (s, end))
@@ -128,7 +130,9 @@ def coverage(selected: Sequence[LedgerEntry]) -> dict[str, Any]:
         "batches": [selected[0].batch, selected[-1].batch],
         "count": len(selected),
         "commit_time_ms": [selected[0].commit_time_ms, selected[-1].commit_time_ms],
-        "source_offsets": {str(p): list(r) for p, r in source_ranges(selected).items()},
+        # beside its topic field, as the ledger writes ranges (onceflow.rules.sources)
+        "source_topic": sources.topic_field(source_ranges(selected)),
+        "source_offsets": sources.keyed_to_json(source_ranges(selected), list),
     }
 
 
@@ -268,7 +272,7 @@ class Result:
     run_id: str
     first_batch: int | None
     last_batch: int | None
-    ranges: dict[int, tuple[int, int]]
+    ranges: Ranges
     started_ms: int
     finished_ms: int = 0
     checks: list[Check] = field(default_factory=list)
@@ -286,7 +290,8 @@ class Result:
         """JSON all the way down: numbers stay numbers (Spark's Decimal and numpy's ints included)."""
         d: dict[str, Any] = _jsonable(asdict(self))
         d["ok"], d["verdict"] = self.ok, self.verdict
-        d["ranges"] = {str(p): list(r) for p, r in self.ranges.items()}
+        d["ranges"] = sources.keyed_to_json(self.ranges, list)
+        d["ranges_topic"] = sources.topic_field(self.ranges)  # what the ranges' keys are on (onceflow.rules.sources)
         return d
 
     @property
@@ -300,8 +305,20 @@ class Result:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Result:
-        """From `as_dict()` (its `ok` and `verdict` are derived again, not read)."""
-        return json_records.from_json(cls, d)
+        """From `as_dict()` (its `ok` and `verdict` are derived again, not read). A result written before its ranges
+        named their topic reads back with them on topic "" (nothing reads a past run's ranges but to show them)."""
+        raw, topic = d.get("ranges") or {}, d.get("ranges_topic")
+        if raw and topic:
+            keyed = sources.keyed_from_json(raw, topic)
+        else:
+            keyed = {sources.SourcePartition("", int(p)): r for p, r in raw.items() if str(p).isdigit()}
+        return json_records.from_json(cls, {k: v for k, v in d.items() if k != "ranges"} | {"ranges": {}}).with_ranges(
+            {p: (int(r[0]), int(r[1])) for p, r in keyed.items()}
+        )
+
+    def with_ranges(self, ranges: Ranges) -> Result:
+        self.ranges = ranges
+        return self
 
     def check(self, name: str) -> Check:
         return next(c for c in self.checks if c.name == name)
@@ -329,7 +346,7 @@ def _jsonable(v: Any) -> Any:
 
 
 def coverage_check(rep: CoverageReport, cap: int = 50) -> Check:
-    figures = {"batches": rep.batches, "covered": {str(p): list(r) for p, r in rep.covered.items()}}
+    figures = {"batches": rep.batches, "covered": sources.keyed_to_json(rep.covered, list)}
     if rep.ok:
         return Check(
             "I1_coverage",
@@ -339,7 +356,13 @@ def coverage_check(rep: CoverageReport, cap: int = 50) -> Check:
             figures,
         )
     diffs = [
-        {"kind": i.kind, "partition": i.partition, "start": i.start, "end": i.end, "detail": i.detail}
+        {
+            "kind": i.kind,
+            "partition": None if i.partition is None else sources.position_value(i.partition, rep.covered),
+            "start": i.start,
+            "end": i.end,
+            "detail": i.detail,
+        }
         for i in rep.issues[:cap]
     ]
     return Check(

@@ -21,6 +21,7 @@ from typing import Any
 
 from onceflow.rules.ledger import LedgerEntry
 from onceflow.rules.reconciliation import Check, Status
+from onceflow.rules.sources import SourcePartition
 from onceflow.wire import OnceflowError
 
 NAME = "replay"  # the check's name in a reconciliation result
@@ -80,14 +81,14 @@ def plan(
     return Plan(run, (first, last))
 
 
-def source_gone(p: Plan, log_starts: dict[int, int]) -> str | None:
+def source_gone(p: Plan, log_starts: dict[SourcePartition, int]) -> str | None:
     """Why the replay cannot read its batches' source records, when retention deleted some (`log_starts`: each
-    partition's first offset still in the log); None when every record is there."""
+    source partition's first offset still in the log); None when every record is there."""
     for e in p.batches:
         for part, (start, end) in sorted(e.ranges.items()):
             if end > start and log_starts.get(part, 0) > start:
                 return (
-                    f"the source records of batch {e.batch} are no longer in Kafka (partition {part} now begins at "
+                    f"the source records of batch {e.batch} are no longer in Kafka ({part} now begins at "
                     f"offset {log_starts[part]}, the batch read from {start}): retention deleted them, and the replay "
                     f"needs every batch from {p.start}"
                 )

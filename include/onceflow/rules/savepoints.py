@@ -10,6 +10,7 @@ that writes nothing (onceflow.rules.ledger.Decision.CATCH_UP); see `plan_restore
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import posixpath
 import re
@@ -17,9 +18,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from onceflow.rules import json_records
+from onceflow.rules import json_records, sources
 from onceflow.rules.checkpoint import Epoch
 from onceflow.rules.ledger import Committed, LedgerEntry, RestoreRecord
+from onceflow.rules.sources import SourcePartition
 from onceflow.wire import OnceflowError
 
 MANIFEST = "_manifest.json"
@@ -178,6 +180,10 @@ class FileEntry:
     sha256: str
 
 
+# a manifest's fields keyed by source partition, written beside its `source_topic` (onceflow.rules.sources)
+POSITION_FIELDS = ("end_offsets", "group_offsets", "group_metadata")
+
+
 @dataclass(frozen=True)
 class Manifest:
     id: str
@@ -188,11 +194,11 @@ class Manifest:
     spark_batch: int
     ledger_batch: int
     epoch: int
-    end_offsets: dict[int, int]  # the source end offsets of the batch (from offsets/N)
+    end_offsets: dict[SourcePartition, int]  # the source end offsets of the batch (from offsets/N)
     watermark_ms: int
     batch_ts_ms: int
-    group_offsets: dict[int, int]  # the group's committed offsets when it was taken
-    group_metadata: dict[int, str]
+    group_offsets: dict[SourcePartition, int]  # the group's committed offsets when it was taken
+    group_metadata: dict[SourcePartition, str]
     ledger_entry: dict[str, Any]  # the ledger record of ledger_batch, as committed
     spark_version: str
     state_store_provider: str
@@ -204,8 +210,10 @@ class Manifest:
 
     def to_json(self) -> str:
         d = asdict(self)
-        for k in ("end_offsets", "group_offsets", "group_metadata"):
-            d[k] = {str(p): v for p, v in sorted(d[k].items())}
+        for k in POSITION_FIELDS:
+            d[k] = sources.keyed_to_json(getattr(self, k), lambda v: v)
+        # the topic(s) the positions are on (onceflow.rules.sources); a manifest of before has the ledger record's
+        d["source_topic"] = sources.topic_field(self.end_offsets)
         return json.dumps(d, indent=1, sort_keys=True)
 
     @classmethod
@@ -215,7 +223,18 @@ class Manifest:
             raise SavepointError(
                 f"unknown savepoint manifest format {d.get('format')!r} (this onceflow reads format {FORMAT})"
             )
-        return json_records.from_json(cls, d)
+        topic = d.get("source_topic") or (d.get("ledger_entry") or {}).get("topic")
+        try:
+            keyed = {k: sources.keyed_from_json(d.get(k) or {}, topic) for k in POSITION_FIELDS}
+        except sources.BadPositions as e:
+            raise SavepointError(f"savepoint manifest: {e}") from None
+        m = json_records.from_json(cls, d | dict.fromkeys(POSITION_FIELDS, {}))
+        return dataclasses.replace(
+            m,
+            end_offsets=keyed["end_offsets"],
+            group_offsets=keyed["group_offsets"],
+            group_metadata=keyed["group_metadata"],
+        )
 
 
 def file_problems(manifest: Manifest, found: Mapping[str, tuple[int, str | None]]) -> list[str]:
@@ -291,7 +310,7 @@ class RestoreFacts:
     ledger_at_savepoint: LedgerEntry | None  # the ledger's record of the savepoint's batch, now
     ledger_at_sink: LedgerEntry | None  # the ledger's record of the group's committed batch
     newer: tuple[str, ...]  # ids of valid savepoints taken after this one
-    source_low: dict[int, int]  # the earliest offset still in the source, per partition
+    source_low: dict[SourcePartition, int]  # the earliest offset still in the source, per source partition
     last_epoch: int
     now_ms: int
     # the skew rules batches after the savepoint were classified with
@@ -305,8 +324,8 @@ class CatchUp:
     spark_batch: int
     ledger_from: int
     ledger_to: int
-    start: dict[int, int]
-    end: dict[int, int]
+    start: dict[SourcePartition, int]
+    end: dict[SourcePartition, int]
     watermark_ms: int
     batch_ts_ms: int
 
@@ -340,8 +359,8 @@ class RestorePlan:
                 "spark_batch": c.spark_batch,
                 "ledger_batches": [c.ledger_from, c.ledger_to],
                 "records": c.records,
-                "start": c.start,
-                "end": c.end,
+                "start": sources.keyed_to_json(c.start, int),
+                "end": sources.keyed_to_json(c.end, int),
             },
             "notes": self.notes,
         }
@@ -410,7 +429,7 @@ def plan_restore(m: Manifest, rt: Runtime, facts: RestoreFacts, allow_rewind: bo
             restored_ms=facts.now_ms,
             prior_shift=shift_old,
         )
-        skipped: dict[int, tuple[int, int]] = {}
+        skipped: dict[SourcePartition, tuple[int, int]] = {}
         notes.append("the sink stands at the savepoint: the job continues with the next batch")
     else:
         sink = facts.ledger_at_sink

@@ -116,7 +116,7 @@ class BatchWriter:
         self.status.update(running_batch=batch_id, batch_started_ms=clock.now_ms())
         try:
             t0 = time.monotonic()
-            plan = checkpoint.batch_plan(self.fs, batch_id, self.s.source_topic, self.epoch)
+            plan = checkpoint.batch_plan(self.fs, batch_id, self.s.source_topic_list, self.epoch)
             decision = self.sink.decide(plan)
             self.batches[batch_id] = {"ledger_batch": plan.batch, "epoch": plan.epoch, "decision": decision.value}
             t1 = time.monotonic()

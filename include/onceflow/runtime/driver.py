@@ -27,7 +27,7 @@ from onceflow.faults import Injector
 from onceflow.kafka import events as ev
 from onceflow.kafka import reading as kafka_reading
 from onceflow.protocol.sinks import open_sink
-from onceflow.rules import checkpoint, clock
+from onceflow.rules import checkpoint, clock, sources
 from onceflow.runtime import preflight, standby
 from onceflow.runtime.batch_writer import BatchWriter, Status
 from onceflow.runtime.driver_state import (
@@ -126,14 +126,14 @@ def warm_up(
     import json
     import shutil
 
-    wm = kafka_reading.watermarks(settings, settings.source_topic) or {}
+    wm = kafka_reading.source_watermarks(settings) or {}
     start = {p: max(lo, hi - per_partition) for p, (lo, hi) in wm.items()}
     total = sum(hi - start[p] for p, (_, hi) in wm.items())
     if total <= 0:
         return
     where = settings.run_dir / f"warm-up-{settings.app_id}-{os.getpid()}"
     shutil.rmtree(where, ignore_errors=True)
-    starting = json.dumps({settings.source_topic: {str(p): o for p, o in start.items()}})
+    starting = json.dumps(sources.offsets_to_json(start))
     sized = settings.replace(max_offsets_per_trigger=max(1, total // batches))
     frame = app_plan.output(settings.declared_app().transform, app_plan.source(spark, sized, starting), settings)
 
@@ -190,7 +190,9 @@ def run(settings: config.Settings) -> int:
         info = preflight.check_job(settings)
         if info["source_timestamp_type"] != "LogAppendTime":
             log.warning(
-                preflight.CREATE_TIME_ADVICE.format(topic=settings.source_topic, servers=settings.bootstrap_servers)
+                preflight.CREATE_TIME_ADVICE.format(
+                    topic=info["source_create_time_topic"], servers=settings.bootstrap_servers
+                )
             )
         t_preflight = time.monotonic()
         # a standby's predecessor has just died: the kernel releases its lock as it exits

@@ -13,7 +13,7 @@ from onceflow import wire
 from onceflow.config import ConfigError, Settings
 from onceflow.database.schema import SchemaError
 from onceflow.kafka import transactional as tw
-from onceflow.rules import pacing
+from onceflow.rules import pacing, sources
 from onceflow.rules.ledger import BatchPlan, Decision, DivergentHistory
 from onceflow.runtime import preflight
 from onceflow.runtime.run_files import JobStatus
@@ -69,7 +69,7 @@ def status_after_batch(
             "last_outputs": outputs,
             "last_dlq": dlq,
             "watermark_ms": plan.watermark_ms,
-            "end_offsets": plan.end,
+            "end_offsets": sources.keyed_to_json(plan.end, int),
             "last_timings": timings,
             "committed_batches": status.committed_batches + 1,
         }

@@ -42,7 +42,7 @@ class JobView:
     running_batch: int | None
     batch_started_ms: int | None  # the running batch's start, this launch's only
     watermark_ms: int | None
-    end_offsets: dict[int, int] | None  # of the source, after the last committed batch
+    end_offsets: dict[str, int] | None  # of the source, after the last committed batch (onceflow.rules.sources' keys)
     last_txn_ms: float | None
     last_timings: dict[str, Any] | None
     progress: dict[str, Any] | None  # Spark's last progress report

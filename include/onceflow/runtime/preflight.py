@@ -161,13 +161,14 @@ def dlq_fits(settings: Settings, timeout: float = 10.0) -> None:
         )
 
 
-def source_timestamp_type(settings: Settings, timeout: float = 10.0) -> str:
-    """How the source topic stamps its records: `LogAppendTime` (the broker's clock; the platform creates its
+def source_timestamp_types(settings: Settings, timeout: float = 10.0) -> dict[str, str]:
+    """How each source topic stamps its records: `LogAppendTime` (the broker's clock; the platform creates its
     source topics so) or `CreateTime` (each producer's own clock). The skew rule judges an event time against this
     timestamp, so on CreateTime a producer whose clock runs ahead stamps both alike and passes it (docs/operations.md)."""
     admin = kafka_clients.admin(settings)  # held: a collected client fails its pending futures
-    res = ConfigResource(ResourceType.TOPIC, settings.source_topic)
-    return str(admin.describe_configs([res])[res].result(timeout)["message.timestamp.type"].value)
+    res = [ConfigResource(ResourceType.TOPIC, t) for t in settings.source_topic_list]
+    futs = admin.describe_configs(res)
+    return {r.name: str(futs[r].result(timeout)["message.timestamp.type"].value) for r in res}
 
 
 CREATE_TIME_ADVICE = (
@@ -189,7 +190,14 @@ def check_job(settings: Settings) -> dict:
     dlq_fits(settings)
     broker_max = broker_transaction_max_timeout_ms(settings)
     check_transaction_timeout(settings.transaction_timeout_ms, broker_max)
-    return {"broker_transaction_max_timeout_ms": broker_max, "source_timestamp_type": source_timestamp_type(settings)}
+    stamps = source_timestamp_types(settings)
+    create_time = sorted(t for t, kind in stamps.items() if kind != "LogAppendTime")
+    return {
+        "broker_transaction_max_timeout_ms": broker_max,
+        # LogAppendTime only when every source topic is so stamped; else the first that is not (for the advice)
+        "source_timestamp_type": "CreateTime" if create_time else "LogAppendTime",
+        "source_create_time_topic": create_time[0] if create_time else "",
+    }
 
 
 __all__ = ["PreflightError", "BrokerUnreachable", "ConfigError", "check_job", "broker_reachable"]

@@ -91,7 +91,8 @@ class JobStatus(_Record):
     last_outputs: int | None = None
     last_dlq: int | None = None
     watermark_ms: int | None = None
-    end_offsets: dict[int, int] | None = None
+    # by partition, or `topic:partition` for several source topics (onceflow.rules.sources)
+    end_offsets: dict[str, int] | None = None
     last_timings: dict[str, Any] | None = None
     # Spark's progress reports
     progress: dict[str, Any] | None = None
@@ -104,8 +105,8 @@ class JobStatus(_Record):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", wire.JobState(self.state))
-        if self.end_offsets is not None:  # JSON keys are strings
-            object.__setattr__(self, "end_offsets", {int(p): int(o) for p, o in self.end_offsets.items()})
+        if self.end_offsets is not None:
+            object.__setattr__(self, "end_offsets", {str(p): int(o) for p, o in self.end_offsets.items()})
 
     def updated(self, **changes: Any) -> JobStatus:
         """This status with `changes` (a field it does not have is a TypeError: no key is written by mistake)."""

@@ -35,6 +35,7 @@ OUTPUT_COLUMNS = [
     "src_size",
     "src_sha256",
     "output",
+    "src_topic",
 ]
 
 
@@ -55,7 +56,7 @@ def source_options(settings: Settings, starting: str | None = None) -> dict[str,
     return {
         "kafka.bootstrap.servers": settings.bootstrap_servers,
         **kafka_options(settings),
-        "subscribe": settings.source_topic,
+        "subscribe": ",".join(settings.source_topic_list),
         "startingOffsets": starting or settings.starting_offsets,
         "failOnDataLoss": "true",
         "kafka.isolation.level": "read_committed",
@@ -117,6 +118,7 @@ def output(
         F.lit(None).cast("int").alias("src_size"),
         F.lit(None).cast("string").alias("src_sha256"),
         output_name.alias("output"),
+        F.lit(None).cast("string").alias("src_topic"),
     )
     if out.rejects is None:
         return results
@@ -134,6 +136,7 @@ def output(
         size.alias("src_size"),
         sha.alias("src_sha256"),
         F.lit(None).cast("string").alias("output"),
+        F.col("topic").cast("string").alias("src_topic"),
     )
     return results.unionByName(dlq)
 

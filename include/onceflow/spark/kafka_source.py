@@ -1,4 +1,5 @@
-"""Kafka as a Spark batch source: exactly the offsets [start, end) of a topic, as a DataFrame (with headers)."""
+"""Kafka as a Spark batch source: exactly the offsets [start, end) of one or more topics' partitions, as a DataFrame
+(with headers)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 from pyspark.sql import DataFrame, SparkSession
 
 from onceflow.config import Settings
-from onceflow.rules import names
+from onceflow.rules import names, sources
+from onceflow.rules.sources import SourcePartition
 
 
 def kafka_options(settings: Settings) -> dict[str, str]:
@@ -27,6 +29,18 @@ def read_range(
     isolation: str = "read_committed",
 ) -> DataFrame:
     """Exactly the offsets [start, end) of `topic` as a batch DataFrame (with headers)."""
+    return read_ranges(spark, settings, sources.on_topic(topic, start), sources.on_topic(topic, end), isolation)
+
+
+def read_ranges(
+    spark: SparkSession,
+    settings: Settings,
+    start: dict[SourcePartition, int],
+    end: dict[SourcePartition, int],
+    isolation: str = "read_committed",
+) -> DataFrame:
+    """Exactly the offsets [start, end) of each source partition (of one or more topics) as a batch DataFrame (with
+    headers)."""
     parts = sorted(p for p in start if end.get(p, 0) > start[p])
     if not parts:
         return spark.createDataFrame(
@@ -35,13 +49,16 @@ def read_range(
             "timestamp timestamp, timestampType int, "
             "headers array<struct<key:string,value:binary>>",
         )
+    assign: dict[str, list[int]] = {}
+    for p in parts:
+        assign.setdefault(p.topic, []).append(p.partition)
     return (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", settings.bootstrap_servers)
         .options(**kafka_options(settings))
-        .option("assign", json.dumps({topic: parts}))
-        .option("startingOffsets", json.dumps({topic: {str(p): start[p] for p in parts}}))
-        .option("endingOffsets", json.dumps({topic: {str(p): end[p] for p in parts}}))
+        .option("assign", json.dumps(assign))
+        .option("startingOffsets", json.dumps(sources.offsets_to_json({p: start[p] for p in parts})))
+        .option("endingOffsets", json.dumps(sources.offsets_to_json({p: end[p] for p in parts})))
         .option("kafka.isolation.level", isolation)
         .option("includeHeaders", "true")
         .option("failOnDataLoss", "true")

@@ -29,6 +29,7 @@ from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.kafka import surfaces
 from onceflow.rules.ledger import Committed, LedgerEntry, parse_record
+from onceflow.rules.sources import SourcePartition
 
 
 def kafka_error(code: int, fatal: bool = False, retriable: bool = False, abortable: bool = False) -> KafkaException:
@@ -438,10 +439,10 @@ class FakeSinkReads:
     def __init__(self, cluster: FakeCluster, settings: Settings):
         self.cluster, self.s = cluster, settings
 
-    def committed(self, partitions: Iterable[int]) -> Committed:
+    def committed(self, partitions: Iterable[SourcePartition]) -> Committed:
         offs = self.cluster.groups.get(self.s.group_id, {})
         return Committed.from_partitions(
-            (p, *offs.get((self.s.source_topic, p), (None, None))) for p in sorted(partitions)
+            (p, *offs.get((p.topic, p.partition), (None, None))) for p in sorted(partitions)
         )
 
     def _entries(self) -> list[LedgerEntry]:

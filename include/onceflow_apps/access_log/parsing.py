@@ -114,10 +114,12 @@ JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt", "
 
 
 def quarantined(ranges: Sequence) -> Column:
-    """True for the source records an operator quarantined (`ranges`: objects with partition, start, end)."""
+    """True for the source records an operator quarantined (`ranges`: objects with partition, start, end and
+    topic, None for the app's one source topic)."""
     hit = F.lit(False)
     for r in ranges:
-        hit = hit | ((F.col("partition") == r.partition) & (F.col("offset") >= r.start) & (F.col("offset") < r.end))
+        at = (F.col("partition") == r.partition) & (F.col("offset") >= r.start) & (F.col("offset") < r.end)
+        hit = hit | (at if getattr(r, "topic", None) is None else at & (F.col("topic") == r.topic))
     return hit
 
 

@@ -13,6 +13,7 @@ from onceflow import config, wire
 from onceflow.control.console import app as console
 from onceflow.control.console import readers, views
 from onceflow.rules.ledger import LedgerEntry
+from onceflow.rules.sources import on_topic
 
 S = config.load(env={}, app_id="ip_count", transaction_timeout_ms=60_000)
 
@@ -21,8 +22,7 @@ def entry(batch, commit_ms, txn_ms=10.0, kind=wire.LEDGER_STREAM, backfill_id=No
     return LedgerEntry(
         "ip_count",
         batch,
-        "src",
-        {0: (batch * 100, batch * 100 + 100), 1: (0, 0)},
+        on_topic("src", {0: (batch * 100, batch * 100 + 100), 1: (0, 0)}),
         5_000,
         6_000,
         outputs,

@@ -224,6 +224,7 @@ def test_a_streamed_batch_is_not_read_twice_after_an_unknown_outcome():
     from onceflow.protocol import batch_sink as bs
     from onceflow.protocol import exactly_once as eo
     from onceflow.rules.ledger import BatchPlan, Decision
+    from onceflow.rules.sources import on_topic
 
     class Bus:
         def emit(self, *a, **k):
@@ -243,7 +244,7 @@ def test_a_streamed_batch_is_not_read_twice_after_an_unknown_outcome():
 
     sink._write = write
     sink.decide = lambda plan: Decision.WRITE  # the commit did not land
-    plan = BatchPlan(batch=3, topic="src", start={0: 0}, end={0: 5})
+    plan = BatchPlan(batch=3, start=on_topic("src", {0: 0}), end=on_topic("src", {0: 5}))
     rows = [bs.OutRecord(wire.KIND_RESULT, "k", b"v")]
     assert sink.write_batch(plan, rows, Decision.WRITE).outputs == 1 and written == [rows, rows]
     written.clear()
@@ -258,6 +259,7 @@ def test_a_commit_of_unknown_outcome_that_landed_is_reported_as_a_committed_batc
     from onceflow.protocol import batch_sink as bs
     from onceflow.protocol import exactly_once as eo
     from onceflow.rules.ledger import BatchPlan, Decision, LedgerEntry
+    from onceflow.rules.sources import on_topic
 
     emitted = []
 
@@ -268,7 +270,7 @@ def test_a_commit_of_unknown_outcome_that_landed_is_reported_as_a_committed_batc
 
     sink = eo.ExactlyOnceSink.__new__(eo.ExactlyOnceSink)
     sink.bus, sink.s = Bus(), type("S", (), {"transactional_id": "onceflow.app"})()
-    plan = BatchPlan(batch=3, topic="src", start={0: 0}, end={0: 5})
+    plan = BatchPlan(batch=3, start=on_topic("src", {0: 0}), end=on_topic("src", {0: 5}))
     attempts = []
 
     def write(plan, rows):

@@ -23,6 +23,7 @@ from onceflow.rules.savepoints import (
     check_id,
     savepoint_uri,
 )
+from onceflow.rules.sources import on_topic
 from tests.support import dags
 
 GOOD = "sp-20261122T010000000Z-b5"
@@ -115,11 +116,11 @@ def _savepoint(s: config.Settings, sp_id: str, manifest_id: str | None = None) -
         spark_batch=0,
         ledger_batch=0,
         epoch=0,
-        end_offsets={0: 1},
+        end_offsets=on_topic(s.source_topic, {0: 1}),
         watermark_ms=0,
         batch_ts_ms=0,
-        group_offsets={0: 1},
-        group_metadata={0: ""},
+        group_offsets=on_topic(s.source_topic, {0: 1}),
+        group_metadata=on_topic(s.source_topic, {0: ""}),
         ledger_entry={},
         spark_version=rt.spark_version,
         state_store_provider=rt.state_store_provider,

@@ -12,9 +12,11 @@ from onceflow.kafka import transactional as tw
 from onceflow.protocol.batch_sink import BatchNotCommitted, OutRecord, UndeliverableRecord
 from onceflow.protocol.exactly_once import ExactlyOnceSink
 from onceflow.rules.ledger import BatchPlan, Decision, DivergentHistory
+from onceflow.rules.sources import SourcePartition, on_topic
 from onceflow.testing.kafka import FakeCluster, FakeSinkReads, Landed, Slow, kafka_error
 
 S = config.load(env={})
+P0 = SourcePartition(S.source_topic, 0)  # the one source partition these batches read
 
 
 def sink(cluster, scripts=(), faults=None, settings=S):
@@ -28,12 +30,20 @@ def sink(cluster, scripts=(), faults=None, settings=S):
 
 
 def plan(batch, start, end, **kw):
-    return BatchPlan(batch, S.source_topic, {0: start}, {0: end}, **kw)
+    return BatchPlan(batch, on_topic(S.source_topic, {0: start}), on_topic(S.source_topic, {0: end}), **kw)
 
 
 ROWS = [
     OutRecord(wire.KIND_RESULT, "2026-11-17T00:00:00.000Z|10.0.0.1", b"3"),
-    OutRecord(wire.KIND_DLQ, "0:7", b"garbage", src_partition=0, src_offset=7, reason="unparseable"),
+    OutRecord(
+        wire.KIND_DLQ,
+        "0:7",
+        b"garbage",
+        src_partition=0,
+        src_offset=7,
+        reason="unparseable",
+        src_topic=S.source_topic,
+    ),
 ]
 
 
@@ -48,17 +58,18 @@ def test_a_batch_is_its_results_its_dlq_copies_its_ledger_record_and_its_offsets
     assert visible(c, S.sink_topic) == [(ROWS[0].key.encode(), b"3")]
     assert visible(c, S.dlq_topic) == [(b"0:7", b"garbage")]
     [ledger] = FakeSinkReads(c, S)._entries()
-    assert (ledger.batch, ledger.ranges, ledger.outputs, ledger.dlq) == (0, {0: (0, 10)}, 1, 1)
-    assert FakeSinkReads(c, S).committed([0]).offsets == {0: 10} and FakeSinkReads(c, S).committed([0]).batch == 0
+    assert (ledger.batch, ledger.ranges, ledger.outputs, ledger.dlq) == (0, {P0: (0, 10)}, 1, 1)
+    assert FakeSinkReads(c, S).committed([P0]).offsets == {P0: 10} and FakeSinkReads(c, S).committed([P0]).batch == 0
     dlq_headers = dict(c.topic(S.dlq_topic)[0].headers)
     assert dlq_headers[wire.H_SOURCE_OFFSET] == b"7" and dlq_headers[wire.H_BATCH] == b"0"
+    assert dlq_headers[wire.H_SOURCE_TOPIC] == S.source_topic.encode()
     assert [m for _, m in c.calls if "transaction" in m] == [
         "init_transactions",
         "begin_transaction",
         "send_offsets_to_transaction",
         "commit_transaction",
     ]
-    assert [e["batch"] for e in c.events(S, wire.BATCH_COMMITTED)] == [0]
+    assert [(e["batch"], e["end_offsets"]) for e in c.events(S, wire.BATCH_COMMITTED)] == [(0, {"0": 10})]
 
 
 def test_a_replay_of_a_committed_batch_writes_nothing_and_the_next_batch_follows_it():
@@ -68,6 +79,7 @@ def test_a_replay_of_a_committed_batch_writes_nothing_and_the_next_batch_follows
     assert again.write_batch(plan(0, 0, 10), ROWS).decision is Decision.SKIP
     assert len(c.topic(S.sink_topic)) == 1 and len(c.topic(S.ledger_topic)) == 1
     assert [e["decision"] for e in c.events(S, wire.BATCH_REPLAY_SKIPPED)] == ["skip"]
+    assert [e["ranges"] for e in c.events(S, wire.BATCH_REPLAY_SKIPPED)] == [{"0": [0, 10]}]  # one topic: by partition
     assert again.write_batch(plan(1, 10, 20), ROWS[:1]).decision is Decision.WRITE
     assert len(c.topic(S.sink_topic)) == 2
 
@@ -88,7 +100,7 @@ def test_an_older_instance_is_fenced_and_its_transaction_never_shows():
     sink(c)  # a newer instance of the app initialises the same transactional id
     with pytest.raises(tw.Fenced):
         old.write_batch(plan(0, 0, 10), ROWS)
-    assert c.topic(S.sink_topic) == [] and FakeSinkReads(c, S).committed([0]).offsets == {}
+    assert c.topic(S.sink_topic) == [] and FakeSinkReads(c, S).committed([P0]).offsets == {}
     assert c.events(S, wire.FENCED)
 
 
@@ -204,7 +216,7 @@ def test_an_abortable_produce_error_aborts_and_nothing_is_visible():
     s = sink(c, [{"produce": [None, kafka_error(KafkaError.UNKNOWN)]}])
     with pytest.raises(tw.Aborted):
         s.write_batch(plan(0, 0, 10), ROWS)
-    assert c.topic(S.sink_topic) == [] and FakeSinkReads(c, S).committed([0]).offsets == {}
+    assert c.topic(S.sink_topic) == [] and FakeSinkReads(c, S).committed([P0]).offsets == {}
 
 
 def test_lost_group_offsets_are_decided_from_the_ledger():
@@ -216,7 +228,7 @@ def test_lost_group_offsets_are_decided_from_the_ledger():
     assert s.decide(plan(1, 10, 20)) is Decision.WRITE
     assert c.events(S, wire.GROUP_OFFSETS_LOST)
     s.write_batch(plan(1, 10, 20), ROWS[:1])
-    assert FakeSinkReads(c, S).committed([0]).offsets == {0: 20}  # the next commit restores the group's offsets
+    assert FakeSinkReads(c, S).committed([P0]).offsets == {P0: 20}  # the next commit restores the group's offsets
 
 
 def test_each_ledger_record_carries_the_version_of_its_apps_own_rules():
@@ -226,7 +238,9 @@ def test_each_ledger_record_carries_the_version_of_its_apps_own_rules():
 
     versioned = config.load(env={"ONCEFLOW_APP": "versioned", "ONCEFLOW_APP_REGISTRY": REGISTRY})
     c = FakeCluster()
-    sink(c, settings=versioned).write_batch(BatchPlan(0, versioned.source_topic, {0: 0}, {0: 10}), ROWS)
+    sink(c, settings=versioned).write_batch(
+        BatchPlan(0, on_topic(versioned.source_topic, {0: 0}), on_topic(versioned.source_topic, {0: 10})), ROWS
+    )
     [ledger] = FakeSinkReads(c, versioned)._entries()
     assert ledger.rules == 7
     sink(c).write_batch(plan(0, 0, 10), ROWS)
@@ -316,7 +330,9 @@ def test_an_apps_named_outputs_go_to_their_own_topics_in_the_batchs_one_transact
         OutRecord(wire.KIND_RESULT, "192.0.2.9", b"unlisted", output="unlisted"),
         OutRecord(wire.KIND_RESULT, "::1", b"v6", output="unlisted"),
     ]
-    out = sink(c, settings=NETWORKS).write_batch(BatchPlan(0, NETWORKS.source_topic, {0: 0}, {0: 3}), rows)
+    out = sink(c, settings=NETWORKS).write_batch(
+        BatchPlan(0, on_topic(NETWORKS.source_topic, {0: 0}), on_topic(NETWORKS.source_topic, {0: 3})), rows
+    )
     unlisted = NETWORKS.outputs["unlisted"]
     assert unlisted == f"{NETWORKS.sink_topic}-unlisted"
     assert (out.outputs, visible(c, NETWORKS.sink_topic)) == (3, [(b"10.0.0.1", b"listed")])
@@ -331,6 +347,7 @@ def test_a_one_output_apps_ledger_record_keeps_its_shape():
     sink(c).write_batch(plan(0, 0, 10), ROWS)
     [record] = c.topic(S.ledger_topic)
     assert b"outputs_by_topic" not in record.value
+    assert f'"topic":"{S.source_topic}"'.encode() in record.value and b'"ranges":{"0":[0,10]}' in record.value
 
 
 def test_a_result_naming_an_output_the_app_does_not_declare_fails_its_batch_and_nothing_shows():
@@ -340,6 +357,8 @@ def test_a_result_naming_an_output_the_app_does_not_declare_fails_its_batch_and_
     c = FakeCluster()
     rows = [OutRecord(wire.KIND_RESULT, "10.0.0.1", b"a"), OutRecord(wire.KIND_RESULT, "x", b"b", output="nope")]
     with pytest.raises(UnknownOutput, match="output 'nope'.*'main', 'unlisted'") as e:
-        sink(c, settings=NETWORKS).write_batch(BatchPlan(0, NETWORKS.source_topic, {0: 0}, {0: 2}), rows)
+        sink(c, settings=NETWORKS).write_batch(
+            BatchPlan(0, on_topic(NETWORKS.source_topic, {0: 0}), on_topic(NETWORKS.source_topic, {0: 2})), rows
+        )
     assert failure_exit_code(e.value) == wire.EXIT_CONFIG  # the app's bug: not restarted into it
     assert visible(c, NETWORKS.sink_topic) == [] and visible(c, NETWORKS.ledger_topic) == []

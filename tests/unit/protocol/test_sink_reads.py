@@ -19,9 +19,11 @@ from onceflow.protocol.batch_sink import OutRecord
 from onceflow.protocol.exactly_once import ExactlyOnceSink
 from onceflow.protocol.sink_reads import KafkaSinkReads
 from onceflow.rules.ledger import BatchPlan, Decision, LedgerEntry
+from onceflow.rules.sources import SourcePartition, on_topic
 from onceflow.testing.kafka import FakeCluster, ScriptedAdmin, ScriptedConsumer, kafka_error
 
 S = config.load(env={})
+P0, P1 = SourcePartition(S.source_topic, 0), SourcePartition(S.source_topic, 1)
 ROWS = [OutRecord(wire.KIND_RESULT, "k", b"v")]
 
 
@@ -39,7 +41,7 @@ def sink(c: FakeCluster, s: config.Settings = S) -> ExactlyOnceSink:
 
 
 def plan(batch: int, start: int, end: int) -> BatchPlan:
-    return BatchPlan(batch, S.source_topic, {0: start}, {0: end})
+    return BatchPlan(batch, on_topic(S.source_topic, {0: start}), on_topic(S.source_topic, {0: end}))
 
 
 def committed_batches(c: FakeCluster, n: int, s: config.Settings = S) -> None:
@@ -50,7 +52,7 @@ def committed_batches(c: FakeCluster, n: int, s: config.Settings = S) -> None:
 def test_the_sink_decides_through_the_real_readers_a_write_a_replay_and_lost_group_offsets():
     c = FakeCluster()
     assert sink(c).write_batch(plan(0, 0, 10), ROWS).decision is Decision.WRITE
-    assert reads(c).committed([0]).offsets == {0: 10} and reads(c).committed([0]).batch == 0
+    assert reads(c).committed([P0]).offsets == {P0: 10} and reads(c).committed([P0]).batch == 0
     assert sink(c).write_batch(plan(0, 0, 10), ROWS).decision is Decision.SKIP  # a replay: written once
     c.groups.clear()  # Kafka expired the group's offsets (offsets.retention.minutes)
     assert reads(c).newest().batch == 0
@@ -75,7 +77,7 @@ def test_a_ledger_lookup_reads_newest_first_and_stops_at_an_earlier_batch(monkey
 def chunks(c: FakeCluster, n: int, key: bytes = S.app_id.encode()) -> None:
     """`n` backfill chunk records on the app's ledger, as a backfill commits them (newer than any batch)."""
     for i in range(n):
-        rec = LedgerEntry(S.app_id, i, S.source_topic, {0: (0, 1)}, 0, 0, 1, 0, 1.0, 0, "bf", kind=wire.LEDGER_BACKFILL)
+        rec = LedgerEntry(S.app_id, i, {P0: (0, 1)}, 0, 0, 1, 0, 1.0, 0, "bf", kind=wire.LEDGER_BACKFILL)
         c.append(S.ledger_topic, key, rec.to_json())
 
 
@@ -156,8 +158,8 @@ def test_a_groups_position_is_read_while_its_coordinator_loads():
     sink(c).write_batch(plan(0, 0, 10), ROWS)
     loading = kafka_error(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, retriable=True)
     group = ScriptedConsumer(c, S.group_id, {"committed": [loading, loading]})
-    got = reading.group_offsets(S, [0, 1], consumer=group)
-    assert got[0][:2] == (0, 10) and json.loads(got[0][2])["batch"] == 0 and got[1] == (1, None, "")
+    got = reading.group_offsets(S, [P0, P1], consumer=group)
+    assert got[0][:2] == (P0, 10) and json.loads(got[0][2])["batch"] == 0 and got[1] == (P1, None, "")
     assert [m for who, m in c.calls if who == "consumer"].count("committed") == 3  # twice loading, then read
 
 

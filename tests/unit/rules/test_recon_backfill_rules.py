@@ -10,10 +10,16 @@ from onceflow.control import reconciliation
 from onceflow.rules import backfill as br
 from onceflow.rules import reconciliation as rr
 from onceflow.rules.ledger import LedgerEntry, check_coverage
+from onceflow.rules.sources import on_topic
+
+
+def SRC(by_partition):
+    """Ranges or offsets of topic src, by partition."""
+    return on_topic("src", by_partition)
 
 
 def entry(n, ranges, wm, commit_ms=0):
-    return LedgerEntry("app", n, "src", ranges, wm, 0, 1, 0, 1.0, commit_ms, wire.H_APP)
+    return LedgerEntry("app", n, SRC(ranges), wm, 0, 1, 0, 1.0, commit_ms, wire.H_APP)
 
 
 ENTRIES = [
@@ -35,13 +41,13 @@ def test_select_batches_by_id_or_commit_time():
 def test_batch_rows_carry_the_previous_batchs_watermark_and_skip_empty_ranges():
     rows = rr.batch_rows(rr.select_batches(ENTRIES, first=1, last=3), ENTRIES)
     assert rows == [
-        rr.BatchRow(0, 10, 20, 1, 0),
-        rr.BatchRow(0, 20, 25, 2, 5000),
-        rr.BatchRow(1, 5, 9, 2, 5000),
-        rr.BatchRow(0, 25, 30, 3, 5000),
-        rr.BatchRow(1, 9, 12, 3, 5000),
+        rr.BatchRow("src", 0, 10, 20, 1, 0),
+        rr.BatchRow("src", 0, 20, 25, 2, 5000),
+        rr.BatchRow("src", 1, 5, 9, 2, 5000),
+        rr.BatchRow("src", 0, 25, 30, 3, 5000),
+        rr.BatchRow("src", 1, 9, 12, 3, 5000),
     ]
-    assert rr.source_ranges(ENTRIES[1:]) == {0: (10, 30), 1: (5, 12)}
+    assert rr.source_ranges(ENTRIES[1:]) == SRC({0: (10, 30), 1: (5, 12)})
 
 
 def test_emission_is_the_first_batch_whose_watermark_reaches_the_window_end():
@@ -68,7 +74,7 @@ def test_a_lost_carry_reads_only_the_batches_that_can_count_in_a_window_still_op
 
 
 def test_verdicts_list_precise_differences():
-    cov = rr.coverage_check(check_coverage([ENTRIES[0], ENTRIES[2]], {0: 25, 1: 9}))
+    cov = rr.coverage_check(check_coverage([ENTRIES[0], ENTRIES[2]], SRC({0: 25, 1: 9})))
     assert cov.status == rr.Status.FAIL and {
         (d["kind"], d["partition"], d["start"], d["end"]) for d in cov.differences if d["kind"] == "gap"
     } == {("gap", 0, 10, 20)}
@@ -82,7 +88,7 @@ def test_verdicts_list_precise_differences():
         rr.visibility_check(5, 7, 0, 0).status == rr.Status.PASS
         and rr.visibility_check(5, 7, 1, 0).status == rr.Status.FAIL
     )
-    res = rr.Result("app", "r1", 1, 3, {0: (10, 30)}, 1, 2, [ok, i3])
+    res = rr.Result("app", "r1", 1, 3, SRC({0: (10, 30)}), 1, 2, [ok, i3])
     again = rr.Result.from_dict(res.as_dict())
     assert again.as_dict() == res.as_dict() and not again.ok and [c.name for c in again.failures()] == ["I3_results"]
 
@@ -108,7 +114,7 @@ def test_reconcile_range_params():
 
 
 def _e(batch, commit_ms=0):
-    return LedgerEntry("app", batch, "src", {0: (batch * 10, batch * 10 + 10)}, 0, 0, 1, 0, 1.0, commit_ms, wire.H_APP)
+    return LedgerEntry("app", batch, SRC({0: (batch * 10, batch * 10 + 10)}), 0, 0, 1, 0, 1.0, commit_ms, wire.H_APP)
 
 
 def test_the_chain_takes_every_batch_once_in_bounded_slices():
@@ -128,7 +134,13 @@ def test_the_chain_takes_every_batch_once_in_bounded_slices():
     with pytest.raises(rr.ReconcileError, match="did not write"):
         rr.chain_position(["{not json"])
     cov = rr.coverage([_e(4, 1000), _e(5, 2000)])
-    assert cov == {"batches": [4, 5], "count": 2, "commit_time_ms": [1000, 2000], "source_offsets": {"0": [40, 60]}}
+    assert cov == {
+        "batches": [4, 5],
+        "count": 2,
+        "commit_time_ms": [1000, 2000],
+        "source_topic": "src",
+        "source_offsets": {"0": [40, 60]},
+    }
 
 
 def test_results_are_json_all_the_way_down():
@@ -140,7 +152,7 @@ def test_results_are_json_all_the_way_down():
         "r1",
         1,
         3,
-        {0: (10, 30)},
+        SRC({0: (10, 30)}),
         1,
         2,
         [

@@ -6,10 +6,16 @@ import pytest
 from onceflow.rules import replay as rp
 from onceflow.rules.ledger import LedgerEntry
 from onceflow.rules.reconciliation import Status
+from onceflow.rules.sources import on_topic
+
+
+def SRC(by_partition):
+    """Ranges or offsets of topic src, by partition."""
+    return on_topic("src", by_partition)
 
 
 def entry(n, wm=0, outputs=1, dlq=0):
-    return LedgerEntry("app", n, "src", {0: (n * 10, n * 10 + 10)}, wm, 0, outputs, dlq, 1.0, n, "t")
+    return LedgerEntry("app", n, SRC({0: (n * 10, n * 10 + 10)}), wm, 0, outputs, dlq, 1.0, n, "t")
 
 
 HISTORY = [entry(0), entry(1), entry(2, 5000), entry(3, 5000), entry(4, 9000)]
@@ -27,12 +33,11 @@ def test_a_stateless_replay_begins_at_the_first_batch_compared():
 
 def test_source_records_deleted_by_retention_are_named():
     p = rp.plan(HISTORY, HISTORY[3:], stateful=True)
-    assert rp.source_gone(p, {0: 0}) is None
-    assert (
-        "batch 0 are no longer in Kafka (partition 0 now begins at offset 15, the batch read from 0)"
-        in rp.source_gone(p, {0: 15})
+    assert rp.source_gone(p, SRC({0: 0})) is None
+    assert "batch 0 are no longer in Kafka (src[0] now begins at offset 15, the batch read from 0)" in str(
+        rp.source_gone(p, SRC({0: 15}))
     )
-    assert rp.source_gone(rp.plan(HISTORY, HISTORY[3:], stateful=False), {0: 30}) is None
+    assert rp.source_gone(rp.plan(HISTORY, HISTORY[3:], stateful=False), SRC({0: 30})) is None
 
 
 @pytest.mark.parametrize(
@@ -52,7 +57,7 @@ def test_a_replay_runs_across_a_savepoint_restore_as_the_ledgers_straight_histor
     """A restore behind the sink at batch 4 (savepoint at 2, catch-up of 3..4): the ledger's stream batches go on
     5, 6 in the new epoch; the replay runs 0..6 as one history and compares the batches asked for."""
     after = [
-        LedgerEntry("app", n, "src", {0: (n * 10, n * 10 + 10)}, 9000, 0, 1, 0, 1.0, n, "t", epoch=1) for n in (5, 6)
+        LedgerEntry("app", n, SRC({0: (n * 10, n * 10 + 10)}), 9000, 0, 1, 0, 1.0, n, "t", epoch=1) for n in (5, 6)
     ]
     history = HISTORY + after
     p = rp.plan(history, history[4:], stateful=True)

@@ -33,6 +33,7 @@ from onceflow.rules.savepoints import (
     plan_restore,
     state_problems,
 )
+from onceflow.rules.sources import SourcePartition, on_topic
 from onceflow.storage.store import Store
 
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
@@ -96,9 +97,18 @@ def test_cut_problems_name_missing_and_later_batches():
     assert "batches after 3 are present ([4])" in cut_problems(set(checkpoint_files(4)), 3, 2)[0]
 
 
+def P(p, topic="src"):
+    return SourcePartition(topic, p)
+
+
+def S(*offsets):
+    """Offsets of partitions 0, 1, ... of topic src."""
+    return on_topic("src", dict(enumerate(offsets)))
+
+
 def entry(n, start, end, wm=0):
     return LedgerEntry(
-        "app", n, "src", {p: (s, e) for p, (s, e) in enumerate(zip(start, end))}, wm, 1000 + n, 1, 0, 1.0, 0, wire.H_APP
+        "app", n, {P(p): (s, e) for p, (s, e) in enumerate(zip(start, end))}, wm, 1000 + n, 1, 0, 1.0, 0, wire.H_APP
     )
 
 
@@ -112,11 +122,11 @@ def manifest(**kw) -> Manifest:
         spark_batch=5,
         ledger_batch=5,
         epoch=0,
-        end_offsets={0: 50, 1: 60},
+        end_offsets=S(50, 60),
         watermark_ms=10_000,
         batch_ts_ms=1005,
-        group_offsets={0: 50, 1: 60},
-        group_metadata={0: '{"batch":5}', 1: '{"batch":5}'},
+        group_offsets=S(50, 60),
+        group_metadata=S('{"batch":5}', '{"batch":5}'),
         ledger_entry=json.loads(entry(5, [40, 55], [50, 60], 10_000).to_json()),
         spark_version="4.2.0",
         state_store_provider=HDFS,
@@ -133,7 +143,7 @@ RT = Runtime(app="app", spark_version="4.2.0", state_store_provider=HDFS, job_co
 
 
 def committed(batch, offsets):
-    return Committed.from_partitions((p, o, offset_metadata(batch)) for p, o in enumerate(offsets))
+    return Committed.from_partitions((P(p), o, offset_metadata(batch)) for p, o in enumerate(offsets))
 
 
 def facts(sink_batch, sink_end, newer=(), low=(0, 0), last_epoch=0, at_sp=None, at_sink=None):
@@ -142,7 +152,7 @@ def facts(sink_batch, sink_end, newer=(), low=(0, 0), last_epoch=0, at_sp=None, 
         ledger_at_savepoint=at_sp or entry(5, [40, 55], [50, 60], 10_000),
         ledger_at_sink=at_sink or entry(sink_batch, [0, 0], sink_end, 77_000),
         newer=tuple(newer),
-        source_low=dict(enumerate(low)),
+        source_low=S(*low),
         last_epoch=last_epoch,
         now_ms=9,
     )
@@ -180,12 +190,12 @@ def test_restore_behind_the_sink_catches_up_in_one_batch_that_writes_nothing():
     p = plan_restore(manifest(), RT, facts(9, [90, 95]))
     c = p.catch_up
     assert (c.spark_batch, c.ledger_from, c.ledger_to) == (6, 6, 9)
-    assert c.start == {0: 50, 1: 60} and c.end == {0: 90, 1: 95} and c.watermark_ms == 77_000 and c.records == 75
+    assert c.start == S(50, 60) and c.end == S(90, 95) and c.watermark_ms == 77_000 and c.records == 75
     assert p.epoch.ledger_shift == 3 and p.epoch.catch_up_spark_batch == 6 and p.epoch.catch_up_from == 6
     # until the catch-up batch commits, the checkpoint's last batch is the savepoint's: still ledger batch 5 (a
     # savepoint taken then must not be labelled with the sink's batch 8)
     assert p.epoch.ledger_batch(5) == 5 and p.epoch.ledger_batch(6) == 9 and p.epoch.ledger_batch(7) == 10
-    assert p.record.skipped_batches == (6, 9) and p.record.skipped == {0: (50, 90), 1: (60, 95)}
+    assert p.record.skipped_batches == (6, 9) and p.record.skipped == S((50, 90), (60, 95))
     assert RestoreRecord.from_json(p.record.to_json()) == p.record
     assert isinstance(parse_record(p.record.to_json()), RestoreRecord)
 
@@ -218,16 +228,14 @@ def test_restore_refused_when_the_sink_has_nothing():
 
 
 def test_catch_up_decision_and_the_shifted_batches_after_it():
-    cu = BatchPlan(
-        batch=9, topic="src", start={0: 50, 1: 60}, end={0: 90, 1: 95}, spark_batch=6, epoch=1, catch_up_from=6
-    )
+    cu = BatchPlan(batch=9, start=S(50, 60), end=S(90, 95), spark_batch=6, epoch=1, catch_up_from=6)
     e9 = entry(9, [80, 90], [90, 95])
     assert decide(cu, committed(9, [90, 95]), e9) is Decision.CATCH_UP
     with pytest.raises(DivergentHistory, match="another driver wrote"):
         decide(cu, committed(10, [91, 95]), None)
     with pytest.raises(DivergentHistory, match="does not end at"):
         decide(cu, committed(9, [90, 95]), entry(9, [80, 90], [90, 96]))
-    nxt = BatchPlan(batch=10, topic="src", start={0: 90, 1: 95}, end={0: 99, 1: 99}, spark_batch=7, epoch=1)
+    nxt = BatchPlan(batch=10, start=S(90, 95), end=S(99, 99), spark_batch=7, epoch=1)
     assert decide(nxt, committed(9, [90, 95]), None) is Decision.WRITE
 
 
@@ -237,17 +245,49 @@ def test_batch_plan_maps_spark_ids_to_ledger_ids_through_the_epoch(tmp_path):
     (tmp_path / "offsets" / "5").write_text(
         "v1\n" + json.dumps(meta) + '\n{"src":{"0":50,"1":60}}\n{"src":{"0":50,"1":60}}'
     )
-    text = render_offsets_file((tmp_path / "offsets" / "5").read_text(), "src", {0: 90, 1: 95}, 77_000, 1009)
+    text = render_offsets_file((tmp_path / "offsets" / "5").read_text(), S(90, 95), 77_000, 1009)
     (tmp_path / "offsets" / "6").write_text(text)
-    m6, end6 = parse_offsets_file(text, "src")
-    assert end6 == {0: 90, 1: 95} and m6["batchWatermarkMs"] == 77_000 and m6["conf"] == meta["conf"]
+    m6, end6 = parse_offsets_file(text, ["src"])
+    assert end6 == S(90, 95) and m6["batchWatermarkMs"] == 77_000 and m6["conf"] == meta["conf"]
     assert text.count('"src":{"0":90,"1":95}') == 2  # every source line of the topic (both union branches)
     ep = Epoch(epoch=1, ledger_shift=3, spark_batch_from=6, catch_up_spark_batch=6, catch_up_from=6)
-    p = batch_plan(Store(tmp_path.as_uri()), 6, "src", ep)
+    p = batch_plan(Store(tmp_path.as_uri()), 6, ["src"], ep)
     assert (p.batch, p.spark_batch, p.catch_up_from, p.epoch) == (9, 6, 6, 1)
-    assert p.start == {0: 50, 1: 60} and p.end == {0: 90, 1: 95} and p.watermark_ms == 77_000
+    assert p.start == S(50, 60) and p.end == S(90, 95) and p.watermark_ms == 77_000
     assert Epoch.from_json(ep.to_json()) == ep
     assert json.loads(offset_metadata(9, 1)) == {"batch": 9, "epoch": 1}
+
+
+def test_a_manifest_of_before_reads_its_topic_from_its_ledger_record_and_one_of_two_topics_names_them():
+    m = manifest()
+    old = json.loads(m.to_json())
+    assert old["end_offsets"] == {"0": 50, "1": 60} and old["source_topic"] == "src"
+    del old["source_topic"]  # as written before an app could read several topics
+    assert Manifest.from_json(json.dumps(old)) == m
+    two = manifest(
+        end_offsets={P(0, "a"): 5, P(0, "b"): 7},
+        group_offsets={P(0, "a"): 5, P(0, "b"): 7},
+        group_metadata={P(0, "a"): "{}", P(0, "b"): "{}"},
+    )
+    d = json.loads(two.to_json())
+    assert d["source_topic"] == "a,b" and d["end_offsets"] == {"a:0": 5, "b:0": 7}
+    assert Manifest.from_json(two.to_json()) == two
+
+
+def test_a_catch_up_over_two_topics_renders_one_source_line_and_plans_both(tmp_path):
+    meta = {"batchWatermarkMs": 1, "batchTimestampMs": 2, "conf": {}}
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "offsets" / "0").write_text("v1\n" + json.dumps(meta) + '\n{"a":{"0":5},"b":{"0":2,"1":3}}')
+    (tmp_path / "sources" / "0").mkdir(parents=True)
+    (tmp_path / "sources" / "0" / "0").write_text('\x00v1\n{"a":{"0":0},"b":{"0":0,"1":0}}')
+    end = {P(0, "a"): 9, P(0, "b"): 4, P(1, "b"): 8}
+    text = render_offsets_file((tmp_path / "offsets" / "0").read_text(), end, 3, 4)
+    assert text.splitlines()[2] == '{"a":{"0":9},"b":{"0":4,"1":8}}'
+    (tmp_path / "offsets" / "1").write_text(text)
+    p = batch_plan(Store(tmp_path.as_uri()), 1, ["a", "b"])
+    assert p.start == {P(0, "a"): 5, P(0, "b"): 2, P(1, "b"): 3} and p.end == end and p.topics == ["a", "b"]
+    first = batch_plan(Store(tmp_path.as_uri()), 0, ["a", "b"])
+    assert first.start == {P(0, "a"): 0, P(0, "b"): 0, P(1, "b"): 0}
 
 
 def sp(i, age_h, complete=True):

@@ -18,6 +18,7 @@ from onceflow.protocol.batch_sink import OutRecord
 from onceflow.protocol.exactly_once import ExactlyOnceSink
 from onceflow.rules import checkpoint, clock
 from onceflow.rules.ledger import Decision
+from onceflow.rules.sources import SourcePartition
 from onceflow.runtime import run_files
 from onceflow.runtime.batch_writer import BatchWriter, Status
 from onceflow.runtime.driver_state import StopRequested
@@ -84,12 +85,13 @@ def test_a_new_batch_is_computed_then_written_in_one_transaction_and_the_status_
     w(ROWS, 0)
     assert w.output.stored_batches == 1 and w.output.advanced == 0
     assert [r.value for r in c.topic(s.sink_topic)] == [b"3"] and len(c.topic(s.dlq_topic)) == 1
-    assert FakeSinkReads(c, s).committed([0]).offsets == {0: 10}
+    p0 = SourcePartition(s.source_topic, 0)
+    assert FakeSinkReads(c, s).committed([p0]).offsets == {p0: 10}
     assert w.batches[0] == {"ledger_batch": 0, "epoch": 0, "decision": Decision.WRITE.value}
     assert w.last_written == 0 and not w.failure
     st = run_files.JobStatus.read(s.status_file)
     assert (st.last_batch, st.committed_batches, st.last_outputs, st.last_dlq, st.running_batch) == (0, 1, 1, 1, None)
-    assert st.end_offsets == {0: 10} and set(st.last_timings) == {"decide_ms", "compute_ms", "txn_ms"}
+    assert st.end_offsets == {"0": 10} and set(st.last_timings) == {"decide_ms", "compute_ms", "txn_ms"}
 
 
 def test_a_batch_committed_before_only_advances_sparks_state_and_writes_nothing(s, fs):
@@ -103,7 +105,8 @@ def test_a_batch_committed_before_only_advances_sparks_state_and_writes_nothing(
     st = run_files.JobStatus.read(s.status_file)
     assert (st.replays_skipped, st.committed_batches, st.last_batch) == (1, 0, 0)
     again(ROWS, 1)  # and the next batch follows it
-    assert FakeSinkReads(c, s).committed([0]).offsets == {0: 20}
+    p0 = SourcePartition(s.source_topic, 0)
+    assert FakeSinkReads(c, s).committed([p0]).offsets == {p0: 20}
 
 
 def test_a_stop_before_a_batch_starts_no_transaction_and_is_no_failure(s, fs):
@@ -130,7 +133,8 @@ def test_a_transaction_that_fails_is_recorded_for_the_exit_code_and_raised_with_
     with pytest.raises(error):
         w(ROWS, 0)
     assert [type(e) for e in w.failure] == [error] and w.last_written is None
-    assert c.topic(s.sink_topic) == [] and FakeSinkReads(c, s).committed([0]).offsets == {}
+    p0 = SourcePartition(s.source_topic, 0)
+    assert c.topic(s.sink_topic) == [] and FakeSinkReads(c, s).committed([p0]).offsets == {}
     st = run_files.JobStatus.read(s.status_file)
     assert st.running_batch == 0 and st.committed_batches == 0  # health sees the batch it died in
 

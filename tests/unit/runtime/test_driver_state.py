@@ -7,6 +7,7 @@ import pytest
 from onceflow import config, wire
 from onceflow.kafka import transactional as tw
 from onceflow.rules.ledger import BatchPlan, Decision, DivergentHistory
+from onceflow.rules.sources import on_topic
 from onceflow.runtime import preflight, supervisor
 from onceflow.runtime.driver_state import (
     InstanceLocked,
@@ -21,7 +22,12 @@ from onceflow.runtime.driver_state import (
 
 def plan(batch=7, wm=20_000, ts=30_000):
     return BatchPlan(
-        batch=batch, topic="src", start={0: 10}, end={0: 20}, watermark_ms=wm, batch_ts_ms=ts, spark_batch=batch
+        batch=batch,
+        start=on_topic("src", {0: 10}),
+        end=on_topic("src", {0: 20}),
+        watermark_ms=wm,
+        batch_ts_ms=ts,
+        spark_batch=batch,
     )
 
 
@@ -32,6 +38,7 @@ def test_a_written_batch_counts_and_a_replay_is_skipped():
     w = status_after_batch(st, plan(), 7, Decision.WRITE, 5, 1, 12.34, {"txn_ms": 12}, 2000)
     assert w["committed_batches"] == 1 and w["last_batch"] == 7 and w["running_batch"] is None
     assert (w["last_outputs"], w["last_dlq"], w["last_txn_ms"], w["watermark_ms"]) == (5, 1, 12.3, 20_000)
+    assert w["end_offsets"] == {"0": 20}  # the status file's JSON: one source topic, keyed by partition
     skipped = status_after_batch(st.updated(**w), plan(8), 8, Decision.SKIP, 0, 0, 0.0, {}, 3000)
     assert skipped["replays_skipped"] == 1 and "committed_batches" not in skipped and skipped["last_batch"] == 8
     assert status_after_batch(st, plan(9), 9, Decision.CATCH_UP, 0, 0, 0.0, {}, 4000)["replays_skipped"] == 1

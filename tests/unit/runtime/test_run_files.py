@@ -13,13 +13,16 @@ from onceflow.runtime.run_files import Desired, Exited, JobStatus, StandbyGo, St
 def test_the_status_file_reads_back_as_written_with_its_types(tmp_path):
     path = tmp_path / "run" / "a.status.json"
     st = JobStatus(app="a", pid=42, started_ms=1000).updated(
-        state=wire.JobState.RUNNING, last_batch=7, end_offsets={0: 10, 3: 20}, last_timings={"txn_ms": 5}
+        state=wire.JobState.RUNNING, last_batch=7, end_offsets={"0": 10, "3": 20}, last_timings={"txn_ms": 5}
     )
     st.write(path)
     got = JobStatus.read(path)
     assert got == st
-    assert got is not None and got.state is wire.JobState.RUNNING and got.end_offsets == {0: 10, 3: 20}
-    assert json.loads(path.read_text())["end_offsets"] == {"0": 10, "3": 20}  # JSON's keys: read back as ints
+    assert got is not None and got.state is wire.JobState.RUNNING and got.end_offsets == {"0": 10, "3": 20}
+    assert json.loads(path.read_text())["end_offsets"] == {"0": 10, "3": 20}  # position keys (rules.sources)
+    several = st.updated(end_offsets={"a:0": 10, "b:3": 20})  # several source topics: `topic:partition` keys
+    several.write(path)
+    assert JobStatus.read(path) == several and json.loads(path.read_text())["end_offsets"] == {"a:0": 10, "b:3": 20}
     assert not list(path.parent.glob("*.tmp")), "replaced atomically: no temporary file left"
 
 

@@ -6,13 +6,23 @@ returns JSON-ready dicts; onceflow.control.console.readers does the bounded read
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from onceflow import wire
 from onceflow.config import Settings
 from onceflow.control.alerts import Status as AlertStatus
+from onceflow.rules import sources
 from onceflow.rules.ledger import LedgerEntry
+
+_POSITION = re.compile(r"([a-zA-Z0-9._-]{1,249}:)?[0-9]{1,9}")
+
+
+def _position_order(key: str) -> tuple[str, int]:
+    topic, _, part = key.rpartition(":")
+    return topic, int(part)
+
 
 # ------------------------------------------------------------- values from Kafka records: typed or left out
 # Events, health, alerts and reconciliation results are read from Kafka: untrusted. A field that should be a
@@ -52,11 +62,16 @@ def now_view(
     batch_since = status.get("batch_started_ms")
     partitions = []
     parts = (health or {}).get("partitions")
-    parts = {p: i for p, i in parts.items() if p.isdigit() and isinstance(i, dict)} if isinstance(parts, dict) else {}
-    for p, info in sorted(parts.items(), key=lambda kv: int(kv[0])):
+    # a partition's number, or `topic:number` on an app of several source topics (onceflow.rules.sources)
+    parts = (
+        {p: i for p, i in parts.items() if isinstance(p, str) and _POSITION.fullmatch(p) and isinstance(i, dict)}
+        if isinstance(parts, dict)
+        else {}
+    )
+    for p, info in sorted(parts.items(), key=lambda kv: _position_order(kv[0])):
         partitions.append(
             {
-                "partition": int(p),
+                "partition": int(p) if p.isdigit() else p,
                 "lag": _int(info.get("lag")),
                 "status": _text(info.get("status")),
                 "trend": _text(info.get("trend")),
@@ -119,7 +134,7 @@ def batch_rows(entries: Iterable[LedgerEntry], late_by_batch: dict[int, int]) ->
                 "batch": e.batch,
                 "spark_batch": e.spark_batch,
                 "epoch": e.epoch,
-                "ranges": {str(p): [s, end] for p, (s, end) in sorted(e.ranges.items())},
+                "ranges": sources.keyed_to_json(e.ranges, list),
                 "records": sum(end - s for s, end in e.ranges.values()),
                 "outputs": e.outputs,
                 "outputs_by_topic": e.outputs_by_topic,  # an app with named outputs: its results per topic
@@ -347,10 +362,13 @@ def _pair(v: Any) -> list[int] | None:
 
 
 def _ranges(v: Any) -> dict[str, list[int]] | None:
-    """{partition: [start, end]} with integer offsets (the pairs that are not are left out), or None."""
+    """{partition: [start, end]} with integer offsets (the pairs that are not are left out), or None. A partition is
+    its number, or `topic:number` for an app of several source topics (onceflow.rules.sources)."""
     if not isinstance(v, dict):
         return None
-    return {p: r for p, r in ((p, _pair(r)) for p, r in v.items()) if isinstance(p, str) and p.isdigit() and r}
+    return {
+        p: r for p, r in ((p, _pair(r)) for p, r in v.items()) if isinstance(p, str) and _POSITION.fullmatch(p) and r
+    }
 
 
 def _brief(r: Any) -> dict[str, Any] | None:
@@ -434,7 +452,7 @@ def backfill_view(
         b["records"] += e.outputs
         b["first_ms"] = min(x for x in (b["first_ms"], e.commit_time_ms) if x is not None)
         b["last_ms"] = max(x for x in (b["last_ms"], e.commit_time_ms) if x is not None)
-        b["ranges"] = {str(p): [s, end] for p, (s, end) in sorted(e.ranges.items())}
+        b["ranges"] = sources.keyed_to_json(e.ranges, list)
     total: dict[str, int] = {}
     finished: dict[str, bool] = {}
     for ev in events:  # oldest first: the newest run of an id decides
