@@ -88,7 +88,7 @@ def validate(settings: Settings, spec: br.Spec) -> br.Spec:
             settings.sink_topic: "sink",
             settings.dlq_topic: "DLQ",
             settings.ledger_topic: "ledger",
-            settings.source_topic: "source",
+            **{topic: "source" for topic in settings.source_topic_list},
             settings.job_events_topic: "events",
         },
         resolved=spec.by_time and bool(spec.start),

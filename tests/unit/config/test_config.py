@@ -4,6 +4,7 @@ import pytest
 
 from onceflow import config, faults
 from onceflow.config import ConfigError
+from onceflow.kafka import topics
 
 
 def test_defaults_are_the_embedded_stack():
@@ -207,6 +208,36 @@ def test_an_apps_named_outputs_have_topics_of_their_own_named_from_its_sink_or_g
     assert config.load(env={}).outputs == {"main": "ip_count_sink"}  # an app without named outputs: its sink only
     # the shape of its results includes where they go, so a savepoint of one routing is not restored into another
     assert given.job_config_hash() != s.job_config_hash()
+
+
+def test_an_apps_named_sources_have_topics_of_their_own_named_from_its_source_or_given():
+    s = config.load(env={}, app="ip_networks")
+    assert s.sources == {"main": "ip_networks_source", "mirror": "ip_networks_source-mirror"}
+    assert s.source_topic_list == ["ip_networks_source", "ip_networks_source-mirror"]
+    given = config.load(env={"ONCEFLOW_SOURCE_TOPICS": "mirror=eu_access_logs"}, app="ip_networks")
+    assert given.sources["mirror"] == "eu_access_logs" and given.source_topic_list[0] == "eu_access_logs"
+    assert config.load(env={}).source_topic_list == ["ip_count_source"]  # an app without named sources: its source
+    # what it reads is part of the shape of its results: a savepoint of one set of sources is not restored into another
+    assert given.job_config_hash() != s.job_config_hash()
+    # each source topic is created stamped by the broker, and checked by the job's preflight
+    specs = {t.name: t for t in topics.specs(s)}
+    for t in s.source_topic_list:
+        assert specs[t].config["message.timestamp.type"] == "LogAppendTime" and t in topics.job_topics(s)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ONCEFLOW_SOURCE_TOPICS": "east=x"}, r"names sources app ip_networks does not declare: \['east'\]"),
+        ({"ONCEFLOW_SOURCE_TOPICS": "mirror"}, r"ONCEFLOW_SOURCE_TOPICS is name=topic"),
+        ({"ONCEFLOW_SOURCE_TOPICS": "mirror=a,mirror=b"}, r"each source once"),
+        # a source's topic is a topic like the others: never one another setting names (as Kafka compares names)
+        ({"ONCEFLOW_SOURCE_TOPICS": "mirror=ip_networks.sink"}, r"ONCEFLOW_SINK_TOPIC='ip_networks_sink' and "),
+    ],
+)
+def test_named_sources_that_cannot_be_read_are_refused_at_start(env, message):
+    with pytest.raises(ConfigError, match=message):
+        config.load(env=env, app="ip_networks")
 
 
 @pytest.mark.parametrize(

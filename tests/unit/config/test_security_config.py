@@ -355,3 +355,14 @@ def test_an_apps_named_outputs_are_written_by_its_job_and_read_by_its_control_pl
         assert ("TOPIC", unlisted, "READ") in {(a.resource, a.name, a.operation) for a in acls.required(s, role)}
     backfill = {a.name for a in acls.required(s, "backfill") if a.resource == "TOPIC"}
     assert unlisted not in backfill  # a backfill writes its own target topic, never the live outputs
+
+
+def test_an_apps_source_topics_are_read_by_every_role_that_reads_its_source():
+    s = config.load(env={}, app="ip_networks")
+    assert len(s.source_topic_list) == 2
+    for role in ("job", "control", "reconcile", "backfill"):
+        granted = {(a.name, a.operation) for a in acls.required(s, role) if a.resource == "TOPIC"}
+        assert {(t, "READ") for t in s.source_topic_list} <= granted, role
+    job = {(a.name, a.operation) for a in acls.required(s, "job") if a.resource == "TOPIC"}
+    assert {(t, "DESCRIBE_CONFIGS") for t in s.source_topic_list} <= job  # preflight: who stamps each
+    assert not {(t, "WRITE") for t in s.source_topic_list} & job  # the job never writes its sources
