@@ -242,9 +242,10 @@ def test_a_second_app_has_its_own_dags_and_is_proven_by_them(platform):
     paced = [e.batch_ts_ms for e in audit.ledger_entries(nets)]
     gaps = sorted(b - a for a, b in zip(paced, paced[1:]))
     assert gaps and gaps[len(gaps) // 2] >= 0.9 * NETS_TRIGGER_S * 1000 > s.trigger_interval_s * 1000, gaps
-    # its health is its own: its record names it, with its own source's partitions
+    # its health is its own: its record names it, with the partitions of both its source topics (App.sources)
     [*_, h] = procs.wait_until(lambda: health_records(nets), 120, what=f"{NETS}'s health record")
-    assert h["running"] and set(h["partitions"]) == {str(p) for p in range(nets.source_partitions)}, h
+    theirs = {f"{t}:{p}" for t in nets.source_topic_list for p in range(nets.source_partitions)}
+    assert len(nets.source_topic_list) == 2 and h["running"] and set(h["partitions"]) == theirs, h
     assert not webhook.alerts(f"health:{NETS}:")
     # the first app's job committed meanwhile, on its own ledger
     assert jobctl.status(s).last_batch > first_app or procs.wait_until(
