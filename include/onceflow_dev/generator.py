@@ -344,6 +344,8 @@ def source_end_offsets(sent: list[Sent]) -> dict[SourcePartition, int]:
     """Where the records sent end, per source partition: the position a job that read them all has committed."""
     ends: dict[SourcePartition, int] = {}
     for r in sent:
+        if not r.topic:  # a record a caller wrote down itself, without saying where it went
+            raise ValueError(f"a sent record without its topic: {r}")
         at = SourcePartition(r.topic, r.partition)
         ends[at] = max(ends.get(at, 0), r.offset + 1)
     return ends

@@ -10,6 +10,7 @@ from onceflow import cli
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit
+from onceflow.rules.sources import on_topic
 from onceflow.runtime import jobctl, procs
 from tests.support.harness import assert_replayed, harness
 
@@ -38,7 +39,7 @@ def test_a_new_apps_scaffold_runs_exactly_once_on_the_broker(app, spark, tmp_pat
     procs.wait_until(lambda: audit.ledger_entries(s), 180, what="the first committed batch")
     time.sleep(16)  # past the 10 s window and the 5 s watermark, in the records' own (append) time
     wave(100)
-    ends = {p: hi for p, (_, hi) in kafka_reading.watermarks(h, s.source_topic).items()}
+    ends = on_topic(s.source_topic, {p: hi for p, (_, hi) in kafka_reading.watermarks(h, s.source_topic).items()})
     procs.wait_until(
         lambda: audit.committed_offsets(s, ends) == ends and kafka_reading.read_topic(h, s.sink_topic),
         180,

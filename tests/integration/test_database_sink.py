@@ -20,7 +20,7 @@ from onceflow.protocol.batch_sink import BatchNotCommitted, OutRecord
 from onceflow.protocol.database_sink import DatabaseRefused, DatabaseSink, Fenced, StatementTimedOut
 from onceflow.rules.ledger import BatchPlan, Committed, Decision
 from onceflow.rules.reconciliation import Status
-from onceflow.rules.sources import on_topic
+from onceflow.rules.sources import SourcePartition, on_topic
 from onceflow.runtime import jobctl, procs
 from onceflow_apps import ip_count_invariants as invariants
 from onceflow_dev import postgres
@@ -96,7 +96,9 @@ def _assert_exact_table(s, sent):
     ends = end_offsets(sent)
     entries = _entries(s)
     results = _rows(s, "results", "key, value, writes")
-    dlq = _rows(s, "dlq", "src_partition, src_offset")
+    # each DLQ row's source record, its topic included (the table's src_topic)
+    dlq = [(SourcePartition(t, p), o) for t, p, o in _rows(s, "dlq", "src_topic, src_partition, src_offset")]
+    assert {p.topic for p, _ in dlq} == {s.source_topic}
     sink = [invariants.SinkRecord(k, v.encode(), 0, i) for i, (k, v, _) in enumerate(results)]
     rep = invariants.check(entries, ends, truth(sent), sink, dlq, s.window_s, starting={p: 0 for p in ends})
     assert rep.ok, json.dumps(rep.summary(), indent=1, default=str)
@@ -339,7 +341,8 @@ def test_fencing_timeouts_a_crash_mid_batch_and_bad_tables(db_app, pg_home, tmp_
     assert pages == [[6, 5], [4, 3], [2, 1], [0]]
     # the group holds no offsets of this app (its cache was a fake here, as if Kafka's offset retention had deleted
     # it): how far the app consumed comes from the ledger table (health's lag, savepoints)
-    assert audit.consumed_position(s, [0]) == Committed(offsets={0: 70}, batch=6)
+    at = SourcePartition(s.source_topic, 0)
+    assert audit.consumed_position(s, [at]) == Committed(offsets={at: 70}, batch=6)
     assert len(_rows(s, "results", "key")) == 70 and {w for (w,) in _rows(s, "results", "writes")} == {1}
 
     # a role per purpose: the readers' may not write, the job's may not change the tables

@@ -52,7 +52,9 @@ def test_a_clock_a_year_ahead_is_quarantined_and_everything_late_is_reported(app
             on_delivery=lambda err, msg: offsets.append((err, msg.partition(), msg.offset())),
         )
     assert p.flush(30) == 0 and all(err is None for err, _, _ in offsets)
-    clock_ahead = [Sent(part, KIND_MALFORMED, None, None, records.REASON_TS_AHEAD, off) for _, part, off in offsets]
+    clock_ahead = [
+        Sent(part, KIND_MALFORMED, None, None, records.REASON_TS_AHEAD, off, s.source_topic) for _, part, off in offsets
+    ]
     sent = clock_ahead + produce(
         s,
         tmp_path / "a.csv",
@@ -126,8 +128,8 @@ def test_oversized_and_poison_records_never_stop_the_job(app, tmp_path):
     assert p.flush(30) == 0 and all(err is None for err, _ in got.values())
     big_off, poison_off = got[1][1], got[2][1]
     extra = [
-        Sent(1, KIND_MALFORMED, None, None, records.REASON_TOO_LARGE, big_off),
-        Sent(2, KIND_MALFORMED, None, None, records.REASON_QUARANTINED, poison_off),
+        Sent(1, KIND_MALFORMED, None, None, records.REASON_TOO_LARGE, big_off, s.source_topic),
+        Sent(2, KIND_MALFORMED, None, None, records.REASON_QUARANTINED, poison_off, s.source_topic),
     ]
     # One address, many spellings (RFC 5952): the running job counts each under one canonical key.
     ts_ms = max(r.ts_us for r in first if r.ts_us is not None) // 1000

@@ -13,7 +13,7 @@ from onceflow.operations import audit, reconcile, replay
 from onceflow.rules.reconciliation import Status
 from onceflow.runtime import jobctl
 from onceflow_dev.generator import KIND_MALFORMED, KIND_TAIL
-from tests.support.harness import app_settings, copy_topic, expire_group, produce, wait_drained
+from tests.support.harness import app_settings, copy_topic, end_offsets, expire_group, produce, wait_drained
 
 pytestmark = pytest.mark.integration
 
@@ -322,7 +322,7 @@ def test_a_restart_after_a_committed_batch_is_replayed_as_the_job_ran_it(app, sp
     procs.wait_until(lambda: len(audit.ledger_entries(s)) >= 1, 180, what="batch 0 committed")
     assert jobctl.stop(s)  # at the boundary after batch 0, before the next trigger could run a batch
     two = produce(s, tmp_path / "b.csv", count=2000, event_rate=200, distinct_ips=40, malformed_fraction=0.01, seed=62)
-    ends = {p: max(r.offset for r in one + two if r.partition == p) + 1 for p in {r.partition for r in one + two}}
+    ends = end_offsets(one + two)
     jobctl.start(s)
     procs.wait_until(lambda: audit.committed_offsets(s, ends) == ends, 180, what="the second part committed")
     assert jobctl.stop(s)
