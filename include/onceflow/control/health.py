@@ -109,11 +109,7 @@ def last_record(settings: Settings) -> HealthRecord | None:
 
 def _end_offsets(settings: Settings) -> dict[SourcePartition, int]:
     admin = kafka_clients.admin(settings)
-    tps = [
-        TopicPartition(topic, p)
-        for topic in settings.source_topic_list
-        for p in admin.list_topics(topic, timeout=10).topics[topic].partitions
-    ]
+    tps = [TopicPartition(sp.topic, sp.partition) for sp in audit.source_partitions(settings, admin)]
     ends = kafka_reading.latest_offsets(admin, tps)
     return {SourcePartition(t, p): off for (t, p), off in ends.items()}
 
@@ -416,5 +412,5 @@ def check(settings: Settings, sink: alerts.AlertSink, start_fn=None) -> HealthRe
 
 def _where(settings: Settings, key: str) -> str:
     """A health record's partition key as `topic[partition]` (its number alone on an app of one source topic)."""
-    topic, sep, part = key.rpartition(":")
-    return f"{topic}[{part}]" if sep else f"{settings.source_topic}[{key}]"
+    topic, part = sources.split_key(key)
+    return f"{topic or settings.source_topic}[{part}]"

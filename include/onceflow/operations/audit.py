@@ -196,9 +196,9 @@ def dlq_provenance(msgs: Iterable[kafka_reading.Msg]) -> list[tuple[SourcePartit
     ]
 
 
-def source_partitions(settings: Settings) -> list[SourcePartition]:
-    """Every partition of every source topic of the app, as the broker has them now."""
-    admin = kafka_clients.admin(settings)
+def source_partitions(settings: Settings, admin=None) -> list[SourcePartition]:
+    """Every partition of every source topic of the app, as the broker has them now (`admin`: a client to ask)."""
+    admin = admin or kafka_clients.admin(settings)
     out = []
     for topic in settings.source_topic_list:
         md = admin.list_topics(topic, timeout=10).topics[topic]

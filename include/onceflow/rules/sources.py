@@ -26,6 +26,8 @@ W = TypeVar("W")
 
 # Kafka's own rule for a topic name (at most 249 of these characters; "." and ".." alone are refused by Kafka).
 KAFKA_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+# A key of a position map in JSON: a partition number, or `topic:partition` (keyed_to_json).
+POSITION_KEY = re.compile(rf"(?:{KAFKA_TOPIC.pattern}:)?[0-9]{{1,9}}")
 
 
 class BadPositions(OnceflowError, ValueError):
@@ -76,6 +78,12 @@ def position_value(sp: SourcePartition, keys: Iterable[SourcePartition]) -> int 
     return sp.partition if len(topics_of([sp, *keys])) == 1 else f"{sp.topic}:{sp.partition}"
 
 
+def split_key(key: str) -> tuple[str | None, str]:
+    """A position key's topic (None: a key by partition alone, of a map of one topic) and its partition part."""
+    topic, sep, part = key.rpartition(":")
+    return (topic if sep else None), part
+
+
 def keyed_to_json(by_source: Mapping[SourcePartition, V], convert: Callable[[V], W]) -> dict[str, W]:
     """A position map's JSON object: keys by partition for one topic, `topic:partition` for several."""
     keys = position_keys(by_source)
@@ -98,13 +106,15 @@ def keyed_from_json(raw: Mapping[str, V], field: object) -> dict[SourcePartition
     names = topics_from_field(field)
     out: dict[SourcePartition, V] = {}
     for key, v in raw.items():
-        topic, sep, part = key.rpartition(":") if isinstance(key, str) else ("", "", "")
-        if not sep:
+        named, part = split_key(key) if isinstance(key, str) else ("", "")
+        if named is None:
             if len(names) != 1:
                 raise BadPositions(f"position {key!r:.80} names no topic, but the record names {len(names)}")
             topic = names[0]
-        elif topic not in names:
+        elif named not in names:
             raise BadPositions(f"position {key!r:.80} is on a topic the record does not name ({field})")
+        else:
+            topic = named
         if not (part.isascii() and part.isdigit()):
             raise BadPositions(f"position {key!r:.80}: expected a partition number")
         out[SourcePartition(topic, int(part))] = v

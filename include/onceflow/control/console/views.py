@@ -6,7 +6,6 @@ returns JSON-ready dicts; onceflow.control.console.readers does the bounded read
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -16,12 +15,10 @@ from onceflow.control.alerts import Status as AlertStatus
 from onceflow.rules import sources
 from onceflow.rules.ledger import LedgerEntry
 
-_POSITION = re.compile(r"([a-zA-Z0-9._-]{1,249}:)?[0-9]{1,9}")
-
 
 def _position_order(key: str) -> tuple[str, int]:
-    topic, _, part = key.rpartition(":")
-    return topic, int(part)
+    topic, part = sources.split_key(key)
+    return topic or "", int(part)
 
 
 # ------------------------------------------------------------- values from Kafka records: typed or left out
@@ -64,7 +61,11 @@ def now_view(
     parts = (health or {}).get("partitions")
     # a partition's number, or `topic:number` on an app of several source topics (onceflow.rules.sources)
     parts = (
-        {p: i for p, i in parts.items() if isinstance(p, str) and _POSITION.fullmatch(p) and isinstance(i, dict)}
+        {
+            p: i
+            for p, i in parts.items()
+            if isinstance(p, str) and sources.POSITION_KEY.fullmatch(p) and isinstance(i, dict)
+        }
         if isinstance(parts, dict)
         else {}
     )
@@ -367,7 +368,9 @@ def _ranges(v: Any) -> dict[str, list[int]] | None:
     if not isinstance(v, dict):
         return None
     return {
-        p: r for p, r in ((p, _pair(r)) for p, r in v.items()) if isinstance(p, str) and _POSITION.fullmatch(p) and r
+        p: r
+        for p, r in ((p, _pair(r)) for p, r in v.items())
+        if isinstance(p, str) and sources.POSITION_KEY.fullmatch(p) and r
     }
 
 
