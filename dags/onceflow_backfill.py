@@ -1,15 +1,16 @@
 """
 ### {app_id}_backfill
 
-Manual only. Recomputes the 5 s windows per IP over a source range with a Spark batch job (`onceflow/entrypoints/backfill.py`,
-submitted through the Spark provider, detached) and writes them exactly once to the target topic (default
-`{app_id}_backfill`, never the live sink). The `run` task waits for it in Airflow's triggerer (no worker slot
-held) and shows its progress in its log: chunk k of n, records, rate, ETA. One Kafka transaction per chunk of
-`chunk_size` windows, with a ledger record (kind `backfill`) and the backfill group's offsets carrying the chunk number. Re-running or
-resuming the same `backfill_id` continues after the last committed chunk and never writes a chunk twice; the
-same id with other parameters is refused. Every parameter is checked before anything is written (range order,
-offsets within the source's retention, topics exist, no overlap with a running backfill). `dry_run` reports what
-would be written. How the backfill relates to the live sink: `docs/backfill.md`.
+Manual only. Recomputes the app's results (for ip_count the 5 s windows per IP) over a range of its source
+topics with a Spark batch job (`onceflow/entrypoints/backfill.py`, submitted through the Spark provider, detached)
+and writes them exactly once to the target topic (default `{app_id}_backfill`, never the live sink). The `run`
+task waits for it in Airflow's triggerer (no worker slot held) and shows its progress in its log: chunk k of n,
+records, rate, ETA. One Kafka transaction per chunk of `chunk_size` results, with a ledger record (kind
+`backfill`) and the backfill group's offsets carrying the chunk number. Re-running or resuming the same
+`backfill_id` continues after the last committed chunk and never writes a chunk twice; the same id with other
+parameters is refused. Every parameter is checked before anything is written (range order, offsets within the
+sources' retention, topics exist, no overlap with a running backfill). `dry_run` reports what would be written.
+How the backfill relates to the live sink: `docs/backfill.md`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ def build(app_id: str) -> DAG:
                 description="re-running the same id resumes it and writes nothing twice",
             ),
             "start_offsets": Param(
-                None, type=["null", "object"], description='source range by offsets: {"0": 0, "1": 0, ...} (inclusive)'
+                None,
+                type=["null", "object"],
+                description='source range by offsets: {"0": 0, "1": 0, ...} (inclusive); an app of several '
+                'source topics names each: {"topic:0": 0, ...}',
             ),
             "end_offsets": Param(None, type=["null", "object"], description="... to these offsets (exclusive)"),
             "since": Param(

@@ -398,7 +398,8 @@ def cmd_backfill(args, s: config.Settings) -> int:
     )
     spec = backfill.validate(s, spec)  # before Spark starts: bad parameters cost nothing
     _progress(
-        f"backfill {spec.id}: {spec.start} -> {spec.end} into {spec.target_topic} (Spark; log: "
+        f"backfill {spec.id}: {spec.positions(spec.start)} -> {spec.positions(spec.end)} into {spec.target_topic} "
+        f"(Spark; log: "
         f"{s.log_dir / 'cli.log'}) ..."
     )
     report = backfill.run(_spark(s, "backfill"), s, spec)
@@ -612,8 +613,12 @@ def parser() -> argparse.ArgumentParser:
 
     bf = sub.add_parser("backfill", help="recompute windows over a source range, written exactly once")
     bf.add_argument("--id", required=True, help="the backfill's id: re-running the same id resumes it")
-    bf.add_argument("--start-offsets", help='per partition, e.g. \'{"0": 0, "1": 0}\' (with --end-offsets)')
-    bf.add_argument("--end-offsets", help="per partition, exclusive")
+    bf.add_argument(
+        "--start-offsets",
+        help='per partition, e.g. \'{"0": 0, "1": 0}\'; an app of several source topics: \'{"a:0": 0, "b:0": 0}\' '
+        "(with --end-offsets)",
+    )
+    bf.add_argument("--end-offsets", help="per partition (or topic:partition), exclusive")
     bf.add_argument("--since", help="or a time range of Kafka record timestamps (ISO-8601 or epoch ms) ...")
     bf.add_argument("--until", help="... to this time, exclusive")
     bf.add_argument("--target", help="target topic (default ONCEFLOW_BACKFILL_TOPIC, not the live sink)")

@@ -638,6 +638,11 @@ def test_the_operator_console_in_a_real_browser(platform):
         backfill_run = _new_run(api, f"{APP}_backfill", seen, page)
         assert backfill_run["triggering_user_name"] == info["user"]
         assert "onceflow console" in (backfill_run.get("note") or "")
+        # the second app reads two source topics: its form's example offsets name each position's topic
+        page.goto(f"{base}/onceflow/app/{NETS}/proofs", wait_until="networkidle")
+        page.get_by_text("Start a backfill").wait_for(timeout=60_000)
+        example = json.loads(page.get_attribute("input[name=start_offsets]", "placeholder") or "{}")
+        assert set(example) == {f"{t}:0" for t in nets.source_topic_list}, example
 
         page.goto(f"{base}/onceflow/savepoints", wait_until="networkidle")
         page.wait_for_function("document.querySelectorAll('[data-verify]').length >= 2", timeout=60_000)

@@ -18,7 +18,7 @@ from onceflow.rules.sources import of_topic
 from onceflow.runtime import launcher, procs
 from onceflow_apps.access_log import rules as records
 from onceflow_dev.generator import KIND_MALFORMED
-from tests.support.harness import end_offsets, expire_group, produce
+from tests.support.harness import end_offsets, expire_group, produce, truth
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +55,7 @@ def test_backfill_validates_resumes_after_kill9_and_writes_each_window_once(app,
         late_fraction=0.02,
         seed=61,
     )
-    ends = of_topic(s.source_topic, end_offsets(sent))  # a backfill reads one source topic
+    ends = of_topic(s.source_topic, end_offsets(sent))  # ip_count reads one source topic
     start = {p: 0 for p in ends}
     spec = lambda **kw: backfill.spec_from(
         s, **({"backfill_id": "bf1", "start": start, "end": ends, "chunk_size": 200} | kw)
@@ -107,7 +107,7 @@ def test_backfill_validates_resumes_after_kill9_and_writes_each_window_once(app,
             start=None, end=None, since=str(before_ms - 1000), until=str(int(time.time() * 1000) + 1000), dry_run=True
         ),
     )
-    assert by_time["end"] == ends and by_time["windows"] == dry["windows"]
+    assert by_time["end"] == {str(p): o for p, o in ends.items()} and by_time["windows"] == dry["windows"]
 
     # kill -9 inside chunk 3's transaction (a real SIGKILL of the backfill's process group)
     env = launcher.submit_env(s) | {"ONCEFLOW_FAULT": "crash_in_chunk@3"}
@@ -171,7 +171,7 @@ def test_two_runs_of_one_backfill_never_write_a_chunk_twice(app, spark, tmp_path
 
     s = app()
     sent = produce(s, tmp_path / "m.csv", count=6000, event_rate=1000, distinct_ips=200, seed=62)
-    ends = of_topic(s.source_topic, end_offsets(sent))  # a backfill reads one source topic
+    ends = of_topic(s.source_topic, end_offsets(sent))  # ip_count reads one source topic
     start = {p: 0 for p in ends}
     env = launcher.submit_env(s) | {
         "ONCEFLOW_FAULT": "stall_before_fence@0:40",
@@ -244,9 +244,60 @@ def test_a_time_range_backfill_resumes_after_the_source_grew(app, spark, tmp_pat
     )  # more records inside [since, until) by their Kafka timestamps
     spec = backfill.spec_from(s, "by-time", since=str(since), until=str(until), chunk_size=100)
     resumed = backfill.run(spark, s, spec)
-    assert resumed["already_committed_chunks"] == 2 and resumed["end"] == of_topic(s.source_topic, end_offsets(sent)), (
-        resumed
-    )
+    ends = of_topic(s.source_topic, end_offsets(sent))
+    assert resumed["already_committed_chunks"] == 2 and resumed["end"] == {str(p): o for p, o in ends.items()}, resumed
     out = written(s, s.backfill_topic)
     assert len(out) == len({m.key for m in out})
     assert {m.key.decode(): json.loads(m.value)["count"] for m in out} == expected_windows(s, sent)
+
+
+def test_a_backfill_of_an_app_of_two_source_topics_reads_both_and_resumes_after_kill9(app, spark, tmp_path):
+    """ip_networks reads its source and its named source `mirror`: a backfill's range is on both (positions keyed
+    `topic:partition`), its chunks' group offsets and ledger records cover both, and a run killed (kill -9) inside a
+    chunk resumes from them and writes every result once: each good record of either topic tagged with its network,
+    on the output its network goes to (by the generator's manifest and the table, in plain Python)."""
+    from onceflow_apps import ip_networks
+
+    s = app(app="ip_networks")
+    assert len(s.source_topic_list) == 2
+    sent = produce(
+        s, tmp_path / "n.csv", count=3000, event_rate=1000, distinct_ips=200, malformed_fraction=0.02, seed=65
+    )
+    ends = end_offsets(sent)
+    assert {sp.topic for sp in ends} == set(s.source_topic_list)
+    start = {f"{sp.topic}:{sp.partition}": 0 for sp in ends}
+    end = {f"{sp.topic}:{sp.partition}": o for sp, o in ends.items()}
+    with pytest.raises(BackfillError, match="name each position's topic"):  # which topic's partition 0?
+        backfill.spec_from(s, "two", {"0": 0}, {"0": 10})
+
+    argv = [sys.executable, "-m", "onceflow.cli", "backfill", "--id", "two", "--chunk-size", "400"]
+    argv += ["--start-offsets", json.dumps(start), "--end-offsets", json.dumps(end)]
+    env = launcher.submit_env(s) | {"ONCEFLOW_FAULT": "crash_in_chunk@2"}
+    proc = subprocess.run(argv, env=env, capture_output=True, timeout=300, start_new_session=True)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert [e.batch for e in backfill_ledger(s)] == [0, 1]
+    assert all(set(e.ranges) == set(ends) for e in backfill_ledger(s))  # each chunk's record: both topics' range
+    resumed = backfill.run(spark, s, backfill.spec_from(s, "two", start, end, chunk_size=400))
+    assert (
+        resumed["already_committed_chunks"] == 2
+        and resumed["end"] == end
+        and resumed["source"] == ",".join(sorted(s.source_topic_list))
+    )
+
+    good = [r for r in truth(sent) if r.reason is None]
+    out = written(s, s.backfill_topic)
+    got = Counter((m.key.decode(), json.loads(m.value)["source"]) for m in out)
+    assert got == Counter((r.ip, f"{r.partition.topic}|{r.partition.partition}|{r.offset}") for r in good)
+    assert {json.loads(m.value)["source"].split("|")[0] for m in out} == set(s.source_topic_list)
+    for m in out:
+        v = json.loads(m.value)
+        assert v["network"] == ip_networks.network_of(v["ip"])
+        assert m.headers.get(wire.H_OUTPUT) == (
+            o.encode() if (o := ip_networks.output_of(v["network"])) is not None else None
+        )
+    assert sorted(e.batch for e in backfill_ledger(s)) == list(range(resumed["chunks"]))
+    # a time range resolves on both topics, to the same offsets
+    by_time = backfill.run(
+        spark, s, backfill.spec_from(s, "two-t", since="0", until=str(int(time.time() * 1000) + 60_000), dry_run=True)
+    )
+    assert by_time["end"] == end and by_time["windows"] == len(good)

@@ -1,20 +1,23 @@
-"""Backfill: recompute the windows of a source range with a Spark batch job and write them exactly once.
+"""Backfill: recompute the app's results over a source range with a Spark batch job and write them exactly once.
 
-What `ip_count_backfill` and `onceflow backfill` run. The parameters are validated (onceflow.backfill_rules)
-before anything is written; then, per chunk, one Kafka transaction of the backfill's own transactional id
-(`onceflow.<app>.backfill.<id>`, never the live job's) carries the chunk's records, a ledger record
-(kind "backfill") and the offsets of the backfill's group with metadata {"chunk": i, "spec": <hash>}. A re-run
-or a resumed run reads that metadata and starts after the last committed chunk, so no chunk is written twice;
-a run with the same id but different parameters is refused.
+What `<app>_backfill` and `onceflow backfill` run. The range is on the app's source topics, each position keyed by
+its source partition. The parameters are validated (onceflow.rules.backfill) before anything is written; then, per
+chunk, one Kafka transaction of the backfill's own transactional id (`onceflow.<app>.backfill.<id>`, never the live
+job's) carries the chunk's records, a ledger record (kind "backfill") and the offsets of the backfill's group on
+every source partition of the range, with metadata {"chunk": i, "spec": <hash>}. A re-run or a resumed run reads
+that metadata and starts after the last committed chunk, so no chunk is written twice; a run with the same id but
+different parameters is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +38,7 @@ from onceflow.rules.ledger import LedgerEntry
 from onceflow.rules.progress import report as say
 from onceflow.rules.progress import step
 from onceflow.rules.reconciliation import to_ms
-from onceflow.rules.sources import SourcePartition, on_topic
+from onceflow.rules.sources import SourcePartition, keyed_from_json, on_topic
 from onceflow.runtime import launcher, procs
 from onceflow.spark import app_plan, kafka_source, partition_stream
 
@@ -62,6 +65,15 @@ def topic_facts(settings: Settings, topic: str) -> br.TopicFacts:
     if wm is None:
         return br.TopicFacts(False)
     return br.TopicFacts(True, {p: lo for p, (lo, _) in wm.items()}, {p: hi for p, (_, hi) in wm.items()})
+
+
+def source_facts(settings: Settings, spec: br.Spec) -> dict[str, br.TopicFacts]:
+    return {topic: topic_facts(settings, topic) for topic in spec.source_topics}
+
+
+def source_ends(facts: dict[str, br.TopicFacts]) -> dict[SourcePartition, int]:
+    """The end of every partition of the source topics."""
+    return {sp: hi for topic, f in facts.items() for sp, hi in on_topic(topic, f.high).items()}
 
 
 def running(settings: Settings) -> list[dict]:
@@ -93,22 +105,29 @@ def validate(settings: Settings, spec: br.Spec) -> br.Spec:
         },
         resolved=spec.by_time and bool(spec.start),
     )
-    source, target = topic_facts(settings, spec.source_topic), topic_facts(settings, spec.target_topic)
-    p = progress(settings, spec) if source.exists else Progress()
-    if spec.by_time and not spec.start and source.exists:
+    source, target = source_facts(settings, spec), topic_facts(settings, spec.target_topic)
+    found = all(f.exists for f in source.values())
+    p = progress(settings, spec, source_ends(source)) if found else Progress()
+    if spec.by_time and not spec.start and found:
         if p.starts:  # resumed: the range is what the first run resolved, whatever came into the source since
             start, end = p.starts, p.ends
         else:
             assert spec.since_ms is not None and spec.until_ms is not None  # check_params: a time range has both
-            start = kafka_reading.offsets_at(settings, spec.source_topic, spec.since_ms, source.high)
-            end = kafka_reading.offsets_at(settings, spec.source_topic, spec.until_ms, source.high)
-        spec = br.Spec(**{**spec.as_dict(), "start": start, "end": end})
+            start, end = {}, {}
+            for topic, f in source.items():  # each source topic's offsets at those times
+                start |= on_topic(topic, kafka_reading.offsets_at(settings, topic, spec.since_ms, f.high))
+                end |= on_topic(topic, kafka_reading.offsets_at(settings, topic, spec.until_ms, f.high))
+        spec = dataclasses.replace(spec, start=start, end=end)
     br.check_against(spec, source, target)
     for other in running(settings):
         if other["id"] == spec.id:
             raise br.BackfillError(f"backfill {spec.id} is already running (pid {other['pid']})")
-        o_start, o_end = br.parse_offsets(other["start"]), br.parse_offsets(other["end"])
-        if other["source"] == spec.source_topic and br.overlaps(spec.start, spec.end, o_start, o_end):
+        try:  # its range, on its source topics
+            o_start = keyed_from_json(other["start"], other["source"])
+            o_end = keyed_from_json(other["end"], other["source"])
+        except (KeyError, TypeError, ValueError):
+            continue  # not a registry file this version writes: its run cannot be compared
+        if br.overlaps(spec.start, spec.end, o_start, o_end):
             raise br.BackfillError(
                 f"the range overlaps backfill {other['id']}, running now (pid {other['pid']}): "
                 f"wait for it, or choose a range that does not overlap"
@@ -127,17 +146,17 @@ class Progress:
 
     chunk: int | None = None
     spec: str | None = None
-    starts: dict[int, int] = field(default_factory=dict)
-    ends: dict[int, int] = field(default_factory=dict)
+    starts: dict[SourcePartition, int] = field(default_factory=dict)
+    ends: dict[SourcePartition, int] = field(default_factory=dict)
 
 
-def read_progress(settings: Settings, topic: str, partitions, *, group: str | None = None, consumer=None) -> Progress:
-    """The progress a backfill's group (`group`, or `consumer`'s) holds in its offsets' metadata."""
-    # a backfill reads one source topic: its progress is kept by partition of it
-    got = kafka_reading.group_offsets(
-        settings, [SourcePartition(topic, p) for p in partitions], group=group, consumer=consumer
-    )
-    metas = {sp.partition: (off, json.loads(meta)) for sp, off, meta in got if off is not None and meta}
+def read_progress(
+    settings: Settings, partitions: Iterable[SourcePartition], *, group: str | None = None, consumer=None
+) -> Progress:
+    """The progress a backfill's group (`group`, or `consumer`'s) holds in its offsets' metadata, on the source
+    partitions of its range (each keeps the range's start there, and its end as the committed offset)."""
+    got = kafka_reading.group_offsets(settings, partitions, group=group, consumer=consumer)
+    metas = {sp: (off, json.loads(meta)) for sp, off, meta in got if off is not None and meta}
     if not metas:
         return Progress()
     first = metas[min(metas)][1]
@@ -149,11 +168,11 @@ def read_progress(settings: Settings, topic: str, partitions, *, group: str | No
     )
 
 
-def progress(settings: Settings, spec: br.Spec) -> Progress:
+def progress(settings: Settings, spec: br.Spec, ends: dict[SourcePartition, int]) -> Progress:
     """The last chunk this backfill committed (None: none), from its group's offset metadata, or from the ledger
-    when the group holds nothing."""
-    parts = spec.start or topic_facts(settings, spec.source_topic).high
-    got = read_progress(settings, spec.source_topic, parts, group=group_id(settings, spec.id))
+    when the group holds nothing. `ends`: every partition of the source topics (a time range not resolved yet may
+    have committed on any of them)."""
+    got = read_progress(settings, spec.start or ends, group=group_id(settings, spec.id))
     return got if got.chunk is not None else ledger_progress(settings, spec.id)
 
 
@@ -175,8 +194,8 @@ def ledger_progress(settings: Settings, backfill_id: str) -> Progress:
     return Progress(
         last.batch,
         last.spec_hash,
-        {p.partition: a for p, (a, _) in last.ranges.items()},  # one topic: the backfill's source
-        {p.partition: b for p, (_, b) in last.ranges.items()},
+        {sp: a for sp, (a, _) in last.ranges.items()},
+        {sp: b for sp, (_, b) in last.ranges.items()},
     )
 
 
@@ -185,7 +204,7 @@ def windows(spark: SparkSession, settings: Settings, spec: br.Spec) -> DataFrame
     """The app's own plan (its declaration, as the job runs it) as a batch over the range: every result it computes
     from those records (a batch has no watermark, so every window of the range, with all its records), in chunk
     order: by key, then value, which is deterministic for a fixed range (for ip_count: window start, then IP)."""
-    raw = kafka_source.read_range(spark, settings, spec.source_topic, spec.start, spec.end)
+    raw = kafka_source.read_ranges(spark, settings, spec.start, spec.end)
     # the rules the spec was validated with, not whatever the settings say now
     as_spec = settings.replace(
         window_s=spec.window_s,
@@ -220,11 +239,12 @@ def run(spark: SparkSession, settings: Settings, spec: br.Spec, bus: ev.EventBus
 
 
 def _run(spark, settings: Settings, spec: br.Spec, writer: ChunkWriter | None, injector: Injector, bus) -> dict:
-    done = progress(settings, spec)
+    done = progress(settings, spec, spec.end)
     if done.starts and (done.starts, done.ends) != (spec.start, spec.end):
         raise br.BackfillError(
-            f"backfill {spec.id}: another run committed chunks of the range {done.starts} -> "
-            f"{done.ends}, not {spec.start} -> {spec.end}; run it again to resume that range"
+            f"backfill {spec.id}: another run committed chunks of the range {spec.positions(done.starts)} -> "
+            f"{spec.positions(done.ends)}, not {spec.positions(spec.start)} -> {spec.positions(spec.end)}; run it "
+            f"again to resume that range"
         )
     first = br.first_chunk_to_write(done.chunk)
     out = windows(spark, settings, spec).cache()
@@ -233,10 +253,10 @@ def _run(spark, settings: Settings, spec: br.Spec, writer: ChunkWriter | None, i
     report = {
         "id": spec.id,
         "spec": spec.spec_hash(),
-        "source": spec.source_topic,
+        "source": spec.source_field,
         "target": spec.target_topic,
-        "start": spec.start,
-        "end": spec.end,
+        "start": spec.positions(spec.start),
+        "end": spec.positions(spec.end),
         "records_in_range": sum(spec.end[p] - spec.start[p] for p in spec.start),
         "windows": total,
         "chunks": n,
@@ -263,9 +283,9 @@ def _run(spark, settings: Settings, spec: br.Spec, writer: ChunkWriter | None, i
                 "id": spec.id,
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
-                "source": spec.source_topic,
-                "start": {str(p): o for p, o in spec.start.items()},
-                "end": {str(p): o for p, o in spec.end.items()},
+                "source": spec.source_field,
+                "start": spec.positions(spec.start),
+                "end": spec.positions(spec.end),
                 "started_ms": clock.now_ms(),
             }
         )
@@ -319,7 +339,7 @@ class ChunkWriter:
         self.group = kafka_clients.read_committed_consumer(settings, group_id=group_id(settings, spec.id))
 
     def write(self, chunk: int, rows: list[tuple[str, bytes, str | None]], injector: Injector) -> None:
-        done = read_progress(self.s, self.spec.source_topic, self.spec.end, consumer=self.group).chunk
+        done = read_progress(self.s, self.spec.end, consumer=self.group).chunk
         if done is None and chunk > 0:  # the group's offsets expired: its first new commit restores them
             done = ledger_progress(self.s, self.spec.id).chunk
         br.check_next_chunk(chunk, done, self.spec.id)
@@ -341,9 +361,7 @@ class ChunkWriter:
             entry = LedgerEntry(
                 app=self.s.app_id,
                 batch=chunk,
-                ranges=on_topic(
-                    self.spec.source_topic, {p: (self.spec.start[p], self.spec.end[p]) for p in self.spec.start}
-                ),
+                ranges={sp: (self.spec.start[sp], self.spec.end[sp]) for sp in self.spec.start},
                 watermark_ms=0,
                 batch_ts_ms=0,
                 outputs=len(rows),
@@ -361,10 +379,8 @@ class ChunkWriter:
             h = self.spec.spec_hash()
             w.send_offsets(
                 [
-                    TopicPartition(
-                        self.spec.source_topic, p, self.spec.end[p], br.chunk_metadata(chunk, h, self.spec.start[p])
-                    )
-                    for p in sorted(self.spec.end)
+                    TopicPartition(sp.topic, sp.partition, end, br.chunk_metadata(chunk, h, self.spec.start[sp]))
+                    for sp, end in sorted(self.spec.end.items())
                 ],
                 self.group.consumer_group_metadata(),
             )
@@ -393,13 +409,14 @@ def spec_from(
         since_ms, until_ms = to_ms(since), to_ms(until)
     except ValueError as e:
         raise br.BackfillError(str(e)) from None
+    topics = tuple(sorted(settings.source_topic_list))
     return br.Spec(
         id=backfill_id,
-        source_topic=settings.source_topic,
+        source_topics=topics,
         target_topic=target or settings.backfill_topic,
         chunk_size=int(chunk_size),
-        start=br.parse_offsets(start),
-        end=br.parse_offsets(end),
+        start=br.parse_offsets(start, topics),
+        end=br.parse_offsets(end, topics),
         since_ms=since_ms,
         until_ms=until_ms,
         dry_run=bool(dry_run),

@@ -64,11 +64,11 @@ def topic_field(keys: Iterable[SourcePartition], default: str = "") -> str:
     return ",".join(topics_of(keys)) or default
 
 
-def position_keys(keys: Iterable[SourcePartition]) -> dict[SourcePartition, str]:
+def position_keys(keys: Iterable[SourcePartition], topics: Iterable[str] = ()) -> dict[SourcePartition, str]:
     """Each source partition's key in a position map's JSON: its partition for one topic, `topic:partition` for
-    several."""
+    several (those of the keys and `topics`: a map written beside a `topic` field naming more than its keys)."""
     keys = sorted(set(keys))
-    several = len(topics_of(keys)) > 1
+    several = len({*topics_of(keys), *topics}) > 1
     return {sp: (f"{sp.topic}:{sp.partition}" if several else str(sp.partition)) for sp in keys}
 
 
@@ -84,9 +84,12 @@ def split_key(key: str) -> tuple[str | None, str]:
     return (topic if sep else None), part
 
 
-def keyed_to_json(by_source: Mapping[SourcePartition, V], convert: Callable[[V], W]) -> dict[str, W]:
-    """A position map's JSON object: keys by partition for one topic, `topic:partition` for several."""
-    keys = position_keys(by_source)
+def keyed_to_json(
+    by_source: Mapping[SourcePartition, V], convert: Callable[[V], W], topics: Iterable[str] = ()
+) -> dict[str, W]:
+    """A position map's JSON object: keys by partition for one topic, `topic:partition` for several (of its keys
+    and `topics`, as position_keys)."""
+    keys = position_keys(by_source, topics)
     return {keys[sp]: convert(v) for sp, v in sorted(by_source.items())}
 
 

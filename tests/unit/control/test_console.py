@@ -761,3 +761,19 @@ def test_a_cache_file_with_other_entries_loads_only_the_well_formed_ones(tmp_pat
     assert list(readers.Cache(s).data) == ["now"]
     path.write_text("[1, 2]")
     assert not readers.Cache(s).data
+
+
+def test_the_backfill_forms_id_pattern_is_the_dags_and_compiles_as_a_browser_compiles_it():
+    """A browser compiles an input's `pattern` with the `v` flag, where an unescaped '-' in a class is an error
+    and the pattern is then ignored: the form's first pattern (`[A-Za-z0-9._-]`) was, and admitted '.', which the
+    backfill DAG refuses."""
+    import re
+
+    from onceflow.control.console import page
+    from onceflow.operations import backfill
+
+    (pattern,) = re.findall(r'name="backfill_id" required pattern="([^"]+)"', page.SCRIPT)
+    as_browser = pattern.replace("\\\\", "\\")  # the script's template literal unescapes it once
+    assert not re.search(r"[^\\]-\]", as_browser), as_browser  # a class's last '-' escaped
+    for id_ in ("console-1", "a_b", "x" * 64, "a.b", "-a", "x" * 65, "no spaces"):
+        assert bool(re.fullmatch(as_browser, id_)) == bool(re.fullmatch(backfill.ID_PATTERN, id_)), id_

@@ -10,7 +10,7 @@ from onceflow.control import reconciliation
 from onceflow.rules import backfill as br
 from onceflow.rules import reconciliation as rr
 from onceflow.rules.ledger import LedgerEntry, check_coverage
-from onceflow.rules.sources import on_topic
+from onceflow.rules.sources import SourcePartition, on_topic
 
 
 def SRC(by_partition):
@@ -174,8 +174,24 @@ def test_results_are_json_all_the_way_down():
 
 
 def spec(**kw):
-    d = dict(id="b1", source_topic="src", target_topic="bf", chunk_size=10, start={0: 0, 1: 5}, end={0: 100, 1: 50})
-    return br.Spec(**(d | kw))
+    """A backfill of an app of one source topic, src; `start`, `end` by partition of it."""
+    d = dict(id="b1", source_topics=("src",), target_topic="bf", chunk_size=10, start={0: 0, 1: 5}, end={0: 100, 1: 50})
+    d |= kw
+    return br.Spec(**(d | {"start": SRC(d["start"]), "end": SRC(d["end"])}))
+
+
+TWO = ("access", "mirror")
+
+
+def two(start, end, **kw):
+    """A backfill of an app of two source topics, positions keyed `topic:partition`."""
+    return br.Spec(
+        **(
+            dict(id="b2", source_topics=TWO, target_topic="bf", chunk_size=10)
+            | {"start": br.parse_offsets(start, TWO), "end": br.parse_offsets(end, TWO)}
+            | kw
+        )
+    )
 
 
 def test_backfill_params_are_checked_before_any_write():
@@ -194,21 +210,67 @@ def test_backfill_params_are_checked_before_any_write():
     ]:
         with pytest.raises(br.BackfillError, match=why):
             br.check_params(spec(**kw), protected)
-    src = br.TopicFacts(True, {0: 0, 1: 10}, {0: 100, 1: 50})
-    with pytest.raises(br.BackfillError, match="no longer in the source"):
+    src = {"src": br.TopicFacts(True, {0: 0, 1: 10}, {0: 100, 1: 50})}
+    with pytest.raises(br.BackfillError, match="partition 1: offset 5 is no longer in the source"):
         br.check_against(spec(), src, br.TopicFacts(True))
     with pytest.raises(br.BackfillError, match="unknown target"):
         br.check_against(spec(start={0: 0, 1: 10}), src, br.TopicFacts(False))
     with pytest.raises(br.BackfillError, match="beyond the end"):
         br.check_against(spec(start={0: 0, 1: 10}, end={0: 101, 1: 50}), src, br.TopicFacts(True))
-    assert br.parse_offsets('{"0": 5}') == {0: 5} and br.parse_offsets(None) == {}
-    with pytest.raises(br.BackfillError):
-        br.parse_offsets("[1, 2]")
+    with pytest.raises(br.BackfillError, match="unknown source topic src"):
+        br.check_against(spec(start={0: 0, 1: 10}), {}, br.TopicFacts(True))
+    assert br.parse_offsets('{"0": 5}', ["src"]) == SRC({0: 5}) and br.parse_offsets(None, ["src"]) == {}
+    assert br.parse_offsets({0: "5"}, ["src"]) == SRC({0: 5})  # a dict from Python, a string from a form
+    for bad in ("[1, 2]", "{not json", '{"x": 1}', '{"0": "five"}', '{"0": true}', '{"other:0": 1}'):
+        with pytest.raises(br.BackfillError):
+            br.parse_offsets(bad, ["src"])
+
+
+def test_a_backfill_of_two_source_topics_names_each_position_and_checks_each_topic():
+    s = two('{"access:0": 0, "mirror:0": 5}', '{"access:0": 100, "mirror:0": 50}')
+    assert s.start == {SourcePartition("access", 0): 0, SourcePartition("mirror", 0): 5}
+    assert s.positions(s.end) == {"access:0": 100, "mirror:0": 50} and s.source_field == "access,mirror"
+    # a range on one of them is still written with its topic: the spec names two, and its JSON reads back
+    one = two('{"mirror:0": 5}', '{"mirror:0": 50}')
+    assert one.positions(one.start) == {"mirror:0": 5}
+    assert br.Spec.from_dict(json.loads(json.dumps(one.as_dict()))) == one
+    assert br.Spec.from_dict(json.loads(json.dumps(s.as_dict()))) == s
+    assert one.spec_hash() != s.spec_hash() != spec().spec_hash()
+    with pytest.raises(br.BackfillError, match=r'reads 2 source topics \(access, mirror\).*"access:0"'):
+        br.parse_offsets('{"0": 5}', TWO)  # which topic's partition 0?
+    with pytest.raises(br.BackfillError, match="'other' is not a source topic of the app"):
+        br.parse_offsets('{"other:0": 5}', TWO)
+    facts = {"access": br.TopicFacts(True, {0: 0}, {0: 100}), "mirror": br.TopicFacts(True, {0: 10}, {0: 60})}
+    with pytest.raises(br.BackfillError, match="mirror partition 0: offset 5 is no longer in the source"):
+        br.check_against(s, facts, br.TopicFacts(True))
+    br.check_against(
+        two('{"access:0": 0, "mirror:0": 10}', '{"access:0": 100, "mirror:0": 60}'), facts, br.TopicFacts(True)
+    )
+    with pytest.raises(br.BackfillError, match="unknown source topic mirror"):
+        br.check_against(s, {"access": facts["access"]}, br.TopicFacts(True))
+    with pytest.raises(br.BackfillError, match="has no partition 1"):
+        br.check_against(two('{"access:1": 0}', '{"access:1": 1}'), facts, br.TopicFacts(True))
+    with pytest.raises(br.BackfillError, match="mirror partition 0: end 4 is before start 5"):
+        br.check_params(two('{"mirror:0": 5}', '{"mirror:0": 4}'), {})
+    # the same partition number on the other topic is another position: no overlap
+    a, m = SourcePartition("access", 0), SourcePartition("mirror", 0)
+    assert not br.overlaps({a: 0}, {a: 10}, {m: 0}, {m: 10}) and br.overlaps(
+        {a: 0, m: 0}, {a: 10, m: 1}, {m: 0}, {m: 10}
+    )
+
+
+def test_a_backfill_of_one_source_topic_keeps_its_identity():
+    """The hash of a backfill of one topic is what it was before several were possible (computed then), so a
+    backfill started before resumes after an upgrade instead of being refused as "other parameters"."""
+    assert spec().spec_hash() == "038f308e792aec63"
+    assert spec(start={}, end={}, since_ms=1000, until_ms=2000).spec_hash() == "7af7b3d595b27524"
+    assert spec().as_dict()["start"] == {"0": 0, "1": 5}
 
 
 def test_backfill_overlap_chunks_and_identity():
-    assert br.overlaps({0: 0}, {0: 10}, {0: 9}, {0: 20}) and not br.overlaps({0: 0}, {0: 10}, {0: 10}, {0: 20})
-    assert not br.overlaps({0: 0}, {0: 10}, {1: 0}, {1: 10})
+    p0, p1 = SourcePartition("src", 0), SourcePartition("src", 1)
+    assert br.overlaps({p0: 0}, {p0: 10}, {p0: 9}, {p0: 20}) and not br.overlaps({p0: 0}, {p0: 10}, {p0: 10}, {p0: 20})
+    assert not br.overlaps({p0: 0}, {p0: 10}, {p1: 0}, {p1: 10})
     assert br.chunks(0, 10) == 0 and br.chunks(10, 10) == 1 and br.chunks(11, 10) == 2
     assert br.first_chunk_to_write(None) == 0 and br.first_chunk_to_write(3) == 4
     assert spec().spec_hash() == spec(dry_run=True).spec_hash() != spec(chunk_size=11).spec_hash()

@@ -172,6 +172,9 @@ async function renderSavepoints(){
 
 async function renderProofs(){
   const p = await get('/api/proofs'); const bf = await get('/api/backfills');
+  // offsets by partition, or by topic:partition for an app of several source topics (docs/backfill.md)
+  const srcs = (bf.data||{}).sources || [];
+  const example = v => JSON.stringify(Object.fromEntries((srcs.length > 1 ? srcs.map(t => t + ':0') : ['0', '1']).map(k => [k, v])));
   const d = p.data || {chain:{}, runs:[]}; const c = d.chain || {};
   const rng = rs => (rs||[]).map(r => r[0]===r[1] ? r[0] : `${r[0]}..${r[1]}`).join(', ') || 'none';
   document.getElementById('content').innerHTML = `<div class="cards">
@@ -190,9 +193,9 @@ async function renderProofs(){
       <td><code>${esc(x.ranges ? Object.entries(x.ranges).map(([p,r])=>`${p}:[${r[0]},${r[1]})`).join(' ') : '-')}</code></td>
       <td>${fmtMs(x.last_ms)}</td><td>${x.running ? `running (pid ${esc(x.running.pid)})` : ''}</td></tr>`).join('') || '<tr><td colspan=6 class="muted">none</td></tr>'}</table>
     <h2>Start a backfill</h2>
-    <form class="backfill" id="bfform"><label>id<input name="backfill_id" required pattern="[A-Za-z0-9][A-Za-z0-9._-]{0,63}"></label>
-      <label>start offsets (JSON)<input name="start_offsets" placeholder='{"0": 0, "1": 0}'></label>
-      <label>end offsets (JSON)<input name="end_offsets" placeholder='{"0": 500, "1": 500}'></label>
+    <form class="backfill" id="bfform"><label>id<input name="backfill_id" required pattern="[A-Za-z0-9][A-Za-z0-9_\\-]{0,63}"></label>
+      <label>start offsets (JSON)<input name="start_offsets" placeholder="${esc(example(0))}"></label>
+      <label>end offsets (JSON)<input name="end_offsets" placeholder="${esc(example(500))}"></label>
       <label>or since (ISO-8601)<input name="since"></label><label>until<input name="until"></label>
       <label>target topic<input name="target_topic" placeholder="default"></label>
       <label>chunk size<input name="chunk_size" type="number" value="5000" min="1"></label>

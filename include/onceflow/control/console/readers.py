@@ -261,6 +261,7 @@ def read_backfills(settings: Settings) -> dict[str, Any]:
     return {
         "backfills": views.backfill_view(entries, backfills.running(settings), evs),
         "topic": settings.backfill_topic,
+        "sources": sorted(settings.source_topic_list),  # the form's example offsets name them when there are several
     }
 
 
