@@ -1,5 +1,6 @@
-"""A backfill as a Spark application (spark-submit): --spec is the JSON of onceflow.rules.backfill.Spec (Spec.as_dict) (validated
-by the caller, and again here), --out receives the report. Exit 0 when done, 2 when the parameters are refused."""
+"""A backfill as a Spark application (spark-submit): --spec is the JSON of onceflow.rules.backfill.Spec
+(Spec.as_dict; validated by the caller, and again here), --out receives the report. Exit 0 when done, 2 when the
+parameters are refused."""
 
 from __future__ import annotations
 
