@@ -116,13 +116,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 @pytest.fixture(scope="session", autouse=True)
 def spark_class_archive(request):
     """Before the session's first Spark JVM: one class-data archive of Spark's classes, mapped by every Spark JVM
-    the session starts (onceflow_dev.class_archive: about half the CPU of a short Spark application). A session
+    the session starts (onceflow.runtime.class_data: about half the CPU of a short Spark application). A session
     of unit tests only starts no JVM and builds nothing."""
     unit = Path(__file__).parent / "unit"
     if OWN_SPARK_SUBMIT_OPTS and any(unit not in Path(i.path).parents for i in request.session.items):
-        from onceflow_dev import class_archive
+        from onceflow.runtime import class_data
 
-        archive = class_archive.build(config.load(env={}))
+        base = config.load(env={})
+        archive = class_data.build(base, launcher.spark_submit(), {**os.environ, **launcher.submit_env(base)})
         if archive is not None:
             os.environ["SPARK_SUBMIT_OPTS"] += f" -XX:SharedArchiveFile={archive}"
     yield
@@ -141,12 +142,18 @@ def spark():
     """One local Spark session for the tests that build plans (tests/spark, and the integration tiers)."""
     from pyspark.sql import SparkSession
 
-    jars = ",".join(str(j) for j in jvm.spark_kafka_jars(config.load(env={})))  # for the batch jobs' Kafka reads
+    base = config.load(env={})
+    jars = ",".join(str(j) for j in jvm.spark_kafka_jars(base))  # for the batch jobs' Kafka reads
+    builder = SparkSession.builder.master("local[2]").appName("onceflow-tests").config("spark.jars", jars)
+    if OWN_SPARK_SUBMIT_OPTS:
+        from onceflow.runtime import class_data
+
+        # the jobs' drivers' class path, which the session's class-data archive was dumped with: a JVM whose class
+        # path does not start with it does not map the archive
+        extra = class_data.driver_class_path(base)
+        builder = builder.config("spark.driver.extraClassPath", extra) if extra else builder
     s = (
-        SparkSession.builder.master("local[2]")
-        .appName("onceflow-tests")
-        .config("spark.jars", jars)
-        .config("spark.sql.session.timeZone", "UTC")
+        builder.config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.streaming.checkpointFileManagerClass", launcher.LOCAL_CHECKPOINT_MANAGER)  # as the jobs'

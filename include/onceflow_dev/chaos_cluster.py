@@ -62,6 +62,8 @@ class ClusterChaosSpec:
     double_fault: int = field(default_factory=lambda: chaos.env_or("CHAOS_DOUBLE_FAULT", 0))
     # CHAOS_SECURED=1: every node SASL/SCRAM over TLS with ACLs, the job on its least-privileged principal
     secured: int = field(default_factory=lambda: chaos.env_or("CHAOS_SECURED", 0))
+    # the driver and executors map a class-data archive of Spark's classes (ONCEFLOW_CLASS_DATA_SHARING)
+    class_data: int = field(default_factory=lambda: chaos.env_or("CHAOS_CLASS_DATA", 0))
     ips: int = 5000
 
 
@@ -115,6 +117,7 @@ def settings_for(var_dir: Path, spec: ClusterChaosSpec) -> config.Settings:
         broker_txn_abort_check_interval_ms=1000,
         broker_heap="512m",
         kafka_security_protocol="SASL_SSL" if spec.secured else "PLAINTEXT",
+        class_data_sharing=bool(spec.class_data),
     )
     return base.replace(
         app_id="chaos",

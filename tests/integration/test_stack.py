@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import ConfigResource, ResourceType
 
+from onceflow import config
 from onceflow.kafka import clients as kafka_clients
 from onceflow.kafka import topics
-from onceflow.runtime import jvm
+from onceflow.runtime import jvm, launcher
 from onceflow_dev import broker
 
 pytestmark = pytest.mark.integration
@@ -56,16 +57,51 @@ def test_jvm_artifacts_are_cached(kafka, monkeypatch):
     assert not any(n.startswith("scala-library") for n in names), "pyspark already ships scala"
 
 
-def test_the_sessions_spark_jvms_map_the_class_archive(spark):
-    """Every Spark JVM of a test session maps the shared class-data archive (tests/conftest.py), on a pytest-xdist
-    worker too: the workers inherit the controller's SPARK_SUBMIT_OPTS, which they once took for a caller's own and
-    left without it. Read from the session's own Spark JVM, launched through spark-submit as every job is."""
+MAPS_ITS_ARCHIVE = """
+import os, sys
+from pyspark.sql import SparkSession
+s = SparkSession.builder.getOrCreate()
+maps = open(f"/proc/{os.getppid()}/maps").read()  # spark-submit's JVM starts this script
+print("MAPPED" if sys.argv[1] in maps else "NOT MAPPED")
+s.stop()
+"""
+
+
+def _mapped_archives(pid: int) -> set[str]:
+    return {line.split()[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if line.endswith(".jsa")}
+
+
+def test_the_sessions_spark_jvms_map_the_class_archive(spark, tmp_path):
+    """Every Spark JVM of a test session maps the shared class-data archive (tests/conftest.py): the session's own,
+    and a driver launched as the jobs' drivers are (spark-submit with the platform's local file system before Spark's
+    jars, onceflow.runtime.local_fs), which did not from 2026-11-29 to 2026-11-30: the archive had been dumped
+    without that class path, and a JVM whose class path does not start with the dump's ignores it. On a pytest-xdist
+    worker too: the workers inherit the controller's SPARK_SUBMIT_OPTS, which they once took for a caller's own.
+    And the platform's own launch with ONCEFLOW_CLASS_DATA_SHARING maps the same archive through its options. Read
+    from /proc/<pid>/maps: a JVM that rejects the archive has it on its command line all the same."""
     if not os.environ.get("SPARK_SUBMIT_OPTS", "").startswith("-XX:TieredStopAtLevel=1"):  # not the suite's own
         pytest.skip("the caller set SPARK_SUBMIT_OPTS: the suite leaves a caller's JVM options as they are")
-    pid = spark.sparkContext._gateway.proc.pid
-    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    archive = [a for a in args if a.startswith(b"-XX:SharedArchiveFile=")]
-    assert archive and Path(archive[0].split(b"=", 1)[1].decode()).is_file(), args
+    opts = os.environ["SPARK_SUBMIT_OPTS"].split()
+    archive = next((o.split("=", 1)[1] for o in opts if o.startswith("-XX:SharedArchiveFile=")), None)
+    assert archive and Path(archive).is_file(), opts
+    assert archive in _mapped_archives(spark.sparkContext._gateway.proc.pid)
+    script = tmp_path / "maps.py"
+    script.write_text(MAPS_ITS_ARCHIVE)
+    s = config.load(env={}, var_dir=tmp_path)
+    fs_conf = launcher.local_fs_conf(s, (tmp_path / "checkpoint").as_uri())
+    assert fs_conf.get("spark.driver.extraClassPath"), fs_conf  # the jobs' class path, with javac on this machine
+    # the suite's way (SPARK_SUBMIT_OPTS), and the platform's (ONCEFLOW_CLASS_DATA_SHARING: the launch's own options,
+    # the same archive, found by its name)
+    platform = launcher.with_class_data(s.replace(class_data_sharing=True), fs_conf)
+    assert platform["spark.driver.extraJavaOptions"].endswith(f"-XX:SharedArchiveFile={archive}"), platform
+    for conf, submit_opts in ((fs_conf, os.environ["SPARK_SUBMIT_OPTS"]), (platform, "-XX:TieredStopAtLevel=1")):
+        argv = [launcher.spark_submit(), "--master", "local[1]"]
+        for k, v in conf.items():
+            argv += ["--conf", f"{k}={v}"]
+        env = {**launcher.submit_env(s), "SPARK_SUBMIT_OPTS": submit_opts}
+        proc = subprocess.run([*argv, str(script), archive], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.stdout.strip().splitlines()[-1:] == ["MAPPED"], (proc.stdout[-2000:], proc.stderr[-3000:])
+        assert "Unable to use shared archive" not in proc.stdout + proc.stderr
 
 
 def test_cli_stack_status_json(kafka):

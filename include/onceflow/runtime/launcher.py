@@ -14,7 +14,7 @@ from pathlib import Path
 
 from onceflow import resources
 from onceflow.config import ENV_PREFIX, INSTANCE_PREFIX, STANDALONE_SCHEME, ConfigError, Settings
-from onceflow.runtime import jvm, local_fs
+from onceflow.runtime import class_data, jvm, local_fs
 
 # what spark-submit runs: files of the package (onceflow.entrypoints), found without a checkout
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.sql.streaming.stopTimeout": "60s",
         "spark.driver.extraJavaOptions": conf_java_log(settings),
         **checkpoint_conf(settings.checkpoint),
-        **local_fs_conf(settings, settings.checkpoint),
+        **with_class_data(settings, local_fs_conf(settings, settings.checkpoint)),
         # With close-out batches the job paces batches itself under a 0 trigger; when a paced batch finds no
         # new input Spark polls the source at this interval (its default, 10 ms, would poll Kafka 100 times/s).
         "spark.sql.streaming.pollingDelay": f"{poll_delay_ms(settings)}ms",
@@ -71,6 +71,26 @@ def local_fs_conf(settings: Settings, uri: str) -> dict[str, str]:
     if not uri.startswith("file:"):
         return {}
     return local_fs.conf(settings, executors_here=_executors_on_this_machine(settings.master))
+
+
+def with_class_data(settings: Settings, fs_conf: dict[str, str]) -> dict[str, str]:
+    """`fs_conf` (the local file system's settings of a launch), plus the options that map the class-data archive
+    (onceflow.runtime.class_data, ONCEFLOW_CLASS_DATA_SHARING) on the driver and on executors that run here: only
+    where the launch's class path is the one the archive was dumped with (a JVM ignores an archive of another class
+    path, with a warning in its log)."""
+    if not settings.class_data_sharing or not _executors_on_this_machine(settings.master):
+        return fs_conf
+    if fs_conf.get("spark.driver.extraClassPath") != class_data.driver_class_path(settings):
+        return fs_conf
+    archive = class_data.build(settings, spark_submit(), submit_env(settings))  # on first use: a minute or two, once
+    if archive is None:
+        return fs_conf
+    opts = f"-XX:SharedArchiveFile={archive}"
+    return {
+        **fs_conf,
+        "spark.driver.extraJavaOptions": f"{conf_java_log(settings)} {opts}",
+        "spark.executor.extraJavaOptions": opts,
+    }
 
 
 def driver_bind_conf(settings: Settings) -> dict[str, str]:
@@ -321,7 +341,7 @@ def batch_spec(settings: Settings, name: str, script: Path | None = None) -> dic
     return _spec(
         settings,
         f"onceflow-{settings.app_id}-{name}",
-        batch_conf(settings) | local_fs_conf(settings, settings.var_dir.as_uri()),
+        batch_conf(settings) | with_class_data(settings, local_fs_conf(settings, settings.var_dir.as_uri())),
         script or ENTRYPOINTS / f"{name}.py",
     )
 
