@@ -307,6 +307,7 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
             "input_per_s": round(spec.records / spec.seconds),
             "machine": machine.describe(),  # liveness figures depend on its speed (onceflow_dev.machine)
             "secured": bool(spec.secured),
+            "class_data": bool(spec.class_data),  # the driver and executors mapped a class-data archive
         }
         # the outage is tolerated (one node of three): commits go on through it, except while the deliberate
         # double fault has a second node down
@@ -332,7 +333,7 @@ def main() -> int:
     (var / "report.json").write_text(json.dumps(report, indent=1))
     print(f"""
 app               {report["app"]} (checked by {report["audit"]}{" and the replay of its plan" if "replay" in report else ""})
-topology          {report["topology"]}{"; SASL/SCRAM over TLS, ACLs, the job as its own principal" if report["secured"] else ""}
+topology          {report["topology"]}{"; SASL/SCRAM over TLS, ACLs, the job as its own principal" if report["secured"] else ""}{"; a class-data archive" if report["class_data"] else ""}
 records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late) at {report["input_per_s"]:,}/s
 faults injected   {report["faults"]}; not injected: {report["missed"] or "none"}
 while a broker was down for minutes: {report["batches_committed_while_a_broker_was_down"]} batches committed
