@@ -11,7 +11,8 @@ as before.
 
 The archive is kept under `var/jvm/`, named by what it depends on (the JVM's version, pyspark's version and its
 jars, the class path the jobs' drivers add), and built once, on first use: processes building it at once take
-turns. A failed build is logged and returns None: the JVMs then run without it.
+turns. A failed build is logged, recorded beside it (not tried again at every launch) and returns None: the JVMs
+then run without it.
 
 A JVM maps the archive only when the class path it was dumped with is a prefix of its own. The jobs' drivers and
 executors put the platform's local file system first (onceflow.runtime.local_fs: `spark.*.extraClassPath`, which
@@ -93,12 +94,21 @@ def build(settings: Settings, spark_submit: str, env: Mapping[str, str], timeout
         return None
     if out.exists():
         return out
+    if _failed(out).exists():  # not again at every launch: a restart would wait for it each time
+        return None
     settings.jvm_dir.mkdir(parents=True, exist_ok=True)
     with open(settings.jvm_dir / ".spark-classes.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if out.exists():
             return out
+        if _failed(out).exists():
+            return None
         return _build(settings, out, spark_submit, env, timeout)
+
+
+def _failed(out: Path) -> Path:
+    """Where a failed build of `out` is recorded, with its reason: delete it to have the next launch try again."""
+    return out.with_name(f".{out.stem}.failed")
 
 
 def _build(settings: Settings, out: Path, spark_submit: str, env: Mapping[str, str], timeout: float) -> Path | None:
@@ -117,16 +127,21 @@ def _build(settings: Settings, out: Path, spark_submit: str, env: Mapping[str, s
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=work)
     except subprocess.TimeoutExpired:
-        log.warning("no class-data archive: its workload ran past %s s", timeout)
+        _no_archive(out, tmp, f"its workload ran past {timeout} s")
         return None
     except OSError as e:  # spark-submit missing or not runnable: the JVMs run without the archive
-        log.warning("no class-data archive: %s", e)
+        _no_archive(out, tmp, str(e))
         return None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if proc.returncode != 0 or not tmp.exists():
-        log.warning("no class-data archive (exit %s): %s", proc.returncode, proc.stderr[-2000:])
-        tmp.unlink(missing_ok=True)
+        _no_archive(out, tmp, f"exit {proc.returncode}: {proc.stderr[-2000:]}")
         return None
     tmp.rename(out)
     return out
+
+
+def _no_archive(out: Path, tmp: Path, why: str) -> None:
+    tmp.unlink(missing_ok=True)
+    _failed(out).write_text(why)
+    log.warning("no class-data archive (the JVMs start without it; delete %s to try again): %s", _failed(out), why)

@@ -65,11 +65,18 @@ def test_built_once_then_found(monkeypatch, tmp_path):
     assert not list(s.jvm_dir.glob("*.tmp")) and not list(s.jvm_dir.glob("*.work"))
 
 
-def test_a_failed_build_is_none_and_leaves_nothing(monkeypatch, tmp_path):
+def test_a_failed_build_is_none_leaves_nothing_and_is_not_tried_at_every_launch(monkeypatch, tmp_path):
     s = config.load(env={}, var_dir=tmp_path, jvm_dir=tmp_path / "jvm")
-    _submit(monkeypatch, 1)
+    calls = _submit(monkeypatch, 1)
     assert class_data.build(s, "spark-submit", {}) is None
     assert not list(s.jvm_dir.glob("spark-classes-*"))
+    # a restart does not wait for another build that fails: the failure and its reason are recorded ...
+    assert class_data.build(s, "spark-submit", {}) is None and len(calls) == 1
+    [failed] = s.jvm_dir.glob(".spark-classes-*.failed")
+    assert "boom" in failed.read_text()
+    # ... until an operator deletes the record
+    failed.unlink()
+    assert class_data.build(s, "spark-submit", {}) is None and len(calls) == 2
 
 
 def test_a_spark_submit_that_cannot_run_is_none(monkeypatch, tmp_path):
