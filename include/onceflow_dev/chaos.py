@@ -66,6 +66,9 @@ class ChaosSpec:
     # CHAOS_SINK=postgres: the app writes to PostgreSQL (docs/database-sink.md), whose server crashes too
     sink: str = field(default_factory=lambda: env_or("CHAOS_SINK", "kafka"))
     database_crashes: int = field(default_factory=lambda: env_or("CHAOS_DATABASE_CRASHES", 3))
+    # CHAOS_CLASS_DATA=1: the job's drivers (and its standby) map a class-data archive of Spark's classes
+    # (ONCEFLOW_CLASS_DATA_SHARING): a restart and a standby's start load fewer classes
+    class_data: int = field(default_factory=lambda: env_or("CHAOS_CLASS_DATA", 0))
     ips: int = 5000
 
 
@@ -145,6 +148,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         broker_txn_abort_check_interval_ms=1000,
         broker_heap="1g",
         kafka_security_protocol="SASL_SSL" if spec.secured else "PLAINTEXT",
+        class_data_sharing=bool(spec.class_data),
     )
     timeout_ms = 8000
     stall_s = timeout_ms / 1000 + 4
@@ -232,6 +236,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             "machine": machine.describe(),
             "secured": bool(spec.secured),
             "sink": spec.sink,
+            "class_data": bool(spec.class_data),  # the drivers mapped a class-data archive
         }
         report["reconciliation"] = {c.name: str(c.status) for c in res.checks}
         report["operator_stops"] = [e["type"] for e in events_of(observer, *chaos_plan.OPERATOR_STOPS)]
@@ -563,7 +568,7 @@ def main() -> int:
     f = report["faults"]
     print(f"""
 app               {report["app"]} (checked by {report["audit"]}{" and the replay of its plan" if "replay" in report else ""})
-stack             {"secured: SASL/SCRAM over TLS, ACLs; the job as its own principal" if report["secured"] else "plaintext"}
+stack             {"secured: SASL/SCRAM over TLS, ACLs; the job as its own principal" if report["secured"] else "plaintext"}{"; a class-data archive" if report["class_data"] else ""}
 records           {report["records"]:,} ({report["malformed"]:,} malformed, {report["late"]:,} late) at {report["input_per_s"]:,}/s
 faults injected   {f["kill_job"]} kill -9 of the job, {f["restart_broker"]} broker kill+restart, {f["pause_driver"]} driver SIGSTOP/SIGCONT, {f["stall_in_txn"]} transactions held past their timeout ({report["transaction_timeouts"]} timeouts reported, {report.get("stalls_cut_by_a_kill", 0)} cut short by a kill)
 not injected      {report["missed"] or "none"}
