@@ -9,6 +9,7 @@ on these names; changing one is a breaking change of the platform's contract (do
 from __future__ import annotations
 
 import enum
+import signal
 
 
 class OnceflowError(RuntimeError):
@@ -117,6 +118,11 @@ class Intent(enum.StrEnum):
 
     RUNNING = "running"
     STOPPED = "stopped"
+
+
+# The signal that makes a running job write every Python thread's stack to its log, the job running on (a job that
+# commits nothing: where it waits; docs/operations.md)
+STACKS_SIGNAL = signal.SIGUSR1
 
 
 # ---------------------------------------------------------------------------- the streaming job's exit codes

@@ -35,7 +35,7 @@ from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs
 from onceflow.runtime.run_files import JobStatus
-from onceflow_dev import broker, chaos_plan, generator, interrupt, loopback, machine, postgres, scenario
+from onceflow_dev import broker, chaos_plan, generator, interrupt, loopback, machine, postgres, scenario, stall_stacks
 from onceflow_dev.generator import KIND_TAIL
 
 log = logging.getLogger("onceflow_dev.chaos")
@@ -178,7 +178,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         observer, recon = postgres.sink_settings(observer, "reader"), postgres.sink_settings(recon, "reader")
     t0 = time.monotonic()
     manifest = var_dir / "chaos-manifest.csv"
-    sampler = None
+    sampler = stacks = None
     try:
         topics.ensure(observer)
         feed = Feed(observer, spec.records / spec.seconds, spec.seconds, spec.seed, spec.ips, s.watermark_s, manifest)
@@ -186,6 +186,8 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         jobctl.wait_running(job, timeout=300)
         sampler = LagSampler(observer)
         sampler.start()
+        stacks = stall_stacks.StallStacks(job)  # a job that commits nothing for long: its stacks in its log
+        stacks.start()
         feed.start()
         steps = plan(spec)
         outcome = OneNodeFaults(s, base, job, observer, spec, stall_s).run(steps, t0)
@@ -197,6 +199,7 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         sent = feed.finish(observer, max(ends, default=0))
         wait_drained(observer, sent, timeout=max(600.0, spec.seconds))
         lag = sampler.stop()
+        stacks_asked = stacks.stop()
         jobctl.stop(job)
         # the job's own stalls (transactions held past their timeout), as they happened
         stalls = events_of(observer, wire.FAULT_INJECTED)
@@ -237,6 +240,8 @@ def run(spec: ChaosSpec, var_dir) -> dict:
             "secured": bool(spec.secured),
             "sink": spec.sink,
             "class_data": bool(spec.class_data),  # the drivers mapped a class-data archive
+            # when the job, committing nothing for long, was asked for its threads' stacks (in its log)
+            "stacks_asked_ms": [ms for ms, _ in stacks_asked],
         }
         report["reconciliation"] = {c.name: str(c.status) for c in res.checks}
         report["operator_stops"] = [e["type"] for e in events_of(observer, *chaos_plan.OPERATOR_STOPS)]
@@ -252,8 +257,9 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         report["ok"] = not report["failures"]
         return report
     finally:
-        if sampler is not None:
-            sampler.stopping.set()
+        for thread in (sampler, stacks):
+            if thread is not None:
+                thread.stopping.set()
         jobctl.stop(job, timeout=30)
         broker.stop(base)
         if spec.sink == "postgres":

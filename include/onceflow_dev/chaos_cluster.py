@@ -39,7 +39,7 @@ from onceflow.kafka import cluster, topics
 from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs
-from onceflow_dev import broker, chaos, chaos_plan, interrupt, loopback, machine, scenario, spark_cluster
+from onceflow_dev import broker, chaos, chaos_plan, interrupt, loopback, machine, scenario, spark_cluster, stall_stacks
 
 log = logging.getLogger("onceflow_dev.chaos")
 
@@ -251,7 +251,7 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
     # the job as itself; the producer, the fault plan's lookups and the checks as the admin (on a secured stack; all
     # the same on a plain one)
     job = s
-    sampler = None
+    sampler = stacks = None
     try:
         broker.start(s)
         if spec.secured:
@@ -265,12 +265,15 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
         feed = chaos.Feed(s, spec.records / spec.seconds, spec.seconds, spec.seed, spec.ips, s.watermark_s, manifest)
         sampler = chaos.LagSampler(s)
         sampler.start()
+        stacks = stall_stacks.StallStacks(job)  # a job that commits nothing for long: its stacks in its log
+        stacks.start()
         feed.start()
         runner = Runner(s, job, t0)
         runner.carry_out(steps)
         sent = feed.finish(s, max((f.end_ms for f in runner.outcome.injected), default=0))
         chaos.wait_drained(s, sent, timeout=max(900.0, spec.seconds))
         lag = sampler.stop()
+        stacks_asked = stacks.stop()
         jobctl.stop(job)
         recount = None
         if s.declared_app().audit is None:  # without an audit of its own, the replay of its plan is the app's proof
@@ -308,6 +311,8 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
             "machine": machine.describe(),  # liveness figures depend on its speed (onceflow_dev.machine)
             "secured": bool(spec.secured),
             "class_data": bool(spec.class_data),  # the driver and executors mapped a class-data archive
+            # when the job, committing nothing for long, was asked for its threads' stacks (in its log)
+            "stacks_asked_ms": [ms for ms, _ in stacks_asked],
         }
         # the outage is tolerated (one node of three): commits go on through it, except while the deliberate
         # double fault has a second node down
@@ -319,8 +324,9 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
         report["ok"] = not report["failures"]
         return report
     finally:
-        if sampler is not None:
-            sampler.stopping.set()
+        for thread in (sampler, stacks):
+            if thread is not None:
+                thread.stopping.set()
         jobctl.stop(job, timeout=30)
         spark_cluster.stop(s)
         broker.stop(s)

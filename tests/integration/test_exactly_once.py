@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from onceflow.protocol.exactly_once import ExactlyOnceSink
 from onceflow.rules.ledger import BatchPlan, Decision, check_coverage
 from onceflow.rules.sources import on_topic
 from onceflow.runtime import jobctl, launcher, local_fs, procs, supervisor
+from onceflow.runtime.run_files import JobStatus
 from onceflow_dev import broker
 from tests.support.harness import (
     assert_exact,
@@ -61,8 +63,14 @@ def test_happy_path_100k_records_exact(app, tmp_path):
     wait_drained(s, sent)
     rep = assert_exact(s, sent)
     assert rep.late > 0 and rep.malformed > 1000 and rep.expected_keys > 1000
+    # the operator's `kill -USR1 <pid>` (wire.STACKS_SIGNAL): the driver's threads' stacks in its log, the job running on
+    log_file = Path(jobctl.status(s).log)
+    os.kill(JobStatus.read(s.status_file).pid, wire.STACKS_SIGNAL)
+    procs.wait_until(
+        lambda: "most recent call first" in log_file.read_text(errors="replace"), 30, what="the stacks in the log"
+    )
     st = jobctl.status(s)
-    assert st.running and st.committed_batches >= 4 and st.last_batch is not None
+    assert st.running and st.restarts == 0 and st.committed_batches >= 4 and st.last_batch is not None
     # its checkpoint was written without a forked chmod per file (onceflow.runtime.local_fs; a JDK is on this machine)
     [started] = events(s, wire.JOB_STARTED)
     assert started["checkpoint_fs"] == local_fs.CLASS, started

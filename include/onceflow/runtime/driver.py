@@ -12,6 +12,7 @@ tells the supervisor what to do (onceflow.wire.NO_RESTART).
 
 from __future__ import annotations
 
+import faulthandler
 import fcntl
 import logging
 import os
@@ -295,6 +296,9 @@ def run(settings: config.Settings) -> int:
 
 def main() -> None:
     logs.setup(os.environ.get("ONCEFLOW_LOG_LEVEL", "INFO"))
+    # `kill -USR1 <the job's pid>` writes every Python thread's stack to the job's log, the job running on: where
+    # a job that commits nothing waits (docs/operations.md)
+    faulthandler.register(wire.STACKS_SIGNAL, all_threads=True)
     try:
         settings = config.load()
     except config.ConfigError as e:
