@@ -38,9 +38,8 @@ class StallStacks(threading.Thread):
         while not self.stopping.wait(self.poll_s):
             try:
                 view = jobctl.status(self.s)
-                pid = getattr(
-                    JobStatus.read(self.s.status_file), "pid", None
-                )  # the Python driver's, not spark-submit's
+                # the Python driver's pid, from its own status; not the view's job_pid (spark-submit's JVM)
+                pid = getattr(JobStatus.read(self.s.status_file), "pid", None)
             except Exception as e:  # a status file being rewritten: the next poll reads it
                 log.debug("stall stacks: no status (%s)", e)
                 continue
