@@ -11,7 +11,7 @@ import threading
 
 from onceflow import wire
 from onceflow.rules import clock
-from onceflow.runtime import jobctl, procs
+from onceflow.runtime import procs
 from onceflow.runtime.run_files import JobStatus
 
 log = logging.getLogger("onceflow_dev.chaos")
@@ -36,29 +36,25 @@ class StallStacks(threading.Thread):
     def run(self) -> None:
         last_sent = 0
         while not self.stopping.wait(self.poll_s):
-            try:
-                view = jobctl.status(self.s)
-                # the Python driver's pid, from its own status; not the view's job_pid (spark-submit's JVM)
-                pid = getattr(JobStatus.read(self.s.status_file), "pid", None)
-            except Exception as e:  # a status file being rewritten: the next poll reads it
-                log.debug("stall stacks: no status (%s)", e)
+            # the driver's own status: its pid (the Python process, not spark-submit's JVM), its start, its last commit
+            st = JobStatus.read(self.s.status_file)
+            if st is None:  # none yet, or being rewritten: the next poll reads it
                 continue
-            if not (view.running and pid and view.started_ms):
-                continue
-            quiet_since = max(view.last_commit_ms or 0, view.started_ms)
+            quiet_since = max(st.last_commit_ms or 0, st.started_ms)
             now = clock.now_ms()
             if not due(now, quiet_since, last_sent, self.stall_s, self.every_s):
                 continue
-            if DRIVER_MARK not in procs.cmdline(pid):  # gone, or its pid taken by another process
+            # a running driver only: the file outlives its driver, whose pid may be another process's by now
+            if DRIVER_MARK not in procs.cmdline(st.pid):
                 continue
             try:
-                os.kill(pid, wire.STACKS_SIGNAL)
+                os.kill(st.pid, wire.STACKS_SIGNAL)
             except ProcessLookupError:
                 continue
             last_sent = now
-            self.sent.append((now, pid))
+            self.sent.append((now, st.pid))
             log.info(
-                "no commit for %.0f s: the job's stacks asked for (pid %d, its log)", (now - quiet_since) / 1000, pid
+                "no commit for %.0f s: the job's stacks asked for (pid %d, its log)", (now - quiet_since) / 1000, st.pid
             )
 
     def stop(self) -> list[tuple[int, int]]:

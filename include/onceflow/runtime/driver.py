@@ -296,7 +296,7 @@ def run(settings: config.Settings) -> int:
 
 def main() -> None:
     logs.setup(os.environ.get("ONCEFLOW_LOG_LEVEL", "INFO"))
-    # `kill -USR1 <the job's pid>` writes every Python thread's stack to the job's log, the job running on: where
+    # `kill -USR1 <the driver's pid>` writes every Python thread's stack to the job's log, the job running on: where
     # a job that commits nothing waits (docs/operations.md)
     faulthandler.register(wire.STACKS_SIGNAL, all_threads=True)
     try:

@@ -54,10 +54,8 @@ def child(tmp_path):
 
 
 def _watching(monkeypatch, pid: int, quiet_s: float) -> stall_stacks.StallStacks:
-    started = clock.now_ms() - int(quiet_s * 1000)
-    view = SimpleNamespace(running=True, started_ms=started, last_commit_ms=None)
-    monkeypatch.setattr(stall_stacks.jobctl, "status", lambda _s: view)
-    monkeypatch.setattr(stall_stacks.JobStatus, "read", lambda _path: SimpleNamespace(pid=pid))
+    status = SimpleNamespace(pid=pid, started_ms=clock.now_ms() - int(quiet_s * 1000), last_commit_ms=None)
+    monkeypatch.setattr(stall_stacks.JobStatus, "read", lambda _path: status)
     return stall_stacks.StallStacks(SimpleNamespace(status_file=None), stall_s=45, every_s=20, poll_s=0.05)
 
 
