@@ -108,10 +108,27 @@ def cmd_job(args, s: config.Settings) -> int:
         print_record({"stopped": jobctl.stop(s)}, args.json)
     elif args.action == "kill":
         print_record({"killed_pid": jobctl.kill(s)}, args.json)
+    elif args.action == "stacks":
+        return _print_stacks(s, args.json)
     else:
         st = jobctl.status(s)
         print_record(st.as_dict(), args.json)
         return 0 if st.running else 1
+    return 0
+
+
+def _print_stacks(s: config.Settings, as_json: bool) -> int:
+    from onceflow.runtime import stacks
+
+    got = stacks.dump(s)
+    if got is None:
+        print(f"onceflow: no running driver of {s.app_id} answered (see `onceflow job status`)", file=sys.stderr)
+        return 1
+    if as_json:
+        print_record({"pid": got.pid, "log": str(got.log), "threads": got.threads}, True)
+    else:
+        print(f"# the driver's threads (pid {got.pid}), also written to {got.log}\n")
+        print("\n\n".join(got.threads))
     return 0
 
 
@@ -644,9 +661,10 @@ def parser() -> argparse.ArgumentParser:
     jb = sub.add_parser("job", help="the streaming job")
     jb.add_argument(
         "action",
-        choices=["start", "stop", "status", "run", "kill"],
+        choices=["start", "stop", "status", "run", "kill", "stacks"],
         help="start: detached under the supervisor; run: supervisor in the foreground; "
-        "kill: kill -9 the job (the supervisor restarts it)",
+        "kill: kill -9 the job (the supervisor restarts it); stacks: where the running driver's threads wait "
+        "(written to the job log too; the job runs on)",
     )
     jb.add_argument("--wait", type=float, default=0, help="with start: wait this long for a committed batch")
     jb.add_argument("--json", action="store_true")

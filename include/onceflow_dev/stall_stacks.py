@@ -1,22 +1,18 @@
 """A chaos run's evidence of where a stalled job waits. While the running job has committed nothing for `stall_s`
-(since its last commit, or its start), its driver is sent onceflow.wire.STACKS_SIGNAL every `every_s`: it writes
+(since its last commit, or its start), its driver is asked for its stacks every `every_s` (onceflow.runtime.stacks): it writes
 every Python thread's stack to its log and runs on. Cluster seed 4711 (2026-11-30) spent 63 s after a replaced
 producer in a wait its events did not name; the next such wait names its own line."""
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
-from onceflow import wire
 from onceflow.rules import clock
-from onceflow.runtime import procs
+from onceflow.runtime import stacks
 from onceflow.runtime.run_files import JobStatus
 
 log = logging.getLogger("onceflow_dev.chaos")
-
-DRIVER_MARK = "entrypoints/stream.py"  # a job driver's command line: no other process is ever signalled
 
 
 def due(now_ms: int, quiet_since_ms: int, last_sent_ms: int, stall_s: float, every_s: float) -> bool:
@@ -45,11 +41,7 @@ class StallStacks(threading.Thread):
             if not due(now, quiet_since, last_sent, self.stall_s, self.every_s):
                 continue
             # a running driver only: the file outlives its driver, whose pid may be another process's by now
-            if DRIVER_MARK not in procs.cmdline(st.pid):
-                continue
-            try:
-                os.kill(st.pid, wire.STACKS_SIGNAL)
-            except ProcessLookupError:
+            if not (stacks.is_driver(st.pid) and stacks.ask(st.pid)):
                 continue
             last_sent = now
             self.sent.append((now, st.pid))

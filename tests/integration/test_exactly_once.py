@@ -21,7 +21,7 @@ from onceflow.protocol.batch_sink import OutRecord
 from onceflow.protocol.exactly_once import ExactlyOnceSink
 from onceflow.rules.ledger import BatchPlan, Decision, check_coverage
 from onceflow.rules.sources import on_topic
-from onceflow.runtime import jobctl, launcher, local_fs, procs, supervisor
+from onceflow.runtime import jobctl, launcher, local_fs, procs, stacks, supervisor
 from onceflow.runtime.run_files import JobStatus
 from onceflow_dev import broker
 from tests.support.harness import (
@@ -63,12 +63,10 @@ def test_happy_path_100k_records_exact(app, tmp_path):
     wait_drained(s, sent)
     rep = assert_exact(s, sent)
     assert rep.late > 0 and rep.malformed > 1000 and rep.expected_keys > 1000
-    # the operator's `kill -USR1 <pid>` (wire.STACKS_SIGNAL): the driver's threads' stacks in its log, the job running on
-    log_file = Path(jobctl.status(s).log)
-    os.kill(JobStatus.read(s.status_file).pid, wire.STACKS_SIGNAL)
-    procs.wait_until(
-        lambda: "most recent call first" in log_file.read_text(errors="replace"), 30, what="the stacks in the log"
-    )
+    # `onceflow job stacks` (wire.STACKS_SIGNAL): where the driver's threads wait, from its log, the job running on
+    got = stacks.dump(s, timeout_s=30)
+    assert got and got.log == Path(jobctl.status(s).log) and got.pid == JobStatus.read(s.status_file).pid
+    assert any("onceflow/runtime/driver.py" in t for t in got.threads), got.threads
     st = jobctl.status(s)
     assert st.running and st.restarts == 0 and st.committed_batches >= 4 and st.last_batch is not None
     # its checkpoint was written without a forked chmod per file (onceflow.runtime.local_fs; a JDK is on this machine)

@@ -33,7 +33,7 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.operations import audit
 from onceflow.rules import lag, sources
 from onceflow.rules.sources import SourcePartition
-from onceflow.runtime import jobctl, run_files
+from onceflow.runtime import jobctl, run_files, stacks
 from onceflow.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,7 @@ class HealthRecord:
     late_batches: int = 0  # the batches that share is taken over
     restart_error: str | None = None
     supervised: bool = False  # the job's supervisor is alive (while the job is not: it is restarting it)
+    stacks_logged_ms: int | None = None  # a stalled driver's stacks, asked before its restart, are in the logs
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True, default=str).encode()
@@ -253,7 +254,8 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
                 (f"batch running for {age} s" if rec.batch_running_s is not None else f"no batch committed for {age} s")
                 + f" while {rec.total_lag} records wait (threshold {stalled_after:.0f} s"
                 + (f" + {settings.health_batch_grace_s:.0f} s grace)" if rec.batch_running_s is not None else ")"),
-                "the health check restarts the job; look for long batches or transaction timeouts in the job log",
+                "the health check writes the driver's stacks to this run's log and the job log, then restarts the job; "
+                "they say where it waited; look for long batches or transaction timeouts in the job log too",
                 {"lag": rec.total_lag, "progress_age_s": rec.progress_age_s, "batch_running_s": rec.batch_running_s},
             )
         )
@@ -374,6 +376,8 @@ def remediate(
             )
         ]
     rec.restarts = recent + [now_ms]
+    if f"health:{settings.app_id}:stalled" in {c.key for c in conditions}:
+        _log_stacks(rec, settings, now_ms)  # the restart ends the wait it was stalled in: keep where it was
     try:
         jobctl.stop(settings, timeout=60, record_intent=False)
         (start_fn or jobctl.start)(settings)
@@ -390,6 +394,19 @@ def remediate(
         ]
     rec.action = Action.RESTARTED
     return []
+
+
+def _log_stacks(rec: HealthRecord, settings: Settings, now_ms: int) -> None:
+    got = stacks.dump(settings)
+    if got is None:
+        return
+    log.warning(
+        "the stalled driver's threads before its restart (pid %d, written to %s too):\n%s",
+        got.pid,
+        got.log,
+        "\n\n".join(got.threads),
+    )
+    rec.stacks_logged_ms = now_ms
 
 
 def publish(rec: HealthRecord, settings: Settings) -> None:

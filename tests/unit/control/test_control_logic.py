@@ -1,6 +1,7 @@
 """Pure control-plane logic: Burrow lag rules, alert deduplication, hanging transactions, health assessment."""
 
 import dataclasses
+import logging
 
 from onceflow import config, wire
 from onceflow.control import alerts, health, txnwatch
@@ -280,6 +281,26 @@ def test_remediation_is_bounded_and_never_changes_the_operators_intent(tmp_path)
     # outside the window the budget is back
     assert health.remediate(rec, found, s, 1_000_000 + 700_000 + 600_000, started.append) == []
     assert len(started) == 2
+
+
+def test_a_stalled_drivers_stacks_are_logged_before_the_health_check_restarts_it(driver, caplog):
+    """A restart ends the wait a stalled job was in; the health run's log (and the job log) keep where it was."""
+    s, start = driver
+    p = start(is_driver=True)
+    stalled = record(total_lag=500, progress_age_s=10_000.0, last_commit_age_s=10_000.0)
+    found = health.assess(stalled, s)
+    assert [c.key for c in found] == [f"health:{s.app_id}:stalled"] and "stacks" in found[0].action
+    started = []
+    with caplog.at_level(logging.WARNING, logger=health.log.name):
+        assert health.remediate(stalled, found, s, 1_000_000, started.append) == []
+    assert stalled.action == health.Action.RESTARTED and len(started) == 1
+    assert stalled.stacks_logged_ms == 1_000_000
+    assert f"pid {p.pid}" in caplog.text and "(most recent call first):" in caplog.text
+    # a job that is down has no driver to ask: restarted without
+    caplog.clear()
+    down = record(running=False, job_pid=None)
+    assert health.remediate(down, health.assess(down, s), s, 2_000_000, started.append) == []
+    assert down.stacks_logged_ms is None and "most recent call first" not in caplog.text and len(started) == 2
 
 
 def test_a_relaunched_job_is_not_judged_by_its_predecessors_status(tmp_path):
