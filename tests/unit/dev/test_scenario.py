@@ -93,8 +93,8 @@ def test_with_live_each_step_waits_for_a_commit_since_the_previous_fault_began_a
         return b
 
     def live(since_ms: int) -> None:
-        waited.append((since_ms, r.log[-1][1]))
-        if len(waited) == 2:
+        waited.append((since_ms, r.log[-1][1] if r.log else None))
+        if len(waited) == 3:
             raise scenario.Missed("no batch committed within 300 s since the previous fault began")
 
     steps = [
@@ -105,9 +105,12 @@ def test_with_live_each_step_waits_for_a_commit_since_the_previous_fault_began_a
         Step(0.03, "broker_down"),
     ]
     faults = {k: kill for k in ("kill_leader", "kill_worker", "kill_job", "kill_coordinator", "broker_down")}
+    engine_began = clock.now_ms()
     out = scenario.Scenario(faults, time.monotonic(), live=live).run(steps)
     assert [f.kind for f in out.injected] == ["kill_leader", "kill_worker", "kill_coordinator", "broker_down"]
     assert [m["kind"] for m in out.missed] == ["kill_job"] and "no batch committed" in out.missed[0]["why"]
-    # the first step waits for nothing; each later one (but the deliberate overlap) for a commit since the fault
-    # before it began
-    assert waited == [(began[0], "kill_leader"), (began[1], "kill_worker"), (began[2], "kill_coordinator")]
+    # the first step waits for a commit since the engine began (a job still on its first batch is not live); each
+    # later one (but the deliberate overlap) for a commit since the fault before it began
+    [(first, nothing), *rest] = waited
+    assert engine_began <= first <= began[0] and nothing is None
+    assert rest == [(began[0], "kill_leader"), (began[1], "kill_worker"), (began[2], "kill_coordinator")]
