@@ -12,8 +12,9 @@ is down (`overlap=True`: the cluster, where a deliberate double fault is a step 
 
 With `live`, every step lands on a live platform: before it, `live(ms)` waits for a batch committed since the
 previous fault began; the first step, for one since the engine began (a job still on its first batch is not live:
-cluster seed 1 drew a worker kill 1 s after the job's start, whose first batch had to wait for a new executor). Each fault's liveness figures are then its own, and a verdict does not depend on which faults
-a seed happens to draw close together (cluster seed 2 drew a leader kill and a worker kill in one second, then a
+cluster seed 1 drew a worker kill 1 s after the job's start, whose first batch had to wait for a new executor).
+Each fault's liveness figures are then its own, and a verdict does not depend on which faults a seed happens to
+draw close together (cluster seed 2 drew a leader kill and a worker kill in one second, then a
 leader kill and a job kill a second apart: next commits 124-164 s against a 120 s bound). A deliberate overlap
 (`Step.note`) is exempt: landing inside another fault is its point.
 """

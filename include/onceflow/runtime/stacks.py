@@ -26,7 +26,7 @@ log = logging.getLogger("onceflow.runtime")
 DRIVER_MARK = "/".join(launcher.JOB_SCRIPT.parts[-2:])
 # faulthandler's lines: a thread's header, then one line per frame
 _HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
-_FRAME = re.compile(r"^  (File \".*\", line \d+ in .*|<no Python frame>|\.\.\.)$")
+_FRAME = re.compile(r"^  (File \".*\", line (\d+|\?\?\?) in .*|<no Python frame>|\.\.\.)$")
 
 
 def is_driver(pid: int) -> bool:

@@ -13,6 +13,7 @@ DUMP = """\
 Thread 0x00007f53217b06c0 (most recent call first):
   File "/x/onceflow/kafka/transactional.py", line 317 in call
   File "/usr/lib/python3.11/threading.py", line 982 in run
+  File "<frozen importlib._bootstrap>", line ??? in _find_and_load
 2026-11-30 05:01:02 INFO interleaved from another thread
 
 Current thread 0x00007f53225f7b80 (most recent call first):
@@ -23,7 +24,7 @@ Current thread 0x00007f53225f7b80 (most recent call first):
 def test_the_stacks_are_read_out_of_the_log_between_other_lines():
     got = stacks.parse(DUMP)
     assert len(got) == 2
-    assert got[0].splitlines()[1].endswith("line 317 in call") and len(got[0].splitlines()) == 3
+    assert got[0].splitlines()[1].endswith("line 317 in call") and len(got[0].splitlines()) == 4
     assert got[1].startswith("Current thread") and got[1].endswith("in main")
     assert stacks.parse('no stacks here\n  File "a", line 1 in b\n') == []
 
