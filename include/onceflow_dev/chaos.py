@@ -34,7 +34,7 @@ from onceflow.operations import audit
 from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs
-from onceflow.runtime.run_files import JobStatus
+from onceflow.runtime.stacks import driver_pid
 from onceflow_dev import broker, chaos_plan, generator, interrupt, loopback, machine, postgres, scenario, stall_stacks
 from onceflow_dev.generator import KIND_TAIL
 
@@ -326,9 +326,9 @@ class OneNodeFaults:
             jobctl.wait_running(self.job, after_ms=self.last_kill_ms, timeout=300)
         except TimeoutError:
             raise scenario.Missed("no running job to pause within 300 s") from None
-        pid = getattr(JobStatus.read(self.s.status_file), "pid", None)
-        if not (pid and procs.pid_alive(pid)):
-            raise scenario.Missed("the running job's driver pid was not in its status file")
+        pid = driver_pid(self.s)  # a live driver only: the status file outlives it
+        if pid is None:
+            raise scenario.Missed("no running driver under the job's status file")
         at = clock.now_ms()
         os.kill(pid, signal.SIGSTOP)
         return scenario.Began(at, restart=lambda: os.kill(pid, signal.SIGCONT), from_end=True)

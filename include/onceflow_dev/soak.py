@@ -32,7 +32,7 @@ from onceflow.operations import audit, recon_chain
 from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, procs
-from onceflow.runtime.run_files import JobStatus
+from onceflow.runtime.stacks import driver_pid
 from onceflow_dev import airflow_local, broker, chaos, generator, interrupt, loopback, scenario
 from onceflow_dev.chaos_plan import Injected, Outcome, Step
 from onceflow_dev.webhook_receiver import Receiver
@@ -97,9 +97,9 @@ class SoakFaults:
         return scenario.Began(at, restart=lambda: broker.start(self.base), note=f"down {st.duration:.0f} s")
 
     def pause_driver(self, st: Step) -> scenario.Began:
-        pid = getattr(JobStatus.read(self.s.status_file), "pid", None)
-        if not (pid and procs.pid_alive(pid)):
-            raise scenario.Missed("the running job's driver pid was not in its status file")
+        pid = driver_pid(self.s)  # a live driver only: the status file outlives it
+        if pid is None:
+            raise scenario.Missed("no running driver under the job's status file")
         at = clock.now_ms()
         os.kill(pid, signal.SIGSTOP)
         return scenario.Began(at, restart=lambda: os.kill(pid, signal.SIGCONT), note=f"{st.duration:.0f} s")
