@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, cast
@@ -90,6 +90,7 @@ class HealthRecord:
     restart_error: str | None = None
     supervised: bool = False  # the job's supervisor is alive (while the job is not: it is restarting it)
     stacks_logged_ms: int | None = None  # a stalled driver's stacks, asked before its restart, are in the logs
+    waiting_in: list = field(default_factory=list)  # its threads' innermost frames in onceflow's code, from them
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True, default=str).encode()
@@ -406,7 +407,15 @@ def _log_stacks(rec: HealthRecord, settings: Settings, now_ms: int) -> None:
         got.log,
         "\n\n".join(got.threads),
     )
-    rec.stacks_logged_ms = now_ms
+    rec.stacks_logged_ms, rec.waiting_in = now_ms, stacks.waiting_in(got.threads)
+
+
+def with_stacks(conditions: list[alerts.Condition], rec: HealthRecord, settings: Settings) -> list[alerts.Condition]:
+    """The stalled alert carries where the driver waited (the page says it, not only the logs)."""
+    if not rec.waiting_in:
+        return conditions
+    key = f"health:{settings.app_id}:stalled"
+    return [replace(c, details={**c.details, "waiting_in": rec.waiting_in}) if c.key == key else c for c in conditions]
 
 
 def publish(rec: HealthRecord, settings: Settings) -> None:
@@ -422,6 +431,7 @@ def check(settings: Settings, sink: alerts.AlertSink, start_fn=None) -> HealthRe
     rec = collect(settings, last_record(settings))
     conditions = assess(rec, settings)
     conditions += remediate(rec, conditions, settings, rec.ts_ms, start_fn)
+    conditions = with_stacks(conditions, rec, settings)
     sink.raise_and_resolve(conditions, "health", scope_prefix=f"health:{settings.app_id}:")
     publish(rec, settings)
     return rec

@@ -64,6 +64,22 @@ def parse(text: str) -> list[str]:
     return ["\n".join(t) for t in threads]
 
 
+_OWN_FRAME = re.compile(r"^  File \"(?:.*/)?(onceflow(?:_apps)?/[^\"]+)\", line (\S+) in (.+)$")
+
+
+def waiting_in(threads: list[str]) -> list[str]:
+    """Where each thread inside the platform's (or an app's) code waits: its innermost such frame, as
+    `onceflow/kafka/transactional.py:317 in call`; threads that never enter it (py4j's, servers) are left out."""
+    out = []
+    for thread in threads:
+        for line in thread.splitlines()[1:]:  # most recent call first: the first own frame is the innermost
+            m = _OWN_FRAME.match(line)
+            if m:
+                out.append(f"{m[1]}:{m[2]} in {m[3]}")
+                break
+    return out
+
+
 @dataclass(frozen=True)
 class Stacks:
     pid: int  # the driver's

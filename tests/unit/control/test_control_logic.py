@@ -294,8 +294,12 @@ def test_a_stalled_drivers_stacks_are_logged_before_the_health_check_restarts_it
     with caplog.at_level(logging.WARNING, logger=health.log.name):
         assert health.remediate(stalled, found, s, 1_000_000, started.append) == []
     assert stalled.action == health.Action.RESTARTED and len(started) == 1
-    assert stalled.stacks_logged_ms == 1_000_000
+    assert stalled.stacks_logged_ms == 1_000_000 and stalled.waiting_in == []  # its one thread is outside onceflow
     assert f"pid {p.pid}" in caplog.text and "(most recent call first):" in caplog.text
+    # the stalled alert says where the driver waited, when its stacks named a frame of onceflow's
+    stalled.waiting_in = ["onceflow/kafka/transactional.py:317 in call"]
+    [alert] = health.with_stacks(found, stalled, s)
+    assert alert.details["waiting_in"] == stalled.waiting_in and alert.details["lag"] == 500
     # a job that is down has no driver to ask: restarted without
     caplog.clear()
     down = record(running=False, job_pid=None)

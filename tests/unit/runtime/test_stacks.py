@@ -27,6 +27,12 @@ def test_the_stacks_are_read_out_of_the_log_between_other_lines():
     assert got[0].splitlines()[1].endswith("line 317 in call") and len(got[0].splitlines()) == 4
     assert got[1].startswith("Current thread") and got[1].endswith("in main")
     assert stacks.parse('no stacks here\n  File "a", line 1 in b\n') == []
+    # where each thread waits in the platform's code, innermost first; a thread outside it is left out
+    idle = 'Thread 0x01 (most recent call first):\n  File "/usr/lib/python3.11/selectors.py", line 415 in select'
+    assert stacks.waiting_in([*got, idle]) == [
+        "onceflow/kafka/transactional.py:317 in call",
+        "onceflow/runtime/driver.py:301 in main",
+    ]
 
 
 def test_a_running_driver_writes_its_stacks_to_its_log_and_runs_on(driver):
