@@ -1,6 +1,6 @@
-"""The health check against a real job on the real broker: it leaves a long first batch alone, a restart it does
-never changes the operator's intent, also when the restart fails, and a group whose offsets expired is not read as
-"nothing consumed"."""
+"""The health check against a real job on the real broker: it leaves a long first batch alone (and the job's stacks
+say where that batch waits), a restart it does never changes the operator's intent, also when the restart fails,
+and a group whose offsets expired is not read as "nothing consumed"."""
 
 import time
 
@@ -10,7 +10,7 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from onceflow.control import alerts, health
 from onceflow.kafka import clients as kafka_clients
 from onceflow.rules.sources import SourcePartition
-from onceflow.runtime import jobctl, procs
+from onceflow.runtime import jobctl, procs, stacks
 from tests.support.harness import assert_exact, expire_group, produce, wait_drained
 
 pytestmark = pytest.mark.integration
@@ -47,6 +47,9 @@ def test_health_leaves_a_long_first_batch_alone_and_a_failed_restart_keeps_the_i
         lambda: (lambda st: st if st.running_batch == 0 else None)(jobctl.status(s)), 180, what="batch 0 to run"
     )
     procs.wait_until(lambda: time.time() * 1000 - st.batch_started_ms > 8000, 30, what="batch 0 to pass 5 s")
+    # where it waits, as a stalled alert would say it: the batch's thread inside the held transaction
+    got = stacks.dump(s, timeout_s=30)
+    assert got and any(w.startswith("onceflow/faults.py:") for w in stacks.waiting_in(got.threads)), got
     rec = health.check(s, sink, start_fn=jobctl.start)
     assert rec.action == health.Action.NONE and rec.batch_running_s > s.health_progress_threshold_s, rec
     assert not firing(sink), sink.state()
