@@ -1,6 +1,6 @@
 """A chaos run's evidence of where a stalled job waits. While the running job has committed nothing for `stall_s`
-(since its last commit, or its start), its driver is asked for its stacks every `every_s` (onceflow.runtime.stacks): it writes
-every Python thread's stack to its log and runs on. Cluster seed 4711 (2026-11-30) spent 63 s after a replaced
+(since its last commit, or its start), its driver is asked for its stacks every `every_s` (onceflow.runtime.stacks):
+it writes every Python thread's stack to its log and runs on. Cluster seed 4711 (2026-11-30) spent 63 s after a replaced
 producer in a wait its events did not name; the next such wait names its own line."""
 
 from __future__ import annotations
