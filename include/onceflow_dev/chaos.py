@@ -419,9 +419,14 @@ def liveness_lines(live: dict) -> str:
             f"  {kind:<17} n={k['n']:<3} next commit median {k['to_commit_median_s']} s, worst "
             f"{k['to_commit_worst_s']} s; lag back median {k['to_lag_median_s']} s, worst {k['to_lag_worst_s']} s"
         )
+    gap = live.get("commit_gap") or {}
+    if gap.get("longest_s") is not None:
+        during = ", ".join(gap["faults_in_it"]) or "no fault"
+        rows.append(f"  longest time between two commits {gap['longest_s']} s ({during} in it)")
     b = live["bounds"]
     rows.append(
-        f"  bounds: a commit within {b['commit_s']:.0f} s, the lag back within {b['lag_s']:.0f} s of each fault"
+        f"  bounds: a commit within {b['commit_s']:.0f} s of each fault and of the commit before it when no fault "
+        f"began, the lag back within {b['lag_s']:.0f} s of each fault"
     )
     rows += [f"  VIOLATION {v}" for v in live["violations"]]
     return "\n".join(rows)

@@ -8,7 +8,9 @@ A run is only a proof of liveness if its verdict does not depend on the seed. So
   (onceflow_dev.scenario), so no two faults a seed draws close together are judged as one;
 - every planned step is injected, or the run fails and names the step and why (`Outcome.missed`);
 - liveness is measured per fault: the time to the next committed batch and the time until the lag is back at its
-  level before the fault, each against a stated bound (`Bounds`), with the median and the worst per kind.
+  level before the fault, each against a stated bound (`Bounds`), with the median and the worst per kind;
+- and between faults: the longest time between two commits is reported, and a wait between commits in which no
+  fault began is held to the next-commit bound too (`commit_gap`), so a stall no fault explains fails the run.
 
 Everything here is pure (no broker, no clock): `onceflow_dev.chaos` and `onceflow_dev.chaos_cluster` run it.
 """
@@ -233,6 +235,7 @@ def liveness(
         if before is not None and (judged is None or judged > bounds.lag_s):
             since = f" of the last of {len(overlapped) + 1} faults" if overlapped else ""
             violations.append(f"{what}: lag not back at {before} (+{lag_slack}) within {bounds.lag_s:.0f} s{since}")
+    gap = commit_gap(commits, ordered, bounds)
     by_kind: dict[str, dict[str, Any]] = {}
     for kind in sorted({str(r["kind"]) for r in faults}):
         rows = [r for r in faults if r["kind"] == kind]
@@ -241,9 +244,34 @@ def liveness(
         "bounds": {"commit_s": bounds.commit_s, "lag_s": bounds.lag_s, "lag_slack": lag_slack},
         "faults": faults,
         "by_kind": by_kind,
-        "violations": violations,
+        "violations": violations + gap.pop("violations"),
+        "commit_gap": gap,
         "lag_samples": samples,  # (epoch ms, lag): the figures can be judged again from the report
     }
+
+
+def commit_gap(commits: list[int], ordered: list[Injected], bounds: Bounds) -> dict[str, Any]:
+    """The longest time between two commits, and every wait between commits that no fault accounts for.
+
+    A fault's own figure stops at its next commit, so a stall after it went unseen: on seed 4711 on the cluster
+    (2026-11-30) a coordinator kill's next commit came after 9.5 s, and the batch after it waited 71 s on a
+    `send_offsets` call that did not return. A wait from commit `a` to commit `b` in which a fault began or is
+    judged from (its start, or its end for a fault that stops progress by its nature) is that fault's next commit,
+    judged by `liveness`; any other wait must be within the next-commit bound, or the run fails. The wait before
+    the first commit (the job's start) is not a gap."""
+    longest: dict[str, Any] = {"longest_s": None, "from_ms": None, "faults_in_it": []}
+    violations: list[str] = []
+    for a, b in zip(commits, commits[1:], strict=False):
+        if longest["longest_s"] is None or b - a > longest["longest_s"] * 1000:
+            in_flight = [f.kind for f in ordered if f.start_ms < b and max(f.end_ms, f.from_ms) >= a]
+            longest = {"longest_s": round((b - a) / 1000, 1), "from_ms": a, "faults_in_it": in_flight}
+        accounted = any(a <= f.start_ms < b or a <= f.from_ms < b for f in ordered)
+        if not accounted and b - a > bounds.commit_s * 1000:
+            violations.append(
+                f"no committed batch for {(b - a) / 1000:.1f} s from {a}, and no fault began in that time "
+                f"(bound {bounds.commit_s:.0f} s)"
+            )
+    return longest | {"violations": violations}
 
 
 def _last_of(f: Injected, ordered: list[Injected], until_ms: int | None) -> tuple[list[Injected], int]:

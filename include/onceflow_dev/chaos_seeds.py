@@ -2,8 +2,8 @@
 cluster (CHAOS_TOPOLOGY=cluster), each with every knob of `make chaos`; a verdict that holds for one seed only
 proves nothing about liveness. Each seed's report is kept (`var/chaos-seeds/<topology>-<seed>/report.json`) and
 one table of all of them is printed and written (`var/chaos-seeds/<topology>.md`): faults injected, lost,
-duplicated, and the liveness figures per fault kind (median and worst seconds to the next commit and to the lag
-back at its level). Exit 1 if any seed fails.
+duplicated, the liveness figures per fault kind (median and worst seconds to the next commit and to the lag
+back at its level) and the longest time between two commits. Exit 1 if any seed fails.
 """
 
 from __future__ import annotations
@@ -21,19 +21,20 @@ def table(topology: str, reports: list[dict[str, Any]]) -> str:
     """A Markdown table of the runs, one row per seed and fault kind."""
     lines = [
         f"`make chaos-seeds` ({topology}): one row per seed and fault kind; seconds from each fault to the next "
-        "committed batch and to the lag back at its level before the fault (median / worst)",
+        "committed batch and to the lag back at its level before the fault (median / worst); the longest time "
+        "between two commits",
         "",
-        "| seed | result | records | lost | dup | not injected | fault | n | next commit s | lag back s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| seed | result | records | lost | dup | not injected | longest gap s | fault | n | next commit s | lag back s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
         kinds = r["liveness"]["by_kind"] or {"-": {}}
         for i, (kind, k) in enumerate(kinds.items()):
             head = (
                 f"| {r['seed']} | {'PASS' if r['ok'] else 'FAIL'} | {r['records']:,} | {r['lost']} | "
-                f"{r['duplicated']} | {len(r['missed'])} |"
+                f"{r['duplicated']} | {len(r['missed'])} | {(r['liveness'].get('commit_gap') or {}).get('longest_s')} |"
                 if i == 0
-                else "| | | | | | |"
+                else "| | | | | | | |"
             )
             lines.append(
                 f"{head} {kind} | {k.get('n', 0)} | {k.get('to_commit_median_s')} / {k.get('to_commit_worst_s')} | "

@@ -90,6 +90,28 @@ def test_a_fault_never_followed_by_a_commit_or_a_lag_back_in_bound_fails_the_run
     assert "no committed batch within 120 s (got 190.0)" in late["violations"][0]
 
 
+def test_a_wait_between_commits_that_no_fault_began_in_is_held_to_the_bound():
+    """Seed 4711 on the cluster (2026-11-30): a coordinator kill's next commit came after 9.5 s, then the batch after
+    it waited 71 s on a hung `send_offsets`; no figure showed it. Such a wait past the bound now fails the run, and
+    the longest wait between commits is in the report either way."""
+    s = 1000
+    kill = Injected("kill_coordinator", 10 * s, 15 * s)
+    ok = cp.liveness([kill], [5 * s, 19 * s, 90 * s, 95 * s], [], Bounds(commit_s=120), lag_slack=0)
+    assert ok["faults"][0]["to_commit_s"] == 9.0 and not ok["violations"]
+    assert ok["commit_gap"] == {"longest_s": 71.0, "from_ms": 19 * s, "faults_in_it": []}  # the node was back
+    stalled = cp.liveness([kill], [5 * s, 19 * s, 160 * s], [], Bounds(commit_s=120), lag_slack=0)
+    assert stalled["faults"][0]["to_commit_s"] == 9.0  # the fault's own figure is within its bound ...
+    assert stalled["commit_gap"]["longest_s"] == 141.0
+    assert len(stalled["violations"]) == 1  # ... the wait after it is not
+    assert "no committed batch for 141.0 s from 19000, and no fault began in that time" in stalled["violations"][0]
+    # a wait a fault began in is that fault's next commit, judged once (by its own figure), not twice
+    late = cp.liveness([Injected("kill_job", 30 * s, 30 * s)], [5 * s, 19 * s, 160 * s], [], Bounds(), lag_slack=0)
+    assert len(late["violations"]) == 1 and "kill_job at 30000: no committed batch" in late["violations"][0]
+    # a pause that began before the commit and ended in the wait is judged from its end, by its own figure
+    pause = Injected("pause_driver", 18 * s, 60 * s, from_end=True)
+    assert not cp.liveness([pause], [5 * s, 19 * s, 160 * s], [], Bounds(), lag_slack=0)["violations"]
+
+
 def test_a_missed_step_is_named_with_its_reason():
     out = cp.Outcome()
     out.miss(Step(61.23, "kill_coordinator", 5), "no transaction open within 60 s, 3 tries")
@@ -113,9 +135,9 @@ def test_the_seeds_table_has_a_row_per_seed_and_fault_kind():
     checked = failed | {"dlq_complete": True, "invariants_ok": True}
     out = chaos_seeds.table("cluster", [rep, failed | {"failures": cp.failures(checked, {})}])
     rows = [line for line in out.splitlines() if line.startswith("| ")][1:]  # after the header
-    assert rows[0].startswith("| 4711 | PASS | 600,004 | 0 | 0 | 0 | broker_down | 1 | 5.0 / 5.0 |")
-    assert rows[1].startswith("| | | | | | | kill_job | 1 | 5.0 / 5.0 |")
-    assert rows[2].startswith("| 2 | FAIL |") and " 1 | broker_down " in rows[2]
+    assert rows[0].startswith("| 4711 | PASS | 600,004 | 0 | 0 | 0 | 10.0 | broker_down | 1 | 5.0 / 5.0 |")
+    assert rows[1].startswith("| | | | | | | | kill_job | 1 | 5.0 / 5.0 |")
+    assert rows[2].startswith("| 2 | FAIL |") and " | 1 | 10.0 | broker_down " in rows[2]
     assert out.rstrip().endswith("- seed 2 failed: 1 planned fault(s) not injected")  # why, under the table
 
 
