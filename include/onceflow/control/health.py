@@ -202,6 +202,12 @@ def collect(settings: Settings, previous: HealthRecord | None) -> HealthRecord:
 NOT_RESTARTABLE = {code: why for code, why in wire.NO_RESTART.items() if code != wire.EXIT_OK}
 
 
+def condition_key(app: str, what: str = "") -> str:
+    """The alert key of one of an app's health conditions (`health:<app>:<what>`); `what` empty: the prefix every
+    one of them starts with (the scope the health check raises and resolves)."""
+    return f"health:{app}:{what}"
+
+
 def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> list[alerts.Condition]:
     """The record's problems as alert conditions; sets rec.status."""
     out: list[alerts.Condition]
@@ -216,7 +222,7 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
     if not rec.running and code in NOT_RESTARTABLE:
         out.append(
             alerts.Condition(
-                f"health:{app}:not_restartable",
+                condition_key(app, "not_restartable"),
                 alerts.Severity.CRITICAL,
                 f"the streaming job {app} stopped for good: {NOT_RESTARTABLE[code]} (exit {code}); it is not restarted",
                 "read the job log (" + str(settings.log_dir / (app + ".log")) + "): a fenced job means another driver "
@@ -232,7 +238,7 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
     elif not rec.running:
         out.append(
             alerts.Condition(
-                f"health:{app}:down",
+                condition_key(app, "down"),
                 alerts.Severity.CRITICAL,
                 f"the streaming job {app} is not running",
                 "the health check restarts it; if it keeps failing read the job log "
@@ -250,7 +256,7 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
     if rec.running and waiting and stalled:
         out.append(
             alerts.Condition(
-                f"health:{app}:stalled",
+                condition_key(app, "stalled"),
                 alerts.Severity.CRITICAL,
                 (f"batch running for {age} s" if rec.batch_running_s is not None else f"no batch committed for {age} s")
                 + f" while {rec.total_lag} records wait (threshold {stalled_after:.0f} s"
@@ -268,7 +274,7 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
         sev = alerts.Severity.WARNING if status == lag.Level.WARN else alerts.Severity.CRITICAL
         out.append(
             alerts.Condition(
-                f"health:{app}:lag:{p}",
+                condition_key(app, f"lag:{p}"),
                 sev,
                 f"lag on {_where(settings, p)} is {status} ({info['lag']} records, trend {info['trend']})",
                 "WARN: the job falls behind; raise ONCEFLOW_MAX_OFFSETS_PER_TRIGGER or add cores. STALL/STOP: the job "
@@ -280,7 +286,7 @@ def assess(rec: HealthRecord, settings: Settings, now_ms: int | None = None) -> 
     if waiting and cp is not None and cp > settings.checkpoint_freshness_threshold_s:
         out.append(
             alerts.Condition(
-                f"health:{app}:checkpoint_stale",
+                condition_key(app, "checkpoint_stale"),
                 alerts.Severity.WARNING,
                 f"the checkpoint's commit log was last written {cp:.0f} s ago while input waits",
                 f"check that {settings.checkpoint} is writable and the job commits batches",
@@ -305,7 +311,7 @@ def _event_time(rec: HealthRecord, settings: Settings, now_ms: int) -> list[aler
     if rec.late_fraction is not None and rec.late_fraction > settings.late_fraction_threshold:
         out.append(
             alerts.Condition(
-                f"health:{app}:late",
+                condition_key(app, "late"),
                 alerts.Severity.CRITICAL,
                 f"{100 * rec.late_fraction:.0f}% of the (window, ip) aggregates of the last {rec.late_batches} batches "
                 f"were dropped as late (threshold {100 * settings.late_fraction_threshold:.0f}%): the job reads records "
@@ -323,7 +329,7 @@ def _event_time(rec: HealthRecord, settings: Settings, now_ms: int) -> list[aler
         if ahead_ms > allowed_ms:
             out.append(
                 alerts.Condition(
-                    f"health:{app}:watermark_ahead",
+                    condition_key(app, "watermark_ahead"),
                     alerts.Severity.CRITICAL,
                     f"the watermark is {ahead_ms / 1000:.0f} s ahead of wall-clock time (allowed {allowed_ms / 1000:.0f} "
                     f"s): every record with a correct clock is dropped as late",
@@ -341,7 +347,7 @@ def _event_time(rec: HealthRecord, settings: Settings, now_ms: int) -> list[aler
         if caught_up and behind_ms > settings.health_event_time_lag_threshold_s * 1000:
             out.append(
                 alerts.Condition(
-                    f"health:{app}:event_time_lag",
+                    condition_key(app, "event_time_lag"),
                     alerts.Severity.WARNING,
                     f"the watermark is {behind_ms / 1000:.0f} s behind wall-clock time although the job has caught up "
                     f"(threshold {settings.health_event_time_lag_threshold_s:.0f} s)",
@@ -360,7 +366,7 @@ def remediate(
 ) -> list[alerts.Condition]:
     """Restart a down or stalled job, at most `health_restart_attempts` times per window; then page. The restart
     leaves the operator's intent as it is; a failed start counts as an attempt and pages (`restart_failed`)."""
-    fixable = {f"health:{settings.app_id}:{c}" for c in RESTART_ON}
+    fixable = {condition_key(settings.app_id, c) for c in RESTART_ON}
     if not any(c.key in fixable for c in conditions):
         return []
     window_ms = settings.health_restart_window_s * 1000
@@ -369,7 +375,7 @@ def remediate(
         rec.action = Action.GAVE_UP
         return [
             alerts.Condition(
-                f"health:{settings.app_id}:gave_up",
+                condition_key(settings.app_id, "gave_up"),
                 alerts.Severity.CRITICAL,
                 f"{len(recent)} restarts by the health check in the last "
                 f"{settings.health_restart_window_s / 3600:.1f} h did not bring the job back",
@@ -377,7 +383,7 @@ def remediate(
             )
         ]
     rec.restarts = recent + [now_ms]
-    if f"health:{settings.app_id}:stalled" in {c.key for c in conditions}:
+    if condition_key(settings.app_id, "stalled") in {c.key for c in conditions}:
         _log_stacks(rec, settings, now_ms)  # the restart ends the wait it was stalled in: keep where it was
     try:
         jobctl.stop(settings, timeout=60, record_intent=False)
@@ -386,7 +392,7 @@ def remediate(
         rec.action, rec.restart_error = Action.RESTART_FAILED, str(e)[:2000]
         return [
             alerts.Condition(
-                f"health:{settings.app_id}:restart_failed",
+                condition_key(settings.app_id, "restart_failed"),
                 alerts.Severity.CRITICAL,
                 f"restarting the job failed: {str(e)[:300]}",
                 "the health check tries again on its next runs (within its restart budget); fix what the error names",
@@ -414,7 +420,7 @@ def with_stacks(conditions: list[alerts.Condition], rec: HealthRecord, settings:
     """The stalled alert carries where the driver waited (the page says it, not only the logs)."""
     if not rec.waiting_in:
         return conditions
-    key = f"health:{settings.app_id}:stalled"
+    key = condition_key(settings.app_id, "stalled")
     return [replace(c, details={**c.details, "waiting_in": rec.waiting_in}) if c.key == key else c for c in conditions]
 
 
@@ -432,7 +438,7 @@ def check(settings: Settings, sink: alerts.AlertSink, start_fn=None) -> HealthRe
     conditions = assess(rec, settings)
     conditions += remediate(rec, conditions, settings, rec.ts_ms, start_fn)
     conditions = with_stacks(conditions, rec, settings)
-    sink.raise_and_resolve(conditions, "health", scope_prefix=f"health:{settings.app_id}:")
+    sink.raise_and_resolve(conditions, "health", scope_prefix=condition_key(settings.app_id))
     publish(rec, settings)
     return rec
 
