@@ -156,7 +156,8 @@ chaos-short: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=5 tests/topology/test_chaos.py
 
 ## chaos-seeds: `make chaos` once per seed (CHAOS_SEEDS, default "1 2 3 4 4711"; CHAOS_TOPOLOGY=cluster too), one
-## table of the verdicts and liveness figures (var/chaos-seeds/<topology>.md). ~12 min per seed.
+## table of the verdicts and liveness figures (var/chaos-seeds/<topology>.md). ~13 min per seed on the cluster; on
+## one node ~21 min with CHAOS_JOB_KILLS=10, 30 min or more at the default 20.
 chaos-seeds: setup
 	$(BIN)/python -m onceflow_dev.chaos_seeds
 
