@@ -55,6 +55,12 @@ def ready(settings: Settings, launch_pid: int) -> StandbyReady | None:
     return st if st and st.pgid == launch_pid else None
 
 
+def told_to_go(settings: Settings) -> bool:
+    """In the standby driver: its word to take over has come (left for `wait_for_turn` to consume)."""
+    go = StandbyGo.read(go_file(settings))
+    return bool(go and go.pgid == os.getpgid(0))
+
+
 def wait_for_turn(settings: Settings, stop: threading.Event) -> bool:
     """In the standby driver, once its session is warm: True when this launch is told to take over; False when
     it is stopped or its supervisor is gone (it then exits without having touched anything)."""

@@ -130,7 +130,8 @@ def test_which_ends_a_warm_standby_replaces_at_once(rc, lost):
     s = config.Settings(restart_delay_s=7.0, standby=True)
     assert supervisor.driver_lost(rc) is lost
     assert supervisor.restart_delay(s, rc, standby_ready=True) == (0.0 if lost else 7.0)
-    # no standby, or one still warming up (its takeover would wait for the warm-up): the fixed delay, always
+    # no standby, or one still warming up (its takeover waits for its session; its warm-up is cut short): the fixed
+    # delay, always
     assert supervisor.restart_delay(s, rc, standby_ready=False) == 7.0
 
 
@@ -177,3 +178,46 @@ def test_a_standby_counts_as_ready_only_once_its_session_is_up(tmp_path):
         launches.standby.kill()
         launches.standby.wait()
     assert not launches.standby_ready()  # dead
+
+
+class _Query:
+    """A streaming query as warm_up waits on it: awaitTermination(t) is True once it has ended."""
+
+    def __init__(self, ends_after: int | None):
+        self.calls, self.ends_after = 0, ends_after
+
+    def awaitTermination(self, timeout: float) -> bool:
+        self.calls += 1
+        return self.ends_after is not None and self.calls > self.ends_after
+
+
+def test_a_standby_told_to_take_over_cuts_its_warm_up_short():
+    """The one-node chaos set of 2026-11-30: a standby told to take over while it warmed up went on warming, and
+    took over 28-37 s after the kill, where a fresh launch started in 15 s."""
+    from onceflow.runtime import driver
+
+    told = iter([False, False, True])
+    never_ends = _Query(ends_after=None)
+    assert driver.await_or_cut(never_ends, 60.0, lambda: next(told), poll_s=0.0) == "cut"
+    assert never_ends.calls == 3
+    assert driver.await_or_cut(_Query(ends_after=1), 60.0, lambda: False, poll_s=0.0) == "done"
+    assert driver.await_or_cut(_Query(ends_after=None), 0.05, lambda: False, poll_s=0.01) == "timeout"
+
+
+def test_the_word_to_take_over_is_seen_while_warming_and_left_for_the_wait(tmp_path, monkeypatch):
+    import os
+
+    from onceflow.runtime import standby
+
+    monkeypatch.setenv(standby.STANDBY_ENV, str(os.getpid()))
+    s = config.Settings(var_dir=tmp_path)
+    s.run_dir.mkdir(parents=True)
+    assert not standby.told_to_go(s)
+    standby.signal_go(s, os.getpgid(0) + 1)  # another launch's word
+    assert not standby.told_to_go(s)
+    standby.signal_go(s, os.getpgid(0))
+    assert standby.told_to_go(s) and standby.told_to_go(s)  # not consumed: wait_for_turn consumes it
+    import threading
+
+    assert standby.wait_for_turn(s, threading.Event())
+    assert not standby.told_to_go(s)
