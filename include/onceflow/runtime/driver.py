@@ -168,8 +168,8 @@ def warm_up(
 
 def await_or_cut(query, timeout_s: float, cut_short: Callable[[], bool], poll_s: float = 0.5) -> str:
     """Wait for a query to end: "done", "timeout", or "cut" (`cut_short()` said so first). A standby told to take
-    over went on warming up until its warm-up ended: 28-37 s from a kill to its takeover in the one-node chaos
-    set of 2026-11-30, where a fresh launch started in 15 s."""
+    over went on warming up until its warm-up ended: 28-37 s from a kill to its takeover (its session's start and
+    its warm-up together) in the one-node chaos set of 2026-11-30, where a fresh launch started in 15 s."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if query.awaitTermination(max(0.0, min(poll_s, deadline - time.monotonic()))):
