@@ -235,7 +235,7 @@ def liveness(
         if before is not None and (judged is None or judged > bounds.lag_s):
             since = f" of the last of {len(overlapped) + 1} faults" if overlapped else ""
             violations.append(f"{what}: lag not back at {before} (+{lag_slack}) within {bounds.lag_s:.0f} s{since}")
-    gap = commit_gap(commits, ordered, bounds)
+    gap, gap_violations = commit_gap(commits, ordered, bounds)
     by_kind: dict[str, dict[str, Any]] = {}
     for kind in sorted({str(r["kind"]) for r in faults}):
         rows = [r for r in faults if r["kind"] == kind]
@@ -244,13 +244,13 @@ def liveness(
         "bounds": {"commit_s": bounds.commit_s, "lag_s": bounds.lag_s, "lag_slack": lag_slack},
         "faults": faults,
         "by_kind": by_kind,
-        "violations": violations + gap.pop("violations"),
+        "violations": violations + gap_violations,
         "commit_gap": gap,
         "lag_samples": samples,  # (epoch ms, lag): the figures can be judged again from the report
     }
 
 
-def commit_gap(commits: list[int], ordered: list[Injected], bounds: Bounds) -> dict[str, Any]:
+def commit_gap(commits: list[int], ordered: list[Injected], bounds: Bounds) -> tuple[dict[str, Any], list[str]]:
     """The longest time between two commits, and every wait between commits that no fault accounts for.
 
     A fault's own figure stops at its next commit, so a stall after it went unseen: on seed 4711 on the cluster
@@ -259,19 +259,18 @@ def commit_gap(commits: list[int], ordered: list[Injected], bounds: Bounds) -> d
     judged from (its start, or its end for a fault that stops progress by its nature) is that fault's next commit,
     judged by `liveness`; any other wait must be within the next-commit bound, or the run fails. The wait before
     the first commit (the job's start) is not a gap."""
-    longest: dict[str, Any] = {"longest_s": None, "from_ms": None, "faults_in_it": []}
-    violations: list[str] = []
-    for a, b in zip(commits, commits[1:], strict=False):
-        if longest["longest_s"] is None or b - a > longest["longest_s"] * 1000:
-            in_flight = [f.kind for f in ordered if f.start_ms < b and max(f.end_ms, f.from_ms) >= a]
-            longest = {"longest_s": round((b - a) / 1000, 1), "from_ms": a, "faults_in_it": in_flight}
-        accounted = any(a <= f.start_ms < b or a <= f.from_ms < b for f in ordered)
-        if not accounted and b - a > bounds.commit_s * 1000:
-            violations.append(
-                f"no committed batch for {(b - a) / 1000:.1f} s from {a}, and no fault began in that time "
-                f"(bound {bounds.commit_s:.0f} s)"
-            )
-    return longest | {"violations": violations}
+    pairs = list(zip(commits, commits[1:], strict=False))
+    violations = [
+        f"no committed batch for {(b - a) / 1000:.1f} s from {a}, and no fault began in that time "
+        f"(bound {bounds.commit_s:.0f} s)"
+        for a, b in pairs
+        if b - a > bounds.commit_s * 1000 and not any(a <= f.start_ms < b or a <= f.from_ms < b for f in ordered)
+    ]
+    if not pairs:
+        return {"longest_s": None, "from_ms": None, "faults_in_it": []}, violations
+    a, b = max(pairs, key=lambda p: p[1] - p[0])
+    in_flight = [f.kind for f in ordered if f.start_ms < b and f.end_ms >= a]
+    return {"longest_s": round((b - a) / 1000, 1), "from_ms": a, "faults_in_it": in_flight}, violations
 
 
 def _last_of(f: Injected, ordered: list[Injected], until_ms: int | None) -> tuple[list[Injected], int]:

@@ -68,8 +68,7 @@ def wait_for_turn(settings: Settings, stop: threading.Event) -> bool:
     me = os.getpgid(0)
     StandbyReady(pgid=me, pid=os.getpid(), ready_ms=clock.now_ms()).write(ready_file(settings))
     while not stop.is_set():
-        go = StandbyGo.read(go_file(settings))
-        if go and go.pgid == me:
+        if told_to_go(settings):
             go_file(settings).unlink(missing_ok=True)  # consumed: a later standby waits for its own word
             ready_file(settings).unlink(missing_ok=True)
             return True

@@ -206,6 +206,7 @@ def test_a_standby_told_to_take_over_cuts_its_warm_up_short():
 
 def test_the_word_to_take_over_is_seen_while_warming_and_left_for_the_wait(tmp_path, monkeypatch):
     import os
+    import threading
 
     from onceflow.runtime import standby
 
@@ -217,7 +218,5 @@ def test_the_word_to_take_over_is_seen_while_warming_and_left_for_the_wait(tmp_p
     assert not standby.told_to_go(s)
     standby.signal_go(s, os.getpgid(0))
     assert standby.told_to_go(s) and standby.told_to_go(s)  # not consumed: wait_for_turn consumes it
-    import threading
-
     assert standby.wait_for_turn(s, threading.Event())
     assert not standby.told_to_go(s)
