@@ -55,7 +55,9 @@ IPV6 = (
 IP_RE = rf"^({IPV4}|{IPV6})$"  # applied to the lower-cased candidate
 
 # `203.0.113.9 - - [21/Nov/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8.5"`
-_QUOTED = r'"((?:[^"\\]|\\.)*)"'
+# possessive (`++`, `*+`): a quoted field has one way to match, and without them Java's regex engine backtracks
+# through it character by character (twice the time of the whole line's match)
+_QUOTED = r'"((?:[^"\\]++|\\.)*+)"'
 COMBINED_RE = (
     r"^(\S+) \S+ \S+ \[([0-9]{2}/[A-Za-z]{3}/[0-9]{4}:[0-9]{2}:[0-9]{2}:[0-9]{2} [+-][0-9]{4})\] "
     + _QUOTED
@@ -144,7 +146,7 @@ def canonical_ip(candidate: object) -> str | None:
     the longest run of two or more zero groups written `::` (the first of equally long runs), a single zero
     group written `0`; an IPv4-mapped address (::ffff:0:0/96) keeps its last 32 bits dotted (section 5), every
     other address is pure hex. A dotted IPv4 may end any IPv6 spelling (`::ffff:1.2.3.4`, `64:ff9b::1.2.3.4`).
-    Zone ids (`%eth0`) are not addresses. The same rule in Spark SQL is in onceflow_apps.access_log.parsing (`_ipv6_groups`, `_render`)."""
+    Zone ids (`%eth0`) are not addresses. The same rule in Spark SQL is in onceflow_apps.access_log.parsing (`_ipv6_stages`)."""
     if not isinstance(candidate, str):
         return None
     s = candidate.lower()
