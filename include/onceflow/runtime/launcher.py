@@ -24,10 +24,6 @@ RECONCILE_SCRIPT = ENTRYPOINTS / "reconcile.py"
 BACKFILL_SCRIPT = ENTRYPOINTS / "backfill.py"
 LOG4J = resources.LOG4J
 # Spark's checkpoint file manager for checkpoints on the local file system (checkpoint_conf).
-# Spark compiles a stage's operators into one Java method, and HotSpot leaves a method of more than 8,000 bytes of
-# bytecode to its interpreter. The access-log parse's stage is about 8,500 bytes: interpreted, it took twice the CPU
-# per record (docs/performance.md, "Parsing in compiled code"); Spark's own docs name this flag for such stages.
-EXECUTOR_JAVA_OPTIONS = "-XX:-DontCompileHugeMethods"
 LOCAL_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
@@ -46,8 +42,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         "spark.ui.enabled": "false",
         "spark.sql.streaming.stopTimeout": "60s",
-        "spark.driver.extraJavaOptions": driver_java_options(settings),
-        "spark.executor.extraJavaOptions": EXECUTOR_JAVA_OPTIONS,
+        "spark.driver.extraJavaOptions": conf_java_log(settings),
         **checkpoint_conf(settings.checkpoint),
         **with_class_data(settings, local_fs_conf(settings, settings.checkpoint)),
         # With close-out batches the job paces batches itself under a 0 trigger; when a paced batch finds no
@@ -93,8 +88,8 @@ def with_class_data(settings: Settings, fs_conf: dict[str, str]) -> dict[str, st
     opts = f"-XX:SharedArchiveFile={archive}"
     return {
         **fs_conf,
-        "spark.driver.extraJavaOptions": f"{driver_java_options(settings)} {opts}",
-        "spark.executor.extraJavaOptions": f"{EXECUTOR_JAVA_OPTIONS} {opts}",
+        "spark.driver.extraJavaOptions": f"{conf_java_log(settings)} {opts}",
+        "spark.executor.extraJavaOptions": opts,
     }
 
 
@@ -207,17 +202,16 @@ def kubernetes_conf(settings: Settings) -> dict[str, str]:
         # never the password: the command carries every driverEnv (on a secured cluster, secretKeyRef sets it)
         image_env = {k: v for k, v in in_pod.as_env().items() if k != f"{ENV_PREFIX}KAFKA_PASSWORD"}
         conf |= {f"spark.kubernetes.driverEnv.{k}": v for k, v in sorted(image_env.items())}
-        conf["spark.driver.extraJavaOptions"] = driver_java_options(settings, in_image=True)
+        conf["spark.driver.extraJavaOptions"] = conf_java_log(settings, in_image=True)
     return conf
 
 
-def driver_java_options(settings: Settings, in_image: bool = False) -> str:
-    """The driver JVM's options: its log configuration, exit on OutOfMemoryError, and the executors' options (in
-    local mode the tasks run in the driver). A driver JVM out of heap otherwise lives on with a dead thread (a
-    task-result getter) and the query waits for good; exiting makes it a failure the supervisor restarts and
-    counts."""
+def conf_java_log(settings: Settings, in_image: bool = False) -> str:
+    """The driver JVM's options: its log configuration, and exit on OutOfMemoryError. A driver JVM out of heap
+    otherwise lives on with a dead thread (a task-result getter) and the query waits for good; exiting makes it a
+    failure the supervisor restarts and counts."""
     path = _in_image(settings, str(LOG4J)).removeprefix("local://") if in_image else str(LOG4J)
-    return f"-Dlog4j2.configurationFile=file:{path} -XX:+ExitOnOutOfMemoryError {EXECUTOR_JAVA_OPTIONS}"
+    return f"-Dlog4j2.configurationFile=file:{path} -XX:+ExitOnOutOfMemoryError"
 
 
 def spark_submit() -> str:
@@ -335,8 +329,7 @@ def batch_conf(settings: Settings) -> dict[str, str]:
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.extraJavaOptions": driver_java_options(settings),
-        "spark.executor.extraJavaOptions": EXECUTOR_JAVA_OPTIONS,
+        "spark.driver.extraJavaOptions": conf_java_log(settings),
         # the replay's streaming checkpoint lives under var/ (onceflow.operations.replay)
         **checkpoint_conf(settings.var_dir.as_uri()),
         **driver_bind_conf(settings),

@@ -25,71 +25,87 @@ def _ts_from_epoch_or_iso(raw: Column) -> Column:
     return F.coalesce(epoch, iso)
 
 
+def _let(value: Column, body) -> Column:
+    """`body(v)` with `value` evaluated once: a lambda variable, which Spark never inlines (a plain column would be
+    copied into every place that uses it)."""
+    return F.element_at(F.transform(F.array(value), body), 1)
+
+
 _V4 = R.IPV4 + r"\z"
 _V4_AT_END = r"^(.*):(" + R.IPV4 + r")\z"
-_EIGHT_GROUPS = r"^([0-9a-f]{1,4}:){7}[0-9a-f]{1,4}\z"
 
 
-def _groups(text: Column) -> Column:
-    """How many ':'-separated groups `text` (one side of a `::`) holds: none when it is empty."""
-    return F.when(text == "", 0).otherwise(F.size(F.split(text, ":")))
+def _embedded_v4_as_hex(low: Column) -> Column:
+    """An IPv6 spelling ending in a dotted IPv4 (`::ffff:1.2.3.4`), with those 32 bits as two hex groups; the
+    text as it is without a dot; null when the dotted part is not an IPv4 address."""
+
+    def joined(v4: Column) -> Column:
+        o = F.split(v4, r"\.")
+
+        def group(a: int, b: int) -> Column:
+            return F.lower(F.hex(o[a].cast("int") * 256 + o[b].cast("int")))
+
+        head = low.substr(F.lit(1), F.length(low) - F.length(v4))  # up to and with the last ':'
+        return F.when(v4 != "", F.concat(head, group(0, 1), F.lit(":"), group(2, 3)))
+
+    return F.when(~low.contains("."), low).otherwise(_let(F.regexp_extract(low, _V4_AT_END, 2), joined))
 
 
-def _ipv6_stages(df: DataFrame, low: Column, is_v4: Column) -> DataFrame:
-    """Adds `_ip6`: the canonical text of `low` (lower-cased) when it is an IPv6 address, else null; the rule of
-    rules.canonical_ip, in string functions Spark compiles: no lambda (Spark interprets higher-order functions
-    row by row, and the eight groups through them cost about 30 us a record). Each stage is a column of its own,
-    used more than once by the next, so that Spark evaluates it once."""
-    six = ~is_v4 & low.contains(":")
-    v4, hexed, x, s, padded = (F.col(c) for c in ("_v4tail", "_hexed", "_v6x", "_v6s", "_v6p"))
-    # a dotted IPv4 ending the text: its 32 bits as two hex groups (null when the dotted part is no IPv4)
-    df = df.withColumn("_v4tail", F.when(six & low.contains("."), F.regexp_extract(low, _V4_AT_END, 2)))
-    df = df.withColumn("_octets", F.split(v4, r"\."))
-    octets = F.col("_octets")
-    o = [octets[i].cast("int") for i in range(4)]
-    as_hex = F.concat(
-        low.substr(F.lit(1), F.length(low) - F.length(v4)),
-        F.format_string("%x:%x", o[0] * 256 + o[1], o[2] * 256 + o[3]),
+def _ipv6_groups(s6: Column) -> Column:
+    """The eight 16-bit groups of an IPv6 text (`::` expanded) as integers; null when it is not one."""
+    empty = F.array().cast("array<string>")
+
+    def expanded(halves: Column) -> Column:
+        left = F.when(halves[0] == "", empty).otherwise(F.split(halves[0], ":"))
+        right = F.when(halves[1] == "", empty).otherwise(F.split(halves[1], ":"))
+        return _let(
+            F.size(left) + F.size(right),
+            lambda n: F.when(n <= 7, F.concat(left, F.array_repeat(F.lit("0"), 8 - n), right)),
+        )
+
+    def checked(groups: Column) -> Column:
+        valid = (F.size(groups) == 8) & F.forall(groups, lambda g: g.rlike(r"^[0-9a-f]{1,4}\z"))
+        return F.when(valid, F.transform(groups, lambda g: F.conv(g, 16, 10).cast("int")))
+
+    groups = _let(
+        F.split(s6, "::"), lambda h: F.when(F.size(h) == 1, F.split(s6, ":")).when(F.size(h) == 2, expanded(h))
     )
-    df = df.withColumn(
-        "_hexed",
-        F.when(six & ~low.contains("."), low).when(six & (v4 != ""), as_hex),
-    )
-    # `::` expanded to the zero groups it stands for; a text with two `::` or more than seven groups beside one
-    # is left as it is, and fails the check below
-    df = df.withColumn("_halves", F.split(hexed, "::"))
-    halves = F.col("_halves")
-    left, right = halves[0], halves[1]
-    df = df.withColumn("_missing", F.when(F.size(halves) == 2, 8 - _groups(left) - _groups(right)))
-    missing = F.col("_missing")
-    zeros = F.repeat(F.lit("0:"), missing).substr(F.lit(1), 2 * missing - 1)
-    expanded = F.when(
-        missing >= 1,
-        F.concat_ws(":", F.when(left != "", left), zeros, F.when(right != "", right)),
-    ).otherwise(hexed)
-    df = df.withColumn("_v6x", expanded)
-    # eight groups of one to four hex digits, each without its leading zeros
-    df = df.withColumn("_v6s", F.when(x.rlike(_EIGHT_GROUPS), F.regexp_replace(x, "(^|:)0+([0-9a-f])", "$1$2")))
-    df = df.withColumn("_v6p", F.concat(F.lit(":"), s, F.lit(":")))
-    # RFC 5952: the longest run of two or more zero groups (the first of equally long ones) is written `::`; an
-    # IPv4-mapped address keeps its last 32 bits dotted
-    longest = F.lit(None).cast("int")
-    for n in range(2, 9):
-        longest = F.when(F.locate(":" + "0:" * n, padded) > 0, n).otherwise(longest)
-    df = df.withColumn("_zrun", F.when(s.isNotNull(), longest))
-    zrun = F.col("_zrun")
-    df = df.withColumn("_zat", F.position(F.concat(F.lit(":"), F.repeat(F.lit("0:"), zrun)), padded))
-    at, after = F.col("_zat"), F.col("_zat") + 2 * zrun + 1
-    compressed = F.concat(padded.substr(F.lit(2), at - 2), F.lit("::"), padded.substr(after, F.length(padded) - after))
-    mapped = s.startswith("0:0:0:0:0:ffff:")
-    df = df.withColumn(
-        "_g6", F.when(mapped, F.conv(F.substring_index(F.substring_index(s, ":", -2), ":", 1), 16, 10).cast("int"))
-    )
-    df = df.withColumn("_g7", F.when(mapped, F.conv(F.substring_index(s, ":", -1), 16, 10).cast("int")))
-    g6, g7 = F.col("_g6"), F.col("_g7")
-    dotted = F.format_string("%d.%d.%d.%d", F.shiftright(g6, 8), g6 % 256, F.shiftright(g7, 8), g7 % 256)
-    rendered = F.when(g6.isNotNull(), F.concat(F.lit("::ffff:"), dotted)).when(zrun.isNotNull(), compressed)
-    return df.withColumn("_ip6", rendered.otherwise(s))
+    return F.when(s6.rlike(r"^[0-9a-f:]+\z"), _let(groups, checked))
+
+
+def _render_ipv6(groups: Column) -> Column:
+    """RFC 5952 text of eight groups (the same rule as records.canonical_ip)."""
+    return _let(groups, _render)
+
+
+def _render(v: Column) -> Column:
+    def step(acc: Column, i: Column) -> Column:  # the longest run of zero groups, the first of equal ones
+        run = F.when(F.element_at(v, i + 1) == 0, acc["run"] + 1).otherwise(F.lit(0))
+        better = run > acc["len"]
+        return F.struct(
+            F.when(better, i - run + 1).otherwise(acc["best"]).alias("best"),
+            F.when(better, run).otherwise(acc["len"]).alias("len"),
+            run.alias("run"),
+        )
+
+    def text(zeros: Column) -> Column:
+        best, length = zeros["best"], zeros["len"]
+        hexes = F.transform(v, lambda x: F.lower(F.hex(x)))
+        compressed = F.concat(
+            F.array_join(F.slice(hexes, F.lit(1), best), ":"),
+            F.lit("::"),
+            F.array_join(F.slice(hexes, best + length + 1, 8 - best - length), ":"),
+        )
+        mapped = (F.slice(v, 1, 5) == F.array(*[F.lit(0)] * 5)) & (v[5] == 0xFFFF)
+        dotted = F.concat_ws(".", F.shiftright(v[6], 8), v[6] % 256, F.shiftright(v[7], 8), v[7] % 256)
+        return (
+            F.when(mapped, F.concat(F.lit("::ffff:"), dotted))
+            .when(length < 2, F.array_join(hexes, ":"))
+            .otherwise(compressed)
+        )
+
+    start = F.struct(F.lit(0).alias("best"), F.lit(0).alias("len"), F.lit(0).alias("run"))
+    return _let(F.aggregate(F.sequence(F.lit(0), F.lit(7)), start, step), text)
 
 
 LINE_RE = R.COMBINED_RE.removesuffix("$") + r"\z"
@@ -134,16 +150,25 @@ def classify(df: DataFrame, max_ahead_ms: int | Column | None = None, quarantine
     # The IP's canonical text (records.canonical_ip): IPv4 as it is, IPv6 through its eight groups, each step a
     # column of its own so that Spark evaluates it once.
     low = F.col("_ipl")
-    staged = staged.withColumn(
-        "_ts",
-        F.when(is_json, _ts_from_epoch_or_iso(raw_ts)).otherwise(
-            F.try_to_timestamp(raw_ts, F.lit(R.COMBINED_TS_FORMAT))
-        ),
+    staged = (
+        staged.withColumn(
+            "_ts",
+            F.when(is_json, _ts_from_epoch_or_iso(raw_ts)).otherwise(
+                F.try_to_timestamp(raw_ts, F.lit(R.COMBINED_TS_FORMAT))
+            ),
+        )
+        .withColumn("_ipl", F.lower(F.when(is_json, js["ip"]).otherwise(F.col("_line_ip"))))
+        .withColumn(
+            "_ip",
+            F.when(low.rlike("^" + _V4), low).when(
+                low.contains(":"),
+                _let(
+                    _embedded_v4_as_hex(low),
+                    lambda s6: _let(_ipv6_groups(s6), lambda g6: F.when(g6.isNotNull(), _render_ipv6(g6))),
+                ),
+            ),
+        )
     )
-    staged = staged.withColumn("_ipl", F.lower(F.when(is_json, js["ip"]).otherwise(F.col("_line_ip"))))
-    staged = staged.withColumn("_is_v4", F.coalesce(low.rlike("^" + _V4), F.lit(False)))
-    staged = _ipv6_stages(staged, low, F.col("_is_v4"))
-    staged = staged.withColumn("_ip", F.when(F.col("_is_v4"), low).otherwise(F.col("_ip6")))
     json_ok = is_json & text.endswith("}") & js.isNotNull() & js["_corrupt"].isNull()
     ts_ms = F.unix_millis(F.col("_ts"))
     size = F.length(F.col("value"))
@@ -169,5 +194,5 @@ def classify(df: DataFrame, max_ahead_ms: int | Column | None = None, quarantine
         staged.withColumn("reason", reason)
         .withColumn("ts", F.when(good, F.col("_ts")))
         .withColumn("ip", F.when(good, F.col("_ip")))
-        .drop(*[c for c in staged.columns if c not in df.columns])
+        .drop("_text", "_is_json", "_js", "_line_ok", "_line_ip", "_line_ts", "_ts", "_ipl", "_ip")
     )

@@ -58,7 +58,6 @@ def test_kubernetes_cluster_mode_runs_the_image_and_carries_the_settings():
     assert (
         c["spark.driver.extraJavaOptions"]
         == "-Dlog4j2.configurationFile=file:/opt/onceflow/include/onceflow/resources/log4j2-job.properties -XX:+ExitOnOutOfMemoryError"
-        " -XX:-DontCompileHugeMethods"
     )
     batch = launcher.batch_spec(s, "reconcile")
     assert batch["application"] == "local:///opt/onceflow/include/onceflow/entrypoints/reconcile.py"
