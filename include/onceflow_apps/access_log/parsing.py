@@ -133,18 +133,16 @@ def classify(df: DataFrame, max_ahead_ms: int | Column | None = None, quarantine
     referenced more than once by the next stage: Spark then keeps the stages apart instead of inlining a step
     into every place that uses it (inside CASE branches it would be evaluated once per occurrence; inlined, the
     parse ran about ten times per record)."""
-    text, is_json, js = F.col("_text"), F.col("_is_json"), F.col("_js")
+    text, is_json, js, line_ok = F.col("_text"), F.col("_is_json"), F.col("_js"), F.col("_line_ok")
+    # A line that matches: its IP is its first field, its time the 26 characters inside the `[...]` after the
+    # third space (the fields before it hold no space); one match of the line's regex, not one per group.
     staged = (
         df.withColumn("_text", F.trim(F.col("value").cast("string")))
         .withColumn("_is_json", F.coalesce(F.col("_text").startswith("{"), F.lit(False)))
         .withColumn("_js", F.when(is_json, F.from_json(text, JSON_SCHEMA, JSON_OPTIONS)))
         .withColumn("_line_ok", ~is_json & F.coalesce(text.rlike(LINE_RE), F.lit(False)))
-    )
-    # A line that matches: its IP is its first field, its time the 26 characters inside the `[...]` after the
-    # third space (the fields before it hold no space); one match of the line's regex, not one per group.
-    line_ok = F.col("_line_ok")
-    staged = staged.withColumn("_line_ip", F.when(line_ok, F.substring_index(text, " ", 1))).withColumn(
-        "_line_ts", F.when(line_ok, text.substr(F.length(F.substring_index(text, " ", 3)) + 3, F.lit(26)))
+        .withColumn("_line_ip", F.when(line_ok, F.substring_index(text, " ", 1)))
+        .withColumn("_line_ts", F.when(line_ok, text.substr(F.length(F.substring_index(text, " ", 3)) + 3, F.lit(26))))
     )
     raw_ts = F.when(is_json, js["ts"]).otherwise(F.col("_line_ts"))
     # The IP's canonical text (records.canonical_ip): IPv4 as it is, IPv6 through its eight groups, each step a

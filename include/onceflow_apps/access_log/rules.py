@@ -55,8 +55,8 @@ IPV6 = (
 IP_RE = rf"^({IPV4}|{IPV6})$"  # applied to the lower-cased candidate
 
 # `203.0.113.9 - - [21/Nov/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8.5"`
-# possessive (`++`, `*+`): a quoted field has one way to match, and without them Java's regex engine backtracks
-# through it character by character (twice the time of the whole line's match)
+# possessive (`++`, `*+`): a quoted field has one way to match, and without them Java's regex engine keeps a
+# backtracking point for each of its characters (a line's match took 1.7 times as long: docs/performance.md)
 _QUOTED = r'"((?:[^"\\]++|\\.)*+)"'
 COMBINED_RE = (
     r"^(\S+) \S+ \S+ \[([0-9]{2}/[A-Za-z]{3}/[0-9]{4}:[0-9]{2}:[0-9]{2}:[0-9]{2} [+-][0-9]{4})\] "
