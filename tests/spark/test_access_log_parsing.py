@@ -144,7 +144,11 @@ def test_spark_counts_every_ip_spelling_under_the_reference_key(spark):
 
     rng, values = random_addresses(n=1500, seed=9)
     texts = [t for v in values for t in spellings(rng, v)]
+    texts += [R.canonical_ip(t) for t in texts[::4]]  # the canonical text itself (the parse's fast path)
     texts += [
+        "2001:DB8:5::1",
+        "2001:db8::1\n",
+        "::ffff:102:304",
         "1.2.3.4",
         "01.2.3.4",
         "fe80::1%eth0",
@@ -164,3 +168,33 @@ def test_spark_counts_every_ip_spelling_under_the_reference_key(spark):
     got = parsing.classify(spark.createDataFrame(rows, "value binary")).select("ip", "reason").collect()
     mismatches = [(t, r.ip, R.canonical_ip(t)) for t, r in zip(texts, got) if r.ip != R.canonical_ip(t)]
     assert not mismatches, mismatches[:10]
+
+
+def test_a_join_on_the_parse_s_window_plans_in_bounded_size(spark):
+    """The reconciliation's carry-in (ip_count_reference.carry_in) groups the parsed source by window and joins the
+    window key with a broadcast table (which batch emits each window). Spark's optimizer follows a join key down
+    through every projection, inlining each alias (dynamic partition pruning's `trimAliases`), so a parse built as
+    a chain of columns each used several times by the next grows that expression exponentially: an IPv6 rule
+    written so (withdrawn, docs/performance.md) ran this plan's driver out of heap. The plan with the join must
+    stay about the size of the parse's own. Optimized only: no job runs, no broker is asked."""
+    from pyspark.sql import functions as F
+
+    from onceflow import config, wire
+    from onceflow.rules.ledger import LedgerEntry
+    from onceflow.rules.sources import on_topic
+    from onceflow_apps import ip_count_reference as ref
+
+    settings = config.load(env={})
+    entries = [LedgerEntry("ip_count", 0, on_topic("src", {0: (0, 10)}), 0, 0, 1, 0, 1.0, 0, wire.H_APP)]
+    src = ref.classified_source(spark, settings, entries, entries)
+    emission = spark.createDataFrame([(0, 1)], "window_start_ms long, emit_batch long")
+    carry = (
+        ref.contributions(src)
+        .join(F.broadcast(emission), "window_start_ms", "left")
+        .where(F.col("emit_batch").isNull() | (F.col("emit_batch") > 0))
+    )
+
+    def size(df):  # the optimized plan, no job run (nothing is read from Kafka)
+        return len(df._jdf.queryExecution().optimizedPlan().toString())
+
+    assert size(carry) < 2 * size(src), (size(carry), size(src))

@@ -145,8 +145,8 @@ def classify(df: DataFrame, max_ahead_ms: int | Column | None = None, quarantine
         .withColumn("_line_ts", F.when(line_ok, text.substr(F.length(F.substring_index(text, " ", 3)) + 3, F.lit(26))))
     )
     raw_ts = F.when(is_json, js["ts"]).otherwise(F.col("_line_ts"))
-    # The IP's canonical text (records.canonical_ip): IPv4 as it is, IPv6 through its eight groups, each step a
-    # column of its own so that Spark evaluates it once.
+    # The IP's canonical text (records.canonical_ip): IPv4 as it is, IPv6 already in canonical form as it is, any
+    # other IPv6 spelling through its eight groups, each step a column of its own so that Spark evaluates it once.
     low = F.col("_ipl")
     staged = (
         staged.withColumn(
@@ -158,7 +158,9 @@ def classify(df: DataFrame, max_ahead_ms: int | Column | None = None, quarantine
         .withColumn("_ipl", F.lower(F.when(is_json, js["ip"]).otherwise(F.col("_line_ip"))))
         .withColumn(
             "_ip",
-            F.when(low.rlike("^" + _V4), low).when(
+            F.when(low.rlike("^" + _V4), low)
+            .when(_full(low, R.CANONICAL_IPV6), low)
+            .when(
                 low.contains(":"),
                 _let(
                     _embedded_v4_as_hex(low),
