@@ -156,8 +156,8 @@ def canonical_ip(candidate: object) -> str | None:
     the longest run of two or more zero groups written `::` (the first of equally long runs), a single zero
     group written `0`; an IPv4-mapped address (::ffff:0:0/96) keeps its last 32 bits dotted (section 5), every
     other address is pure hex. A dotted IPv4 may end any IPv6 spelling (`::ffff:1.2.3.4`, `64:ff9b::1.2.3.4`).
-    Zone ids (`%eth0`) are not addresses. The same rule in Spark SQL is in onceflow_apps.access_log.parsing (`_ipv6_groups`, `_render`; a text
-    CANONICAL_IPV6 matches is its own canonical text)."""
+    Zone ids (`%eth0`) are not addresses. The same rule in Spark SQL is in onceflow_apps.access_log.parsing
+    (`_ipv6_groups`, `_render`; a text CANONICAL_IPV6 matches is its own canonical text)."""
     if not isinstance(candidate, str):
         return None
     s = candidate.lower()

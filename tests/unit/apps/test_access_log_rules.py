@@ -180,8 +180,8 @@ def test_a_text_the_canonical_ipv6_pattern_takes_is_its_own_canonical_text():
     rng, values = random_addresses()
     taken = 0
     for v in values:
-        key = R.canonical_ip(spellings(rng, v)[0])
-        for t in [key, *spellings(rng, v)]:
+        texts = spellings(rng, v)
+        for t in [R.canonical_ip(texts[0]), *texts]:
             low = t.lower()
             if R._java_full(R.CANONICAL_IPV6, low):
                 taken += 1
