@@ -15,11 +15,12 @@ Phases, each run in turn for every contender on the same machine:
    for ip_networks (no window: one result per record, on either of its outputs) seen - the record's event time.
    First the catch-up: until the contender's lag (source records past the position it committed) stays within
    two trigger intervals of input for BENCH_STEADY_S s (at most BENCH_CATCHUP_MAX_S): its time from the first
-   record is a figure of its own (`catch_up_s`). Then the steady state, measured: BENCH_LIVE_S s more of input,
-   over the windows that end in it (`windows`, and p50/p95/p99 of their results; ip_networks: over the records
-   stamped in it). The row `eos_loaded` measures onceflow the same way with a second onceflow job running beside
-   it (another ip_count at BENCH_LOAD_RATE records/s, default BENCH_LIVE_RATE, caught up before the measured job
-   starts); the load is reported with it (its CPU over the phase, and whether it kept up);
+   record is a figure of its own (`catch_up_s`). Then the steady state, measured: BENCH_LIVE_S s more of input
+   (default 1,200: about 240 windows), over the windows that end in it (`windows`, and p50/p95/p99 of their
+   results; ip_networks: over the records stamped in it). The row `eos_loaded` measures onceflow the same way with
+   a second onceflow job running beside it (another ip_count at BENCH_LOAD_RATE records/s, default
+   BENCH_LIVE_RATE, caught up before the measured job starts); the load is reported with it (its CPU over the
+   phase, and whether it kept up);
 3. recovery (exactly-once job only): live input, then kill -9 of the job; the time to its next committed batch
    and until its lag is back to the level before the crash; BENCH_RECOVERY_RUNS times (default 3, each a fresh app:
    the median and the worst) restarted by its supervisor after the fixed delay (a new spark-submit), as many taken
@@ -89,7 +90,9 @@ class BenchSpec:
     ips: int = field(default_factory=lambda: _env_int("BENCH_IPS", 10_000))
     event_rate: int = field(default_factory=lambda: _env_int("BENCH_EVENT_RATE", 20_000))
     live_rate: int = field(default_factory=lambda: _env_int("BENCH_LIVE_RATE", 5_000))
-    live_s: int = field(default_factory=lambda: _env_int("BENCH_LIVE_S", 120))
+    # the steady state's length: 1,200 s holds about 240 of ip_count's 5 s windows, so a p99 is not the slowest window
+    # of a couple of dozen (120 s, the default until 2026-11-30: 23 windows)
+    live_s: int = field(default_factory=lambda: _env_int("BENCH_LIVE_S", 1_200))
     # results of windows ending in the first seconds of the live phase are not counted: the job's first
     # batches include the JVM's warm-up (JIT) and the query's first state store loads
     # the latency phase's steady state begins once the lag stayed low this long; catch-up gives up after the max

@@ -4,7 +4,7 @@ On one private broker and one backlog (as in `make bench`), the exactly-once job
 settings, each differing from the embedded defaults in one setting: throughput over the backlog (from offset 0,
 into its own sink), then result latency over live input. Prints one table; raw figures go to
 var/bench/sweep-<time>.json. BENCH_SWEEP picks variants by number (e.g. "0,2,4"); the BENCH_* workload
-variables of `make bench` apply.
+variables of `make bench` apply, except that the latency phase's steady state is 120 s unless BENCH_LIVE_S is set.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from onceflow.kafka import topics
 from onceflow.runtime import jobctl
 from onceflow_dev import bench, interrupt
 
+SWEEP_LIVE_S = 120
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 VARIANTS: list[tuple[str, dict]] = [
     ("embedded default", {}),
@@ -80,7 +81,9 @@ def table(rows: list[tuple[str, dict]]) -> str:
 
 def main() -> int:
     bench.setup_logging()
-    spec = bench.BenchSpec()
+    # A variant's latency is a rough figure, over 120 s of steady state (about 23 windows) unless BENCH_LIVE_S says
+    # otherwise: at make bench's 1,200 s the nine variants would take over three hours.
+    spec = bench.BenchSpec(live_s=int(os.environ.get("BENCH_LIVE_S", SWEEP_LIVE_S)))
     var = config.REPO_ROOT / "var" / "bench"
     rows: list[tuple[str, dict]] = []
     with bench.bench_stack(spec, var) as (base, end):

@@ -31,7 +31,6 @@ def _let(value: Column, body) -> Column:
     return F.element_at(F.transform(F.array(value), body), 1)
 
 
-_V4 = R.IPV4 + r"\z"
 _V4_AT_END = r"^(.*):(" + R.IPV4 + r")\z"
 
 
@@ -158,7 +157,7 @@ def classify(df: DataFrame, max_ahead_ms: int | Column | None = None, quarantine
         .withColumn("_ipl", F.lower(F.when(is_json, js["ip"]).otherwise(F.col("_line_ip"))))
         .withColumn(
             "_ip",
-            F.when(low.rlike("^" + _V4), low)
+            F.when(_full(low, "^" + R.IPV4), low)
             .when(_full(low, R.CANONICAL_IPV6), low)
             .when(
                 low.contains(":"),
