@@ -18,6 +18,8 @@ from onceflow.kafka import topics
 from onceflow.runtime import jobctl
 from onceflow_dev import bench, interrupt
 
+# A variant's latency is a rough figure, over 120 s of steady state (about 23 windows) unless BENCH_LIVE_S says
+# otherwise: at make bench's 1,200 s the nine variants would take over three hours.
 SWEEP_LIVE_S = 120
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 VARIANTS: list[tuple[str, dict]] = [
@@ -81,9 +83,7 @@ def table(rows: list[tuple[str, dict]]) -> str:
 
 def main() -> int:
     bench.setup_logging()
-    # A variant's latency is a rough figure, over 120 s of steady state (about 23 windows) unless BENCH_LIVE_S says
-    # otherwise: at make bench's 1,200 s the nine variants would take over three hours.
-    spec = bench.BenchSpec(live_s=int(os.environ.get("BENCH_LIVE_S", SWEEP_LIVE_S)))
+    spec = bench.BenchSpec(live_s=bench._env_int("BENCH_LIVE_S", SWEEP_LIVE_S))
     var = config.REPO_ROOT / "var" / "bench"
     rows: list[tuple[str, dict]] = []
     with bench.bench_stack(spec, var) as (base, end):
