@@ -73,6 +73,7 @@ TUNABLES = (
     "shuffle_partitions",
     "state_store_provider",
     "producer_linger_ms",
+    "class_data_sharing",
     "producer_batch_messages",
 )
 

@@ -19,7 +19,7 @@ from onceflow.runtime import jobctl
 from onceflow_dev import bench, interrupt
 
 # A variant's latency is a rough figure, over 120 s of steady state (about 23 windows) unless BENCH_LIVE_S says
-# otherwise: at make bench's 1,200 s the nine variants would take over three hours.
+# otherwise: at make bench's 1,200 s the ten variants would take over three hours.
 SWEEP_LIVE_S = 120
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 VARIANTS: list[tuple[str, dict]] = [
@@ -32,6 +32,7 @@ VARIANTS: list[tuple[str, dict]] = [
     ("shuffle partitions 8", {"shuffle_partitions": 8}),
     ("maxOffsetsPerTrigger 500,000", {"max_offsets_per_trigger": 500_000}),
     ("producer linger 50 ms", {"producer_linger_ms": 50}),
+    ("class-data archive", {"class_data_sharing": True}),
 ]
 
 

@@ -80,22 +80,29 @@ def _jobs_started(spark) -> int:
     return spark.sparkContext._jsc.sc().dagScheduler().nextJobId()  # the id the next job will get
 
 
-def test_a_small_stored_output_comes_in_one_spark_job_a_large_one_per_partition_an_empty_one_in_none(
-    spark, monkeypatch
-):
-    """A job per partition costs the scheduler and each task more than a quiet batch's few rows: up to WHOLE_ROWS
-    the writer's rows come in one Spark job; above it a partition at a time (the driver's memory stays flat)."""
-    df = spark.range(0, 40, 1, 8).select("id")
+def _tasks(spark, first_job: int) -> int:
+    """The tasks of the jobs started since `first_job` (the status tracker keeps finished jobs' stages)."""
+    tracker = spark.sparkContext.statusTracker()
+    jobs = [tracker.getJobInfo(j) for j in range(first_job, _jobs_started(spark))]
+    return sum(tracker.getStageInfo(s).numTasks for job in jobs for s in job.stageIds)
+
+
+def test_a_small_stored_output_comes_in_one_task_a_large_one_per_partition_an_empty_one_in_none(spark, monkeypatch):
+    """A job per partition, or a task per partition, costs the scheduler and each task (which deserialises the
+    batch's plan) more than a quiet batch's few rows: up to WHOLE_ROWS the writer's rows come in one Spark job of
+    one task, read from the stored partitions; above it a partition at a time (the driver's memory stays flat)."""
+    df = spark.range(0, 40, 1, 8).select("id", computed_at_ms().alias("at_ms"))
     with partition_stream.materialised(df) as n:
         before = _jobs_started(spark)
-        small = [t[0] for t in partition_stream.Stored(df, tuple, n)]
-        one = _jobs_started(spark) - before
+        small = list(partition_stream.Stored(df, tuple, n))
+        one, one_task = _jobs_started(spark) - before, _tasks(spark, before)
         monkeypatch.setattr(partition_stream, "WHOLE_ROWS", n - 1)
         before = _jobs_started(spark)
-        large = [t[0] for t in partition_stream.Stored(df, tuple, n)]
+        large = list(partition_stream.Stored(df, tuple, n))
         per_partition = _jobs_started(spark) - before
-    assert small == large == list(range(40))
-    assert (one, per_partition) == (1, 8)
+    assert [i for i, _ in small] == list(range(40))
+    assert small == large, "the stored rows were computed again (a row's compute time moved)"
+    assert (one, one_task, per_partition) == (1, 1, 8)
     empty = spark.range(0, 0, 1, 4)
     with partition_stream.materialised(empty) as n:
         before = _jobs_started(spark)

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
-# Up to this many rows (a few MB) a stored output is fetched by one Spark job over all its partitions.
+# Up to this many rows (a few MB) a stored output is fetched by one Spark job, in one task.
 WHOLE_ROWS = 50_000
 _python_rdd: dict[int, Any] = {}  # per JVM gateway: PythonRDD's class
 
@@ -51,12 +51,15 @@ def rows(df: Any) -> Iterator[Any]:
 def tuples(df: Any, whole: bool = False) -> Iterator[tuple]:
     """As `rows`, as plain tuples, moved as Arrow record batches instead of pickled Rows: the executors' JVMs
     write Arrow, the driver reads each batch's columns at once (no Row object per row). `whole`: every partition
-    in one Spark job (a small output)."""
+    in one Spark task (a small output: the stored partitions read by one task instead of a task each, whose every
+    task would deserialise the batch's whole plan; a cached frame's `coalesce` reads its stored blocks)."""
     import pyarrow as pa
     from pyspark.serializers import NoOpSerializer
     from pyspark.sql.pandas.types import to_arrow_schema
 
     schema = to_arrow_schema(df.schema)
+    if whole:
+        df = df.coalesce(1)
     jrdd = df._jdf.toArrowBatchRdd().toJavaRDD()  # serialized Arrow record batches, no schema in them
 
     def collect(partitions: list[int]) -> list[tuple]:
