@@ -228,8 +228,9 @@ class Spark:
     # The platform's Spark JVMs on this machine (the job's driver and standby, its executors on a standalone cluster
     # at a loopback address, the batch jobs) map one class-data archive of Spark's classes (JDK CDS,
     # onceflow.runtime.class_data), built on first use under jvm_dir (a minute or two, once per JVM, pyspark and
-    # class path): each restart loads and verifies fewer classes. Off by default (docs/cluster.md).
-    class_data_sharing: bool = False
+    # class path; `onceflow-dev stack up` builds it before the first job starts): each start and restart loads and
+    # verifies fewer classes (docs/cluster.md, docs/performance.md). A JVM that cannot map it starts as before.
+    class_data_sharing: bool = True
     # Standalone: the most cores the streaming job takes from the cluster (spark.cores.max; 0 = all, Spark's
     # default). A long-lived job that takes every core starves the reconciliation recount and backfills.
     cores_max: NonNegInt = 0

@@ -62,6 +62,7 @@ from onceflow_dev import (
     machine,
     postgres,
     spark_cluster,
+    stack,
 )
 
 log = logging.getLogger("onceflow_dev.bench")
@@ -780,6 +781,7 @@ def bench_stack(spec: BenchSpec, var: Path):
     """A private broker (three, and a Spark master with its workers, on the cluster topology) with the backlog written
     to `bench.source`; yields (base settings, end offsets)."""
     base = private_settings(var, spec.topology)
+    stack.prepare_jvm(base)  # as `make run` does: no contender's CPU pays for a first start on this machine
     broker.start(base)
     try:
         if spec.topology == "cluster":

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from onceflow import config
 from onceflow.kafka import topics
 from onceflow.rules import clock
-from onceflow_dev import broker, interrupt, machine
+from onceflow_dev import broker, interrupt, machine, stack
 from onceflow_dev.bench import (
     AtLeastOnce,
     BenchSpec,
@@ -94,6 +94,7 @@ def main() -> int:
         "machine": machine.describe(),
         "quiet": {},
     }
+    stack.prepare_jvm(base)  # as `make run` does: no contender's CPU pays for a first start on this machine
     broker.start(base)
     try:
         known: dict[str, tuple[Callable[[config.Settings], Contender], dict]] = {

@@ -35,7 +35,18 @@ from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs
 from onceflow.runtime.stacks import driver_pid
-from onceflow_dev import broker, chaos_plan, generator, interrupt, loopback, machine, postgres, scenario, stall_stacks
+from onceflow_dev import (
+    broker,
+    chaos_plan,
+    generator,
+    interrupt,
+    loopback,
+    machine,
+    postgres,
+    scenario,
+    stack,
+    stall_stacks,
+)
 from onceflow_dev.generator import KIND_TAIL
 
 log = logging.getLogger("onceflow_dev.chaos")
@@ -67,9 +78,9 @@ class ChaosSpec:
     # CHAOS_SINK=postgres: the app writes to PostgreSQL (docs/database-sink.md), whose server crashes too
     sink: str = field(default_factory=lambda: env_or("CHAOS_SINK", "kafka"))
     database_crashes: int = field(default_factory=lambda: env_or("CHAOS_DATABASE_CRASHES", 3))
-    # CHAOS_CLASS_DATA=1: the job's drivers (and its standby) map a class-data archive of Spark's classes
-    # (ONCEFLOW_CLASS_DATA_SHARING): a restart and a standby's start load fewer classes
-    class_data: int = field(default_factory=lambda: env_or("CHAOS_CLASS_DATA", 0))
+    # the job's drivers (and its standby) map a class-data archive of Spark's classes, as the platform's default
+    # (ONCEFLOW_CLASS_DATA_SHARING): a restart and a standby's start load fewer classes; CHAOS_CLASS_DATA=0: without
+    class_data: int = field(default_factory=lambda: env_or("CHAOS_CLASS_DATA", 1))
     ips: int = 5000
 
 
@@ -165,12 +176,13 @@ def run(spec: ChaosSpec, var_dir) -> dict:
         fault=",".join(f"stall_in_txn@{b}:{stall_s:.0f}" for b in stall_batches(spec)),
     )
     var_dir.mkdir(parents=True, exist_ok=True)
+    stack.prepare_jvm(s)  # as `make run` does: the first job start is not a first start on this machine
     broker.start(base)
     # who does what: the job as itself; the upstream producer and the checks as the admin (all the same on a plain
     # stack); the recount as the read-only reconciliation principal
     job, observer, recon = s, s, s
     if spec.secured:
-        from onceflow_dev import credentials, stack
+        from onceflow_dev import credentials
 
         observer = stack.provision(s)
         job, recon = credentials.as_role(s, "job"), credentials.as_role(s, "reconcile")

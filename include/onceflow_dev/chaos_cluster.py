@@ -39,7 +39,18 @@ from onceflow.kafka import cluster, topics
 from onceflow.rules import clock
 from onceflow.rules.names import private_topics
 from onceflow.runtime import jobctl, launcher, procs
-from onceflow_dev import broker, chaos, chaos_plan, interrupt, loopback, machine, scenario, spark_cluster, stall_stacks
+from onceflow_dev import (
+    broker,
+    chaos,
+    chaos_plan,
+    interrupt,
+    loopback,
+    machine,
+    scenario,
+    spark_cluster,
+    stack,
+    stall_stacks,
+)
 
 log = logging.getLogger("onceflow_dev.chaos")
 
@@ -62,8 +73,9 @@ class ClusterChaosSpec:
     double_fault: int = field(default_factory=lambda: chaos.env_or("CHAOS_DOUBLE_FAULT", 0))
     # CHAOS_SECURED=1: every node SASL/SCRAM over TLS with ACLs, the job on its least-privileged principal
     secured: int = field(default_factory=lambda: chaos.env_or("CHAOS_SECURED", 0))
-    # the driver and executors map a class-data archive of Spark's classes (ONCEFLOW_CLASS_DATA_SHARING)
-    class_data: int = field(default_factory=lambda: chaos.env_or("CHAOS_CLASS_DATA", 0))
+    # the driver and executors map a class-data archive of Spark's classes, as the platform's default
+    # (ONCEFLOW_CLASS_DATA_SHARING); CHAOS_CLASS_DATA=0: without
+    class_data: int = field(default_factory=lambda: chaos.env_or("CHAOS_CLASS_DATA", 1))
     ips: int = 5000
 
 
@@ -252,10 +264,11 @@ def run(spec: ClusterChaosSpec, var_dir: Path) -> dict[str, Any]:
     # the same on a plain one)
     job = s
     sampler = stacks = None
+    stack.prepare_jvm(s)  # as `make run` does: the first job start is not a first start on this machine
     try:
         broker.start(s)
         if spec.secured:
-            from onceflow_dev import credentials, stack
+            from onceflow_dev import credentials
 
             s, job = stack.provision(s), credentials.as_role(s, "job")
         spark_cluster.start(s, workers=2)

@@ -10,7 +10,7 @@ from pathlib import Path
 from onceflow import config
 from onceflow.config import ENV_PREFIX, STACK_FILE, Settings
 from onceflow.kafka import topics
-from onceflow.runtime import jvm
+from onceflow.runtime import jvm, launcher
 from onceflow_dev import broker, postgres, spark_cluster
 
 DEFAULT_SPARK_MASTER_PORT = 7077
@@ -24,7 +24,7 @@ def up(settings: Settings, spark_workers: int = 0, with_postgres: bool = False) 
     if spark_workers:
         spark_cluster.master_address(settings)  # a clear error before anything starts
     remember(settings, spark_workers)
-    jvm.spark_kafka_jars(settings)  # resolve and cache the Spark connector now, not at first job start
+    prepare_jvm(settings)
     info = broker.start(settings)
     # every app instance of the control plane (ONCEFLOW_APPS): its topics, and on the secured stack its principals
     # and their ACLs, so each instance's DAGs and job find theirs
@@ -38,6 +38,14 @@ def up(settings: Settings, spark_workers: int = 0, with_postgres: bool = False) 
         port = str((postgres.state(settings) or {})["port"])
         remember(settings, spark_workers, {ENV_PREFIX + "POSTGRES_PORT": port})
     return status(settings) | {"topics_created": info["topics_created"]}
+
+
+def prepare_jvm(settings: Settings) -> None:
+    """What a job's first start would otherwise do before its first batch, done now, once per machine: the Spark
+    Kafka connector resolved and cached, and the class-data archive of Spark's classes built
+    (ONCEFLOW_CLASS_DATA_SHARING; a minute or two; nothing where the setting or the launch does not use it)."""
+    jvm.spark_kafka_jars(settings)
+    launcher.with_class_data(settings, launcher.local_fs_conf(settings, settings.checkpoint))
 
 
 def instances(settings: Settings) -> list[Settings]:

@@ -9,8 +9,16 @@ import pytest
 
 from onceflow import config
 from onceflow.rules import clock
-from onceflow.runtime import supervisor
+from onceflow.runtime import class_data, supervisor
 from onceflow.runtime.run_files import JobStatus
+
+
+@pytest.fixture(autouse=True)
+def no_class_data_build(request, monkeypatch):
+    """Unit tests start no JVM: a launch put together here (class-data sharing is on by default) finds no archive
+    instead of building one with spark-submit. test_class_data stands spark-submit in itself."""
+    if request.module.__name__.rpartition(".")[2] != "test_class_data":
+        monkeypatch.setattr(class_data, "build", lambda *_a, **_kw: None)
 
 
 @pytest.fixture

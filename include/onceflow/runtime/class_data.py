@@ -1,7 +1,8 @@
 """A class-data archive (JDK CDS) of Spark's classes, which the Spark JVMs started on this machine can map instead of
 loading and verifying the same ~15,000 classes again: the test session's many short JVMs (tests/conftest.py) and,
-with `ONCEFLOW_CLASS_DATA_SHARING`, the platform's own launches (the job's driver and its standby, its executors on
-the embedded cluster, the batch jobs: onceflow.runtime.launcher), whose restarts pay that cost each time.
+unless `ONCEFLOW_CLASS_DATA_SHARING` is off, the platform's own launches (the job's driver and its standby, its
+executors on the embedded cluster, the batch jobs: onceflow.runtime.launcher), whose restarts pay that cost each
+time.
 
 A dynamic archive (`-XX:ArchiveClassesAtExit`) taken once from a small workload that loads what a job loads (a batch
 aggregation, a stateful streaming query with a watermark through `foreachBatch`). A short Spark application measured
@@ -10,9 +11,9 @@ program computes; a JVM whose class path or build does not match the archive ign
 as before.
 
 The archive is kept under `var/jvm/`, named by what it depends on (the JVM's version, pyspark's version and its
-jars, the class path the jobs' drivers add), and built once, on first use: processes building it at once take
-turns. A failed build is logged, recorded beside it (not tried again at every launch) and returns None: the JVMs
-then run without it.
+jars, the class path the jobs' drivers add), and built once, by `onceflow-dev stack up` or on first use: processes
+building it at once take turns. A failed build is logged, recorded beside it (not tried again at every launch) and
+returns None: the JVMs then run without it.
 
 A JVM maps the archive only when the class path it was dumped with is a prefix of its own. The jobs' drivers and
 executors put the platform's local file system first (onceflow.runtime.local_fs: `spark.*.extraClassPath`, which

@@ -77,10 +77,13 @@ def with_class_data(settings: Settings, fs_conf: dict[str, str]) -> dict[str, st
     """`fs_conf` (the local file system's settings of a launch), plus the options that map the class-data archive
     (onceflow.runtime.class_data, ONCEFLOW_CLASS_DATA_SHARING) on the driver and on executors that run here: only
     where the launch's class path is the one the archive was dumped with (a JVM ignores an archive of another class
-    path, with a warning in its log)."""
+    path, with a warning in its log). A launch without the local file system's jar before Spark's (a checkpoint
+    elsewhere, or no javac here) goes without: the archive is dumped with it first, and the jar is not built for a
+    launch that does not use it."""
     if not settings.class_data_sharing or not _executors_on_this_machine(settings.master):
         return fs_conf
-    if fs_conf.get("spark.driver.extraClassPath") != class_data.driver_class_path(settings):
+    launch_path = fs_conf.get("spark.driver.extraClassPath")
+    if launch_path is None or launch_path != class_data.driver_class_path(settings):
         return fs_conf
     archive = class_data.build(settings, spark_submit(), submit_env(settings))  # on first use: a minute or two, once
     if archive is None:

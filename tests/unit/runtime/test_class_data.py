@@ -111,8 +111,10 @@ def test_with_class_data_sharing_the_driver_and_executors_here_map_the_archive(m
         assert conf["spark.executor.extraJavaOptions"] == option
 
 
-def test_off_by_default_and_nothing_built(monkeypatch, tmp_path):
-    job, batch, _, built = _launches(monkeypatch, tmp_path)
+def test_on_by_default_and_off_when_told_nothing_built(monkeypatch, tmp_path):
+    job, _, archive, _ = _launches(monkeypatch, tmp_path)
+    assert job["spark.driver.extraJavaOptions"].endswith(f"-XX:SharedArchiveFile={archive}")
+    job, batch, _, built = _launches(monkeypatch, tmp_path, class_data_sharing=False)
     assert "SharedArchiveFile" not in json.dumps([job, batch]) and not built
 
 
@@ -126,3 +128,10 @@ def test_off_by_default_and_nothing_built(monkeypatch, tmp_path):
 def test_not_where_the_class_path_or_the_machine_is_another(monkeypatch, tmp_path, overrides):
     job, _, _, _ = _launches(monkeypatch, tmp_path, class_data_sharing=True, **overrides)
     assert "SharedArchiveFile" not in json.dumps(job)
+
+
+def test_not_without_the_local_file_systems_jar(monkeypatch, tmp_path):
+    """No javac here: the launches keep Hadoop's file system and Spark's own class path, and go without the archive
+    (dumped with the jar first) rather than have one built for them."""
+    job, batch, _, built = _launches(monkeypatch, tmp_path, jar=None)
+    assert "SharedArchiveFile" not in json.dumps([job, batch]) and not built
