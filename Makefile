@@ -144,8 +144,8 @@ bench-sweep: setup
 ## transaction coordinator mid-transaction, of a Spark worker, of the driver, one broker down for minutes
 ## (CHAOS_BROKER_DOWN_S, CHAOS_LEADER_KILLS, CHAOS_COORDINATOR_KILLS, CHAOS_WORKER_KILLS; CHAOS_SECURED=1 too;
 ## CHAOS_DOUBLE_FAULT=1: a second node killed inside the outage, on purpose). CHAOS_CLASS_DATA=0, either topology: the
-## job's drivers and executors without the class-data archive (ONCEFLOW_CLASS_DATA_SHARING, on by default). Liveness per fault against
-## CHAOS_COMMIT_BOUND_S (120) and CHAOS_LAG_BOUND_S (300); a planned fault not injected fails the run.
+## job's drivers and executors without the class-data archive (ONCEFLOW_CLASS_DATA_SHARING, on by default). Liveness
+## per fault against CHAOS_COMMIT_BOUND_S (120) and CHAOS_LAG_BOUND_S (300); a planned fault not injected fails the run.
 chaos: setup
 	$(BIN)/python -m onceflow_dev.$(if $(filter cluster,$(CHAOS_TOPOLOGY)),chaos_cluster,chaos)
 

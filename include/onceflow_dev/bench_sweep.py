@@ -32,7 +32,7 @@ VARIANTS: list[tuple[str, dict]] = [
     ("shuffle partitions 8", {"shuffle_partitions": 8}),
     ("maxOffsetsPerTrigger 500,000", {"max_offsets_per_trigger": 500_000}),
     ("producer linger 50 ms", {"producer_linger_ms": 50}),
-    ("class-data archive", {"class_data_sharing": True}),
+    ("class-data archive off", {"class_data_sharing": False}),
 ]
 
 
