@@ -45,7 +45,7 @@ def rows(df: Any) -> Iterator[Any]:
 
     jrdd = df._jdf.javaToPython()  # pickled rows, made in the executors' JVMs (no Python on the executors)
     serializer = BatchedSerializer(CPickleSerializer())
-    yield from _stream(df, jrdd, lambda ps: list(_load(df, jrdd, ps, serializer)))
+    yield from _stream(jrdd, lambda ps: list(_load(df, jrdd, ps, serializer)))
 
 
 def tuples(df: Any, whole: bool = False) -> Iterator[tuple]:
@@ -69,7 +69,7 @@ def tuples(df: Any, whole: bool = False) -> Iterator[tuple]:
             out.extend(zip(*(c.to_pylist() for c in batch.columns), strict=True))
         return out
 
-    yield from _stream(df, jrdd, collect, whole)
+    yield from _stream(jrdd, collect)
 
 
 class Stored(Generic[T]):
@@ -79,7 +79,7 @@ class Stored(Generic[T]):
     same process, without failing the query for Spark to replay the batch after a restart."""
 
     def __init__(self, df: Any, make: Callable[[tuple], T], count: int | None = None):
-        """`count`: the rows `materialised` found (none: no Spark job at all; a few: one job for all of them)."""
+        """`count`: the rows `materialised` found (none: no Spark job at all; a few: one job of one task)."""
         self._df, self._make, self._count = df, make, count
 
     def __iter__(self) -> Iterator[T]:
@@ -104,12 +104,12 @@ def _load(df: Any, jrdd: Any, partitions: list[int], serializer: Any) -> Iterato
         yield from stream
 
 
-def _stream(df: Any, jrdd: Any, collect: Any, whole: bool = False) -> Iterator[Any]:
+def _stream(jrdd: Any, collect: Any) -> Iterator[Any]:
     n = jrdd.getNumPartitions()
     if n == 0:
         return
-    if whole:
-        yield from collect(list(range(n)))
+    if n == 1:  # a small output coalesced to one partition (tuples' `whole`): nothing to fetch ahead
+        yield from collect([0])
         return
     with ThreadPoolExecutor(1, thread_name_prefix="partition-prefetch") as pool:
         pending = pool.submit(collect, [0])
