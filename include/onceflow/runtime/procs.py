@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -62,8 +63,15 @@ def read_pidfile(path: Path) -> dict | None:
     return None
 
 
+# Ports this process has handed out: a draw is free only until its server binds it, so two draws for one stack (a
+# broker's client port and the Spark master's, say) could otherwise both land on the same still-unbound port.
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port() -> int:
-    """A loopback port nobody listens on right now (private brokers of tests, bench and chaos).
+    """A loopback port nobody listens on right now and this process has not handed out before (private brokers of
+    tests, bench and chaos).
 
     Drawn below the kernel's ephemeral range: a port the kernel hands out itself (bind to 0) is also the local port
     of the next outgoing connection, and between this check and the server's bind a few seconds pass (a broker
@@ -72,17 +80,26 @@ def free_port() -> int:
     import socket
 
     low = _ephemeral_low()
-    for _ in range(200 if low > 2048 else 0):
-        port = random.randrange(max(1024, low - 12000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
+    with _handed_out_lock:
+        for _ in range(200 if low > 2048 else 0):
+            port = random.randrange(max(1024, low - 12000), low)
+            if port in _handed_out:
                 continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
             return port
-    with socket.socket() as s:  # a crowded range: fall back to the kernel's choice
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        for _ in range(20):  # a crowded range: fall back to the kernel's choice
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise RuntimeError("no free loopback port")
 
 
 def _ephemeral_low() -> int:
@@ -104,8 +121,12 @@ def free_port_run(n: int, step: int, attempts: int = 50) -> int:
 
     for _ in range(attempts):
         p = free_port()
-        if p + step * n < 65535 and all(free(p + step * i) for i in range(n)):
-            return p
+        run = [p + step * i for i in range(n)]
+        if p + step * n < 65535 and all(free(q) for q in run[1:]):
+            with _handed_out_lock:
+                if not _handed_out.intersection(run[1:]):
+                    _handed_out.update(run)
+                    return p
     raise RuntimeError(f"no {n} free loopback ports {step} apart after {attempts} tries")
 
 

@@ -29,6 +29,33 @@ def test_a_loopback_cluster_gets_a_port_of_its_own_for_every_node_and_the_master
     assert not config.load(env={}, var_dir=tmp_path, **loopback.kafka()).on_standalone  # local[2]
 
 
+def test_two_draws_in_one_process_never_hand_out_the_same_port(monkeypatch):
+    # A drawn port stays free until its server binds it, so a stack's draws (a broker's port, the master's) could
+    # land on one port: CI saw the master drawn on broker 1's port. The draw repeats here on purpose.
+    import random
+
+    monkeypatch.setattr(procs, "_handed_out", set(), raising=False)
+    low = procs._ephemeral_low()
+    repeated = max(1024, low - 12000) + 7
+    draws = iter([repeated, repeated, repeated, repeated + 1, repeated + 2])
+    monkeypatch.setattr(random, "randrange", lambda *_: next(draws))
+    assert [procs.free_port(), procs.free_port(), procs.free_port()] == [repeated, repeated + 1, repeated + 2]
+
+
+def test_a_controller_run_does_not_take_a_port_already_handed_out(monkeypatch):
+    import random
+
+    monkeypatch.setattr(procs, "_handed_out", set(), raising=False)
+    low = procs._ephemeral_low()
+    base = max(1024, low - 12000) + 11
+    client = base + config.NODE_PORT_STEP  # the second controller port of a run starting at base
+    draws = iter([client, base, base + 1])
+    monkeypatch.setattr(random, "randrange", lambda *_: next(draws))
+    assert procs.free_port() == client
+    run = procs.free_port_run(3, config.NODE_PORT_STEP)
+    assert client not in {run + config.NODE_PORT_STEP * i for i in range(3)}, run
+
+
 def _settings(tmp_path):
     return config.load(env={}, var_dir=tmp_path, **loopback.kafka())
 
