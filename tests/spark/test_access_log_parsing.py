@@ -51,18 +51,10 @@ def test_spark_window_agrees_at_boundaries(spark, ts_ms):
     assert int(w.replace(tzinfo=UTC).timestamp() * 1000) * 1000 == R.window_start_us(ts_ms * 1000, 5)
 
 
-def test_the_streaming_plan_reads_and_parses_each_record_once(spark, tmp_path):
-    """Spark inlines column aliases and pushes filters below projections; done naively that evaluated the JSON
-    parse about ten times per record (measured 3x slower). Spark reuses no scan either: each branch of the union
-    (aggregation and DLQ) read and parsed the batch again. The job's plan must read the source and parse once,
-    the DLQ branch reading the aggregation branch's shuffle (onceflow.spark.read_once), with both filters kept
-    above the watermark."""
+def _rate_source(spark):
     from pyspark.sql import functions as F
 
-    from onceflow import config
-    from onceflow_apps import ip_count_plan as ip_count
-
-    raw = (
+    return (
         spark.readStream.format("rate")
         .option("rowsPerSecond", 10)
         .load()
@@ -74,8 +66,19 @@ def test_the_streaming_plan_reads_and_parses_each_record_once(spark, tmp_path):
             F.col("timestamp"),
         )
     )
+
+
+def test_the_streaming_plan_reads_and_parses_each_record_once(spark, tmp_path):
+    """Spark inlines column aliases and pushes filters below projections; done naively that evaluated the JSON
+    parse about ten times per record (measured 3x slower). Spark reuses no scan either: each branch of the union
+    (aggregation and DLQ) read and parsed the batch again. The job's plan must read the source and parse once,
+    the DLQ branch reading the aggregation branch's shuffle (onceflow.spark.read_once), with both filters kept
+    above the watermark."""
+    from onceflow import config
+    from onceflow_apps import ip_count_plan as ip_count
+
     q = (
-        ip_count.results_and_dlq(raw, config.load(env={}))
+        ip_count.results_and_dlq(_rate_source(spark), config.load(env={}))
         .writeStream.foreachBatch(lambda df, _: df.count())
         .option("checkpointLocation", str(tmp_path / "ckpt"))
         .trigger(availableNow=True)
@@ -94,6 +97,32 @@ def test_the_streaming_plan_reads_and_parses_each_record_once(spark, tmp_path):
     assert len(above_watermarks) == 2, plan
     assert any("Filter isnotnull(ts" in line for line in above_watermarks), plan
     assert any("Filter isnull(ts" in line for line in above_watermarks), plan
+
+
+def test_the_rejects_of_a_batch_are_read_by_one_task(spark, tmp_path):
+    """Every task of a micro-batch deserialises the batch's whole plan (its stateful operators' closures hold it),
+    so a quiet batch's tasks cost more than its rows. The rejects, few, are read from every partition of the shared
+    shuffle by one task: a batch's output has the state's partitions and one more, not those and the shared
+    shuffle's."""
+    from onceflow import config
+    from onceflow_apps import ip_count_plan as ip_count
+
+    seen: list[int] = []
+
+    def batch(df, _batch_id):
+        seen.append(df._jdf.queryExecution().toRdd().getNumPartitions())
+        df.count()  # the batch runs (Spark refuses a batch whose state store was not committed)
+
+    q = (
+        ip_count.results_and_dlq(_rate_source(spark), config.load(env={}))
+        .writeStream.foreachBatch(batch)
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert q.awaitTermination(120)
+    state_partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    assert seen and set(seen) == {state_partitions + 1}, seen
 
 
 def test_the_clock_and_quarantine_rules_agree_with_the_reference(spark):

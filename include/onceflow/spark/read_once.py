@@ -12,7 +12,10 @@ shuffles differ, and both are held off here:
 - it prunes each branch's unused columns below a shuffle: every column but the event time and the shuffle's keys
   travels in one struct, which both branches use, and nested fields are not pruned through a watermark.
 
-Rows whose event time is set carry only the result columns through the shuffle, not the record's value.
+Rows whose event time is set carry only the result columns through the shuffle, not the record's value. In a
+stream the rejects, few, are read by one task from every partition of the shared shuffle: a task per partition
+deserialised the batch's whole plan for a handful of rows (docs/performance.md, "One task for the rejects"). A
+backlog of mostly rejects (a producer gone wrong) has that one task read them all.
 `tests/spark/test_access_log_parsing.py` checks the plan (one parse, the shuffle reused), so a Spark upgrade that
 changes either rule shows up as a failing test, not as a slower job.
 """
@@ -57,7 +60,9 @@ def branches(
     if parsed.isStreaming:  # a batch plan drops the watermark, and with it the filters' place: no shuffle to share
         once = once.repartition(partitions, *keys)
     once = once.withWatermark(event_time, delay)
+    rejected = once.where(F.col(event_time).isNull()).select(f"{_PACKED}.reject.*")
+    if parsed.isStreaming:
+        rejected = rejected.coalesce(1)  # few rows, one task (above)
     return Branches(
-        good=once.where(F.col(event_time).isNotNull()).select(event_time, f"{_PACKED}.good.*"),
-        rejects=once.where(F.col(event_time).isNull()).select(f"{_PACKED}.reject.*"),
+        good=once.where(F.col(event_time).isNotNull()).select(event_time, f"{_PACKED}.good.*"), rejects=rejected
     )
