@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -77,29 +78,35 @@ def free_port() -> int:
     of the next outgoing connection, and between this check and the server's bind a few seconds pass (a broker
     formats its storage first) in which another process's client connection can take it."""
     import random
-    import socket
 
     low = _ephemeral_low()
+    drawn = (random.randrange(max(1024, low - 12000), low) for _ in range(200 if low > 2048 else 0))
+    kernels = (_kernels_port() for _ in range(20))  # a crowded range: fall back to the kernel's choice
     with _handed_out_lock:
-        for _ in range(200 if low > 2048 else 0):
-            port = random.randrange(max(1024, low - 12000), low)
-            if port in _handed_out:
-                continue
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            _handed_out.add(port)
-            return port
-        for _ in range(20):  # a crowded range: fall back to the kernel's choice
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            if port not in _handed_out:
+        for port in itertools.chain(drawn, kernels):
+            if port not in _handed_out and _bindable(port):
                 _handed_out.add(port)
                 return port
     raise RuntimeError("no free loopback port")
+
+
+def _bindable(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _kernels_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _ephemeral_low() -> int:
