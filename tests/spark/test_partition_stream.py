@@ -57,10 +57,10 @@ def test_a_materialised_frame_is_computed_before_it_is_streamed(spark):
     import time
 
     df = spark.range(0, 12, 1, 6).select("id", computed_at_ms().alias("at_ms"))
-    with partition_stream.materialised(df) as n:
+    with partition_stream.materialised(df) as stored:
         opened_ms = time.time() * 1000  # where the transaction begins
-        got = list(partition_stream.tuples(df))
-    assert n == 12 and sorted(i for i, _ in got) == list(range(12))
+        got = list(partition_stream.Stored(stored, tuple))
+    assert stored.count == 12 and sorted(i for i, _ in got) == list(range(12))
     assert max(at for _, at in got) < opened_ms, "a partition was computed after the transaction opened"
 
 
@@ -69,8 +69,8 @@ def test_stored_rows_read_twice_are_the_same_rows_not_computed_again(spark):
     (onceflow.protocol.exactly_once): they come from the stored partitions, so a row's compute time is the same in
     both reads (computed again, it would be later: each row sleeps first)."""
     df = spark.range(0, 12, 1, 6).select("id", computed_at_ms().alias("at_ms"))
-    with partition_stream.materialised(df):
-        stored = partition_stream.Stored(df, lambda t: {"id": t[0], "at_ms": t[1]})
+    with partition_stream.materialised(df) as m:
+        stored = partition_stream.Stored(m, lambda t: {"id": t[0], "at_ms": t[1]})
         first = list(stored)
         second = list(stored)
     assert len(first) == 12 and first == second
@@ -90,21 +90,36 @@ def _tasks(spark, first_job: int) -> int:
 def test_a_small_stored_output_comes_in_one_task_a_large_one_per_partition_an_empty_one_in_none(spark, monkeypatch):
     """A job per partition, or a task per partition, costs the scheduler and each task (which deserialises the
     batch's plan) more than a quiet batch's few rows: up to WHOLE_ROWS the writer's rows come in one Spark job of
-    one task, read from the stored partitions; above it a partition at a time (the driver's memory stays flat)."""
+    one task, read from the stored partitions; above it a partition at a time (the driver's memory stays flat).
+    The count that stores them is one job of a task per partition, with no second stage merging the counts."""
     df = spark.range(0, 40, 1, 8).select("id", computed_at_ms().alias("at_ms"))
-    with partition_stream.materialised(df) as n:
+    before = _jobs_started(spark)
+    with partition_stream.materialised(df) as stored:
+        counted, count_tasks = _jobs_started(spark) - before, _tasks(spark, before)
         before = _jobs_started(spark)
-        small = list(partition_stream.Stored(df, tuple, n))
+        small = list(partition_stream.Stored(stored, tuple))
         one, one_task = _jobs_started(spark) - before, _tasks(spark, before)
-        monkeypatch.setattr(partition_stream, "WHOLE_ROWS", n - 1)
+        monkeypatch.setattr(partition_stream, "WHOLE_ROWS", stored.count - 1)
         before = _jobs_started(spark)
-        large = list(partition_stream.Stored(df, tuple, n))
+        large = list(partition_stream.Stored(stored, tuple))
         per_partition = _jobs_started(spark) - before
-    assert [i for i, _ in small] == list(range(40))
+    assert [i for i, _ in small] == list(range(40)) and stored.count == 40
     assert small == large, "the stored rows were computed again (a row's compute time moved)"
+    assert (counted, count_tasks) == (1, 8), "the count ran more than one stage of a task per partition"
     assert (one, one_task, per_partition) == (1, 1, 8)
     empty = spark.range(0, 0, 1, 4)
-    with partition_stream.materialised(empty) as n:
+    with partition_stream.materialised(empty) as stored:
         before = _jobs_started(spark)
-        assert n == 0 and list(partition_stream.Stored(empty, tuple, n)) == []
+        assert stored.count == 0 and list(partition_stream.Stored(stored, tuple)) == []
         assert _jobs_started(spark) == before
+
+
+def test_a_frame_planned_before_it_is_materialised_is_still_read_from_its_stored_partitions(spark):
+    """The count and the reads use a plan made after the frame was cached: a frame whose own plan was made before
+    (explained, executed once) is not computed again by them."""
+    df = spark.range(0, 12, 1, 6).select("id", computed_at_ms().alias("at_ms"))
+    df._jdf.queryExecution().executedPlan()  # planned before the cache exists: its own plan computes
+    with partition_stream.materialised(df) as m:
+        first = list(partition_stream.Stored(m, tuple))
+        second = list(partition_stream.Stored(m, tuple))
+    assert len(first) == 12 and first == second

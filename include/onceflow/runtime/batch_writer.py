@@ -64,8 +64,8 @@ class SparkOutput:
 
     @contextmanager
     def stored(self, df: Any) -> Iterator[Iterable[OutRecord]]:
-        with partition_stream.materialised(df) as count:
-            yield partition_stream.Stored(df, lambda r: OutRecord(*r), count)
+        with partition_stream.materialised(df) as stored:
+            yield partition_stream.Stored(stored, lambda r: OutRecord(*r))
 
     def advance(self, df: Any) -> None:
         df.write.format("noop").mode("overwrite").save()

@@ -144,8 +144,8 @@ def warm_up(
     frame = app_plan.output(settings.declared_app().transform, app_plan.source(spark, sized, starting), settings)
 
     def drain(df, _batch_id: int) -> None:
-        with partition_stream.materialised(df) as count:
-            for _ in partition_stream.Stored(df, tuple, count):
+        with partition_stream.materialised(df) as stored:
+            for _ in partition_stream.Stored(stored, tuple):
                 pass
 
     query = (

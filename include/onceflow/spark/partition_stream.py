@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -22,20 +23,35 @@ _python_rdd: dict[int, Any] = {}  # per JVM gateway: PythonRDD's class
 
 
 @contextmanager
-def materialised(df: Any) -> Iterator[int]:
+def materialised(df: Any) -> Iterator[Materialised]:
     """Compute every partition of `df` now, into the executors' block stores (memory, spilling to disk), and yield
-    its row count; streaming it afterwards (`tuples`, `rows`) only reads the stored partitions. The exactly-once
+    it with its row count; streaming it afterwards (`Stored`) only reads the stored partitions. The exactly-once
     writer opens its transaction inside this block, so that the batch's compute (read, parse, shuffle, both
     branches of a union) runs before the transaction and only producing runs against its timeout. A lost block
     (a worker gone) is recomputed from the lineage, as any Spark task is. The blocks are dropped when the block
-    ends."""
+    ends.
+
+    One plan over the stored partitions is made and serves both the count and the reads: the rows are counted by
+    a Spark job over that plan's partitions (a task each, which stores its partition), not by `DataFrame.count`,
+    which plans an aggregate of its own with a second stage whose one task merges the counts, and each read
+    planned the stored frame again (docs/performance.md, "One plan for the stored output")."""
     from pyspark import StorageLevel
 
     df.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        yield df.count()
+        # a Dataset of its own, planned now that the cache holds df's plan: its scan reads (and first fills) the
+        # stored partitions, whatever df's own plan was before it was cached
+        scan = df.alias("_stored")._jdf
+        yield Materialised(df, scan, scan.queryExecution().toRdd().count())
     finally:
         df.unpersist(blocking=False)
+
+
+@dataclass(frozen=True)
+class Materialised:
+    df: Any  # the DataFrame, its schema and session
+    scan: Any  # the JVM Dataset whose one plan reads the stored partitions
+    count: int
 
 
 def rows(df: Any) -> Iterator[Any]:
@@ -48,19 +64,24 @@ def rows(df: Any) -> Iterator[Any]:
     yield from _stream(jrdd, lambda ps: list(_load(df, jrdd, ps, serializer)))
 
 
-def tuples(df: Any, whole: bool = False) -> Iterator[tuple]:
+def tuples(df: Any) -> Iterator[tuple]:
     """As `rows`, as plain tuples, moved as Arrow record batches instead of pickled Rows: the executors' JVMs
-    write Arrow, the driver reads each batch's columns at once (no Row object per row). `whole`: every partition
-    in one Spark task (a small output: the stored partitions read by one task instead of a task each, whose every
-    task would deserialise the batch's whole plan; a cached frame's `coalesce` reads its stored blocks)."""
+    write Arrow, the driver reads each batch's columns at once (no Row object per row)."""
+    yield from _arrow_tuples(df, df._jdf, whole=False)
+
+
+def _arrow_tuples(df: Any, jds: Any, whole: bool) -> Iterator[tuple]:
+    """The rows of `jds` (the JVM Dataset of `df`, or of a plan over its stored partitions) as tuples. `whole`:
+    every partition in one Spark task (a small output: the stored partitions read by one task instead of a task
+    each, whose every task would deserialise the batch's whole plan)."""
     import pyarrow as pa
     from pyspark.serializers import NoOpSerializer
     from pyspark.sql.pandas.types import to_arrow_schema
 
     schema = to_arrow_schema(df.schema)
+    jrdd = jds.toArrowBatchRdd().toJavaRDD()  # serialized Arrow record batches, no schema in them
     if whole:
-        df = df.coalesce(1)
-    jrdd = df._jdf.toArrowBatchRdd().toJavaRDD()  # serialized Arrow record batches, no schema in them
+        jrdd = jrdd.coalesce(1)  # the partitions' batches one after another, no shuffle
 
     def collect(partitions: list[int]) -> list[tuple]:
         out: list[tuple] = []
@@ -73,20 +94,19 @@ def tuples(df: Any, whole: bool = False) -> Iterator[tuple]:
 
 
 class Stored(Generic[T]):
-    """The rows of a DataFrame being `materialised`, as `make(tuple)`, streamed (`tuples`) again on every iteration:
-    from the stored partitions, not computed again (a stateful batch is not run twice). The exactly-once writer's
-    second attempt after an unknown outcome (a commit timed out, a send_offsets that hung) reads the same rows in the
-    same process, without failing the query for Spark to replay the batch after a restart."""
+    """The rows of a `materialised` DataFrame, as `make(tuple)`, streamed again on every iteration: from the stored
+    partitions, not computed again (a stateful batch is not run twice). The exactly-once writer's second attempt
+    after an unknown outcome (a commit timed out, a send_offsets that hung) reads the same rows in the same process,
+    without failing the query for Spark to replay the batch after a restart."""
 
-    def __init__(self, df: Any, make: Callable[[tuple], T], count: int | None = None):
-        """`count`: the rows `materialised` found (none: no Spark job at all; a few: one job of one task)."""
-        self._df, self._make, self._count = df, make, count
+    def __init__(self, stored: Materialised, make: Callable[[tuple], T]):
+        self._stored, self._make = stored, make
 
     def __iter__(self) -> Iterator[T]:
-        if self._count == 0:
+        m = self._stored
+        if m.count == 0:  # no Spark job at all
             return iter(())
-        whole = self._count is not None and self._count <= WHOLE_ROWS
-        return (self._make(t) for t in tuples(self._df, whole))
+        return (self._make(t) for t in _arrow_tuples(m.df, m.scan, whole=m.count <= WHOLE_ROWS))
 
 
 def _load(df: Any, jrdd: Any, partitions: list[int], serializer: Any) -> Iterator[Any]:
@@ -108,7 +128,7 @@ def _stream(jrdd: Any, collect: Any) -> Iterator[Any]:
     n = jrdd.getNumPartitions()
     if n == 0:
         return
-    if n == 1:  # a small output coalesced to one partition (tuples' `whole`): nothing to fetch ahead
+    if n == 1:  # a small output coalesced to one partition (`_arrow_tuples`' `whole`): nothing to fetch ahead
         yield from collect([0])
         return
     with ThreadPoolExecutor(1, thread_name_prefix="partition-prefetch") as pool:
