@@ -1,7 +1,9 @@
 # Airflow with onceflow installed (unverified by CI: no Docker engine on the development machines).
 FROM apache/airflow:3.3.2-python3.11
 USER root
-RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless maven curl \
+# a JDK, not only a JRE: the shipped apps' JVM functions (App.java) and the checkpoint's local file system are compiled
+# with javac on first use (onceflow.runtime.javac)
+RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jdk-headless maven curl \
     && rm -rf /var/lib/apt/lists/*
 USER airflow
 COPY --chown=airflow requirements.txt constraints.txt pyproject.toml /opt/onceflow/

@@ -45,8 +45,9 @@ OWN_SPARK_SUBMIT_OPTS = os.environ["SPARK_SUBMIT_OPTS"] == os.environ.get("ONCEF
 import pytest
 
 from onceflow import config
+from onceflow.app import registry
 from onceflow.kafka import topics
-from onceflow.runtime import jobctl, jvm, launcher
+from onceflow.runtime import app_jars, jobctl, jvm, launcher
 from onceflow_dev import broker, loopback
 from tests.support.harness import app_settings
 from tests.support.session import end_on_sigterm, pytest_unconfigure, session_processes  # noqa: F401 (a hook)
@@ -143,7 +144,9 @@ def spark():
     from pyspark.sql import SparkSession
 
     base = config.load(env={})
-    jars = ",".join(str(j) for j in jvm.spark_kafka_jars(base))  # for the batch jobs' Kafka reads
+    # the batch jobs' Kafka reads, and the JVM functions of every declared app (ip_count's parse among them)
+    own = sorted({j for name in registry.declared() for j in app_jars.jars_of(base, registry.find(name))})
+    jars = ",".join(str(j) for j in [*jvm.spark_kafka_jars(base), *own])
     builder = SparkSession.builder.master("local[2]").appName("onceflow-tests").config("spark.jars", jars)
     if OWN_SPARK_SUBMIT_OPTS:
         from onceflow.runtime import class_data

@@ -30,4 +30,5 @@ app = App(
     settings={"window_s": 5, "watermark_s": 5, "source_partitions": 4, "sink_partitions": 4},
     reasons=access_log.REASONS,
     rules_version=access_log.rules.RULES_VERSION,
+    java=access_log.JAVA,  # the compiled parse (onceflow_apps.access_log.parsing)
 )

@@ -121,5 +121,6 @@ app = App(
     sources={SOURCE_MIRROR: "the same service's access logs from a second site"},
     outputs={OUTPUT_UNLISTED: "the requests whose IP is in no listed network, IPv6 ones included"},
     rules_version=access_log.rules.RULES_VERSION,
+    java=access_log.JAVA,  # the compiled parse (onceflow_apps.access_log.parsing)
     event_time=False,
 )

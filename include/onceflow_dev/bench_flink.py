@@ -32,12 +32,15 @@ from onceflow.kafka import reading as kafka_reading
 from onceflow.rules import clock
 from onceflow.runtime import jvm, procs
 from onceflow.wire import OnceflowError
+from onceflow_apps import access_log
 from onceflow_apps.access_log import rules as records
 from onceflow_dev.bench_check import Expected
 
 log = logging.getLogger(__name__)
 NAME = "flink-ip-count"
 SOURCE_DIR = config.REPO_ROOT / "jvm" / NAME
+# onceflow's own access-log rules in Java, which the job compiles beside its own sources (its pom's add-source)
+RULES_DIR = Path(access_log.__file__).parent / "java" / "rules"
 MAIN_CLASS = "dev.onceflow.flink.IpCount"
 # What Flink's own launcher (config.sh, env.java.opts.all) opens on Java 17 for its reflection.
 JAVA_OPENS = [
@@ -71,8 +74,9 @@ class FlinkBuildError(OnceflowError):
 
 def _digest() -> str:
     h = hashlib.sha256()
-    for f in sorted(p for p in SOURCE_DIR.rglob("*") if p.is_file()):
-        h.update(str(f.relative_to(SOURCE_DIR)).encode() + b"\0" + f.read_bytes())
+    for root in (SOURCE_DIR, RULES_DIR):
+        for f in sorted(p for p in root.rglob("*") if p.is_file()):
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
     h.update(resources.MAVEN_SETTINGS.read_bytes())
     return h.hexdigest()
 

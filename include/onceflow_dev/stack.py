@@ -10,7 +10,7 @@ from pathlib import Path
 from onceflow import config
 from onceflow.config import ENV_PREFIX, STACK_FILE, Settings
 from onceflow.kafka import topics
-from onceflow.runtime import jvm, launcher
+from onceflow.runtime import launcher
 from onceflow_dev import broker, postgres, spark_cluster
 
 DEFAULT_SPARK_MASTER_PORT = 7077
@@ -42,9 +42,10 @@ def up(settings: Settings, spark_workers: int = 0, with_postgres: bool = False) 
 
 def prepare_jvm(settings: Settings) -> None:
     """What a job's first start would otherwise do before its first batch, done now, once per machine: the Spark
-    Kafka connector resolved and cached, and the class-data archive of Spark's classes built
-    (ONCEFLOW_CLASS_DATA_SHARING; a minute or two; nothing where the setting or the launch does not use it)."""
-    jvm.spark_kafka_jars(settings)
+    Kafka connector resolved and cached, the app's JVM functions compiled, and the class-data archive of Spark's
+    classes built (ONCEFLOW_CLASS_DATA_SHARING; a minute or two; nothing where the setting or the launch does not use
+    it)."""
+    launcher.session_jars(settings)
     launcher.with_class_data(settings, launcher.local_fs_conf(settings, settings.checkpoint))
 
 

@@ -38,6 +38,93 @@ CORNER = [
 ]
 
 
+def _line(ts: str, ip: str = "203.0.113.9") -> bytes:
+    return f'{ip} - - [{ts}] "GET / HTTP/1.1" 200 1 "-" "x"'.encode()
+
+
+def _js(ts: str, ip: str = '"1.2.3.4"', extra: str = "") -> bytes:
+    return ('{"ts": ' + ts + ', "ip": ' + ip + extra + "}").encode()
+
+
+# Where Java's own parsers and Python's differ, the compiled rules (access_log/java) follow Python's: time-zone offsets
+# up to 23:59 (and minutes past 59), years from 1, NaN and Infinity as JSON numbers but not Jackson's other spellings,
+# Python's 4,300-digit limit on integers, strict UTF-8.
+EDGES = [
+    _line("21/Nov/2026:22:00:01 +0175"),
+    _line("21/Nov/2026:22:00:01 +2359"),
+    _line("21/Nov/2026:22:00:01 -2359"),
+    _line("21/Nov/2026:22:00:01 +2400"),
+    _line("21/NOV/2026:22:00:01 +1900"),
+    _line("29/Feb/2024:00:00:00 +0000"),
+    _line("29/Feb/2026:00:00:00 +0000"),
+    _line("01/Jan/0000:00:00:00 +0000"),
+    _line("01/Jan/0001:00:30:00 +0100"),
+    _line("31/Dec/2099:23:59:59 +0000"),
+    _line("01/Jan/2100:00:00:00 +0000"),
+    _line("01/Jan/2100:00:59:59 +0100"),
+    _line("21/Nov/2026:24:00:00 +0000"),
+    _line("21/Nov/2026:23:60:00 +0000"),
+    _line("21/Nov/2026:23:59:60 +0000"),
+    _line("21/Foo/2026:23:59:59 +0000"),
+    _line("21/Nov/2026:22:00:01 +0000", "::FFFF:1.2.3.4"),
+    _line("21/Nov/2026:22:00:01 +0000", "2001:0db8:0000:0000:0000:0000:0000:0001"),
+    _js('"2026-11-21T22:00:01+01:75"'),
+    _js('"2026-11-21T22:00:01+23:59"'),
+    _js('"2026-11-21T22:00:01+24:00"'),
+    _js('"2026-11-21T22:00:01-00:00"'),
+    _js('"2026-11-21T22:00:01.000001Z"'),
+    _js('"2026-11-21T22:00:01.9Z"'),
+    _js('"0000-01-01T00:00:00Z"'),
+    _js('"0001-01-01T00:00:00Z"'),
+    _js('"2024-02-29T12:00:00Z"'),
+    _js('"2026-02-29T12:00:00Z"'),
+    _js('"2026-11-21T22:00:60Z"'),
+    _js('"2026-11-21T22:00:01z"'),
+    _js('"1795298400000"'),
+    _js('"0"'),
+    _js("-0"),
+    _js("0"),
+    _js("-1795298400000"),
+    _js("1795298400000", extra=', "x": NaN'),
+    _js("1795298400000", extra=', "x": [Infinity, -Infinity]'),
+    _js("1795298400000", extra=', "x": +Infinity'),
+    _js("1795298400000", extra=', "x": -INF'),
+    _js("1795298400000", extra=', "x": {"y": [+INF]}'),
+    _js("NaN"),
+    _js("1795298400000", extra=', "x": 1' + "0" * 4299),
+    _js("1795298400000", extra=', "x": -1' + "0" * 4299),
+    _js("1795298400000", extra=', "x": 1' + "0" * 4300),
+    _js("1795298400000", extra=', "x": 1.' + "0" * 5000),
+    _js("1795298400000", extra=', "' + "k" * 60000 + '": 1'),
+    _js("1795298400000", extra=', "x": ' + "[" * 200 + "]" * 200),
+    _js("1795298400000", extra=r', "x": "\u00e9\ud800"'),  # JSON escapes: a lone surrogate
+    _js("1795298400000", extra=r', "x": "a\tb"'),  # an escaped tab
+    _js("1795298400000", extra=', "x": "a\tb"'),  # a raw tab, a control character
+    _js("1795298400000", extra=r', "x": "\x41"'),  # not a JSON escape
+    _js("1795298400000", extra=r', "\u0074s": 5'),  # an escaped name, "ts"
+    _js("1795298400000", extra=', "ip": 5'),
+    _js("1795298400000", extra=', "ip": "2001:db8::1"'),
+    _js("1795298400000", extra=', "ts": {"a": 1}'),
+    _js("1795298400000", extra=", // c"),
+    _js("1795298400000", extra=","),
+    _js("true"),
+    _js("null"),
+    _js("1795298400000", ip="'1.2.3.4'"),
+    b'{"ts": 1795298400000, "ip": "1.2.3.4"} trailing }',
+    b'{"ts": 1795298400000, "ip": "1.2.3.4"}\x00}',
+    b'{"ts": 1795298400000, "ip": "1.2.3.4"}\t',
+    b'{"ts"\t:\r1795298400000,\n"ip":"1.2.3.4"}',
+    b'{"ts": 1795298400000, "ip": "1.2.3.4"\x0b}',
+    b"\xc0\xaf" + _js("1795298400000"),
+    b"\xed\xa0\x80" + _js("1795298400000"),
+    b"\xf4\x90\x80\x80" + _js("1795298400000"),
+    b"\xe2\x82" + _js("1795298400000"),
+    _js("1795298400000", extra=', "x": "\u20ac \U0001f600"'),  # multi-byte UTF-8
+    b"   ",
+    b" \t" + _js("1795298400000"),
+]
+
+
 def _mutate(rng: random.Random, b: bytes) -> bytes:
     b = bytearray(b)
     for _ in range(rng.randrange(1, 4)):
@@ -63,7 +150,7 @@ def corpus(n=1500, seed=11):
         base.append(generator._json_record(ip, ts, rng)[0])
         base.append(generator._combined_line(ip, ts, rng)[0])
         base.append(generator._malformed(ip, ts, rng))
-    return CORNER + base + [_mutate(rng, rng.choice(base)) for _ in range(n)]
+    return CORNER + EDGES + base + [_mutate(rng, rng.choice(base)) for _ in range(n)]
 
 
 def spellings(rng, v: int) -> list[str]:

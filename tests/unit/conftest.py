@@ -9,7 +9,7 @@ import pytest
 
 from onceflow import config
 from onceflow.rules import clock
-from onceflow.runtime import class_data, supervisor
+from onceflow.runtime import app_jars, class_data, supervisor
 from onceflow.runtime.run_files import JobStatus
 
 
@@ -19,6 +19,21 @@ def no_class_data_build(request, monkeypatch):
     instead of building one with spark-submit. test_class_data stands spark-submit in itself."""
     if request.module.__name__.rpartition(".")[2] != "test_class_data":
         monkeypatch.setattr(class_data, "build", lambda *_a, **_kw: None)
+
+
+@pytest.fixture(autouse=True)
+def no_app_jar_build(request, monkeypatch):
+    """Unit tests start no javac either: an app's JVM functions (App.java) are a jar of that name, not compiled.
+    test_app_jars compiles (or fails to) on purpose; tests/spark loads the real jar."""
+    if request.module.__name__.rpartition(".")[2] != "test_app_jars":
+        real = app_jars.jars_of
+        monkeypatch.setattr(
+            app_jars,
+            "jars_of",
+            lambda s, app: (
+                [s.jvm_dir / app_jars.JAR_NAME / f"{app_jars.JAR_NAME}-unit.jar"] if app.java else real(s, app)
+            ),
+        )
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onceflow.wire import OnceflowError
@@ -108,6 +109,12 @@ class App:
       sink and DLQ read with a Kafka client), called with (settings, snapshot, sink records, DLQ provenance) and
       returning an onceflow.rules.invariants.Report (ip_count's: onceflow_apps.ip_count_audit.check). Without it
       the audit checks what holds for any app: I1 coverage and the ledger's accounting of every sink and DLQ record.
+    java: Java sources (files, or directories searched for `.java` files) of JVM functions the transformation calls,
+      a compiled parse of a hot record form, say (ip_count's: onceflow_apps.access_log). The platform compiles them
+      with the JDK's javac against pyspark's jars on first use, once per content, and puts the jar on the class path
+      of every Spark session that runs the app's plan: the job, its replays and recounts, backfills, `onceflow app
+      validate` (onceflow.runtime.app_jars). Registering a function in a session is the transformation's own step.
+      Without a JDK such an app does not start, and says so.
     """
 
     name: str
@@ -122,6 +129,7 @@ class App:
     reference: str | None = None
     audit: str | None = None
     rules_version: int = 1
+    java: Sequence[str | Path] = ()
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -133,6 +141,13 @@ class App:
                 raise AppError(f"app {self.name}: {hook} must be 'module:function', got {where!r}")
         if isinstance(self.rules_version, bool) or not isinstance(self.rules_version, int) or self.rules_version < 1:
             raise AppError(f"app {self.name}: rules_version must be a positive integer, got {self.rules_version!r}")
+        java = self.java
+        if (
+            isinstance(java, str | Path)
+            or not isinstance(java, Sequence)
+            or not all(isinstance(j, str | Path) for j in java)
+        ):
+            raise AppError(f"app {self.name}: java must be a sequence of paths (Java files or directories of them)")
         if not isinstance(self.settings, Mapping):
             raise AppError(f"app {self.name}: settings must be a mapping of setting names to values")
         for kind, one, named, main, topic in (

@@ -17,7 +17,7 @@ from onceflow import wire
 from onceflow.config import Settings
 from onceflow.kafka import events as ev
 from onceflow.rules import clock, json_records
-from onceflow.runtime import jvm, launcher, preflight, procs, standby, supervisor
+from onceflow.runtime import launcher, preflight, procs, standby, supervisor
 from onceflow.runtime.job_view import JobView, StandbyView
 from onceflow.runtime.run_files import Desired, Exited, JobStatus
 from onceflow.wire import OnceflowError
@@ -156,7 +156,7 @@ def start(settings: Settings, argv=None) -> dict:
     """Preflight, then launch the supervisor detached. Refuses if an instance already runs here.
     `argv`: the spark-submit command line to run (default: onceflow.runtime.launcher.submit_argv)."""
     preflight.check_job(settings)
-    jvm.spark_kafka_jars(settings)  # resolve (first time: Maven) here, where an error is seen, not in the child
+    launcher.session_jars(settings)  # resolve (first time: Maven, javac) here, where an error is seen, not in the child
     env = launcher.submit_env(settings)
     if argv:
         env[supervisor.ARGV_ENV] = json.dumps(list(argv))

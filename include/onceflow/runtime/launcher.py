@@ -14,7 +14,7 @@ from pathlib import Path
 
 from onceflow import resources
 from onceflow.config import ENV_PREFIX, INSTANCE_PREFIX, STANDALONE_SCHEME, ConfigError, Settings
-from onceflow.runtime import class_data, jvm, local_fs
+from onceflow.runtime import app_jars, class_data, jvm, local_fs
 
 # what spark-submit runs: files of the package (onceflow.entrypoints), found without a checkout
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -147,9 +147,15 @@ def submit_spec(settings: Settings) -> dict:
     return _spec(settings, f"onceflow-{settings.app_id}", conf, JOB_SCRIPT)
 
 
+def session_jars(settings: Settings) -> list[Path]:
+    """Every jar a Spark session of the app needs beside pyspark's own: Spark's Kafka connector and the app's JVM
+    functions (onceflow.runtime.app_jars)."""
+    return [*jvm.spark_kafka_jars(settings), *app_jars.jars(settings)]
+
+
 def _spec(settings: Settings, name: str, conf: dict[str, str], script: Path) -> dict:
     in_cluster = settings.deploy_mode == "cluster"
-    jars = [str(j) for j in jvm.spark_kafka_jars(settings)]
+    jars = [str(j) for j in session_jars(settings)]
     spec: dict = {
         "name": name,
         "jars": ",".join(_in_image(settings, j) if in_cluster else j for j in jars),
@@ -358,7 +364,7 @@ def local_session(settings: Settings, name: str, log_file: Path | None = None):
     from pyspark.sql import SparkSession
 
     b = SparkSession.builder.master(settings.master).appName(f"onceflow-{settings.app_id}-{name}")
-    b = b.config("spark.jars", ",".join(str(j) for j in jvm.spark_kafka_jars(settings)))
+    b = b.config("spark.jars", ",".join(str(j) for j in session_jars(settings)))
     for k, v in batch_conf(settings).items():
         if k != "spark.driver.extraJavaOptions":
             b = b.config(k, v)

@@ -11,17 +11,12 @@ be on their class path), Hadoop's file system stays, as it is for every other sc
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import shutil
-import subprocess
-import tempfile
-import zipfile
 from pathlib import Path
 
 from onceflow import resources
 from onceflow.config import Settings
-from onceflow.runtime import jvm
+from onceflow.runtime import javac
 
 log = logging.getLogger(__name__)
 
@@ -31,43 +26,17 @@ _warned: set[str] = set()
 
 
 def jar(settings: Settings) -> Path | None:
-    """The compiled class's jar, built on first use (processes building it at once take turns), or None where it
-    cannot be built (logged once per reason)."""
-    api = next(iter(sorted(jvm.pyspark_jars().glob("hadoop-client-api-*.jar"))), None)
-    javac = shutil.which("javac")
-    if api is None or javac is None:
-        _once(
-            "no javac on PATH: the checkpoint's files are written through Hadoop's local file system, which forks "
-            "chmod for each (install a JDK, e.g. openjdk-17-jdk-headless, to avoid it)"
-            if javac is None
-            else "pyspark ships no hadoop-client-api jar: Hadoop's local file system stays"
-        )
+    """The compiled class's jar, built on first use (onceflow.runtime.javac), or None where it cannot be built
+    (logged once per reason)."""
+    api = javac.classpath(["hadoop-client-api-*.jar"])[:1]
+    if not api:
+        _once("pyspark ships no hadoop-client-api jar: Hadoop's local file system stays")
         return None
-    digest = hashlib.sha256(SOURCE.read_bytes() + api.name.encode()).hexdigest()[:16]
-    out = settings.jvm_dir / "local-fs" / f"nio-local-fs-{digest}.jar"
-    jvm.built_once(settings, "local-fs", out.exists, lambda: _build(javac, api, out))
-    return out if out.exists() else None
-
-
-def _build(javac: str, api: Path, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="onceflow-local-fs-") as tmp:
-        classes = Path(tmp) / "classes"
-        proc = subprocess.run(
-            [javac, "-nowarn", "--release", "17", "-cp", str(api), "-d", str(classes), str(SOURCE)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if proc.returncode != 0:
-            _once(f"javac could not build {SOURCE.name}; Hadoop's local file system stays: {proc.stderr[-1500:]}")
-            return
-        staged = Path(tmp) / out.name
-        with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as z:
-            for f in sorted(classes.rglob("*.class")):
-                z.write(f, f.relative_to(classes).as_posix())
-        shutil.move(staged, out.with_suffix(".tmp"))
-        out.with_suffix(".tmp").rename(out)  # whole or absent: a reader never sees half a jar
+    try:
+        return javac.jar(settings, "nio-local-fs", [SOURCE], api)
+    except javac.JavacError as e:
+        _once(f"the checkpoint's files are written through Hadoop's local file system, which forks chmod for each: {e}")
+        return None
 
 
 def _once(message: str) -> None:

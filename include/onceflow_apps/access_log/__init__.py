@@ -1,10 +1,17 @@
 """The access-log records the shipped apps read (NGINX combined log lines and JSON): their rules as data with a
-reference parser in plain Python (`rules`), the same rules in Spark SQL (`parsing`), and what is rejected and why:
-the DLQ's reasons, each explained (the console and docs show them)."""
+reference parser in plain Python (`rules`), the same rules compiled in Java (`java/`, each app's JVM functions:
+App.java) and applied in a Spark plan (`parsing`), and what is rejected and why: the DLQ's reasons, each explained
+(the console and docs show them)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from onceflow_apps.access_log import rules as records
+
+# the Java rules (java/rules, which the Flink contender of make bench compiles too) and their Spark function
+# (java/spark): App.java of every app that parses these records
+JAVA = (Path(__file__).parent / "java",)
 
 REASONS = {
     records.REASON_EMPTY: "an empty record",

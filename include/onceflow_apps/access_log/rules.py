@@ -1,8 +1,10 @@
 """The parsing rules of the access-log records, as data, plus a pure-Python reference implementation.
 
-The streaming job applies these rules with Spark SQL built-ins (`onceflow_apps.access_log.parsing`); this module states them
-once (the regular expressions are shared) and implements them again in plain Python, so that tests and the
-reconciliation can recount the source independently of Spark and compare.
+The streaming job applies these rules compiled in Java (`java/rules`, called from a Spark plan by
+`onceflow_apps.access_log.parsing`; the Flink contender of make bench runs the same classes); this module states them
+once (the regular expressions and limits are passed to Java from here) and implements them again in plain Python,
+the specification the Java rules are tested against record for record, so that tests and the audit can recount the
+source independently of Spark and compare.
 
 Accepted forms (docs/design.md, section 1):
 - NGINX combined log line: `IP - user [dd/Mon/yyyy:HH:mm:ss +zzzz] "request" status bytes "referer" "agent"`
@@ -53,17 +55,6 @@ IPV6 = (
     + ")"
 )
 IP_RE = rf"^({IPV4}|{IPV6})$"  # applied to the lower-cased candidate
-# An IPv6 text already canonical the way servers write addresses (inet_ntop): eight groups none of them zero, or at
-# most six around one `::`; no group with a leading zero; not IPv4-mapped (that one is dotted). canonical_ip
-# returns it as it is, so the Spark parse takes it without the eight-group rule, whose lambdas Spark interprets
-# row by row (docs/performance.md, "The common IPv6 spelling"). Applied to the lower-cased candidate.
-_G = r"[1-9a-f][0-9a-f]{0,3}"
-_GROUPS = rf"{_G}(?::{_G})*+"
-CANONICAL_IPV6 = (
-    rf"^(?:{_G}(?::{_G}){{7}}"
-    rf"|(?!(?::*+[0-9a-f]++){{7}})(?!::ffff:{_G}:{_G}$)(?:{_GROUPS})?::(?:{_GROUPS})?)$"
-)
-
 # `203.0.113.9 - - [21/Nov/2026:22:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8.5"`
 # possessive (`++`, `*+`): a quoted field has one way to match, and without them Java's regex engine keeps a
 # backtracking point for each of its characters (a line's match took 1.7 times as long: docs/performance.md)
@@ -156,8 +147,7 @@ def canonical_ip(candidate: object) -> str | None:
     the longest run of two or more zero groups written `::` (the first of equally long runs), a single zero
     group written `0`; an IPv4-mapped address (::ffff:0:0/96) keeps its last 32 bits dotted (section 5), every
     other address is pure hex. A dotted IPv4 may end any IPv6 spelling (`::ffff:1.2.3.4`, `64:ff9b::1.2.3.4`).
-    Zone ids (`%eth0`) are not addresses. The same rule in Spark SQL is in onceflow_apps.access_log.parsing
-    (`_ipv6_groups`, `_render`; a text CANONICAL_IPV6 matches is its own canonical text)."""
+    Zone ids (`%eth0`) are not addresses. The same rule in Java: Rules.canonicalIp (java/rules)."""
     if not isinstance(candidate, str):
         return None
     s = candidate.lower()
@@ -266,7 +256,7 @@ def _parse_value(value: bytes | None) -> Parsed:
         return Parsed(reason=REASON_NOT_UTF8)
     text = text.strip(" ")
     if text.startswith("{"):
-        # Like Spark's JSON reader: one object, trailing characters after it ignored, but the record must end
+        # One object, trailing characters after it ignored (Spark's JSON reader's rule), but the record must end
         # with the closing brace.
         try:
             obj, _ = json.JSONDecoder().raw_decode(text)

@@ -1,6 +1,6 @@
 """onceflow is a real package: its wheel declares what it needs at run time and carries what it runs without a
 checkout: the console's assets, what spark-submit launches, the driver's log4j2 configuration, the connector's pom,
-the Java source of the checkpoint's local file system."""
+the Java source of the checkpoint's local file system and of the shipped apps' JVM functions."""
 
 import shutil
 import subprocess
@@ -34,6 +34,8 @@ def test_the_wheel_declares_its_dependencies_and_carries_the_consoles_assets(tmp
         "java/NioLocalFileSystem.java",
     ):
         assert f"onceflow/resources/{data}" in names, data
+    for java in ("rules/dev/onceflow/accesslog/Rules.java", "spark/dev/onceflow/accesslog/spark/ParseRecord.java"):
+        assert f"onceflow_apps/access_log/java/{java}" in names, java  # the shipped apps' JVM functions
     requires = [line.split(":", 1)[1].strip() for line in meta.splitlines() if line.startswith("Requires-Dist:")]
     for need in ("confluent-kafka", "pyspark", "pandas"):
         assert any(r.startswith(need) and "extra ==" not in r for r in requires), (need, requires)

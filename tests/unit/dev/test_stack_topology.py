@@ -89,7 +89,7 @@ def test_stack_up_makes_every_instances_topics_and_on_the_secured_stack_its_prin
     if secured:
         s = s.replace(kafka_security_protocol="SASL_SSL")
     made: dict[str, list[str]] = {"topics": [], "principals": []}
-    monkeypatch.setattr(stack.jvm, "spark_kafka_jars", lambda s: None)
+    monkeypatch.setattr(stack.launcher, "session_jars", lambda s: [])
     monkeypatch.setattr(stack.broker, "start", lambda s: {})
     monkeypatch.setattr(stack, "status", lambda s: {})
     monkeypatch.setattr(stack, "provision", lambda inst: made["principals"].append(inst.app_id) or inst)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from onceflow import config
-from onceflow.runtime import launcher, local_fs
+from onceflow.runtime import javac, launcher, local_fs
 
 KEYS = {"spark.hadoop.fs.file.impl", "spark.driver.extraClassPath", "spark.executor.extraClassPath"}
 
@@ -48,8 +48,8 @@ def test_elsewhere_hadoops_own_file_system_stays(monkeypatch, overrides):
 
 
 def test_without_javac_the_job_starts_on_hadoops_file_system_and_says_so_once(monkeypatch, caplog, tmp_path):
-    which = local_fs.shutil.which
-    monkeypatch.setattr(local_fs.shutil, "which", lambda name: None if name == "javac" else which(name))
+    which = javac.shutil.which
+    monkeypatch.setattr(javac.shutil, "which", lambda name: None if name == "javac" else which(name))
     monkeypatch.setattr(local_fs, "_warned", set())
     s = config.load(env={}, jvm_dir=tmp_path)
     with caplog.at_level(logging.INFO, logger=local_fs.__name__):

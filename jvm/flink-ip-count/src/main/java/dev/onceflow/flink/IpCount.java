@@ -1,5 +1,6 @@
 package dev.onceflow.flink;
 
+import dev.onceflow.accesslog.Rules;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;

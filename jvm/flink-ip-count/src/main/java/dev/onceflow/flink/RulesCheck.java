@@ -1,5 +1,6 @@
 package dev.onceflow.flink;
 
+import dev.onceflow.accesslog.Rules;
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.io.PrintStream;
