@@ -14,7 +14,7 @@ from pathlib import Path
 
 from onceflow.app import App
 from onceflow.config import Settings
-from onceflow.runtime import javac, jvm
+from onceflow.runtime import javac
 from onceflow.wire import OnceflowError
 
 JAR_NAME = "app-java"
@@ -34,7 +34,7 @@ def jars_of(settings: Settings, app: App) -> list[Path]:
         return []
     roots = [Path(p) for p in app.java]
     try:
-        return [javac.jar(settings, JAR_NAME, javac.sources(roots), sorted(jvm.pyspark_jars().glob("*.jar")))]
+        return [javac.jar(settings, JAR_NAME, javac.sources(roots), javac.classpath(["*.jar"]))]
     except javac.JavacError as e:
         raise AppJarError(
             f"app {app.name} calls JVM functions of its own ({', '.join(map(str, roots))}): {e}"

@@ -19,41 +19,29 @@ from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from onceflow.spark import jvm_functions
 from onceflow_apps.access_log import rules as R
 
 FUNCTION = "onceflow_access_log_parse"  # the session's name of the compiled rules
 
 
-class RulesNotLoaded(RuntimeError):
-    """The session was built without the app's jar on its class path."""
+# what the compiled rules say of a record's bytes: ts_us and ip for a good record, reason for a malformed one
+RESULT = StructType(
+    [StructField("ts_us", LongType()), StructField("ip", StringType()), StructField("reason", StringType())]
+)
 
 
 def register(spark: SparkSession) -> str:
-    """The compiled rules as the function FUNCTION of `spark`'s session (registered again, identically, on every call:
-    a session is built once per process and so is a plan). The regular expressions and limits come from rules.py,
-    the one place they are stated."""
-    from py4j.java_gateway import JavaClass
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
-
-    result = StructType(
-        [StructField("ts_us", LongType()), StructField("ip", StringType()), StructField("reason", StringType())]
-    )
-    jvm = spark._jvm
-    assert jvm is not None  # a classic session's gateway (the platform runs no Spark Connect)
-    rules_class, function_class = jvm.dev.onceflow.accesslog.Rules, jvm.dev.onceflow.accesslog.spark.ParseRecord
-    if not isinstance(rules_class, JavaClass) or not isinstance(function_class, JavaClass):
-        raise RulesNotLoaded(
-            "the access-log rules' compiled classes are not on this Spark session's class path: build the session "
-            "through onceflow (onceflow.runtime.launcher.local_session, or a launch's --jars), which adds the app's jar "
-            "(onceflow.runtime.app_jars)"
-        )
-    rules = rules_class(
+    """The compiled rules as the function FUNCTION of `spark`'s session, registered again, identically, on every call
+    (a plan is built once per process). The regular expressions and limits come from rules.py, the one place they are
+    stated."""
+    rules = jvm_functions.java_class(spark, "dev.onceflow.accesslog.Rules")(
         R.COMBINED_RE, R.EPOCH_MS_RE, R.ISO_TS_RE, R.IPV4, R.MIN_TS_MS, R.MAX_TS_MS, R.MAX_RECORD_BYTES, -1
     )
-    js = spark._jsparkSession
-    js.udf().register(FUNCTION, function_class(rules), js.parseDataType(result.json()))
-    return FUNCTION
+    function = jvm_functions.java_class(spark, "dev.onceflow.accesslog.spark.ParseRecord")(rules)
+    return jvm_functions.register(spark, FUNCTION, function, RESULT)
 
 
 def quarantined(ranges: Sequence) -> Column:
