@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from onceflow import wire
 from onceflow.faults import Injector
@@ -19,9 +19,9 @@ from onceflow.rules.ledger import BatchPlan, Committed, Decision, LedgerEntry, d
 from onceflow.wire import OnceflowError
 
 
-@dataclass(frozen=True)
-class OutRecord:
-    """One row of a batch's output, as foreachBatch collects it from the query."""
+class OutRecord(NamedTuple):
+    """One row of a batch's output, as foreachBatch collects it from the query. A named tuple, made for every row a
+    batch writes: a frozen dataclass's constructor cost 4 times as much (docs/performance.md, "The driver's loop")."""
 
     kind: str  # wire.KIND_RESULT or wire.KIND_DLQ
     key: str

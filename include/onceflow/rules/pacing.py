@@ -13,6 +13,13 @@ With close-out on, the job runs Spark's trigger at 0 and paces batches itself, a
   that closes a window is stamped on a multiple of T, and a batch planned on that multiple has not read it yet:
   it is still in its producer's linger or on the wire. The window then waited one more trigger interval; a batch
   planned a margin later reads it, and its close-out batch emits the window;
+- a batch planned after the moment its next window could close (by the wall clock) whose newest event is still
+  short of the closing event, by less than half an interval: the closing event is on its way (a producer's linger
+  or a busy broker held the stream back by more than the margin). The next batch runs once the stream's lag
+  behind the wall clock, as this batch saw it, has passed again after the closing moment, plus the margin: once per
+  window, then the cadence again. In `make bench`'s live phase this was how every window of the p99 was late: its
+  boundary batch read the stream up to 0.2-0.5 s short of the closing event, and the window waited a whole interval
+  (docs/performance.md, "A closing event on its way");
 - replays and catch-up batches (nothing new to write) are followed at once.
 This changes when batches run, never what they contain: each batch's range, the results and the protocol are
 the same as under any other schedule.
@@ -44,6 +51,24 @@ def closes_windows(t: BatchTiming, delay_ms: int, window_ms: int) -> bool:
     return new > t.watermark_ms and (new // window_ms) * window_ms > t.watermark_ms
 
 
+def closing_event_ms(t: BatchTiming, delay_ms: int, window_ms: int) -> int:
+    """The event time that closes the next window the batch leaves open: that window's end plus the delay."""
+    return (next_watermark_ms(t, delay_ms) // window_ms + 1) * window_ms + delay_ms
+
+
+def chase_at_ms(t: BatchTiming, trigger_ms: int, delay_ms: int, window_ms: int, margin_ms: int) -> int | None:
+    """When to plan a batch for a closing event still on its way (see the module's docstring), or None: the batch
+    was planned before the closing moment, read no event, or its stream trails the wall clock by half an interval or
+    more (a backlog, a replay, producers far behind: there it is the cadence that paces)."""
+    if t.max_event_ms is None or closes_windows(t, delay_ms, window_ms):
+        return None
+    closing = closing_event_ms(t, delay_ms, window_ms)
+    lag = t.batch_ts_ms - t.max_event_ms  # how far the newest event it read trailed its planning, by the wall clock
+    if t.batch_ts_ms < closing or lag >= trigger_ms // 2:
+        return None
+    return closing + lag + margin_ms
+
+
 def delay_before_next_s(
     t: BatchTiming,
     now_ms: int,
@@ -52,12 +77,17 @@ def delay_before_next_s(
     window_ms: int,
     wrote: bool = True,
     margin_ms: int = 0,
+    chase: bool = False,
 ) -> float:
     """Seconds to wait before letting Spark plan the next batch: until the next multiple of the trigger plus the
-    margin after the batch's start, never more than one trigger interval, whatever the wall clock does (a clock
-    stepped back between the batch's start and now must not stall the job)."""
+    margin after the batch's start, or sooner for a closing event on its way (`chase`: not yet done for this
+    window, chase_at_ms); never more than one trigger interval, whatever the wall clock does (a clock stepped back
+    between the batch's start and now must not stall the job)."""
     if not wrote or trigger_ms <= 0 or closes_windows(t, delay_ms, window_ms):
         return 0.0
     margin_ms = min(margin_ms, trigger_ms // 2)
-    next_trigger = ((t.batch_ts_ms - margin_ms) // trigger_ms + 1) * trigger_ms + margin_ms
-    return min(trigger_ms, max(0, next_trigger - now_ms)) / 1000.0
+    at = ((t.batch_ts_ms - margin_ms) // trigger_ms + 1) * trigger_ms + margin_ms
+    chased = chase_at_ms(t, trigger_ms, delay_ms, window_ms, margin_ms) if chase else None
+    if chased is not None:
+        at = min(at, chased)
+    return min(trigger_ms, max(0, at - now_ms)) / 1000.0

@@ -65,7 +65,7 @@ class SparkOutput:
     @contextmanager
     def stored(self, df: Any) -> Iterator[Iterable[OutRecord]]:
         with partition_stream.materialised(df) as stored:
-            yield partition_stream.Stored(stored, lambda r: OutRecord(*r))
+            yield partition_stream.Stored(stored, OutRecord._make)  # a tuple's own constructor, no call of ours per row
 
     def advance(self, df: Any) -> None:
         df.write.format("noop").mode("overwrite").save()
@@ -97,6 +97,7 @@ class BatchWriter:
         self.query: Any = None  # the running query, for its batch statistics
         self.started_at = time.monotonic()  # set again when the query starts
         self.first_logged = False
+        self.chased_ms: int | None = None  # the closing event the pacing last planned a batch early for
 
     def __call__(self, df, batch_id: int) -> None:
         while not self.lock.acquire(timeout=0.1):
@@ -175,7 +176,10 @@ class BatchWriter:
             if self.query is not None and self.s.close_out_batches and outcome.decision is Decision.WRITE
             else None
         )
-        pace = pace_after(self.s, plan, outcome.decision, max_event, now)
+        pace = pace_after(self.s, plan, outcome.decision, max_event, now, self.chased_ms)
+        if pace.chasing_ms is not None:
+            self.chased_ms = pace.chasing_ms
+            log.debug("batch %s: the closing event %s is on its way; the next batch in %.2f s", plan.batch, pace.chasing_ms, pace.delay_s)
         if pace.closes_windows:
             self.status.update(close_out_batches=self.status.record.close_out_batches + 1)
         return pace.delay_s

@@ -80,12 +80,21 @@ def status_after_batch(
 class Pace:
     delay_s: float  # how long to wait before Spark plans the next batch
     closes_windows: bool  # the batch moved the watermark past a window end: the next one emits it
+    chasing_ms: int | None = None  # the closing event the next batch is planned early for (pacing.chase_at_ms)
 
 
-def pace_after(settings: Settings, plan: BatchPlan, decision: Decision, max_event_ms: int | None, now_ms: int) -> Pace:
+def pace_after(
+    settings: Settings,
+    plan: BatchPlan,
+    decision: Decision,
+    max_event_ms: int | None,
+    now_ms: int,
+    chased_ms: int | None = None,
+) -> Pace:
     """When the next batch starts (onceflow.rules.pacing): replays and catch-up at once; a written batch that
-    closes windows at once (the close-out batch emits them); otherwise at the next multiple of the trigger, plus
-    its margin."""
+    closes windows at once (the close-out batch emits them); a batch whose window's closing event is on its way
+    once more soon after, unless that closing event (`chased_ms`, the last Pace's `chasing_ms`) was chased already;
+    otherwise at the next multiple of the trigger, plus its margin."""
     if not settings.close_out_batches or decision is not Decision.WRITE:
         return Pace(0.0, False)
     timing = pacing.BatchTiming(plan.batch_ts_ms, plan.watermark_ms, max_event_ms)
@@ -94,9 +103,13 @@ def pace_after(settings: Settings, plan: BatchPlan, decision: Decision, max_even
         settings.watermark_s * 1000,
         settings.window_s * 1000,
     )
+    margin_ms = settings.trigger_margin_ms
+    closing = pacing.closing_event_ms(timing, wm_ms, w_ms)
+    chase = closing != chased_ms and pacing.chase_at_ms(timing, trigger_ms, wm_ms, w_ms, margin_ms) is not None
     return Pace(
-        pacing.delay_before_next_s(timing, now_ms, trigger_ms, wm_ms, w_ms, margin_ms=settings.trigger_margin_ms),
+        pacing.delay_before_next_s(timing, now_ms, trigger_ms, wm_ms, w_ms, margin_ms=margin_ms, chase=chase),
         pacing.closes_windows(timing, wm_ms, w_ms),
+        closing if chase else None,
     )
 
 

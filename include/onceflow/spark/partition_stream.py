@@ -61,7 +61,7 @@ def rows(df: Any) -> Iterator[Any]:
 
     jrdd = df._jdf.javaToPython()  # pickled rows, made in the executors' JVMs (no Python on the executors)
     serializer = BatchedSerializer(CPickleSerializer())
-    yield from _stream(jrdd, lambda ps: list(_load(df, jrdd, ps, serializer)))
+    yield from _stream(jrdd, lambda ps: _load(df, jrdd, ps, serializer))
 
 
 def tuples(df: Any) -> Iterator[tuple]:
@@ -83,14 +83,12 @@ def _arrow_tuples(df: Any, jds: Any, whole: bool) -> Iterator[tuple]:
     if whole:
         jrdd = jrdd.coalesce(1)  # the partitions' batches one after another, no shuffle
 
-    def collect(partitions: list[int]) -> list[tuple]:
-        out: list[tuple] = []
+    def read(partitions: list[int]) -> Iterator[tuple]:
         for blob in _load(df, jrdd, partitions, NoOpSerializer()):
             batch = pa.ipc.read_record_batch(pa.py_buffer(blob), schema)
-            out.extend(zip(*(c.to_pylist() for c in batch.columns), strict=True))
-        return out
+            yield from zip(*(c.to_pylist() for c in batch.columns), strict=True)
 
-    yield from _stream(jrdd, collect)
+    yield from _stream(jrdd, read)
 
 
 class Stored(Generic[T]):
@@ -106,7 +104,7 @@ class Stored(Generic[T]):
         m = self._stored
         if m.count == 0:  # no Spark job at all
             return iter(())
-        return (self._make(t) for t in _arrow_tuples(m.df, m.scan, whole=m.count <= WHOLE_ROWS))
+        return map(self._make, _arrow_tuples(m.df, m.scan, whole=m.count <= WHOLE_ROWS))
 
 
 def _load(df: Any, jrdd: Any, partitions: list[int], serializer: Any) -> Iterator[Any]:
@@ -124,13 +122,20 @@ def _load(df: Any, jrdd: Any, partitions: list[int], serializer: Any) -> Iterato
         yield from stream
 
 
-def _stream(jrdd: Any, collect: Any) -> Iterator[Any]:
+def _stream(jrdd: Any, read: Callable[[list[int]], Iterator[Any]]) -> Iterator[Any]:
+    """The rows of every partition of `jrdd`, `read` a partition at a time. One partition (a small output coalesced to
+    one: `_arrow_tuples`' `whole`) is consumed as its batches arrive, the next batch decoded while the caller is busy
+    with the rows before; several are each collected whole, the next one fetched while the caller consumes this one."""
     n = jrdd.getNumPartitions()
     if n == 0:
         return
-    if n == 1:  # a small output coalesced to one partition (`_arrow_tuples`' `whole`): nothing to fetch ahead
-        yield from collect([0])
+    if n == 1:
+        yield from read([0])
         return
+
+    def collect(partitions: list[int]) -> list[Any]:
+        return list(read(partitions))
+
     with ThreadPoolExecutor(1, thread_name_prefix="partition-prefetch") as pool:
         pending = pool.submit(collect, [0])
         for i in range(n):

@@ -1,6 +1,13 @@
 """The batch pacing rules: close-out batches at once, otherwise the trigger cadence."""
 
-from onceflow.rules.pacing import BatchTiming, closes_windows, delay_before_next_s, next_watermark_ms
+from onceflow.rules.pacing import (
+    BatchTiming,
+    chase_at_ms,
+    closes_windows,
+    closing_event_ms,
+    delay_before_next_s,
+    next_watermark_ms,
+)
 
 W = D = 5000  # window and watermark delay, ms
 T = 2000  # trigger interval, ms
@@ -90,3 +97,33 @@ def test_the_margin_plans_the_batch_after_the_boundary_event_has_arrived():
     assert delay_before_next_s(early, now_ms=100_150, trigger_ms=T, delay_ms=D, window_ms=W, margin_ms=300) == 0.15
     # a margin never takes more than half the interval: 5 s counts as 1 s, so the next batch is at 101 s
     assert delay_before_next_s(waiting, now_ms=100_900, trigger_ms=T, delay_ms=D, window_ms=W, margin_ms=5_000) == 0.1
+
+
+def test_a_closing_event_on_its_way_is_chased_once_its_lag_has_passed():
+    """make bench's live phase (trigger and windows 5 s, margin 300 ms): the batch planned at 455.3 s read the
+    stream up to 454.778 s, short of the event at 455.0 s that closes the window ending at 450 s. Without the chase
+    that window waited for the batch at 460.3 s; with it the next batch is planned when the stream's lag (522 ms)
+    has passed again after 455.0 s, plus the margin."""
+    t5, m = 5000, 300
+    missed = BatchTiming(batch_ts_ms=455_300, watermark_ms=445_799, max_event_ms=454_778)
+    assert not closes_windows(missed, D, W) and closing_event_ms(missed, D, W) == 455_000
+    assert chase_at_ms(missed, t5, D, W, m) == 455_000 + 522 + 300
+    assert delay_before_next_s(missed, 455_600, t5, D, W, margin_ms=m, chase=True) == 0.222
+    assert delay_before_next_s(missed, 455_600, t5, D, W, margin_ms=m) == 4.7  # not chasing: the cadence, 460.3 s
+
+
+def test_no_chase_before_the_closing_moment_far_behind_it_or_without_events():
+    t5, m = 5000, 300
+    # a close-out batch right after its data batch: the next window cannot close before 460 s
+    assert chase_at_ms(BatchTiming(455_900, 450_000, 455_800), t5, D, W, m) is None
+    # a stream that trails the wall clock by half an interval or more (a backlog, producers far behind)
+    assert chase_at_ms(BatchTiming(455_300, 445_000, 452_800), t5, D, W, m) is None
+    assert chase_at_ms(BatchTiming(455_300, 445_000, 452_801), t5, D, W, m) == 455_000 + 2_499 + 300
+    # nothing read, or the window closes anyway
+    assert chase_at_ms(BatchTiming(455_300, 445_000, None), t5, D, W, m) is None
+    assert chase_at_ms(BatchTiming(455_300, 445_000, 455_010), t5, D, W, m) is None
+    # planned a second late (a slow batch before it), the stream 200 ms short of the closing event: the lag it saw
+    # is 1.2 s, so the next batch is planned at 456.5 s
+    late = BatchTiming(batch_ts_ms=456_000, watermark_ms=445_000, max_event_ms=454_800)
+    assert chase_at_ms(late, t5, D, W, m) == 456_500
+    assert delay_before_next_s(late, 456_100, t5, D, W, margin_ms=m, chase=True) == 0.4

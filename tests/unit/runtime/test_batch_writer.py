@@ -36,8 +36,8 @@ class Checkpoint(dict):
     def read_text(self, rel: str) -> str | None:
         return self.get(rel)
 
-    def planned(self, s: config.Settings, batch: int, end: int, watermark_ms: int = 0) -> None:
-        meta = {"batchWatermarkMs": watermark_ms, "batchTimestampMs": clock.now_ms()}  # Spark plans it now
+    def planned(self, s: config.Settings, batch: int, end: int, watermark_ms: int = 0, ts_ms: int | None = None) -> None:
+        meta = {"batchWatermarkMs": watermark_ms, "batchTimestampMs": clock.now_ms() if ts_ms is None else ts_ms}
         self[f"offsets/{batch}"] = f"v1\n{json.dumps(meta)}\n{json.dumps({s.source_topic: {'0': end}})}"
 
 
@@ -164,6 +164,26 @@ def test_a_batch_that_closes_windows_is_followed_at_once_and_counted(s, fs, monk
     assert run_files.JobStatus.read(paced.status_file).close_out_batches == 1
     assert w._one(ROWS, 1) > 0.0  # the watermark does not pass another window end: the trigger's cadence
     assert run_files.JobStatus.read(paced.status_file).close_out_batches == 1
+
+
+def test_a_window_whose_closing_event_is_late_is_chased_once_then_the_cadence_resumes(s, fs, monkeypatch):
+    """The batch planned 300 ms after a window's closing moment read the stream 200 ms short of the closing event:
+    the next batch is planned once that lag has passed again (plus the margin), not a whole interval later; when
+    that batch still finds the event short, the trigger's cadence takes over again."""
+    paced = s.replace(close_out_batches=True, trigger_interval_s=5.0, window_s=5, watermark_s=5)
+    closing = 1_794_873_610_000  # the event time that closes the window ending 10 s before it
+    now = [closing + 400]
+    monkeypatch.setattr("onceflow.rules.clock.now_ms", lambda: now[0])
+    fs.planned(paced, 0, 10, watermark_ms=closing - 10_000, ts_ms=closing + 300)
+    fs.planned(paced, 1, 20, watermark_ms=closing - 10_000, ts_ms=closing + 800)
+    w = writer(paced, FakeCluster(), fs)
+    w.query = object()
+    newest = iter([closing - 200, closing - 100])
+    monkeypatch.setattr("onceflow.runtime.batch_writer.batch_stats.max_event_ms", lambda q: next(newest))
+    assert w._one(ROWS, 0) == 0.4  # at closing + 500 ms of lag + 300 ms of margin; it is closing + 400 ms
+    now[0] = closing + 900
+    assert w._one(ROWS, 1) == 4.4  # chased once: the cadence's next batch, at closing + 5.3 s
+    assert run_files.JobStatus.read(paced.status_file).close_out_batches == 0
 
 
 def test_a_stop_waits_for_sparks_commit_of_the_last_written_batch_then_stops_the_query(s, fs, monkeypatch):

@@ -61,6 +61,17 @@ def test_pacing_after_a_batch():
     assert pace_after(no_margin, plan(wm=20_000, ts=30_500), Decision.WRITE, 21_000, 31_000).delay_s == 4
 
 
+def test_a_closing_event_on_its_way_is_chased_once_per_window():
+    s = config.load(env={}, app_id="a", trigger_interval_s=5, window_s=5, watermark_s=5)
+    # planned at 35.3 s, the newest event at 34.8 s: the event at 35 s that closes the window ending at 30 s is late
+    first = pace_after(s, plan(wm=25_000, ts=35_300), Decision.WRITE, 34_800, 35_400)
+    assert not first.closes_windows and first.chasing_ms == 35_000
+    assert first.delay_s == 0.4  # planned for 35 s + its 500 ms lag + the margin, 35.8 s; it is 35.4 s
+    # the batch planned then still finds it short: the cadence again, at 40.3 s
+    again = pace_after(s, plan(wm=25_000, ts=35_800), Decision.WRITE, 34_950, 35_900, chased_ms=first.chasing_ms)
+    assert again.chasing_ms is None and again.delay_s == 4.4
+
+
 def test_progress_fields_carry_the_ledger_batch_and_decision():
     op = {"numRowsDroppedByWatermark": 3, "numRowsTotal": 100, "numRowsUpdated": 7}
     p = {  # Spark's JSON of a progress report; a rate that is not a number is left out (processedRowsPerSecond)
