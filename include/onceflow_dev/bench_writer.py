@@ -8,8 +8,9 @@ acks=all):
 - `producer`:  a bare confluent-kafka producer (idempotent, acks=all, no transaction) producing the same records
   from a Python loop: the ceiling of one Python thread producing;
 - `sink`:      the job's sink, the rows from a Python generator: the protocol's cost over the ceiling;
-- `streamed`:  the job's sink, the rows streamed from a Spark DataFrame (`onceflow.spark.partition_stream`, as the job does), the
-  DataFrame built from `spark.range` in BENCH_WRITER_PARTITIONS partitions: what a batch costs end to end;
+- `streamed`:  the job's sink, the rows of a Spark DataFrame stored and then streamed into it as the job's writer does
+  (onceflow.runtime.batch_writer.SparkOutput, onceflow.spark.partition_stream), the DataFrame built from `spark.range` in
+  BENCH_WRITER_PARTITIONS partitions: what a batch's transaction costs end to end;
 - `postgres`, `pg_streamed`: the same two with the PostgreSQL sink (onceflow.protocol.database_sink: COPY into a
   staging table, the upsert, the ledger row, one database transaction), on the embedded server under the bench's
   var dir; its group cache is committed on the topology's brokers.
@@ -36,7 +37,7 @@ from onceflow.rules.ledger import BatchPlan
 from onceflow.rules.names import private_topics
 from onceflow.rules.sources import SourcePartition
 from onceflow.runtime import launcher
-from onceflow.spark import partition_stream
+from onceflow.runtime.batch_writer import SparkOutput
 from onceflow_dev import broker, interrupt, loopback, postgres
 
 log = logging.getLogger("onceflow_dev.bench_writer")
@@ -105,8 +106,8 @@ def run_streamed(spark, s: config.Settings, n: int, partitions: int) -> float:
         F.concat(F.lit("1795000000000|"), ip).alias("key"),
         F.format_string(VALUE.decode(), ip).cast("binary").alias("value"),
     )
-    stream = (OutRecord(*r) for r in partition_stream.tuples(df))
-    return run_sink(s, n, rows=stream)
+    with SparkOutput().stored(df) as rows:  # as the job's writer does: stored first, then streamed into the sink
+        return run_sink(s, n, rows=rows)
 
 
 def main() -> int:

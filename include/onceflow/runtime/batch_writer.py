@@ -65,7 +65,7 @@ class SparkOutput:
     @contextmanager
     def stored(self, df: Any) -> Iterator[Iterable[OutRecord]]:
         with partition_stream.materialised(df) as stored:
-            yield partition_stream.Stored(stored, OutRecord._make)  # a tuple's own constructor, no call of ours per row
+            yield partition_stream.Stored(stored, lambda r: OutRecord(*r))
 
     def advance(self, df: Any) -> None:
         df.write.format("noop").mode("overwrite").save()
@@ -179,7 +179,12 @@ class BatchWriter:
         pace = pace_after(self.s, plan, outcome.decision, max_event, now, self.chased_ms)
         if pace.chasing_ms is not None:
             self.chased_ms = pace.chasing_ms
-            log.debug("batch %s: the closing event %s is on its way; the next batch in %.2f s", plan.batch, pace.chasing_ms, pace.delay_s)
+            log.debug(
+                "batch %s: the closing event %s is on its way; the next batch in %.2f s",
+                plan.batch,
+                pace.chasing_ms,
+                pace.delay_s,
+            )
         if pace.closes_windows:
             self.status.update(close_out_batches=self.status.record.close_out_batches + 1)
         return pace.delay_s

@@ -12,9 +12,14 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql.types import DataType
 
+from onceflow import wire
 
-class NotOnClassPath(RuntimeError):
-    """The session was built without the app's jar: the message says how a session gets it."""
+
+class NotOnClassPath(wire.OnceflowError):
+    """The session was built without the app's jar: the message says how a session gets it. A misconfiguration:
+    the job stops (exit 2) rather than restart into the same session."""
+
+    exit_code = wire.EXIT_CONFIG
 
 
 def java_class(spark: SparkSession, name: str) -> Any:

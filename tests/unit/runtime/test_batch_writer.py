@@ -36,7 +36,9 @@ class Checkpoint(dict):
     def read_text(self, rel: str) -> str | None:
         return self.get(rel)
 
-    def planned(self, s: config.Settings, batch: int, end: int, watermark_ms: int = 0, ts_ms: int | None = None) -> None:
+    def planned(
+        self, s: config.Settings, batch: int, end: int, watermark_ms: int = 0, ts_ms: int | None = None
+    ) -> None:
         meta = {"batchWatermarkMs": watermark_ms, "batchTimestampMs": clock.now_ms() if ts_ms is None else ts_ms}
         self[f"offsets/{batch}"] = f"v1\n{json.dumps(meta)}\n{json.dumps({s.source_topic: {'0': end}})}"
 
