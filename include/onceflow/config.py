@@ -231,6 +231,14 @@ class Spark:
     # class path; `onceflow-dev stack up` builds it before the first job starts): each start and restart loads and
     # verifies fewer classes (docs/cluster.md, docs/performance.md). A JVM that cannot map it starts as before.
     class_data_sharing: bool = True
+    # HotSpot's JIT in the same JVMs (and in the job's executors on a cluster): C2, the optimising compiler, takes a
+    # method after 4 times the calls and loop iterations of the JVM's default, so a JVM that starts (a deploy, a
+    # restart after a crash, a batch job) spends less of its cores compiling code it runs only in its first batches;
+    # code that stays hot reaches C2 as before, later. Measured on a backlog: the same steady batches, the first ones
+    # and the CPU lower (docs/performance.md, "The JIT's thresholds"). Empty: the JVM's defaults.
+    jit_options: str = (
+        "-XX:Tier4InvocationThreshold=20000 -XX:Tier4CompileThreshold=40000 -XX:Tier4BackEdgeThreshold=160000"
+    )
     # Standalone: the most cores the streaming job takes from the cluster (spark.cores.max; 0 = all, Spark's
     # default). A long-lived job that takes every core starves the reconciliation recount and backfills.
     cores_max: NonNegInt = 0
@@ -608,6 +616,11 @@ class Settings(
 
         for rule in field_rules().values():
             rule.check(getattr(self, rule.name))
+        need(
+            all(o.startswith("-XX:") and len(o) > 4 for o in self.jit_options.split()),
+            f"{ENV_PREFIX}JIT_OPTIONS takes HotSpot options (-XX:...) separated by spaces, or nothing for the JVM's "
+            f"defaults; got {self.jit_options!r}",
+        )
         channels = {c.strip() for c in self.alert_channels.split(",") if c.strip()}
         need(
             channels <= {"webhook", "slack", "smtp"},

@@ -43,6 +43,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.sql.streaming.stopTimeout": "60s",
         "spark.driver.extraJavaOptions": conf_java_log(settings),
+        **executor_java_options(settings),
         **checkpoint_conf(settings.checkpoint),
         **with_class_data(settings, local_fs_conf(settings, settings.checkpoint)),
         # With close-out batches the job paces batches itself under a 0 trigger; when a paced batch finds no
@@ -92,7 +93,7 @@ def with_class_data(settings: Settings, fs_conf: dict[str, str]) -> dict[str, st
     return {
         **fs_conf,
         "spark.driver.extraJavaOptions": f"{conf_java_log(settings)} {opts}",
-        "spark.executor.extraJavaOptions": opts,
+        **executor_java_options(settings, opts),
     }
 
 
@@ -216,11 +217,20 @@ def kubernetes_conf(settings: Settings) -> dict[str, str]:
 
 
 def conf_java_log(settings: Settings, in_image: bool = False) -> str:
-    """The driver JVM's options: its log configuration, and exit on OutOfMemoryError. A driver JVM out of heap
-    otherwise lives on with a dead thread (a task-result getter) and the query waits for good; exiting makes it a
-    failure the supervisor restarts and counts."""
+    """The driver JVM's options: its log configuration, exit on OutOfMemoryError, and the JIT's (Settings.jit_options).
+    A driver JVM out of heap otherwise lives on with a dead thread (a task-result getter) and the query waits for
+    good; exiting makes it a failure the supervisor restarts and counts."""
     path = _in_image(settings, str(LOG4J)).removeprefix("local://") if in_image else str(LOG4J)
-    return f"-Dlog4j2.configurationFile=file:{path} -XX:+ExitOnOutOfMemoryError"
+    return " ".join(
+        filter(None, [f"-Dlog4j2.configurationFile=file:{path} -XX:+ExitOnOutOfMemoryError", settings.jit_options])
+    )
+
+
+def executor_java_options(settings: Settings, *more: str) -> dict[str, str]:
+    """The executors' JVM options (where Spark starts them: a cluster; local mode runs them in the driver's JVM): the
+    JIT's, then `more`."""
+    opts = " ".join(filter(None, [settings.jit_options, *more]))
+    return {"spark.executor.extraJavaOptions": opts} if opts else {}
 
 
 def spark_submit() -> str:
@@ -339,6 +349,7 @@ def batch_conf(settings: Settings) -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.extraJavaOptions": conf_java_log(settings),
+        **executor_java_options(settings),
         # the replay's streaming checkpoint lives under var/ (onceflow.operations.replay)
         **checkpoint_conf(settings.var_dir.as_uri()),
         **driver_bind_conf(settings),

@@ -108,7 +108,7 @@ def test_with_class_data_sharing_the_driver_and_executors_here_map_the_archive(m
     for conf in (job, batch):
         assert conf["spark.driver.extraJavaOptions"].split()[-1] == option
         assert "-XX:+ExitOnOutOfMemoryError" in conf["spark.driver.extraJavaOptions"]  # the log options kept
-        assert conf["spark.executor.extraJavaOptions"] == option
+        assert conf["spark.executor.extraJavaOptions"].split()[-1] == option
 
 
 def test_on_by_default_and_off_when_told_nothing_built(monkeypatch, tmp_path):

@@ -44,6 +44,22 @@ def _k8s_cluster_mode(**overrides) -> config.Settings:
     )
 
 
+def test_the_jit_options_go_to_the_drivers_and_executors_jvms_and_can_be_left_to_the_jvm(tmp_path):
+    s = config.load(env={}, master="spark://127.0.0.1:7077", var_dir=tmp_path, class_data_sharing=False)
+    assert s.jit_options.startswith("-XX:Tier4InvocationThreshold=")
+    for conf in (launcher.submit_spec(s)["conf"], launcher.batch_spec(s, "reconcile")["conf"]):
+        assert conf["spark.driver.extraJavaOptions"].endswith(s.jit_options)
+        assert conf["spark.executor.extraJavaOptions"] == s.jit_options
+    plain = launcher.submit_spec(s.replace(jit_options=""))["conf"]
+    assert "Tier4" not in plain["spark.driver.extraJavaOptions"] and "spark.executor.extraJavaOptions" not in plain
+
+
+@pytest.mark.parametrize("bad", ["Tier4InvocationThreshold=1", "-Xmx4g", "-XX:", "-XX:+Foo; rm -rf /"])
+def test_jit_options_other_than_hotspot_options_are_refused_at_load(bad):
+    with pytest.raises(ConfigError, match="JIT_OPTIONS takes HotSpot options"):
+        config.load(env={"ONCEFLOW_JIT_OPTIONS": bad})
+
+
 def test_kubernetes_cluster_mode_runs_the_image_and_carries_the_settings():
     s = _k8s_cluster_mode(k8s_namespace="streaming", bootstrap_servers="kafka-0.kafka:9092,kafka-1.kafka:9092")
     spec = launcher.submit_spec(s)
@@ -55,10 +71,11 @@ def test_kubernetes_cluster_mode_runs_the_image_and_carries_the_settings():
     assert c["spark.kubernetes.submission.waitAppCompletion"] == "false"
     assert c["spark.kubernetes.driverEnv.ONCEFLOW_BOOTSTRAP_SERVERS"] == "kafka-0.kafka:9092,kafka-1.kafka:9092"
     assert c["spark.kubernetes.driverEnv.ONCEFLOW_VAR_DIR"] == "/opt/onceflow/var"
-    assert (
-        c["spark.driver.extraJavaOptions"]
-        == "-Dlog4j2.configurationFile=file:/opt/onceflow/include/onceflow/resources/log4j2-job.properties -XX:+ExitOnOutOfMemoryError"
+    assert c["spark.driver.extraJavaOptions"] == (
+        "-Dlog4j2.configurationFile=file:/opt/onceflow/include/onceflow/resources/log4j2-job.properties"
+        f" -XX:+ExitOnOutOfMemoryError {s.jit_options}"
     )
+    assert c["spark.executor.extraJavaOptions"] == s.jit_options
     batch = launcher.batch_spec(s, "reconcile")
     assert batch["application"] == "local:///opt/onceflow/include/onceflow/entrypoints/reconcile.py"
     with pytest.raises(ConfigError, match="K8S_IMAGE must name the image"):
