@@ -39,7 +39,8 @@ log = logging.getLogger("onceflow_dev.bench_quiet")
 RATE = int(os.environ.get("BENCH_QUIET_RATE", 200))
 WARMUP_S = int(os.environ.get("BENCH_QUIET_WARMUP_S", 600))
 MEASURE_S = int(os.environ.get("BENCH_QUIET_S", 180))
-# which contenders, one after another (default: eos, alo and, unless BENCH_FLINK=0, flink_5000; eos_margin_0 too)
+# which contenders, one after another (default: eos, alo and, unless BENCH_FLINK=0, flink_5000; also known:
+# eos_margin_0 and eos_jit_default)
 CONTENDERS = [k for k in os.environ.get("BENCH_QUIET_CONTENDERS", "").split(",") if k]
 
 
@@ -101,6 +102,8 @@ def main() -> int:
             "eos": (ExactlyOnce, {}),
             # onceflow without the pacing margin (onceflow.rules.pacing): what the margin changes, in the same run
             "eos_margin_0": (ExactlyOnce, {"trigger_margin_ms": 0}),
+            # onceflow with HotSpot's own JIT thresholds (Settings.jit_options empty): what the platform's change, in one run
+            "eos_jit_default": (ExactlyOnce, {"jit_options": ""}),
             "alo": (AtLeastOnce, {}),
             "flink_5000": (lambda s: Flink(s, 5000), {}),
         }

@@ -21,7 +21,7 @@ from onceflow.wire import OnceflowError
 
 class OutRecord(NamedTuple):
     """One row of a batch's output, as foreachBatch collects it from the query. A named tuple, made for every row a
-    batch writes: a frozen dataclass's constructor cost 5 times as much (docs/performance.md, "The driver's loop")."""
+    batch writes: a frozen dataclass's constructor cost 4 times as much (docs/performance.md, "The driver's loop")."""
 
     kind: str  # wire.KIND_RESULT or wire.KIND_DLQ
     key: str
