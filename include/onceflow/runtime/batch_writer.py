@@ -65,6 +65,7 @@ class SparkOutput:
     @contextmanager
     def stored(self, df: Any) -> Iterator[Iterable[OutRecord]]:
         with partition_stream.materialised(df) as stored:
+            # not OutRecord._make: it takes the row as it is and fills no defaults (an output of fewer columns)
             yield partition_stream.Stored(stored, lambda r: OutRecord(*r))
 
     def advance(self, df: Any) -> None:
