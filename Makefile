@@ -107,7 +107,8 @@ test-secured: setup
 ## BENCH_FLINK (0: without Flink), BENCH_FLINK_FAST_MS (Flink's short checkpoint interval, default 500),
 ## BENCH_POSTGRES=0 (without the rows for ip_count into PostgreSQL: throughput, and latency polled from the table),
 ## BENCH_CONTENDERS (e.g. alo,flink: only these rows beside onceflow's; eos_loaded: onceflow's latency beside a second
-## job fed BENCH_LOAD_RATE records/s, default BENCH_LIVE_RATE), BENCH_TOPOLOGY=cluster (the same run on the loopback
+## job fed BENCH_LOAD_RATE records/s, default BENCH_LIVE_RATE, paced BENCH_LOAD_MARGIN_MS after each multiple of the
+## trigger, default half the trigger), BENCH_TOPOLOGY=cluster (the same run on the loopback
 ## cluster: three brokers, a Spark master and two workers; without eos_loaded). Its short variant: `make bench-short`.
 bench: setup
 	$(BIN)/python -m onceflow_dev.bench

@@ -179,7 +179,8 @@ class Job:
     # With close-out batches, paced batches start this long after each multiple of the trigger interval, so that
     # the record that closes a window, stamped on the multiple, has left its producer and is read by the batch
     # planned for it (onceflow.rules.pacing). Without it such windows waited one more trigger interval. At most
-    # half the trigger interval is used.
+    # half the trigger interval is used. Jobs sharing a machine each take their own margin, so that their batches do
+    # not all start at the same moments (docs/performance.md, "Two jobs on one machine").
     trigger_margin_ms: NonNegInt = 300
     # Per-batch costs (planning, state store commit, checkpoint files, transaction) amortise over the batch:
     # 500,000 drained a backlog ~10-20 % faster than 200,000 (docs/performance.md, make bench-sweep).

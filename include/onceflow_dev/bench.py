@@ -41,7 +41,6 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 from onceflow import config, logs, wire
 from onceflow.kafka import clients as kafka_clients
@@ -64,6 +63,7 @@ from onceflow_dev import (
     spark_cluster,
     stack,
 )
+from onceflow_dev.stamper import Stamper
 
 log = logging.getLogger("onceflow_dev.bench")
 # The job settings a tuning run varies (docs/performance.md); recorded with every result.
@@ -117,6 +117,10 @@ class BenchSpec:
     # the loaded latency row (`eos_loaded`): a second onceflow job (another ip_count, its own source) fed this many
     # records/s beside the measured one; 0: BENCH_LIVE_RATE, the measured job's own rate
     load_rate: int = field(default_factory=lambda: _env_int("BENCH_LOAD_RATE", 0))
+    # the second job's trigger_margin_ms: -1 (the default) is half the trigger interval, so its batches start half
+    # an interval after the measured job's, as an operator spreads jobs that share a machine (docs/performance.md);
+    # BENCH_LOAD_MARGIN_MS=300, the job's default, paces both on the same moments
+    load_margin_ms: int = field(default_factory=lambda: _env_int("BENCH_LOAD_MARGIN_MS", -1))
     # BENCH_CONTENDERS=eos,alo,...: only these rows (onceflow's own, `eos`, always runs: every ratio is to it);
     # empty: every row the flags above allow. The short variant, `make bench-short` (tests/bench/test_short_bench.py),
     # leaves out `flink_fast`, the same code as `flink` at another interval
@@ -135,6 +139,10 @@ class BenchSpec:
     def as_json(self) -> dict:
         """The workload as a results file records it."""
         return self.__dict__ | {"contenders": sorted(self.contenders)}
+
+    def load_margin(self) -> int:
+        """The second job's trigger_margin_ms in the loaded row: BENCH_LOAD_MARGIN_MS, or half the trigger."""
+        return self.load_margin_ms if self.load_margin_ms >= 0 else int(self.trigger_s * 1000) // 2
 
     def runs(self, key: str) -> bool:
         """Whether the row `key` (one of CONTENDERS) is in this run."""
@@ -450,56 +458,6 @@ def ceiling(s: config.Settings, end: dict[int, int], records_: int) -> dict:
     }
 
 
-def anchor(value: dict) -> str:
-    """What a result's latency is measured from: its window's end (ip_count's windows), else the event time of the
-    record it stands for (a stateless app's one result per record: ip_networks' `ts`)."""
-    return value["window_end"] if "window_end" in value else value["ts"]
-
-
-class Stamper(threading.Thread):
-    """Reads a sink (every output's topic) with read_committed and stamps each result with the moment it became
-    visible."""
-
-    seen: list[tuple[int, str]]  # (ms when it became visible, its anchor: a window's end or an event time)
-
-    def __init__(self, s: config.Settings):
-        super().__init__(daemon=True)
-        self.s, self.seen, self.stop_ev = s, [], threading.Event()
-
-    def run(self):
-        c = kafka_clients.read_committed_consumer(
-            self.s, group_id=f"bench.stamper.{self.s.app_id}", **{"fetch.wait.max.ms": 50}
-        )
-        c.subscribe(list(self.s.sink_topics))
-        while not self.stop_ev.is_set():
-            for m in c.consume(num_messages=5000, timeout=0.2):
-                if m.error() is None:
-                    v = json.loads(cast(bytes, m.value()))  # the sink's records always carry a value
-                    self.seen.append((clock.now_ms(), anchor(v)))
-        c.close()
-
-
-class TableStamper(Stamper):
-    """A table sink's Stamper: polls the results table every 200 ms (as a dashboard would) for the rows of batches
-    it has not seen; each is visible from its transaction's commit."""
-
-    def run(self):
-        from psycopg import sql
-
-        from onceflow.database import client
-
-        last = -1
-        with client.connect(self.s, "bench") as conn:
-            conn.autocommit = True  # each poll sees what has committed since the last
-            query = sql.SQL("SELECT batch, value FROM {} WHERE batch > %s").format(client.table(self.s, "results"))
-            while not self.stop_ev.wait(0.2):
-                rows = conn.execute(query, (last,)).fetchall()
-                now = clock.now_ms()
-                for batch, value in rows:
-                    self.seen.append((now, anchor(json.loads(value))))
-                    last = max(last, batch)
-
-
 def _iso_ms(text: str) -> int:
     return clock.parse_iso_ms(text)
 
@@ -540,7 +498,7 @@ def live_feed(
 def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     """Live input with event time = now; latency of each result = visible - (window end + watermark delay), over
     the steady state that follows the contender's catch-up after its cold start (the module's docstring)."""
-    stamper = TableStamper(s) if s.sink_kind == "postgres" else Stamper(s)
+    stamper = Stamper(s)
     stamper.start()
     since = boot_ticks_now()
     c.start()
@@ -562,9 +520,8 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     time.sleep(3 * s.trigger_interval_s + s.watermark_s + s.window_s)
     use = contender_usage(c, since)
     c.stop()
-    stamper.stop_ev.set()
-    stamper.join(10)
-    return window_latencies(stamper.seen, s, t_first, t_end) | {
+    seen = stamper.stop(30)
+    return window_latencies(seen, s, t_first, t_end) | {
         "caught_up": caught_up,
         "catch_up_s": round((t_first - t_live) / 1000, 1),
         "steady_lag_bound": bound,
@@ -594,7 +551,8 @@ def loaded_latency(base: config.Settings, spec: BenchSpec) -> dict:
     load), running until the measured job's phase ends. The load is reported with the figures: its rate, its CPU
     over the measured job's phase, and whether it kept up."""
     rate = spec.load_rate or spec.live_rate
-    load = _settings(base, "bench_load", "bench_load.source", spec)
+    margin_ms = spec.load_margin()
+    load = _settings(base, "bench_load", "bench_load.source", spec, trigger_margin_ms=margin_ms)
     s = _settings(base, "bench_live_eos_loaded", "bench_live_eos_loaded.source", spec)
     for x in (load, s):
         topics.ensure(x)
@@ -621,6 +579,7 @@ def loaded_latency(base: config.Settings, spec: BenchSpec) -> dict:
         "load": {
             "app": load.app,
             "rate": rate,
+            "margin_ms": margin_ms,
             "cpu_s": round(used, 1),
             "cores": round(used / wall, 2) if wall > 0 else None,
             "caught_up_before": ready,
@@ -1095,7 +1054,7 @@ def table(r: dict) -> str:
         f"{ra['eos_p99_in_trigger_intervals']}",
         *(
             f"exactly-once beside a second job ({x['load']['app']} at {x['load']['rate']:,} records/s, "
-            f"{x['load']['cores']} of a core, {'kept up' if x['load']['kept_up'] else 'did NOT keep up'}): p50 "
+            f"paced {x['load'].get('margin_ms', '-')} ms after the trigger, {x['load']['cores']} of a core, {'kept up' if x['load']['kept_up'] else 'did NOT keep up'}): p50 "
             f"{x.get('p50_ms', '-')} ms, p99 {x.get('p99_ms', '-')} ms, "
             f"{ra.get('eos_loaded_p99_in_trigger_intervals') or '-'} trigger intervals"
             for x in ([lat["eos_loaded"]] if "eos_loaded" in lat else [])

@@ -26,7 +26,6 @@ from onceflow_dev.bench import (
     Contender,
     ExactlyOnce,
     Flink,
-    Stamper,
     _settings,
     live_feed,
     private_settings,
@@ -34,6 +33,7 @@ from onceflow_dev.bench import (
     usage,
     window_latencies,
 )
+from onceflow_dev.stamper import Stamper
 
 log = logging.getLogger("onceflow_dev.bench_quiet")
 RATE = int(os.environ.get("BENCH_QUIET_RATE", 200))
@@ -69,8 +69,7 @@ def quiet(c: Contender, s: config.Settings, ips: int = 300) -> dict:
         time.sleep(3 * s.trigger_interval_s + s.watermark_s + s.window_s)  # the last measured windows close
     finally:
         c.stop()
-        stamper.stop_ev.set()
-        stamper.join(10)
+        seen = stamper.stop(30)
     cpu_s = round(after["cpu_s"] - before["cpu_s"], 1)
     seconds = round(t1 - t0, 1)
     log.info("  %s: %s CPU s in %s s since %d ms after its start", c.name, cpu_s, seconds, t_first - t_live)
@@ -82,7 +81,7 @@ def quiet(c: Contender, s: config.Settings, ips: int = 300) -> dict:
         "cores": round(cpu_s / seconds, 3),
         "peak_rss_mb": after["peak_rss_mb"],
         "warmup_cpu_s_by_minute": minutes,
-    } | window_latencies(stamper.seen, s, t_first, t_end)
+    } | window_latencies(seen, s, t_first, t_end)
 
 
 def main() -> int:

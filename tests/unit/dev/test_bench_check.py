@@ -182,7 +182,8 @@ def test_window_latencies_count_the_windows_measured():
 def test_a_stateless_apps_results_are_due_at_their_records_event_time_on_every_output():
     """ip_networks: one result per record, due when the record was stamped (no window, no watermark to wait for)."""
     from onceflow import config
-    from onceflow_dev.bench import anchor, window_latencies
+    from onceflow_dev.bench import window_latencies
+    from onceflow_dev.stamper import anchor
 
     s = config.load(env={}, app="ip_networks")
     base = 1_795_000_000_000
@@ -253,7 +254,15 @@ def test_the_loaded_row_reports_its_latency_in_trigger_intervals_and_states_its_
     from onceflow_dev import bench
 
     row = {"records_per_s": 20_000, "peak_rss_mb": 900, "cpu_s": 100.0}
-    load = {"app": "ip_count", "rate": 5000, "cpu_s": 60.0, "cores": 0.5, "lag_at_end": 10, "kept_up": True}
+    load = {
+        "app": "ip_count",
+        "rate": 5000,
+        "margin_ms": 2500,
+        "cpu_s": 60.0,
+        "cores": 0.5,
+        "lag_at_end": 10,
+        "kept_up": True,
+    }
     r = {
         "spec": {"trigger_s": 5.0},
         "settings": {"flink_checkpoint_ms": {}},
@@ -266,8 +275,8 @@ def test_the_loaded_row_reports_its_latency_in_trigger_intervals_and_states_its_
     assert r["ratios"]["eos_loaded_p99_in_trigger_intervals"] == 1.5
     text = bench.table(r)
     assert (
-        "beside a second job (ip_count at 5,000 records/s, 0.5 of a core, kept up): p50 3000 ms, p99 7500 ms, 1.5"
-        in text
+        "beside a second job (ip_count at 5,000 records/s, paced 2500 ms after the trigger, 0.5 of a core, kept up): "
+        "p50 3000 ms, p99 7500 ms, 1.5" in text
     )
     assert not [ln for ln in text.splitlines() if ln.startswith(bench.NAMES["eos_loaded"])]  # no throughput row
     r["latency"].pop("eos_loaded")
@@ -276,6 +285,10 @@ def test_the_loaded_row_reports_its_latency_in_trigger_intervals_and_states_its_
     # in every full run; with BENCH_CONTENDERS, only when named
     assert bench.BenchSpec(contenders=frozenset()).runs("eos_loaded")
     assert not bench.BenchSpec(contenders=frozenset({"alo"})).runs("eos_loaded")
+    # the load's batches half an interval after the measured job's, unless BENCH_LOAD_MARGIN_MS says otherwise
+    assert bench.BenchSpec(trigger_s=5.0, load_margin_ms=-1).load_margin() == 2500
+    assert bench.BenchSpec(trigger_s=2.0, load_margin_ms=-1).load_margin() == 1000
+    assert bench.BenchSpec(trigger_s=5.0, load_margin_ms=300).load_margin() == 300
 
 
 def test_a_contender_has_drained_once_at_the_end_and_for_windows_after_a_batch_that_read_nothing():

@@ -1,0 +1,28 @@
+"""The benches' Stamper runs in a process of its own (not a thread beside the live feeds' producers): it hands its
+stamps back when stopped, and a stamper that failed says so rather than leave a latency row of no results."""
+
+import pytest
+
+from onceflow import config
+from onceflow.runtime import procs
+from onceflow_dev.stamper import Stamper
+
+
+def settings(**kw) -> config.Settings:
+    # nothing listens on these ports: the stamper's process starts, reads nothing, and is stopped
+    return config.load(env={}, bootstrap_servers=f"127.0.0.1:{procs.free_port()}", **kw)
+
+
+def test_a_stopped_stamper_hands_back_its_stamps_from_its_own_process():
+    st = Stamper(settings())
+    st.start()
+    assert st._proc is not None and st._proc.poll() is None, "the stamper reads in a process of its own"
+    assert st.stop(60) == []
+    assert st._proc.returncode == 0
+
+
+def test_a_stamper_that_failed_is_an_error_not_an_empty_row():
+    st = Stamper(settings(sink_kind="postgres", postgres_port=procs.free_port()))  # no server: connect fails
+    st.start()
+    with pytest.raises(RuntimeError, match="without its stamps"):
+        st.stop(60)
