@@ -1054,7 +1054,8 @@ def table(r: dict) -> str:
         f"{ra['eos_p99_in_trigger_intervals']}",
         *(
             f"exactly-once beside a second job ({x['load']['app']} at {x['load']['rate']:,} records/s, "
-            f"paced {x['load'].get('margin_ms', '-')} ms after the trigger, {x['load']['cores']} of a core, {'kept up' if x['load']['kept_up'] else 'did NOT keep up'}): p50 "
+            f"paced {x['load'].get('margin_ms', '-')} ms after the trigger, {x['load']['cores']} of a core, "
+            f"{'kept up' if x['load']['kept_up'] else 'did NOT keep up'}): p50 "
             f"{x.get('p50_ms', '-')} ms, p99 {x.get('p99_ms', '-')} ms, "
             f"{ra.get('eos_loaded_p99_in_trigger_intervals') or '-'} trigger intervals"
             for x in ([lat["eos_loaded"]] if "eos_loaded" in lat else [])
