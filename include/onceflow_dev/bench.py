@@ -500,26 +500,38 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     the steady state that follows the contender's catch-up after its cold start (the module's docstring)."""
     stamper = Stamper(s)
     stamper.start()
-    since = boot_ticks_now()
-    c.start()
     stop = threading.Event()
-    duration_s = spec.catchup_max_s + spec.steady_s + spec.live_s + 60
-    feed = live_feed(
-        s, spec.live_rate, spec.ips, duration_s, seed=7, stop=stop, out_of_order_fraction=0.05, malformed_fraction=0.01
-    )
-    t_live = clock.now_ms()
-    feed.start()
-    bound = steady_lag_bound(spec.live_rate, c.commit_interval_s())
-    steady_ms = catch_up(c, s, bound, spec)
-    caught_up = steady_ms is not None
-    t_first = steady_ms if steady_ms is not None else clock.now_ms()
-    time.sleep(max(0.0, spec.live_s - (clock.now_ms() - t_first) / 1000))
-    t_end = clock.now_ms()
-    stop.set()
-    feed.join(60)
-    time.sleep(3 * s.trigger_interval_s + s.watermark_s + s.window_s)
-    use = contender_usage(c, since)
-    c.stop()
+    try:  # a failed row (a Flink contender's is reported, the bench goes on) leaves no feed or stamper running
+        since = boot_ticks_now()
+        c.start()
+        duration_s = spec.catchup_max_s + spec.steady_s + spec.live_s + 60
+        feed = live_feed(
+            s,
+            spec.live_rate,
+            spec.ips,
+            duration_s,
+            seed=7,
+            stop=stop,
+            out_of_order_fraction=0.05,
+            malformed_fraction=0.01,
+        )
+        t_live = clock.now_ms()
+        feed.start()
+        bound = steady_lag_bound(spec.live_rate, c.commit_interval_s())
+        steady_ms = catch_up(c, s, bound, spec)
+        caught_up = steady_ms is not None
+        t_first = steady_ms if steady_ms is not None else clock.now_ms()
+        time.sleep(max(0.0, spec.live_s - (clock.now_ms() - t_first) / 1000))
+        t_end = clock.now_ms()
+        stop.set()
+        feed.join(60)
+        time.sleep(3 * s.trigger_interval_s + s.watermark_s + s.window_s)
+        use = contender_usage(c, since)
+        c.stop()
+    except BaseException:
+        stop.set()
+        stamper.discard()
+        raise
     seen = stamper.stop(30)
     return window_latencies(seen, s, t_first, t_end) | {
         "caught_up": caught_up,

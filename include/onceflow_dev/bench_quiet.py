@@ -48,12 +48,14 @@ def quiet(c: Contender, s: config.Settings, ips: int = 300) -> dict:
     """One contender at RATE records/s: CPU over MEASURE_S after WARMUP_S, and its results' latency meanwhile."""
     stamper = Stamper(s)
     stamper.start()
-    c.start()
-    t_live = clock.now_ms()
-    feeder = live_feed(s, RATE, ips, WARMUP_S + MEASURE_S, seed=11, out_of_order_fraction=0.02, malformed_fraction=0.01)
-    feeder.start()
     minutes: list[float] = []  # CPU seconds in each minute since the start: how long the JVM's warm-up lasts
     try:
+        c.start()
+        t_live = clock.now_ms()
+        feeder = live_feed(
+            s, RATE, ips, WARMUP_S + MEASURE_S, seed=11, out_of_order_fraction=0.02, malformed_fraction=0.01
+        )
+        feeder.start()
         t_start, last = time.monotonic(), usage(c.pid())["cpu_s"]
         for m in range(1, WARMUP_S // 60 + 1):
             time.sleep(max(0.0, t_start + 60 * m - time.monotonic()))
@@ -67,9 +69,14 @@ def quiet(c: Contender, s: config.Settings, ips: int = 300) -> dict:
         after, t1 = usage(c.pid()), time.monotonic()
         t_end = clock.now_ms()
         time.sleep(3 * s.trigger_interval_s + s.watermark_s + s.window_s)  # the last measured windows close
-    finally:
-        c.stop()
-        seen = stamper.stop(30)
+    except BaseException:
+        try:
+            c.stop()
+        finally:
+            stamper.discard()  # the contender's error is the one to see
+        raise
+    c.stop()
+    seen = stamper.stop(30)
     cpu_s = round(after["cpu_s"] - before["cpu_s"], 1)
     seconds = round(t1 - t0, 1)
     log.info("  %s: %s CPU s in %s s since %d ms after its start", c.name, cpu_s, seconds, t_first - t_live)

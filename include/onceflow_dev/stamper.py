@@ -79,6 +79,12 @@ class Stamper:
         self._proc.stdin.write(pickle.dumps(self.s))
         self._proc.stdin.flush()
 
+    def discard(self) -> None:
+        """Stop it without its stamps, on a path that is already failing: its own error would hide the first."""
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+            self._proc.communicate()
+
     def stop(self, timeout: float) -> Stamps:
         """Closing the process's stdin stops it; its stamps come back on its stdout."""
         p = self._proc

@@ -26,3 +26,40 @@ def test_a_stamper_that_failed_is_an_error_not_an_empty_row():
     st.start()
     with pytest.raises(RuntimeError, match="without its stamps"):
         st.stop(60)
+
+
+@pytest.mark.parametrize("phase", ["bench_quiet", "bench_latency"])
+def test_a_contender_that_fails_is_the_error_seen_and_its_stamper_is_stopped(monkeypatch, phase):
+    from onceflow_dev import bench, bench_quiet
+
+    stampers: list[Stamper] = []
+
+    class FailingStamper(Stamper):  # a stamper that would fail too, as it does when the broker is gone
+        def __init__(self, s):
+            super().__init__(s)
+            stampers.append(self)
+
+        def stop(self, timeout):
+            raise RuntimeError("the stamper's own error")
+
+    class BrokenContender:
+        name = "broken"
+        stopped = False
+
+        def start(self):
+            raise ValueError("the contender's error")
+
+        def stop(self):
+            self.stopped = True
+
+    monkeypatch.setattr(bench_quiet, "Stamper", FailingStamper)
+    monkeypatch.setattr(bench, "Stamper", FailingStamper)
+    c, s = BrokenContender(), settings()
+    with pytest.raises(ValueError, match="the contender's error"):
+        if phase == "bench_quiet":
+            bench_quiet.quiet(c, s)  # type: ignore[arg-type]
+        else:
+            bench.latency(c, s, bench.BenchSpec())  # type: ignore[arg-type]
+    assert c.stopped or phase == "bench_latency", "bench_quiet stops its contender (bench's callers stop theirs)"
+    (st,) = stampers
+    assert st._proc is not None and st._proc.returncode is not None, "the stamper's process is not left running"
