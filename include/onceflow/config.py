@@ -240,6 +240,11 @@ class Spark:
     jit_options: str = (
         "-XX:Tier4InvocationThreshold=20000 -XX:Tier4CompileThreshold=40000 -XX:Tier4BackEdgeThreshold=160000"
     )
+    # The garbage collector of the same JVMs. Parallel: a stop-the-world collector with no concurrent phases and no
+    # G1 write barriers in the tasks' code; measured on a backlog, the drain 0.88 of G1's time at 0.93 of its CPU,
+    # peak RSS lower (docs/performance.md, "The garbage collector"). serial: one thread, for the smallest heaps;
+    # g1: the JVM's default on a server-class machine, shorter pauses on heaps of many GB; jvm: whatever the JVM picks.
+    jvm_gc: Literal["parallel", "serial", "g1", "jvm"] = "parallel"
     # Standalone: the most cores the streaming job takes from the cluster (spark.cores.max; 0 = all, Spark's
     # default). A long-lived job that takes every core starves the reconciliation recount and backfills.
     cores_max: NonNegInt = 0

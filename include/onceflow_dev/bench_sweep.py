@@ -33,6 +33,7 @@ VARIANTS: list[tuple[str, dict]] = [
     ("maxOffsetsPerTrigger 500,000", {"max_offsets_per_trigger": 500_000}),
     ("producer linger 50 ms", {"producer_linger_ms": 50}),
     ("class-data archive off", {"class_data_sharing": False}),
+    ("G1 garbage collector", {"jvm_gc": "g1"}),
 ]
 
 
