@@ -219,28 +219,25 @@ def kubernetes_conf(settings: Settings) -> dict[str, str]:
 GC_OPTIONS = {"parallel": "-XX:+UseParallelGC", "serial": "-XX:+UseSerialGC", "g1": "-XX:+UseG1GC", "jvm": ""}
 
 
+def tuning_options(settings: Settings) -> list[str]:
+    """What every Spark JVM of the platform gets, driver and executors alike: its garbage collector (Settings.jvm_gc)
+    and the JIT's options (Settings.jit_options); empty where either is left to the JVM."""
+    return [o for o in (GC_OPTIONS[settings.jvm_gc], settings.jit_options) if o]
+
+
 def conf_java_log(settings: Settings, in_image: bool = False) -> str:
     """The driver JVM's options: its log configuration, exit on OutOfMemoryError, its garbage collector
     (Settings.jvm_gc) and the JIT's (Settings.jit_options). A driver JVM out of heap otherwise lives on with a dead
     thread (a task-result getter) and the query waits for good; exiting makes it a failure the supervisor restarts
     and counts."""
     path = _in_image(settings, str(LOG4J)).removeprefix("local://") if in_image else str(LOG4J)
-    return " ".join(
-        filter(
-            None,
-            [
-                f"-Dlog4j2.configurationFile=file:{path} -XX:+ExitOnOutOfMemoryError",
-                GC_OPTIONS[settings.jvm_gc],
-                settings.jit_options,
-            ],
-        )
-    )
+    return " ".join([f"-Dlog4j2.configurationFile=file:{path} -XX:+ExitOnOutOfMemoryError", *tuning_options(settings)])
 
 
 def executor_java_options(settings: Settings, *more: str) -> dict[str, str]:
     """The executors' JVM options (where Spark starts them: a cluster; local mode runs them in the driver's JVM): the
     garbage collector's and the JIT's, then `more`."""
-    opts = " ".join(filter(None, [GC_OPTIONS[settings.jvm_gc], settings.jit_options, *more]))
+    opts = " ".join(filter(None, [*tuning_options(settings), *more]))
     return {"spark.executor.extraJavaOptions": opts} if opts else {}
 
 
