@@ -521,7 +521,13 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
         steady_ms = catch_up(c, s, bound, spec)
         caught_up = steady_ms is not None
         t_first = steady_ms if steady_ms is not None else clock.now_ms()
-        time.sleep(max(0.0, spec.live_s - (clock.now_ms() - t_first) / 1000))
+        log.info(
+            "  %s after %.0f s; steady state for %d s",
+            "caught up" if caught_up else "not caught up",
+            (t_first - t_live) / 1000,
+            spec.live_s,
+        )
+        hold_steady(c, s, t_first, t_first + spec.live_s * 1000, bound)
         t_end = clock.now_ms()
         stop.set()
         feed.join(60)
@@ -599,6 +605,20 @@ def loaded_latency(base: config.Settings, spec: BenchSpec) -> dict:
             "kept_up": ready and lag_end is not None and lag_end <= bound,
         }
     }
+
+
+def hold_steady(
+    c: Contender, s: config.Settings, start_ms: int, end_ms: int, bound: int, every_s: float = 60.0
+) -> None:
+    """Wait until `end_ms`, logging the contender's lag every `every_s`: a steady state lasts 20 minutes at the
+    defaults, and a job that fell behind shows it here, not only in the figures at the end. One lag lookup a minute,
+    against one a second while catching up. `start_ms`: when the steady state began (the start of the hold that
+    proved the catch-up, so already past)."""
+    while (left_s := (end_ms - clock.now_ms()) / 1000) > 0:
+        time.sleep(min(every_s, left_s))
+        if clock.now_ms() < end_ms:
+            elapsed, total = (clock.now_ms() - start_ms) / 1000, (end_ms - start_ms) / 1000
+            log.info("  steady state %.0f of %.0f s, lag %s records (bound %d)", elapsed, total, c.lag(s), bound)
 
 
 def steady_lag_bound(rate: int, commit_interval_s: float) -> int:

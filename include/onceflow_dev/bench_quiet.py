@@ -62,6 +62,7 @@ def quiet(c: Contender, s: config.Settings, ips: int = 300) -> dict:
             now_cpu = usage(c.pid())["cpu_s"]
             minutes.append(round(now_cpu - last, 1))
             last = now_cpu
+            log.info("  warm-up minute %d of %d: %s CPU s", m, WARMUP_S // 60, minutes[-1])
         time.sleep(max(0.0, t_start + WARMUP_S - time.monotonic()))
         before, t0 = usage(c.pid()), time.monotonic()
         t_first = clock.now_ms()

@@ -348,3 +348,27 @@ def test_a_phase_that_fails_ends_the_bench_with_the_figures_of_the_phases_before
     got = json.loads(out.read_text())
     assert got["throughput"] == {"eos": {"records_per_s": 1000}} and "spec" in got
     assert got["error"].startswith("TimeoutError: a commit after the kill")
+
+
+def test_the_steady_state_logs_its_progress_and_the_lag_until_it_ends(tmp_path, caplog, monkeypatch):
+    from onceflow import config
+    from onceflow_dev import bench
+
+    now = [1_000_000]  # a clock of the test's own: time passes only in sleep
+    monkeypatch.setattr(bench.clock, "now_ms", lambda: now[0])
+    monkeypatch.setattr(bench.time, "sleep", lambda sec: now.__setitem__(0, now[0] + int(sec * 1000)))
+
+    class Job:
+        lags = iter([1_200, 48_000])
+
+        def lag(self, s):
+            return next(self.lags)
+
+    caplog.set_level("INFO", logger="onceflow_dev.bench")
+    began = now[0] - 15_000  # the steady state began with the 15 s hold that proved the catch-up
+    bench.hold_steady(Job(), config.Settings(var_dir=tmp_path), began, began + 150_000, bound=50_000, every_s=60)
+    assert now[0] == began + 150_000  # waited to the end, not a tick past it
+    assert [r.getMessage() for r in caplog.records] == [
+        "  steady state 75 of 150 s, lag 1200 records (bound 50000)",
+        "  steady state 135 of 150 s, lag 48000 records (bound 50000)",
+    ]  # none at the end: the figures follow
