@@ -614,11 +614,12 @@ def hold_steady(
     defaults, and a job that fell behind shows it here, not only in the figures at the end. One lag lookup a minute,
     against one a second while catching up. `start_ms`: when the steady state began (the start of the hold that
     proved the catch-up, so already past)."""
+    total_s = (end_ms - start_ms) / 1000
     while (left_s := (end_ms - clock.now_ms()) / 1000) > 0:
         time.sleep(min(every_s, left_s))
-        if clock.now_ms() < end_ms:
-            elapsed, total = (clock.now_ms() - start_ms) / 1000, (end_ms - start_ms) / 1000
-            log.info("  steady state %.0f of %.0f s, lag %s records (bound %d)", elapsed, total, c.lag(s), bound)
+        if (now := clock.now_ms()) < end_ms:
+            elapsed_s = (now - start_ms) / 1000
+            log.info("  steady state %.0f of %.0f s, lag %s records (bound %d)", elapsed_s, total_s, c.lag(s), bound)
 
 
 def steady_lag_bound(rate: int, commit_interval_s: float) -> int:
