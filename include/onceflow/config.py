@@ -180,8 +180,10 @@ class Job:
     # the record that closes a window, stamped on the multiple, has left its producer and is read by the batch
     # planned for it (onceflow.rules.pacing). Without it such windows waited one more trigger interval. At most
     # half the trigger interval is used. Jobs sharing a machine each take their own margin, so that their batches do
-    # not all start at the same moments (docs/performance.md, "Two jobs on one machine").
-    trigger_margin_ms: NonNegInt = 300
+    # not all start at the same moments (docs/performance.md, "Two jobs on one machine"). 150: at 5,000 records/s the
+    # batch planned for a boundary read the stream to within 36 ms of its planning (docs/performance.md, "The pacing
+    # margin"); the chase (onceflow.rules.pacing) covers a closing event held back longer.
+    trigger_margin_ms: NonNegInt = 150
     # Per-batch costs (planning, state store commit, checkpoint files, transaction) amortise over the batch:
     # 500,000 drained a backlog ~10-20 % faster than 200,000 (docs/performance.md, make bench-sweep).
     max_offsets_per_trigger: PosInt = 500_000

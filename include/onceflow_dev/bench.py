@@ -268,6 +268,11 @@ class Contender:
         """How often the contender commits its position (a Spark trigger; Flink's checkpoint interval)."""
         return self.s.trigger_interval_s
 
+    def commit_phase(self, start_ms: int, end_ms: int) -> dict:
+        """Where in the windows' interval its commits fell over the steady state, for a contender that picks that
+        itself (Flink); {} for onceflow's, paced on fixed moments."""
+        return {}
+
     def lag(self, s: config.Settings) -> int | None:
         """Source records past the committed position; None while unknown (nothing committed yet)."""
         wm = kafka_reading.watermarks(s, s.source_topic) or {}
@@ -534,6 +539,7 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
         time.sleep(3 * s.trigger_interval_s + s.watermark_s + s.window_s)
         use = contender_usage(c, since)
         c.stop()
+        phase = c.commit_phase(t_first, t_end)
     except BaseException:
         stop.set()
         stamper.discard()
@@ -544,6 +550,7 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
         "catch_up_s": round((t_first - t_live) / 1000, 1),
         "steady_lag_bound": bound,
         "measured_s": round((t_end - t_first) / 1000, 1),
+        **phase,
         **{f"live_{k}": v for k, v in use.items()},
     }
 
@@ -1096,6 +1103,12 @@ def table(r: dict) -> str:
         *(
             f"exactly-once / {names[k]}: throughput {ra.get(f'eos_vs_{k}_throughput', '-')}, "
             f"p99 latency {ra.get(f'eos_vs_{k}_p99', '-')}"
+            + (
+                f" (its checkpoints triggered {lat[k]['trigger_phase_ms']} ms into each window's interval, "
+                f"each taking {lat[k]['checkpoint_ms']} ms)"
+                if lat.get(k, {}).get("trigger_phase_ms") is not None
+                else ""
+            )
             for k in flink_ms
         ),
         *(

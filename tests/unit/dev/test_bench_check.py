@@ -372,3 +372,33 @@ def test_the_steady_state_logs_its_progress_and_the_lag_until_it_ends(tmp_path, 
         "  steady state 75 of 150 s, lag 1200 records (bound 50000)",
         "  steady state 135 of 150 s, lag 48000 records (bound 50000)",
     ]  # none at the end: the figures follow
+
+
+FLINK_LOG = """\
+21:55:14.996 INFO  CheckpointCoordinator - No checkpoint found during restore.
+21:55:16.981 INFO  CheckpointCoordinator - Triggering checkpoint 1 (type=CheckpointType{name='Checkpoint', \
+sharingFilesStrategy=FORWARD_BACKWARD}) @ 1796421316931 for job 33783e3938ad4ea634ccf502ebad4f5d.
+21:55:17.277 INFO  CheckpointCoordinator - Completed checkpoint 1 for job 33783e3938ad4ea634ccf502ebad4f5d \
+(1096527 bytes, checkpointDuration=321 ms, finalizationTime=25 ms).
+21:55:21.938 INFO  CheckpointCoordinator - Triggering checkpoint 2 (type=CheckpointType{name='Checkpoint', \
+sharingFilesStrategy=FORWARD_BACKWARD}) @ 1796421321935 for job 33783e3938ad4ea634ccf502ebad4f5d.
+21:55:22.260 INFO  CheckpointCoordinator - Completed checkpoint 2 for job 33783e3938ad4ea634ccf502ebad4f5d \
+(2193951 bytes, checkpointDuration=273 ms, finalizationTime=52 ms).
+21:55:26.940 INFO  CheckpointCoordinator - Triggering checkpoint 3 (type=CheckpointType{name='Checkpoint', \
+sharingFilesStrategy=FORWARD_BACKWARD}) @ 1796421326938 for job 33783e3938ad4ea634ccf502ebad4f5d.
+21:55:27.310 INFO  CheckpointCoordinator - Completed checkpoint 3 for job 33783e3938ad4ea634ccf502ebad4f5d \
+(2193951 bytes, checkpointDuration=350 ms, finalizationTime=20 ms).
+"""
+
+
+def test_flinks_checkpoint_phase_is_read_from_its_log_over_the_steady_state_only():
+    checkpoint_phase = bench_flink.checkpoint_phase
+    # checkpoint 1 was triggered before the steady state began: not counted
+    got = checkpoint_phase(FLINK_LOG, 1796421320000, 1796421330000, 5000)
+    assert got == {"checkpoints_measured": 2, "trigger_phase_ms": 1938, "checkpoint_ms": 370}
+    assert checkpoint_phase(FLINK_LOG, 1796421316931, 1796421316931, 5000) == {
+        "checkpoints_measured": 1,
+        "trigger_phase_ms": 1931,
+        "checkpoint_ms": 346,
+    }
+    assert checkpoint_phase("no checkpoints logged", 0, 2**62, 5000) == {}

@@ -63,3 +63,33 @@ def test_a_contender_that_fails_is_the_error_seen_and_its_stamper_is_stopped(mon
     assert c.stopped or phase == "bench_latency", "bench_quiet stops its contender (bench's callers stop theirs)"
     (st,) = stampers
     assert st._proc is not None and st._proc.returncode is not None, "the stamper's process is not left running"
+
+
+class LibrdkafkaLikeConsumer:
+    """consume(n, timeout) as librdkafka's batch consume behaves: it returns once it holds n messages or its timeout
+    has passed, so a call with fewer than n queued and a timeout blocks; poll(timeout) returns on the first message."""
+
+    def __init__(self, queued: list[str]):
+        self.queued = list(queued)
+        self.blocked_s = 0.0  # how long the calls would have waited with messages already queued
+
+    def poll(self, timeout):
+        if not self.queued:
+            return None
+        return self.queued.pop(0)
+
+    def consume(self, num_messages, timeout):
+        if self.queued and len(self.queued) < num_messages:
+            self.blocked_s += timeout
+        got, self.queued = self.queued[:num_messages], self.queued[num_messages:]
+        return got
+
+
+def test_the_stamper_takes_the_last_results_of_a_commit_without_waiting_out_a_timeout():
+    # a window's 9,150 results committed at once: the stamper's first read takes 5,000, the next the other 4,150
+    from onceflow_dev.stamper import arrived
+
+    c = LibrdkafkaLikeConsumer([f"r{i}" for i in range(9150)])
+    first, second, third = arrived(c, 0.2), arrived(c, 0.2), arrived(c, 0.2)
+    assert (len(first), len(second), third) == (5001, 4149, [])
+    assert c.blocked_s == 0.0, "the last results of a commit waited out the timeout before they were stamped"

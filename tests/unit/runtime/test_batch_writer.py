@@ -172,7 +172,7 @@ def test_a_window_whose_closing_event_is_late_is_chased_once_then_the_cadence_re
     """The batch planned 300 ms after a window's closing moment read the stream 200 ms short of the closing event:
     the next batch is planned once that lag has passed again (plus the margin), not a whole interval later; when
     that batch still finds the event short, the trigger's cadence takes over again."""
-    paced = s.replace(close_out_batches=True, trigger_interval_s=5.0, window_s=5, watermark_s=5)
+    paced = s.replace(close_out_batches=True, trigger_interval_s=5.0, window_s=5, watermark_s=5, trigger_margin_ms=300)
     closing = 1_794_873_610_000  # the event time that closes the window ending 10 s before it
     now = [closing + 400]
     monkeypatch.setattr("onceflow.rules.clock.now_ms", lambda: now[0])

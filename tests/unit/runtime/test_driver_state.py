@@ -56,13 +56,13 @@ def test_pacing_after_a_batch():
     waiting = pace_after(s, plan(wm=20_000, ts=30_500), Decision.WRITE, 21_000, 31_000)
     assert not waiting.closes_windows and 0 < waiting.delay_s <= 5
     # planned at 30.5 s, it is 31 s: the next batch at 35 s plus the settings' margin
-    assert waiting.delay_s == 4.3 and s.trigger_margin_ms == 300
+    assert waiting.delay_s == 4.15 and s.trigger_margin_ms == 150
     no_margin = s.replace(trigger_margin_ms=0)
     assert pace_after(no_margin, plan(wm=20_000, ts=30_500), Decision.WRITE, 21_000, 31_000).delay_s == 4
 
 
 def test_a_closing_event_on_its_way_is_chased_once_per_window():
-    s = config.load(env={}, app_id="a", trigger_interval_s=5, window_s=5, watermark_s=5)
+    s = config.load(env={}, app_id="a", trigger_interval_s=5, window_s=5, watermark_s=5, trigger_margin_ms=300)
     # planned at 35.3 s, the newest event at 34.8 s: the event at 35 s that closes the window ending at 30 s is late
     first = pace_after(s, plan(wm=25_000, ts=35_300), Decision.WRITE, 34_800, 35_400)
     assert not first.closes_windows and first.chasing_ms == 35_000
