@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import threading
 from pathlib import Path
@@ -87,11 +88,11 @@ def checkpoint_phase(log_text: str, start_ms: int, end_ms: int, window_ms: int) 
                 durations.append(took[int(n)])
     if not phases:
         return {}
-
-    def median(xs: list[int]) -> int | None:
-        return sorted(xs)[len(xs) // 2] if xs else None
-
-    return {"checkpoints_measured": len(phases), "trigger_phase_ms": median(phases), "checkpoint_ms": median(durations)}
+    return {
+        "checkpoints_measured": len(phases),
+        "trigger_phase_ms": statistics.median_high(phases),
+        "checkpoint_ms": statistics.median_high(durations) if durations else None,
+    }
 
 
 class FlinkBuildError(OnceflowError):
