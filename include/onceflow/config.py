@@ -197,6 +197,14 @@ class Job:
     # The transactional producer's batching (the whole batch is produced, then committed at once).
     producer_linger_ms: NonNegInt = 5
     producer_batch_messages: PosInt = 10_000
+    # A batch whose output has at most this many rows by the bound the job knows before running it (the state's rows
+    # at Spark's last progress report, the records read since, one result per output and one DLQ record per record
+    # read: onceflow.runtime.driver_state.output_rows_bound) is computed and brought to the driver in one Spark job,
+    # held whole until its transaction commits; a larger or unknown one is stored in the executors and streamed a
+    # partition at a time. Saves about 0.1 s of each small batch (docs/performance.md, "One Spark job for a small
+    # output"). 0: always stored. A transform that emits more rows per record than it has outputs (an explode, a
+    # stream-stream join's fan-out) can exceed the bound: set 0 for it if its batches are large.
+    collect_max_rows: NonNegInt = 250_000
     # An event time more than this after its Kafka record's timestamp is quarantined (DLQ `timestamp_ahead`):
     # a broken client clock must not move the watermark. Recorded per batch in the ledger.
     max_event_ahead_s: NonNegFloat = 60.0
@@ -881,6 +889,7 @@ APP_SETTINGS = frozenset(
         "close_out_batches",
         "trigger_margin_ms",
         "max_offsets_per_trigger",
+        "collect_max_rows",
         "shuffle_partitions",
         "window_s",
         "watermark_s",

@@ -123,3 +123,20 @@ def test_a_frame_planned_before_it_is_materialised_is_still_read_from_its_stored
         first = list(partition_stream.Stored(m, tuple))
         second = list(partition_stream.Stored(m, tuple))
     assert len(first) == 12 and first == second
+
+
+def test_a_collected_frame_is_computed_in_one_job_before_it_returns_and_read_again_without_compute(spark):
+    """A small output (the exactly-once writer's bound) comes whole, in one Spark job of a task per partition (no
+    store, no second job reading it back): computed before the transaction opens, as a stored one is, and the same
+    rows on a second read (the writer's second attempt), not computed again."""
+    import time
+
+    df = spark.range(0, 12, 1, 6).select("id", computed_at_ms().alias("at_ms"))
+    before = _jobs_started(spark)
+    out = partition_stream.collected(df, tuple)
+    opened_ms = time.time() * 1000  # where the transaction begins
+    first, second = list(out), list(out)
+    assert (_jobs_started(spark) - before, _tasks(spark, before)) == (1, 6)
+    assert first == second == [tuple(r) for r in first] and [i for i, _ in first] == list(range(12))
+    assert max(at for _, at in first) < opened_ms, "a partition was computed after the transaction opened"
+    assert list(partition_stream.collected(spark.range(0, 0, 1, 3), tuple)) == []

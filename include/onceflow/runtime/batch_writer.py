@@ -21,8 +21,14 @@ from typing import Any, Protocol
 from onceflow import config
 from onceflow.protocol.batch_sink import BatchSink, OutRecord
 from onceflow.rules import checkpoint, clock
-from onceflow.rules.ledger import Decision
-from onceflow.runtime.driver_state import StopRequested, initial_status, pace_after, status_after_batch
+from onceflow.rules.ledger import BatchPlan, Decision
+from onceflow.runtime.driver_state import (
+    StopRequested,
+    initial_status,
+    output_rows_bound,
+    pace_after,
+    status_after_batch,
+)
 from onceflow.spark import batch_stats, partition_stream
 
 log = logging.getLogger("onceflow.job")
@@ -48,9 +54,10 @@ class Status:
 
 
 class BatchOutput(Protocol):
-    def stored(self, df: Any) -> Any:
+    def stored(self, df: Any, collect: bool = False) -> Any:
         """A context manager: the batch's output computed and stored, as the rows to write (read again on a second
-        attempt); released after."""
+        attempt); released after. `collect`: the output is known to be small (driver_state.output_rows_bound): held
+        whole by the driver instead."""
         ...
 
     def advance(self, df: Any) -> None:
@@ -59,13 +66,17 @@ class BatchOutput(Protocol):
 
 
 class SparkOutput:
-    """The batch's output as Spark computes and stores it: read, parse, shuffle and the DLQ branch first, then
-    streamed to the driver a partition at a time as Arrow batches (onceflow.spark.partition_stream)."""
+    """The batch's output as Spark computes it: read, parse, shuffle and the DLQ branch first, then either stored in
+    the executors and streamed to the driver a partition at a time, or, for an output known to be small, brought to
+    the driver whole by the same Spark job; as Arrow batches both ways (onceflow.spark.partition_stream)."""
 
     @contextmanager
-    def stored(self, df: Any) -> Iterator[Iterable[OutRecord]]:
+    def stored(self, df: Any, collect: bool = False) -> Iterator[Iterable[OutRecord]]:
+        # not OutRecord._make: it takes the row as it is and fills no defaults (an output of fewer columns)
+        if collect:
+            yield partition_stream.collected(df, lambda r: OutRecord(*r))
+            return
         with partition_stream.materialised(df) as stored:
-            # not OutRecord._make: it takes the row as it is and fills no defaults (an output of fewer columns)
             yield partition_stream.Stored(stored, lambda r: OutRecord(*r))
 
     def advance(self, df: Any) -> None:
@@ -99,6 +110,7 @@ class BatchWriter:
         self.started_at = time.monotonic()  # set again when the query starts
         self.first_logged = False
         self.chased_ms: int | None = None  # the closing event the pacing last planned a batch early for
+        self.spans: dict[int, int] = {}  # Spark batch id -> the source offsets its range spans (output_rows_bound)
 
     def __call__(self, df, batch_id: int) -> None:
         while not self.lock.acquire(timeout=0.1):
@@ -122,6 +134,7 @@ class BatchWriter:
             decision = self.sink.decide(plan)
             self.batches[batch_id] = {"ledger_batch": plan.batch, "epoch": plan.epoch, "decision": decision.value}
             t1 = time.monotonic()
+            collect = False
             if decision is Decision.WRITE:
                 # The batch's output is computed and stored by Spark first (read, parse, shuffle, the DLQ branch),
                 # then streamed into the transaction a partition at a time: only producing runs inside it (a
@@ -129,9 +142,12 @@ class BatchWriter:
                 # every replay), and the driver never holds the batch's whole output, however many windows close
                 # in it (partition_stream, not toLocalIterator, which keeps every served partition in the driver
                 # JVM), moved as Arrow batches (4 to 9 times the rows/s of pickled Rows, docs/performance.md).
-                # The stored output can be read again: a second attempt after an unknown outcome writes it in this
-                # process (partition_stream.Stored), not after a restart.
-                with self.output.stored(df) as rows:
+                # An output known to be small is computed and brought to the driver whole in one Spark job
+                # instead, before the transaction too (`collect`, partition_stream.collected).
+                # Either can be read again: a second attempt after an unknown outcome writes it in this
+                # process (partition_stream.Stored, Collected), not after a restart.
+                collect = self._small_output(batch_id, plan)
+                with self.output.stored(df, collect) as rows:
                     t2 = time.monotonic()
                     outcome = self.sink.write_batch(plan, rows, decision)
             else:  # committed already: run the batch only to advance Spark's state store
@@ -153,7 +169,7 @@ class BatchWriter:
                     round((t0 - self.started_at) * 1000),
                     timings,
                 )
-            log.debug("batch %s timings %s", plan.batch, timings)
+            log.debug("batch %s timings %s%s", plan.batch, timings, " (collected)" if collect else "")
         except BaseException as e:
             self.failure.append(e)
             raise
@@ -189,6 +205,16 @@ class BatchWriter:
         if pace.closes_windows:
             self.status.update(close_out_batches=self.status.record.close_out_batches + 1)
         return pace.delay_s
+
+    def _small_output(self, batch_id: int, plan: BatchPlan) -> bool:
+        """Is the batch's output known to be at most `collect_max_rows` rows before it runs (output_rows_bound)?"""
+        progress = self.status.record.progress or {}
+        reported = (progress["batch"], progress.get("state_rows") or 0) if "batch" in progress else None
+        if reported is not None:  # the batches before the report are counted in its state rows
+            self.spans = {b: n for b, n in self.spans.items() if b > reported[0]}
+        self.spans[batch_id] = sum(plan.end[p] - plan.start[p] for p in plan.end)
+        bound = output_rows_bound(batch_id, self.spans, reported, len(self.s.outputs))
+        return bound is not None and bound <= self.s.collect_max_rows
 
     def stop_at_boundary(self, query) -> None:
         """Never stop in the middle of a transaction, nor between a Kafka commit and Spark's commits/N: then the

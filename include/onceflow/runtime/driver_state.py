@@ -113,6 +113,27 @@ def pace_after(
     )
 
 
+def output_rows_bound(batch: int, spans: dict[int, int], reported: tuple[int, int] | None, outputs: int) -> int | None:
+    """At most how many rows Spark batch `batch`'s output has, from what is known before it runs, or None when that is
+    not known. `spans`: the source offsets each Spark batch's range spans (at least the records it read; read_committed
+    skips transaction markers), by Spark batch id; `reported`: (batch id, state rows) of Spark's last progress report,
+    which comes after its batch, asynchronously; `outputs`: the app's named outputs.
+
+    A stateful operator in append mode emits rows of its state only (a record already behind the watermark is dropped
+    as late, not emitted), and the state grows by at most one row per record read, so the results are at most the
+    reported state plus every record read since; a stateless transform emits at most one result per output for each
+    record it reads; and a record read is at most one DLQ record. A batch between the report and this one whose span
+    is not known (read before this driver started) leaves the bound unknown."""
+    if reported is None:
+        return None
+    since, state_rows = reported
+    read_since = [spans.get(b) for b in range(since + 1, batch + 1)]
+    if any(n is None for n in read_since):
+        return None
+    read = sum(n for n in read_since if n is not None)
+    return state_rows + read + (outputs + 1) * spans[batch]
+
+
 def progress_fields(p: dict[str, Any], batch_info: dict[str, Any]) -> dict[str, Any]:
     """Spark's progress report of a batch (its JSON, onceflow.spark.progress), with the ledger batch and the decision
     the batch had: Spark's ids repeat after a restore, reconciliation charges late rows by ledger batch, and a

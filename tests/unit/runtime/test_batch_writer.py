@@ -48,10 +48,12 @@ class Output:
 
     def __init__(self):
         self.stored_batches, self.advanced = 0, 0
+        self.collected: list[bool] = []  # per stored batch: held whole by the driver (a small output) or not
 
     @contextmanager
-    def stored(self, df):
+    def stored(self, df, collect=False):
         self.stored_batches += 1
+        self.collected.append(collect)
         yield list(df)
 
     def advance(self, df) -> None:
@@ -186,6 +188,29 @@ def test_a_window_whose_closing_event_is_late_is_chased_once_then_the_cadence_re
     now[0] = closing + 900
     assert w._one(ROWS, 1) == 4.4  # chased once: the cadence's next batch, at closing + 5.3 s
     assert run_files.JobStatus.read(paced.status_file).close_out_batches == 0
+
+
+def test_a_small_output_is_collected_whole_once_sparks_progress_bounds_it(s, fs):
+    """Before Spark's first progress report nothing bounds a batch's output: it is stored and streamed. Once a report
+    says how many rows the state holds, a batch whose bound (those rows, the records read since, one result per
+    output and one DLQ record per record read) is within collect_max_rows comes in one Spark job; a larger one, or
+    any with collect_max_rows 0, is stored again."""
+    fs.planned(s, 2, 30)
+    fs.planned(s, 3, 40)
+    w = writer(s.replace(collect_max_rows=45), FakeCluster(), fs)
+    w(ROWS, 0)  # no report yet
+    w.status.update(progress={"batch": 0, "state_rows": 5})
+    w(ROWS, 1)  # 5 state rows + 10 records read + 2 x 10 = 35
+    w.status.update(progress={"batch": 0, "state_rows": 6})  # batch 1's report is still on its way
+    w(ROWS, 2)  # 6 + 10 + 10 + 2 x 10 = 46: over
+    w.status.update(progress={"batch": 2, "state_rows": 5})
+    w(ROWS, 3)  # 5 + 10 + 2 x 10 = 35
+    assert w.output.collected == [False, True, False, True]
+    assert set(w.spans) == {3}, "the spans counted in a report's state rows are dropped"
+    never = writer(s.replace(collect_max_rows=0), FakeCluster(), fs)
+    never.status.update(progress={"batch": 0, "state_rows": 0})
+    never(ROWS, 0)
+    assert never.output.collected == [False]
 
 
 def test_a_stop_waits_for_sparks_commit_of_the_last_written_batch_then_stops_the_query(s, fs, monkeypatch):

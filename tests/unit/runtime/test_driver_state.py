@@ -13,6 +13,7 @@ from onceflow.runtime.driver_state import (
     InstanceLocked,
     failure_exit_code,
     initial_status,
+    output_rows_bound,
     pace_after,
     progress_fields,
     startup_exit_code,
@@ -70,6 +71,15 @@ def test_a_closing_event_on_its_way_is_chased_once_per_window():
     # the batch planned then still finds it short: the cadence again, at 40.3 s
     again = pace_after(s, plan(wm=25_000, ts=35_800), Decision.WRITE, 34_950, 35_900, chased_ms=first.chasing_ms)
     assert again.chasing_ms is None and again.delay_s == 4.4
+
+
+def test_the_output_bound_before_a_batch_runs():
+    spans = {7: 100, 8: 40}  # records read by Spark batches 7 and 8; the report is batch 6's
+    assert output_rows_bound(8, spans, (6, 1_000), outputs=1) == 1_000 + 140 + 2 * 40
+    assert output_rows_bound(8, spans, (6, 0), outputs=2) == 140 + 3 * 40  # stateless, two outputs
+    assert output_rows_bound(8, spans, (7, 1_000), outputs=1) == 1_000 + 40 + 2 * 40
+    assert output_rows_bound(8, spans, None, outputs=1) is None  # no report yet
+    assert output_rows_bound(8, spans, (5, 1_000), outputs=1) is None  # batch 6 read before this driver: unknown
 
 
 def test_progress_fields_carry_the_ledger_batch_and_decision():
