@@ -212,7 +212,7 @@ class BatchWriter:
         reported = (progress["batch"], progress.get("state_rows") or 0) if "batch" in progress else None
         if reported is not None:  # the batches before the report are counted in its state rows
             self.spans = {b: n for b, n in self.spans.items() if b > reported[0]}
-        self.spans[batch_id] = sum(plan.end[p] - plan.start[p] for p in plan.end)
+        self.spans[batch_id] = plan.records
         bound = output_rows_bound(batch_id, self.spans, reported, len(self.s.outputs))
         return bound is not None and bound <= self.s.collect_max_rows
 

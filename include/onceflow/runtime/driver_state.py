@@ -127,11 +127,10 @@ def output_rows_bound(batch: int, spans: dict[int, int], reported: tuple[int, in
     if reported is None:
         return None
     since, state_rows = reported
-    read_since = [spans.get(b) for b in range(since + 1, batch + 1)]
-    if any(n is None for n in read_since):
+    read_since = range(since + 1, batch + 1)
+    if any(b not in spans for b in read_since):
         return None
-    read = sum(n for n in read_since if n is not None)
-    return state_rows + read + (outputs + 1) * spans[batch]
+    return state_rows + sum(spans[b] for b in read_since) + (outputs + 1) * spans[batch]
 
 
 def progress_fields(p: dict[str, Any], batch_info: dict[str, Any]) -> dict[str, Any]:
