@@ -103,7 +103,8 @@ test-secured: setup
 ## KafkaSink (built with Maven into var/jvm on first use), side by side, each sink checked for correctness, and the
 ## second app (ip_networks) on the same backlog (~3 h: each latency row measures 1,200 s of steady state, about 240
 ## windows; BENCH_CONTENDERS=flink ~50 min). BENCH_RECORDS, BENCH_IPS, BENCH_LIVE_RATE, BENCH_LIVE_S (the latency
-## phase's steady state, after its catch-up: BENCH_STEADY_S, BENCH_CATCHUP_MAX_S), BENCH_TRIGGER_S, BENCH_MAX_OFFSETS,
+## phase's steady state, after its catch-up: BENCH_STEADY_S, BENCH_CATCHUP_MAX_S, and its warm-up, measured apart:
+## BENCH_WARMUP_S, default 120), BENCH_TRIGGER_S, BENCH_MAX_OFFSETS,
 ## BENCH_FLINK (0: without Flink), BENCH_FLINK_FAST_MS (Flink's short checkpoint interval, default 500),
 ## BENCH_POSTGRES=0 (without the rows for ip_count into PostgreSQL: throughput, and latency polled from the table),
 ## BENCH_CONTENDERS (e.g. alo,flink: only these rows beside onceflow's; eos_loaded: onceflow's latency beside a second

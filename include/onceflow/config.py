@@ -255,6 +255,11 @@ class Spark:
     # peak RSS lower (docs/performance.md, "The garbage collector"). serial: one thread, for the smallest heaps;
     # g1: the JVM's default on a server-class machine, shorter pauses on heaps of many GB; jvm: whatever the JVM picks.
     jvm_gc: Literal["parallel", "serial", "g1", "jvm"] = "parallel"
+    # Under the parallel or serial collector, the job asks its driver JVM for a full collection while it waits at
+    # least a second for its next batch, once the old generation holds this fraction of its committed size: the JVM
+    # would otherwise take that collection (a pause of a few hundred milliseconds) inside whichever batch filled it,
+    # a window's batch (docs/performance.md, "Full collections between batches"). 0: only the JVM decides.
+    gc_while_idle_at: Annotated[float, Range(low=0, high=1)] = 0.8
     # Standalone: the most cores the streaming job takes from the cluster (spark.cores.max; 0 = all, Spark's
     # default). A long-lived job that takes every core starves the reconciliation recount and backfills.
     cores_max: NonNegInt = 0

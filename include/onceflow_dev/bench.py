@@ -15,8 +15,9 @@ Phases, each run in turn for every contender on the same machine:
    for ip_networks (no window: one result per record, on either of its outputs) seen - the record's event time.
    First the catch-up: until the contender's lag (source records past the position it committed) stays within
    two trigger intervals of input for BENCH_STEADY_S s (at most BENCH_CATCHUP_MAX_S): its time from the first
-   record is a figure of its own (`catch_up_s`). Then the steady state, measured: BENCH_LIVE_S s more of input
-   (default 1,200: about 240 windows), over the windows that end in it (`windows`, and p50/p95/p99 of their
+   record is a figure of its own (`catch_up_s`). Then the warm-up, BENCH_WARMUP_S s (default 120: a JVM caught up
+   after a cold start still compiles its hot code), measured apart (`warmup`). Then the steady state: BENCH_LIVE_S
+   s more of input (default 1,200: about 240 windows), over the windows that end in it (`windows`, and p50/p95/p99 of their
    results; ip_networks: over the records stamped in it). The row `eos_loaded` measures onceflow the same way with
    a second onceflow job running beside it (another ip_count at BENCH_LOAD_RATE records/s, default
    BENCH_LIVE_RATE, caught up before the measured job starts); the load is reported with it (its CPU over the
@@ -95,10 +96,11 @@ class BenchSpec:
     # the steady state's length: 1,200 s holds about 240 of ip_count's 5 s windows, so a p99 is not the slowest window
     # of a couple of dozen (120 s, the default until 2026-11-30: 23 windows)
     live_s: int = field(default_factory=lambda: _env_int("BENCH_LIVE_S", 1_200))
-    # results of windows ending in the first seconds of the live phase are not counted: the job's first
-    # batches include the JVM's warm-up (JIT) and the query's first state store loads
     # the latency phase's steady state begins once the lag stayed low this long; catch-up gives up after the max
     steady_s: int = field(default_factory=lambda: _env_int("BENCH_STEADY_S", 15))
+    # then the warm-up: a JVM caught up after a cold start is still compiling its hot code (C2) for a minute or two,
+    # and its windows then wait longer. Their figures are reported apart (`warmup`), the steady state's follow it
+    warmup_s: int = field(default_factory=lambda: _env_int("BENCH_WARMUP_S", 120))
     catchup_max_s: int = field(default_factory=lambda: _env_int("BENCH_CATCHUP_MAX_S", 300))
     trigger_s: float = field(
         default_factory=lambda: float(os.environ.get("BENCH_TRIGGER_S", config.Settings.trigger_interval_s))
@@ -509,7 +511,7 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     try:  # a failed row (a Flink contender's is reported, the bench goes on) leaves no feed or stamper running
         since = boot_ticks_now()
         c.start()
-        duration_s = spec.catchup_max_s + spec.steady_s + spec.live_s + 60
+        duration_s = spec.catchup_max_s + spec.steady_s + spec.warmup_s + spec.live_s + 60
         feed = live_feed(
             s,
             spec.live_rate,
@@ -525,14 +527,16 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
         bound = steady_lag_bound(spec.live_rate, c.commit_interval_s())
         steady_ms = catch_up(c, s, bound, spec)
         caught_up = steady_ms is not None
-        t_first = steady_ms if steady_ms is not None else clock.now_ms()
+        t_caught = steady_ms if steady_ms is not None else clock.now_ms()
+        t_first = t_caught + spec.warmup_s * 1000
         log.info(
-            "  %s after %.0f s; steady state for %d s",
+            "  %s after %.0f s; warm-up for %d s, then steady state for %d s",
             "caught up" if caught_up else "not caught up",
-            (t_first - t_live) / 1000,
+            (t_caught - t_live) / 1000,
+            spec.warmup_s,
             spec.live_s,
         )
-        hold_steady(c, s, t_first, t_first + spec.live_s * 1000, bound)
+        hold_steady(c, s, t_caught, t_first + spec.live_s * 1000, bound)
         t_end = clock.now_ms()
         stop.set()
         feed.join(60)
@@ -547,7 +551,8 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
     seen = stamper.stop(30)
     return window_latencies(seen, s, t_first, t_end) | {
         "caught_up": caught_up,
-        "catch_up_s": round((t_first - t_live) / 1000, 1),
+        "catch_up_s": round((t_caught - t_live) / 1000, 1),
+        "warmup": window_latencies(seen, s, t_caught, t_first) if spec.warmup_s else {},
         "steady_lag_bound": bound,
         "measured_s": round((t_end - t_first) / 1000, 1),
         **phase,
@@ -583,7 +588,12 @@ def loaded_latency(base: config.Settings, spec: BenchSpec) -> dict:
         topics.ensure(x)
     job, stop = ExactlyOnce(load), threading.Event()
     feed = live_feed(
-        load, rate, spec.ips, 3 * (spec.catchup_max_s + spec.steady_s + spec.live_s) + 300, seed=9, stop=stop
+        load,
+        rate,
+        spec.ips,
+        3 * (spec.catchup_max_s + spec.steady_s + spec.warmup_s + spec.live_s) + 300,
+        seed=9,
+        stop=stop,
     )
     bound = steady_lag_bound(rate, job.commit_interval_s())
     try:
@@ -1055,7 +1065,21 @@ NAMES = {
 def table(r: dict) -> str:
     tp, lat = r["throughput"], r["latency"]
     ok = r.get("correctness", {})
-    rows = [("", "records/s", "p50 ms", "p95 ms", "p99 ms", "windows", "catch-up s", "peak RSS MB", "CPU s", "output")]
+    rows = [
+        (
+            "",
+            "records/s",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "windows",
+            "catch-up s",
+            "warm-up p99 ms",
+            "peak RSS MB",
+            "CPU s",
+        )
+        + ("output",)
+    ]
     names = dict(NAMES)
     flink_ms = r.get("settings", {}).get("flink_checkpoint_ms", {})
     names |= {k: f"Flink KafkaSink exactly-once (ckpt {ms} ms)" for k, ms in flink_ms.items()}
@@ -1064,7 +1088,7 @@ def table(r: dict) -> str:
             continue
         l_ = lat.get(k, {})
         if "error" in tp[k]:
-            rows.append((names[k], "FAILED", "-", "-", "-", "-", "-", "-", "-", tp[k]["error"][:60]))
+            rows.append((names[k], "FAILED", "-", "-", "-", "-", "-", "-", "-", "-", tp[k]["error"][:60]))
             continue
         rows.append(
             (
@@ -1075,6 +1099,7 @@ def table(r: dict) -> str:
                 str(l_.get("p99_ms", "-")),
                 str(l_.get("windows", "-")),
                 str(l_.get("catch_up_s", "-")) + ("" if l_.get("caught_up", True) else " (never)"),
+                str((l_.get("warmup") or {}).get("p99_ms", "-")),
                 str(tp[k]["peak_rss_mb"]),
                 str(tp[k]["cpu_s"]),
                 ok.get(k, {}).get("verdict", "not checked"),

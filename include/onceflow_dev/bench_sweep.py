@@ -85,7 +85,10 @@ def table(rows: list[tuple[str, dict]]) -> str:
 
 def main() -> int:
     bench.setup_logging()
-    spec = bench.BenchSpec(live_s=bench._env_int("BENCH_LIVE_S", SWEEP_LIVE_S))
+    # the variants are compared with one another, each from a cold start as before: no warm-up apart
+    spec = bench.BenchSpec(
+        live_s=bench._env_int("BENCH_LIVE_S", SWEEP_LIVE_S), warmup_s=bench._env_int("BENCH_WARMUP_S", 0)
+    )
     var = config.REPO_ROOT / "var" / "bench"
     rows: list[tuple[str, dict]] = []
     with bench.bench_stack(spec, var) as (base, end):

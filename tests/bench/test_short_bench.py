@@ -22,6 +22,7 @@ def test_short_bench_runs_every_phase_and_every_rows_output_is_right(tmp_path):
         live_rate=1_000,
         live_s=15,
         steady_s=5,
+        warmup_s=12,
         catchup_max_s=180,
         trigger_s=2.0,
         recovery_runs=1,
@@ -48,6 +49,7 @@ def test_short_bench_runs_every_phase_and_every_rows_output_is_right(tmp_path):
     assert set(lat) == {"eos", "eos_ip_networks", "eos_postgres", "alo", "flink"}, lat
     for key, got in lat.items():
         assert got["caught_up"] and got.get("windows", 1) >= 1 and 0 < got["p50_ms"] <= got["p99_ms"], (key, got)
+        assert got["warmup"]["results"] >= 1, ("the warm-up's results are reported apart", key, got)
     assert lat["eos_ip_networks"]["results"] >= 1_000 and "windows" not in lat["eos_ip_networks"]
 
     # recovery: a kill -9 under live input, then a commit and the lag back, restarted and taken over by a standby

@@ -23,7 +23,9 @@ from onceflow.protocol.batch_sink import BatchSink, OutRecord
 from onceflow.rules import checkpoint, clock
 from onceflow.rules.ledger import BatchPlan, Decision
 from onceflow.runtime.driver_state import (
+    IDLE_COLLECT_MIN_WAIT_S,
     StopRequested,
+    collect_while_idle,
     initial_status,
     output_rows_bound,
     pace_after,
@@ -83,6 +85,18 @@ class SparkOutput:
         df.write.format("noop").mode("overwrite").save()
 
 
+class DriverHeap(Protocol):
+    """The driver JVM's old generation (onceflow.spark.driver_heap.DriverHeap in the job)."""
+
+    def old_used(self) -> tuple[int, int]:
+        """Its used and committed bytes."""
+        ...
+
+    def collect(self) -> None:
+        """A full collection now."""
+        ...
+
+
 class BatchWriter:
     """foreachBatch: one micro-batch, exactly once. A stop holds `lock` while it waits for Spark's commits/N of
     the last batch; a batch arriving then neither waits on it (Spark's stop cannot interrupt a Python callback)
@@ -96,11 +110,14 @@ class BatchWriter:
         epoch: checkpoint.Epoch,
         status: Status,
         output: BatchOutput | None = None,
+        heap: DriverHeap | None = None,
     ):
         """`output`: how a batch's output is computed and stored, and how a committed one only advances Spark's state
-        (SparkOutput; unit tests hand in rows of their own)."""
+        (SparkOutput; unit tests hand in rows of their own); `heap`: the driver JVM's, collected while the job waits
+        for its next batch (None: left to the JVM)."""
         self.s, self.sink, self.fs, self.epoch, self.status = settings, sink, fs, epoch, status
         self.output = output or SparkOutput()
+        self.heap = heap
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.batches: dict = {}  # Spark batch id -> its ledger batch and decision (progress listener)
@@ -123,7 +140,36 @@ class BatchWriter:
             delay_s = self._one(df, batch_id)
         finally:
             self.lock.release()
-        self.stop.wait(delay_s)  # the trigger cadence; a stop ends the wait at once
+        delay_s -= self._collect_while_idle(batch_id, delay_s)
+        self.stop.wait(max(0.0, delay_s))  # the trigger cadence; a stop ends the wait at once
+
+    def _collect_while_idle(self, batch_id: int, wait_s: float) -> float:
+        """The driver JVM's full collection in this wait, when it is due (driver_state.collect_while_idle) rather
+        than in the next batches; the seconds it took. A heap that cannot be read or collected is left to the JVM."""
+        if self.heap is None or wait_s < IDLE_COLLECT_MIN_WAIT_S:
+            return 0.0
+        t0 = time.monotonic()
+        try:
+            used, committed = self.heap.old_used()
+            if not collect_while_idle(used, committed, wait_s, self.s.gc_while_idle_at):
+                return time.monotonic() - t0
+            self.heap.collect()
+        except Exception as e:  # py4j gone with the JVM, or a JVM without the bean: the JVM collects alone
+            log.warning("the driver's heap is left to the JVM from now on: %s", e)
+            self.heap = None
+            return time.monotonic() - t0
+        spent = time.monotonic() - t0
+        after, _ = self.heap.old_used()
+        log.debug(
+            "batch %s: collected the driver's heap while idle, old generation %d -> %d of %d MB in %d ms",
+            batch_id,
+            used >> 20,
+            after >> 20,
+            committed >> 20,
+            round(spent * 1000),
+        )
+        self.status.update(idle_collections=self.status.record.idle_collections + 1)
+        return spent
 
     def _one(self, df, batch_id: int) -> float:
         # health judges a long batch (a backlog, a catch-up after a restore) by when it began, not as a stall

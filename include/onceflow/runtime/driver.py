@@ -38,7 +38,7 @@ from onceflow.runtime.driver_state import (
     progress_fields,
     startup_exit_code,
 )
-from onceflow.spark import app_plan, partition_stream
+from onceflow.spark import app_plan, driver_heap, partition_stream
 from onceflow.spark.progress import JsonProgressListener
 from onceflow.storage.checkpoint import HadoopFS
 
@@ -243,7 +243,8 @@ def run(settings: config.Settings) -> int:
         log.warning("removed what a start killed before its first batch left in the checkpoint: %s", debris)
     epoch = checkpoint.read_epoch(fs)  # how Spark's batch ids map to the ledger's since the last restore
     quarantine = checkpoint.read_quarantine(fs)  # source offsets an operator quarantined (records go to the DLQ)
-    writer = BatchWriter(settings, sink, fs, epoch, status)
+    heap = driver_heap.DriverHeap.of(spark, settings.jvm_gc) if settings.gc_while_idle_at > 0 else None
+    writer = BatchWriter(settings, sink, fs, epoch, status, heap=heap)
     spark.streams.addListener(ProgressListener(bus, status, writer.batches))
     frame = app_plan.output(app.transform, app_plan.source(spark, settings), settings, quarantine)
     try:

@@ -133,6 +133,17 @@ def output_rows_bound(batch: int, spans: dict[int, int], reported: tuple[int, in
     return state_rows + sum(spans[b] for b in read_since) + (outputs + 1) * spans[batch]
 
 
+# A full collection of the driver's heap takes 0.1-0.4 s on this size of heap: only a wait this long holds one whole
+IDLE_COLLECT_MIN_WAIT_S = 1.0
+
+
+def collect_while_idle(old_used: int, old_committed: int, wait_s: float, at: float) -> bool:
+    """Should the job ask its driver JVM for a full collection now, `wait_s` before its next batch
+    (onceflow.spark.driver_heap)? When the wait holds one and the old generation holds at least `at`
+    (Settings.gc_while_idle_at) of its committed size: the JVM would soon take it itself, inside a batch."""
+    return at > 0 and wait_s >= IDLE_COLLECT_MIN_WAIT_S and old_committed > 0 and old_used >= at * old_committed
+
+
 def progress_fields(p: dict[str, Any], batch_info: dict[str, Any]) -> dict[str, Any]:
     """Spark's progress report of a batch (its JSON, onceflow.spark.progress), with the ledger batch and the decision
     the batch had: Spark's ids repeat after a restore, reconciliation charges late rows by ledger batch, and a

@@ -39,6 +39,7 @@ class JobView:
     committed_batches: int | None
     replays_skipped: int | None
     close_out_batches: int
+    idle_collections: int
     running_batch: int | None
     batch_started_ms: int | None  # the running batch's start, this launch's only
     watermark_ms: int | None

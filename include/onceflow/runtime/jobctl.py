@@ -79,6 +79,7 @@ def status(settings: Settings) -> JobView:
         committed_batches=st.committed_batches if st else None,
         replays_skipped=st.replays_skipped if st else None,
         close_out_batches=st.close_out_batches if st else 0,
+        idle_collections=st.idle_collections if st else 0,
         running_batch=fresh.running_batch if fresh else None,
         batch_started_ms=fresh.batch_started_ms if fresh and fresh.running_batch is not None else None,
         watermark_ms=st.watermark_ms if st else None,

@@ -216,7 +216,16 @@ def kubernetes_conf(settings: Settings) -> dict[str, str]:
     return conf
 
 
-GC_OPTIONS = {"parallel": "-XX:+UseParallelGC", "serial": "-XX:+UseSerialGC", "g1": "-XX:+UseG1GC", "jvm": ""}
+# A stop-the-world collector also takes a full collection each time the classes' metadata passes a threshold the JVM
+# starts at about 21 MB and raises as it goes; a driver holds about 55 MB after its first minutes, so its first
+# thresholds fell on batches (docs/performance.md, "Full collections between batches"). 128 MB: none after the start.
+STOP_THE_WORLD_METASPACE = "-XX:MetaspaceSize=128m"
+GC_OPTIONS = {
+    "parallel": f"-XX:+UseParallelGC {STOP_THE_WORLD_METASPACE}",
+    "serial": f"-XX:+UseSerialGC {STOP_THE_WORLD_METASPACE}",
+    "g1": "-XX:+UseG1GC",
+    "jvm": "",
+}
 
 
 def tuning_options(settings: Settings) -> list[str]:

@@ -74,6 +74,7 @@ class JobStatus(_Record):
     committed_batches: int = 0
     replays_skipped: int = 0
     close_out_batches: int = 0
+    idle_collections: int = 0  # full collections of the driver's heap between batches (Settings.gc_while_idle_at)
     # once the query runs
     query_id: str | None = None
     run_id: str | None = None

@@ -390,7 +390,7 @@ def test_job_status_is_one_typed_record_whose_json_keeps_the_cli_keys(tmp_path):
         "committed_batches", "replays_skipped", "watermark_ms", "end_offsets", "last_txn_ms", "last_timings",
         "close_out_batches", "progress", "checkpoint", "bootstrap_servers", "transactional_id", "status_file", "log",
         "error", "desired_state", "started_ms", "last_commit_ms", "running_batch", "batch_started_ms", "last_exit",
-        "standby",
+        "standby", "idle_collections",
     }  # fmt: skip
     assert d["last_exit"] == {"exit_code": wire.EXIT_FENCED, "reason": "fenced", "ts_ms": 5}
     assert json.loads(json.dumps(d)) == d

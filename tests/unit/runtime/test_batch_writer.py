@@ -213,6 +213,51 @@ def test_a_small_output_is_collected_whole_once_sparks_progress_bounds_it(s, fs)
     assert never.output.collected == [False]
 
 
+class Heap:
+    """The driver JVM's old generation: its used and committed bytes, and the collections asked for."""
+
+    def __init__(self, used: int, committed: int = 1000, fails: bool = False):
+        self.used, self.committed, self.fails, self.collections = used, committed, fails, 0
+
+    def old_used(self) -> tuple[int, int]:
+        if self.fails:
+            raise RuntimeError("py4j: the JVM is gone")
+        return self.used, self.committed
+
+    def collect(self) -> None:
+        self.collections += 1
+        self.used = 100
+
+
+def test_the_drivers_heap_is_collected_in_the_wait_before_the_next_batch_when_due(s, fs, monkeypatch):
+    """A written batch that waits for the trigger's next multiple collects the driver's heap first when its old
+    generation is near full (Settings.gc_while_idle_at of its committed size), and waits only what is left; below
+    the threshold, in a wait too short, or with a heap that cannot be read, the JVM is left to collect alone."""
+    paced = s.replace(close_out_batches=True, trigger_interval_s=5.0, window_s=5, watermark_s=5)
+    wm = 1_794_873_600_000
+    for b in range(4):
+        fs.planned(paced, b, 10 * (b + 1), watermark_ms=wm)
+    monkeypatch.setattr("onceflow.runtime.batch_writer.batch_stats.max_event_ms", lambda q: wm + 2_000)
+    waits: list[float] = []
+    heap = Heap(used=800)
+    w = BatchWriter(paced, writer(paced, FakeCluster(), fs).sink, fs, checkpoint.Epoch(), Status(paced), Output(), heap)
+    w.query = object()
+    monkeypatch.setattr(w.stop, "wait", lambda t: waits.append(t))
+    w(ROWS, 0)  # 800 of 1000 committed: collected, then the rest of the wait
+    assert heap.collections == 1 and 0 < waits[-1] <= 5.0
+    assert run_files.JobStatus.read(paced.status_file).idle_collections == 1
+    w(ROWS, 1)  # 100 after the collection: nothing to do
+    assert heap.collections == 1
+    heap.used = 900
+    monkeypatch.setattr("onceflow.runtime.batch_writer.batch_stats.max_event_ms", lambda q: wm + 11_000)
+    w(ROWS, 2)  # closes a window: the close-out batch runs at once, no collection in between
+    assert heap.collections == 1 and waits[-1] == 0.0
+    heap.fails = True
+    monkeypatch.setattr("onceflow.runtime.batch_writer.batch_stats.max_event_ms", lambda q: wm + 2_000)
+    w(ROWS, 3)  # unreadable: left to the JVM for good, the batch and its wait as before
+    assert w.heap is None and waits[-1] > 0 and not w.failure
+
+
 def test_a_stop_waits_for_sparks_commit_of_the_last_written_batch_then_stops_the_query(s, fs, monkeypatch):
     c = FakeCluster()
     w = writer(s, c, fs)

@@ -11,6 +11,7 @@ from onceflow.rules.sources import on_topic
 from onceflow.runtime import preflight, supervisor
 from onceflow.runtime.driver_state import (
     InstanceLocked,
+    collect_while_idle,
     failure_exit_code,
     initial_status,
     output_rows_bound,
@@ -241,3 +242,19 @@ def test_the_word_to_take_over_is_seen_while_warming_and_left_for_the_wait(tmp_p
     assert standby.told_to_go(s) and standby.told_to_go(s)  # not consumed: wait_for_turn consumes it
     assert standby.wait_for_turn(s, threading.Event())
     assert not standby.told_to_go(s)
+
+
+@pytest.mark.parametrize(
+    ("used", "committed", "wait_s", "at", "due"),
+    [
+        (700, 1000, 4.0, 0.7, True),  # at the threshold, a wait that holds a collection
+        (699, 1000, 4.0, 0.7, False),  # below it: the JVM is far from its own
+        (900, 1000, 0.9, 0.7, False),  # a wait too short: the next batch would wait for the collection
+        (900, 1000, 4.0, 0.0, False),  # 0: the JVM alone decides
+        (5, 0, 4.0, 0.7, False),  # nothing committed (a JVM that reports no size)
+    ],
+)
+def test_the_driver_heap_is_collected_between_batches_only_when_due_and_the_wait_holds_it(
+    used, committed, wait_s, at, due
+):
+    assert collect_while_idle(used, committed, wait_s, at) is due

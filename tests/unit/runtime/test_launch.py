@@ -49,7 +49,7 @@ def test_the_jit_options_go_to_the_drivers_and_executors_jvms_and_can_be_left_to
     assert s.jit_options.startswith("-XX:Tier4InvocationThreshold=")
     for conf in (launcher.submit_spec(s)["conf"], launcher.batch_spec(s, "reconcile")["conf"]):
         assert conf["spark.driver.extraJavaOptions"].endswith(s.jit_options)
-        assert conf["spark.executor.extraJavaOptions"] == f"-XX:+UseParallelGC {s.jit_options}"
+        assert conf["spark.executor.extraJavaOptions"] == f"-XX:+UseParallelGC -XX:MetaspaceSize=128m {s.jit_options}"
     plain = launcher.submit_spec(s.replace(jit_options="", jvm_gc="jvm"))["conf"]
     assert "Tier4" not in plain["spark.driver.extraJavaOptions"] and "spark.executor.extraJavaOptions" not in plain
 
@@ -63,6 +63,8 @@ def test_the_garbage_collector_is_chosen_for_the_drivers_and_executors_jvms(tmp_
         for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
             got = conf[key].split()
             assert flag in got and sum(o.startswith("-XX:+Use") and o.endswith("GC") for o in got) == 1
+            # a stop-the-world collector's full collection at each metadata threshold: none after the start
+            assert ("-XX:MetaspaceSize=128m" in got) == (gc != "g1")
     left = launcher.submit_spec(s.replace(jvm_gc="jvm"))["conf"]
     assert "GC" not in left["spark.driver.extraJavaOptions"].replace("ExitOnOutOfMemoryError", "")
 
@@ -91,9 +93,9 @@ def test_kubernetes_cluster_mode_runs_the_image_and_carries_the_settings():
     assert c["spark.kubernetes.driverEnv.ONCEFLOW_VAR_DIR"] == "/opt/onceflow/var"
     assert c["spark.driver.extraJavaOptions"] == (
         "-Dlog4j2.configurationFile=file:/opt/onceflow/include/onceflow/resources/log4j2-job.properties"
-        f" -XX:+ExitOnOutOfMemoryError -XX:+UseParallelGC {s.jit_options}"
+        f" -XX:+ExitOnOutOfMemoryError -XX:+UseParallelGC -XX:MetaspaceSize=128m {s.jit_options}"
     )
-    assert c["spark.executor.extraJavaOptions"] == f"-XX:+UseParallelGC {s.jit_options}"
+    assert c["spark.executor.extraJavaOptions"] == f"-XX:+UseParallelGC -XX:MetaspaceSize=128m {s.jit_options}"
     batch = launcher.batch_spec(s, "reconcile")
     assert batch["application"] == "local:///opt/onceflow/include/onceflow/entrypoints/reconcile.py"
     with pytest.raises(ConfigError, match="K8S_IMAGE must name the image"):
