@@ -146,7 +146,7 @@ class BatchWriter:
     def _collect_while_idle(self, batch_id: int, wait_s: float) -> float:
         """The driver JVM's full collection in this wait, when it is due (driver_state.collect_while_idle) rather
         than in the next batches; the seconds it took. A heap that cannot be read or collected is left to the JVM."""
-        if self.heap is None or wait_s < IDLE_COLLECT_MIN_WAIT_S:
+        if self.heap is None or wait_s < IDLE_COLLECT_MIN_WAIT_S or self.stop.is_set():
             return 0.0
         t0 = time.monotonic()
         try:
@@ -154,12 +154,12 @@ class BatchWriter:
             if not collect_while_idle(used, committed, wait_s, self.s.gc_while_idle_at):
                 return time.monotonic() - t0
             self.heap.collect()
+            spent = time.monotonic() - t0
+            after, _ = self.heap.old_used()
         except Exception as e:  # py4j gone with the JVM, or a JVM without the bean: the JVM collects alone
             log.warning("the driver's heap is left to the JVM from now on: %s", e)
             self.heap = None
             return time.monotonic() - t0
-        spent = time.monotonic() - t0
-        after, _ = self.heap.old_used()
         log.debug(
             "batch %s: collected the driver's heap while idle, old generation %d -> %d of %d MB in %d ms",
             batch_id,
