@@ -111,6 +111,8 @@ def main() -> int:
             "eos_margin_0": (ExactlyOnce, {"trigger_margin_ms": 0}),
             # onceflow with HotSpot's own JIT thresholds (Settings.jit_options empty): what the platform's change, in one run
             "eos_jit_default": (ExactlyOnce, {"jit_options": ""}),
+            # onceflow whose driver's full collections the JVM alone decides (Settings.gc_while_idle_at 0)
+            "eos_gc_jvm": (ExactlyOnce, {"gc_while_idle_at": 0.0}),
             "alo": (AtLeastOnce, {}),
             "flink_5000": (lambda s: Flink(s, 5000), {}),
         }
