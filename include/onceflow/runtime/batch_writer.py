@@ -146,6 +146,7 @@ class BatchWriter:
     def _collect_while_idle(self, batch_id: int, wait_s: float) -> float:
         """The driver JVM's full collection in this wait, when it is due (driver_state.collect_while_idle) rather
         than in the next batches; the seconds it took. A heap that cannot be read or collected is left to the JVM."""
+        # the wait's length checked before reading the heap too: a close-out batch's wait of 0 makes no py4j call
         if self.heap is None or wait_s < IDLE_COLLECT_MIN_WAIT_S or self.stop.is_set():
             return 0.0
         t0 = time.monotonic()

@@ -73,14 +73,14 @@ def fs(s):
     return cp
 
 
-def writer(s, cluster, fs, scripts=(), output=None):
+def writer(s, cluster, fs, scripts=(), output=None, heap=None):
     sink = ExactlyOnceSink(
         s,
         cluster.bus(s),
         producer_factory=cluster.producer_factory(s.transactional_id, scripts),
         reads=FakeSinkReads(cluster, s),
     )
-    return BatchWriter(s, sink, fs, checkpoint.Epoch(), Status(s), output or Output())
+    return BatchWriter(s, sink, fs, checkpoint.Epoch(), Status(s), output or Output(), heap)
 
 
 def test_a_new_batch_is_computed_then_written_in_one_transaction_and_the_status_says_so(s, fs):
@@ -240,7 +240,7 @@ def test_the_drivers_heap_is_collected_in_the_wait_before_the_next_batch_when_du
     monkeypatch.setattr("onceflow.runtime.batch_writer.batch_stats.max_event_ms", lambda q: wm + 2_000)
     waits: list[float] = []
     heap = Heap(used=800)
-    w = BatchWriter(paced, writer(paced, FakeCluster(), fs).sink, fs, checkpoint.Epoch(), Status(paced), Output(), heap)
+    w = writer(paced, FakeCluster(), fs, heap=heap)
     w.query = object()
     monkeypatch.setattr(w.stop, "wait", lambda t: waits.append(t))
     w(ROWS, 0)  # 800 of 1000 committed: collected, then the rest of the wait
