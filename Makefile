@@ -118,7 +118,7 @@ bench: setup
 ## one after another, each after a 10-minute warm-up) and its results' latency meanwhile, ~45 min. BENCH_QUIET_RATE,
 ## BENCH_QUIET_WARMUP_S, BENCH_QUIET_S, BENCH_FLINK=0,
 ## BENCH_QUIET_CONTENDERS (e.g. eos,eos_margin_0: onceflow with and without its pacing margin; eos_jit_default: HotSpot's JIT
-## thresholds; eos_gc_jvm: the driver's full collections left to the JVM).
+## thresholds; eos_gc_jvm: the driver's full collections left to the JVM; eos_shuffle_2: two shuffle partitions).
 bench-quiet: setup
 	$(BIN)/python -m onceflow_dev.bench_quiet
 

@@ -536,7 +536,7 @@ def latency(c: Contender, s: config.Settings, spec: BenchSpec) -> dict:
             spec.warmup_s,
             spec.live_s,
         )
-        hold_steady(c, s, t_caught, t_first + spec.live_s * 1000, bound)
+        hold_steady(c, s, t_caught, t_first + spec.live_s * 1000, bound, measured_from_ms=t_first)
         t_end = clock.now_ms()
         stop.set()
         feed.join(60)
@@ -625,18 +625,29 @@ def loaded_latency(base: config.Settings, spec: BenchSpec) -> dict:
 
 
 def hold_steady(
-    c: Contender, s: config.Settings, start_ms: int, end_ms: int, bound: int, every_s: float = 60.0
+    c: Contender,
+    s: config.Settings,
+    start_ms: int,
+    end_ms: int,
+    bound: int,
+    every_s: float = 60.0,
+    measured_from_ms: int | None = None,
 ) -> None:
     """Wait until `end_ms`, logging the contender's lag every `every_s`: a steady state lasts 20 minutes at the
     defaults, and a job that fell behind shows it here, not only in the figures at the end. One lag lookup a minute,
-    against one a second while catching up. `start_ms`: when the steady state began (the start of the hold that
-    proved the catch-up, so already past)."""
-    total_s = (end_ms - start_ms) / 1000
+    against one a second while catching up. `start_ms`: when the caught-up state began (the start of the hold that
+    proved the catch-up, so already past); `measured_from_ms`: where its warm-up ends and the measured steady state
+    begins (default `start_ms`: no warm-up). Each line says which of the two it is in, counted from its own start."""
+    first_ms = start_ms if measured_from_ms is None else measured_from_ms
+    warm_s, total_s = (first_ms - start_ms) / 1000, (end_ms - first_ms) / 1000
     while (left_s := (end_ms - clock.now_ms()) / 1000) > 0:
         time.sleep(min(every_s, left_s))
         if (now := clock.now_ms()) < end_ms:
-            elapsed_s = (now - start_ms) / 1000
-            log.info("  steady state %.0f of %.0f s, lag %s records (bound %d)", elapsed_s, total_s, c.lag(s), bound)
+            if now < first_ms:
+                what, done_s, of_s = "warm-up", (now - start_ms) / 1000, warm_s
+            else:
+                what, done_s, of_s = "steady state", (now - first_ms) / 1000, total_s
+            log.info("  %s %.0f of %.0f s, lag %s records (bound %d)", what, done_s, of_s, c.lag(s), bound)
 
 
 def steady_lag_bound(rate: int, commit_interval_s: float) -> int:

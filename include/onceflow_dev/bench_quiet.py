@@ -40,7 +40,7 @@ RATE = int(os.environ.get("BENCH_QUIET_RATE", 200))
 WARMUP_S = int(os.environ.get("BENCH_QUIET_WARMUP_S", 600))
 MEASURE_S = int(os.environ.get("BENCH_QUIET_S", 180))
 # which contenders, one after another (default: eos, alo and, unless BENCH_FLINK=0, flink_5000; also known:
-# eos_margin_0 and eos_jit_default)
+# eos_margin_0, eos_jit_default, eos_gc_jvm and eos_shuffle_2)
 CONTENDERS = [k for k in os.environ.get("BENCH_QUIET_CONTENDERS", "").split(",") if k]
 
 
@@ -113,6 +113,8 @@ def main() -> int:
             "eos_jit_default": (ExactlyOnce, {"jit_options": ""}),
             # onceflow whose driver's full collections the JVM alone decides (Settings.gc_while_idle_at 0)
             "eos_gc_jvm": (ExactlyOnce, {"gc_while_idle_at": 0.0}),
+            # onceflow with 2 shuffle partitions (Settings.shuffle_partitions): two fewer state tasks in each batch
+            "eos_shuffle_2": (ExactlyOnce, {"shuffle_partitions": 2}),
             "alo": (AtLeastOnce, {}),
             "flink_5000": (lambda s: Flink(s, 5000), {}),
         }

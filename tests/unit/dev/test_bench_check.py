@@ -374,6 +374,31 @@ def test_the_steady_state_logs_its_progress_and_the_lag_until_it_ends(tmp_path, 
     ]  # none at the end: the figures follow
 
 
+def test_the_warm_up_logs_as_warm_up_and_the_steady_state_counts_from_its_end(tmp_path, caplog, monkeypatch):
+    from onceflow import config
+    from onceflow_dev import bench
+
+    now = [1_000_000]
+    monkeypatch.setattr(bench.clock, "now_ms", lambda: now[0])
+    monkeypatch.setattr(bench.time, "sleep", lambda sec: now.__setitem__(0, now[0] + int(sec * 1000)))
+
+    class Job:
+        def lag(self, s):
+            return 900
+
+    caplog.set_level("INFO", logger="onceflow_dev.bench")
+    began = now[0] - 15_000
+    first = began + 120_000  # a 120 s warm-up, then 100 s measured
+    bench.hold_steady(
+        Job(), config.Settings(var_dir=tmp_path), began, first + 100_000, bound=50_000, measured_from_ms=first
+    )
+    assert [r.getMessage() for r in caplog.records] == [
+        "  warm-up 75 of 120 s, lag 900 records (bound 50000)",
+        "  steady state 15 of 100 s, lag 900 records (bound 50000)",
+        "  steady state 75 of 100 s, lag 900 records (bound 50000)",
+    ]
+
+
 FLINK_LOG = """\
 21:55:14.996 INFO  CheckpointCoordinator - No checkpoint found during restore.
 21:55:16.981 INFO  CheckpointCoordinator - Triggering checkpoint 1 (type=CheckpointType{name='Checkpoint', \
