@@ -942,6 +942,8 @@ def flink_ratios(results: dict) -> dict:
             out[f"eos_vs_{key}_throughput"] = round(tp["eos"]["records_per_s"] / tp[key]["records_per_s"], 3)
         if lat.get(key, {}).get("p99_ms") and lat["eos"].get("p99_ms"):
             out[f"eos_vs_{key}_p99"] = round(lat["eos"]["p99_ms"] / lat[key]["p99_ms"], 3)
+            if model := bench_flink.over_phases(lat["eos"]["p99_ms"], lat[key]):
+                out[f"{key}_over_phases"] = model
     return out
 
 
@@ -1133,6 +1135,13 @@ def table(r: dict) -> str:
                 else ""
             )
             for k in flink_ms
+        ),
+        *(
+            f"  over the phases its checkpoints may take (modelled on this run: its p99 = phase + "
+            f"{m['p99_beyond_phase_ms']} ms): its p99 {m['p99_over_phases_ms']} ms on average, onceflow's "
+            f"{m['eos_p99_over_it']} of that, and below Flink's at {m['eos_below_share']:.0%} of the phases"
+            for k in flink_ms
+            if (m := ra.get(f"{k}_over_phases"))
         ),
         *(
             f"late records counted by {names[k]}: {c['late_counted']} of {c['late_records']} (any share is correct: "

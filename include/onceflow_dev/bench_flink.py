@@ -95,6 +95,32 @@ def checkpoint_phase(log_text: str, start_ms: int, end_ms: int, window_ms: int) 
     }
 
 
+def over_phases(eos_p99_ms: int, flink: dict) -> dict:
+    """onceflow's p99 against Flink's wherever Flink's checkpoints may fall, not only where they fell in this run.
+
+    `flink`: a Flink row's latency figures (its p99, `trigger_phase_ms` and the `checkpoint_interval_ms` and
+    `window_ms` its commit_phase reports). With checkpoints every window, each window's results wait from its due
+    moment to the next checkpoint's completion: Flink's p99 is its phase plus a lag that does not depend on the phase
+    (a result's way to the sink, the checkpoint itself, the commit), `beyond`. The phase is Flink's own draw, once per
+    job: its CheckpointCoordinator triggers the first checkpoint after a random delay within one interval, then at a
+    fixed rate, so over job starts the phase is uniform over the interval. Taking every phase's result as ready in
+    time (the best case for Flink: a phase just after a window's due moment can miss its results and wait a whole
+    interval more), Flink's p99 is uniform over [beyond, beyond + interval): reported are its mean, onceflow's p99
+    over that mean, and the share of phases at which onceflow's p99 is the lower. A model on one run's figures, said
+    so wherever it is shown; {} for another interval than the window's or a row without the figures."""
+    interval, phase, p99 = (flink.get(k) for k in ("checkpoint_interval_ms", "trigger_phase_ms", "p99_ms"))
+    if interval is None or phase is None or not p99 or interval != flink.get("window_ms"):
+        return {}
+    beyond = (p99 - phase) % interval
+    mean = beyond + interval / 2
+    return {
+        "p99_beyond_phase_ms": beyond,
+        "p99_over_phases_ms": round(mean),
+        "eos_p99_over_it": round(eos_p99_ms / mean, 3),
+        "eos_below_share": round(min(1.0, max(0.0, (interval + beyond - eos_p99_ms) / interval)), 2),
+    }
+
+
 class FlinkBuildError(OnceflowError):
     pass
 
@@ -287,7 +313,9 @@ class FlinkJob:
             text = self.log_file.read_text(errors="replace")
         except OSError:
             return {}
-        return checkpoint_phase(text, start_ms, end_ms, self.s.window_s * 1000)
+        window_ms = self.s.window_s * 1000
+        got = checkpoint_phase(text, start_ms, end_ms, window_ms)
+        return got | {"checkpoint_interval_ms": self.checkpoint_ms, "window_ms": window_ms} if got else {}
 
     def first_ms(self) -> int | None:
         got = [int(f.read_text()) for f in status_dir(self.s).glob("first_record_ms.*") if not f.name.endswith("tmp")]
