@@ -62,8 +62,11 @@ def test_short_bench_runs_every_phase_and_every_rows_output_is_right(tmp_path):
     for key in ("eos_vs_alo_throughput", "eos_vs_ceiling_throughput", "eos_vs_flink_throughput", "eos_vs_flink_p99"):
         assert ra[key] is not None and ra[key] > 0, ra
     assert ra["ip_networks_vs_ip_count_throughput"] > 0 and ra["postgres_vs_kafka_sink_throughput"] > 0, ra
+    # Flink's checkpoints every 5 s, as long as a window: its p99 is also given over every phase they may take
+    model = ra["flink_over_phases"]
+    assert 0 <= model["p99_beyond_phase_ms"] < 5000 and 0 <= model["eos_below_share"] <= 1, model
 
     table = bench.table(r)
     assert "WRONG" not in table and "FAILED" not in table and "not checked" not in table, table
-    for name in ("onceflow exactly-once into PostgreSQL", "Spark Kafka sink", "txn loop", "Flink KafkaSink"):
+    for name in ("onceflow exactly-once into PostgreSQL", "Spark Kafka sink", "txn loop", "Flink KafkaSink", "phases"):
         assert name in table, table
