@@ -113,7 +113,7 @@ def main() -> int:
             "eos_jit_default": (ExactlyOnce, {"jit_options": ""}),
             # onceflow whose driver's full collections the JVM alone decides (Settings.gc_while_idle_at 0)
             "eos_gc_jvm": (ExactlyOnce, {"gc_while_idle_at": 0.0}),
-            # onceflow with 2 shuffle partitions (Settings.shuffle_partitions): two fewer state tasks in each batch
+            # onceflow with 2 shuffle partitions (Settings.shuffle_partitions): 4 fewer tasks a batch, 2 fewer waves
             "eos_shuffle_2": (ExactlyOnce, {"shuffle_partitions": 2}),
             "alo": (AtLeastOnce, {}),
             "flink_5000": (lambda s: Flink(s, 5000), {}),
