@@ -350,13 +350,22 @@ def test_a_phase_that_fails_ends_the_bench_with_the_figures_of_the_phases_before
     assert got["error"].startswith("TimeoutError: a commit after the kill")
 
 
-def test_the_steady_state_logs_its_progress_and_the_lag_until_it_ends(tmp_path, caplog, monkeypatch):
+@pytest.fixture
+def bench_clock(monkeypatch):
+    """The bench's clock, the test's own: time passes only in sleep. Returns [now_ms]."""
+    from onceflow_dev import bench
+
+    now = [1_000_000]
+    monkeypatch.setattr(bench.clock, "now_ms", lambda: now[0])
+    monkeypatch.setattr(bench.time, "sleep", lambda sec: now.__setitem__(0, now[0] + int(sec * 1000)))
+    return now
+
+
+def test_the_steady_state_logs_its_progress_and_the_lag_until_it_ends(tmp_path, caplog, bench_clock):
     from onceflow import config
     from onceflow_dev import bench
 
-    now = [1_000_000]  # a clock of the test's own: time passes only in sleep
-    monkeypatch.setattr(bench.clock, "now_ms", lambda: now[0])
-    monkeypatch.setattr(bench.time, "sleep", lambda sec: now.__setitem__(0, now[0] + int(sec * 1000)))
+    now = bench_clock
 
     class Job:
         lags = iter([1_200, 48_000])
@@ -374,13 +383,11 @@ def test_the_steady_state_logs_its_progress_and_the_lag_until_it_ends(tmp_path, 
     ]  # none at the end: the figures follow
 
 
-def test_the_warm_up_logs_as_warm_up_and_the_steady_state_counts_from_its_end(tmp_path, caplog, monkeypatch):
+def test_the_warm_up_logs_as_warm_up_and_the_steady_state_counts_from_its_end(tmp_path, caplog, bench_clock):
     from onceflow import config
     from onceflow_dev import bench
 
-    now = [1_000_000]
-    monkeypatch.setattr(bench.clock, "now_ms", lambda: now[0])
-    monkeypatch.setattr(bench.time, "sleep", lambda sec: now.__setitem__(0, now[0] + int(sec * 1000)))
+    now = bench_clock
 
     class Job:
         def lag(self, s):
