@@ -11,13 +11,24 @@ from onceflow.config import Settings
 from onceflow.rules import names, sources
 from onceflow.rules.sources import SourcePartition
 
+# How long the broker may hold a read's fetch that finds nothing. Spark never polls for records it has not planned,
+# but its read task asks the partition's offset range after each poll, and a poll that drained the log has sent the
+# consumer's next fetch ahead, at the log's end. A broker answers one request per connection at a time, so the
+# lookup waits for that fetch: until the partition's next record arrives, or Kafka's default 500 ms. On a live feed
+# 8 of 810 read tasks waited out the 500 ms and made the stream's slowest batches (docs/performance.md, "The slow
+# batches that remain"). A held fetch that returns empty early costs one request: the consumer sends no other until
+# a task polls again.
+FETCH_MAX_WAIT_MS = 10
+
 
 def kafka_options(settings: Settings) -> dict[str, str]:
     """Options every Spark Kafka reader of the platform sets: the cluster's security (the password inside the JAAS
-    setting, which Spark redacts) and consumer groups named under the reader prefix its ACLs allow."""
-    return {"groupIdPrefix": names.spark_group_prefix(settings.app_id)} | {
-        f"kafka.{k}": v for k, v in settings.kafka_java_security().items()
-    }
+    setting, which Spark redacts), consumer groups named under the reader prefix its ACLs allow, and a short hold on
+    a fetch that finds nothing (FETCH_MAX_WAIT_MS)."""
+    return {
+        "groupIdPrefix": names.spark_group_prefix(settings.app_id),
+        "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
+    } | {f"kafka.{k}": v for k, v in settings.kafka_java_security().items()}
 
 
 def read_range(

@@ -2,7 +2,7 @@
 (Spark's source asks again with a new admin client after a failed lookup, so a short lookup is a short stall)."""
 
 from onceflow import config
-from onceflow.spark import app_plan
+from onceflow.spark import app_plan, kafka_source
 
 
 def test_the_source_reads_committed_records_paced_from_the_apps_topic():
@@ -24,3 +24,12 @@ def test_a_lookup_sent_to_a_dead_leader_is_given_up_within_seconds_and_asked_aga
     # fail the batch and restart the job), and stay within what Kafka's default would have waited (3 x 60 s)
     attempts, retry_ms = int(o["fetchOffset.numRetries"]), int(o["fetchOffset.retryIntervalMs"])
     assert 90_000 <= attempts * (lookup_ms + retry_ms) <= 180_000
+
+
+def test_every_spark_reader_bounds_how_long_the_broker_holds_a_fetch_that_finds_nothing():
+    """A read task's offset lookup after its last poll queues behind the fetch that poll sent ahead at the log's end
+    (one request at a time per connection): on a live feed, Kafka's default 500 ms made the stream's slowest batches.
+    The stream's source and the batch reads (reconciliation, backfills) carry the same bound."""
+    s = config.load(env={})
+    for options in (app_plan.source_options(s), kafka_source.kafka_options(s)):
+        assert int(options["kafka.fetch.max.wait.ms"]) <= 50
