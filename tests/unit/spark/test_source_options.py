@@ -27,7 +27,7 @@ def test_a_lookup_sent_to_a_dead_leader_is_given_up_within_seconds_and_asked_aga
 
 
 def test_every_spark_reader_bounds_how_long_the_broker_holds_a_fetch_that_finds_nothing():
-    """A read task's offset lookup after its last poll queues behind the fetch that poll sent ahead at the log's end
+    """A read task's offset lookup after each poll queues behind the fetch a poll that drained the log sent ahead
     (one request at a time per connection): on a live feed, Kafka's default 500 ms made the stream's slowest batches.
     The stream's source and the batch reads (reconciliation, backfills) carry the same bound."""
     s = config.load(env={})
