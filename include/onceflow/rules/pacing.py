@@ -20,6 +20,12 @@ With close-out on, the job runs Spark's trigger at 0 and paces batches itself, a
   window, then the cadence again. In `make bench`'s live phase (239 windows) this was how the p99's late windows were
   late: each boundary batch read the stream 12 to 596 ms short of the closing event, and the window waited an interval
   (docs/performance.md, "A closing event on its way");
+- a lead batch: when the batch planned a margin after the next boundary will read a window's closing event, and
+  the input arriving until then is large (at least `lead_batch_min_records` records by the rate the batch saw), one
+  more batch is planned `lead_batch_ms` before that boundary batch. It reads the bulk of the interval, so the boundary
+  batch holds only the input of those last milliseconds: the window's result waits for it and the close-out batch,
+  two small batches, instead of one that holds the interval's input. It costs a batch's fixed cost per interval,
+  which a quiet stream below the threshold does not pay (docs/performance.md, "A lead batch");
 - replays and catch-up batches (nothing new to write) are followed at once.
 This changes when batches run, never what they contain: each batch's range, the results and the protocol are
 the same as under any other schedule.
@@ -69,6 +75,34 @@ def chase_at_ms(t: BatchTiming, trigger_ms: int, delay_ms: int, window_ms: int, 
     return closing + lag + margin_ms
 
 
+@dataclass(frozen=True)
+class Lead:
+    """A lead batch's settings and the input rate it is decided on (see the module's docstring)."""
+
+    lead_ms: int  # how long before the boundary batch the lead batch is planned; 0: never
+    min_records: int  # the fewest records worth a lead batch
+    records_per_s: float | None  # the input rate the batch saw: its records over the time since the batch before
+
+
+def lead_at_ms(
+    t: BatchTiming, boundary_ms: int, trigger_ms: int, delay_ms: int, window_ms: int, lead: Lead
+) -> int | None:
+    """When to plan a lead batch ahead of the batch planned at `boundary_ms`, or None: the lead is off or the rate
+    unknown; the batch read no event or its stream trails the wall clock by half an interval or more (a backlog, a
+    replay: there the cadence paces, as for the chase); the batch at `boundary_ms` will not read a window's closing
+    event (windows longer than the trigger); or the lead batch would read fewer than `lead.min_records` records
+    (a quiet stream: a batch's fixed cost for nothing)."""
+    lead_ms = min(lead.lead_ms, trigger_ms // 2)
+    if lead_ms <= 0 or lead.records_per_s is None or t.max_event_ms is None:
+        return None
+    if t.batch_ts_ms - t.max_event_ms >= trigger_ms // 2 or closing_event_ms(t, delay_ms, window_ms) > boundary_ms:
+        return None
+    at = boundary_ms - lead_ms
+    if at <= t.batch_ts_ms or lead.records_per_s * (at - t.batch_ts_ms) / 1000 < lead.min_records:
+        return None
+    return at
+
+
 def delay_before_next_s(
     t: BatchTiming,
     now_ms: int,
@@ -78,11 +112,13 @@ def delay_before_next_s(
     wrote: bool = True,
     margin_ms: int = 0,
     chase: bool = False,
+    lead: Lead | None = None,
 ) -> float:
     """Seconds to wait before letting Spark plan the next batch: until the next multiple of the trigger plus the
     margin after the batch's start, or sooner for a closing event on its way (`chase`: not yet done for this
-    window, chase_at_ms); never more than one trigger interval, whatever the wall clock does (a clock stepped back
-    between the batch's start and now must not stall the job)."""
+    window, chase_at_ms) or for a lead batch ahead of that boundary batch (`lead`, lead_at_ms); never more than one
+    trigger interval, whatever the wall clock does (a clock stepped back between the batch's start and now must not
+    stall the job)."""
     if not wrote or trigger_ms <= 0 or closes_windows(t, delay_ms, window_ms):
         return 0.0
     margin_ms = min(margin_ms, trigger_ms // 2)
@@ -90,4 +126,6 @@ def delay_before_next_s(
     chased = chase_at_ms(t, trigger_ms, delay_ms, window_ms, margin_ms) if chase else None
     if chased is not None:
         at = min(at, chased)
+    elif lead is not None and (lead_at := lead_at_ms(t, at, trigger_ms, delay_ms, window_ms, lead)) is not None:
+        at = lead_at
     return min(trigger_ms, max(0, at - now_ms)) / 1000.0

@@ -127,6 +127,7 @@ class BatchWriter:
         self.started_at = time.monotonic()  # set again when the query starts
         self.first_logged = False
         self.chased_ms: int | None = None  # the closing event the pacing last planned a batch early for
+        self.planned_ms: int | None = None  # when Spark planned the last batch: the input rate is measured from it
         self.spans: dict[int, int] = {}  # Spark batch id -> the source offsets its range spans (output_rows_bound)
 
     def __call__(self, df, batch_id: int) -> None:
@@ -240,7 +241,7 @@ class BatchWriter:
             if self.query is not None and self.s.close_out_batches and outcome.decision is Decision.WRITE
             else None
         )
-        pace = pace_after(self.s, plan, outcome.decision, max_event, now, self.chased_ms)
+        pace = pace_after(self.s, plan, outcome.decision, max_event, now, self.chased_ms, self._input_rate(plan))
         if pace.chasing_ms is not None:
             self.chased_ms = pace.chasing_ms
             log.debug(
@@ -252,6 +253,14 @@ class BatchWriter:
         if pace.closes_windows:
             self.status.update(close_out_batches=self.status.record.close_out_batches + 1)
         return pace.delay_s
+
+    def _input_rate(self, plan: BatchPlan) -> float | None:
+        """Records a second that arrived between Spark's planning of the last batch and of this one (each batch reads
+        to the end of the source as planned), None for a driver's first batch."""
+        since, self.planned_ms = self.planned_ms, plan.batch_ts_ms
+        if since is None or plan.batch_ts_ms <= since:
+            return None
+        return plan.records * 1000 / (plan.batch_ts_ms - since)
 
     def _small_output(self, batch_id: int, plan: BatchPlan) -> bool:
         """Is the batch's output known to be at most `collect_max_rows` rows before it runs (output_rows_bound)?"""

@@ -90,11 +90,13 @@ def pace_after(
     max_event_ms: int | None,
     now_ms: int,
     chased_ms: int | None = None,
+    records_per_s: float | None = None,
 ) -> Pace:
     """When the next batch starts (onceflow.rules.pacing): replays and catch-up at once; a written batch that
     closes windows at once (the close-out batch emits them); a batch whose window's closing event is on its way
     once more soon after, unless that closing event (`chased_ms`, the last Pace's `chasing_ms`) was chased already;
-    otherwise at the next multiple of the trigger, plus its margin."""
+    otherwise at the next multiple of the trigger, plus its margin, or a lead batch before it when the input until
+    then is large (`records_per_s`: the rate the batch saw)."""
     if not settings.close_out_batches or decision is not Decision.WRITE:
         return Pace(0.0, False)
     timing = pacing.BatchTiming(plan.batch_ts_ms, plan.watermark_ms, max_event_ms)
@@ -107,7 +109,16 @@ def pace_after(
     closing = pacing.closing_event_ms(timing, wm_ms, w_ms)
     chase = closing != chased_ms and pacing.chase_at_ms(timing, trigger_ms, wm_ms, w_ms, margin_ms) is not None
     return Pace(
-        pacing.delay_before_next_s(timing, now_ms, trigger_ms, wm_ms, w_ms, margin_ms=margin_ms, chase=chase),
+        pacing.delay_before_next_s(
+            timing,
+            now_ms,
+            trigger_ms,
+            wm_ms,
+            w_ms,
+            margin_ms=margin_ms,
+            chase=chase,
+            lead=pacing.Lead(settings.lead_batch_ms, settings.lead_batch_min_records, records_per_s),
+        ),
         pacing.closes_windows(timing, wm_ms, w_ms),
         closing if chase else None,
     )

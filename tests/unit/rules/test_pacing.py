@@ -2,10 +2,12 @@
 
 from onceflow.rules.pacing import (
     BatchTiming,
+    Lead,
     chase_at_ms,
     closes_windows,
     closing_event_ms,
     delay_before_next_s,
+    lead_at_ms,
     next_watermark_ms,
 )
 
@@ -127,3 +129,40 @@ def test_no_chase_before_the_closing_moment_far_behind_it_or_without_events():
     late = BatchTiming(batch_ts_ms=456_000, watermark_ms=445_000, max_event_ms=454_800)
     assert chase_at_ms(late, t5, D, W, m) == 456_500
     assert delay_before_next_s(late, 456_100, t5, D, W, margin_ms=m, chase=True) == 0.4
+
+
+def test_a_lead_batch_takes_the_intervals_input_before_the_boundary_batch():
+    """make bench's live phase (trigger, windows and watermark delay 5 s, margin 150 ms, 5,000 records/s): after the
+    close-out batch planned at 455.6 s, the boundary batch is due at 460.15 s and will read the event at 460 s that
+    closes the window ending at 455 s. A lead batch 700 ms before it reads 3.85 s of the input, 19,250 records; then
+    the boundary batch holds the last 700 ms only."""
+    t5, m, lead = 5000, 150, Lead(700, 10_000, 5_000.0)
+    close_out = BatchTiming(batch_ts_ms=455_600, watermark_ms=450_100, max_event_ms=455_580)
+    assert not closes_windows(close_out, D, W) and closing_event_ms(close_out, D, W) == 460_000
+    assert lead_at_ms(close_out, 460_150, t5, D, W, lead) == 459_450
+    assert delay_before_next_s(close_out, 455_900, t5, D, W, margin_ms=m, lead=lead) == 3.55
+    assert delay_before_next_s(close_out, 455_900, t5, D, W, margin_ms=m) == 4.25  # no lead: the cadence
+    # after the lead batch, the boundary batch at its time: never a lead batch before a lead batch
+    led = BatchTiming(batch_ts_ms=459_450, watermark_ms=450_580, max_event_ms=459_440)
+    assert lead_at_ms(led, 460_150, t5, D, W, lead) is None
+    assert delay_before_next_s(led, 459_800, t5, D, W, margin_ms=m, lead=lead) == 0.35
+    # a lead batch that ran past the boundary batch's time: the boundary batch at once
+    assert delay_before_next_s(led, 460_300, t5, D, W, margin_ms=m, lead=lead) == 0.0
+
+
+def test_no_lead_batch_for_a_quiet_stream_a_stream_far_behind_or_no_closing_window():
+    t5 = 5000
+    close_out = BatchTiming(batch_ts_ms=455_600, watermark_ms=450_100, max_event_ms=455_580)
+    # 200 records/s: 770 records, not worth a batch's fixed cost; lead batches off; the rate not known yet
+    assert lead_at_ms(close_out, 460_150, t5, D, W, Lead(700, 10_000, 200.0)) is None
+    assert lead_at_ms(close_out, 460_150, t5, D, W, Lead(0, 10_000, 5_000.0)) is None
+    assert lead_at_ms(close_out, 460_150, t5, D, W, Lead(700, 10_000, None)) is None
+    # the stream trails the wall clock by half an interval or more (a backlog, a replay), or the batch read no event
+    behind = BatchTiming(batch_ts_ms=455_600, watermark_ms=445_000, max_event_ms=453_100)
+    assert lead_at_ms(behind, 460_150, t5, D, W, Lead(700, 10_000, 5_000.0)) is None
+    nothing = BatchTiming(batch_ts_ms=455_600, watermark_ms=450_100, max_event_ms=None)
+    assert lead_at_ms(nothing, 460_150, t5, D, W, Lead(700, 10_000, 5_000.0)) is None
+    # windows of a minute: the batch at 460.15 s closes none, so it needs no lead
+    assert lead_at_ms(close_out, 460_150, t5, D, 60_000, Lead(700, 10_000, 5_000.0)) is None
+    # a lead never takes more than half the interval: 5 s counts as 2.5 s
+    assert lead_at_ms(close_out, 460_150, t5, D, W, Lead(5_000, 10_000, 5_000.0)) == 457_650

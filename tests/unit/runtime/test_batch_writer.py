@@ -190,6 +190,25 @@ def test_a_window_whose_closing_event_is_late_is_chased_once_then_the_cadence_re
     assert run_files.JobStatus.read(paced.status_file).close_out_batches == 0
 
 
+@pytest.mark.parametrize("end, delay_s", [(20_010, 3.45), (1_010, 4.15)])
+def test_the_input_rate_between_two_batches_plannings_decides_a_lead_batch(s, fs, monkeypatch, end, delay_s):
+    """A batch planned 600 ms after a window's moment, 4 s after the batch before it: 20,000 records read (5,000 a
+    second) and the boundary batch due at the next closing moment plus the margin would hold another 3.9 s of them,
+    so a lead batch is planned the settings' 700 ms before it; 1,000 records (250 a second): the cadence alone."""
+    paced = s.replace(close_out_batches=True, trigger_interval_s=5.0, window_s=5, watermark_s=5)
+    closing = 1_794_873_610_000  # the event time that closes the window ending 5 s before it
+    monkeypatch.setattr("onceflow.rules.clock.now_ms", lambda: closing - 4_000)
+    fs.planned(paced, 0, 10, watermark_ms=closing - 15_000, ts_ms=closing - 8_400)
+    fs.planned(paced, 1, end, watermark_ms=closing - 9_850, ts_ms=closing - 4_400)
+    w = writer(paced, FakeCluster(), fs)
+    w.query = object()
+    newest = iter([closing - 8_420, closing - 4_420])
+    monkeypatch.setattr("onceflow.runtime.batch_writer.batch_stats.max_event_ms", lambda q: next(newest))
+    w._one(ROWS, 0)
+    # the boundary batch at closing + 150 ms; the lead batch at closing - 550 ms; it is closing - 4 s
+    assert w._one(ROWS, 1) == delay_s
+
+
 def test_a_small_output_is_collected_whole_once_sparks_progress_bounds_it(s, fs):
     """Before Spark's first progress report nothing bounds a batch's output: it is stored and streamed. Once a report
     says how many rows the state holds, a batch whose bound (those rows, the records read since, one result per

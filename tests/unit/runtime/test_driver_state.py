@@ -74,6 +74,22 @@ def test_a_closing_event_on_its_way_is_chased_once_per_window():
     assert again.chasing_ms is None and again.delay_s == 4.4
 
 
+def test_a_lead_batch_before_a_boundary_batch_that_would_hold_much():
+    s = config.load(env={}, app_id="a", trigger_interval_s=5, window_s=5, watermark_s=5)
+    assert (s.lead_batch_ms, s.lead_batch_min_records, s.trigger_margin_ms) == (700, 10_000, 150)
+    # a close-out batch planned at 30.6 s, its newest event at 30.58 s: the boundary batch at 35.15 s reads the event
+    # at 35 s that closes the next window; at 5,000 records/s a lead batch at 34.45 s takes 19,250 records off it
+    busy = pace_after(s, plan(wm=25_100, ts=30_600), Decision.WRITE, 30_580, 30_900, records_per_s=5_000)
+    assert busy.delay_s == 3.55 and not busy.closes_windows
+    # at 200 records/s it would take 770: the cadence alone; so with lead batches off, or the rate unknown
+    assert pace_after(s, plan(wm=25_100, ts=30_600), Decision.WRITE, 30_580, 30_900, records_per_s=200).delay_s == 4.25
+    off = s.replace(lead_batch_ms=0)
+    assert (
+        pace_after(off, plan(wm=25_100, ts=30_600), Decision.WRITE, 30_580, 30_900, records_per_s=5_000).delay_s == 4.25
+    )
+    assert pace_after(s, plan(wm=25_100, ts=30_600), Decision.WRITE, 30_580, 30_900).delay_s == 4.25
+
+
 def test_the_output_bound_before_a_batch_runs():
     spans = {7: 100, 8: 40}  # records read by Spark batches 7 and 8; the report is batch 6's
     assert output_rows_bound(8, spans, (6, 1_000), outputs=1) == 1_000 + 140 + 2 * 40
