@@ -62,15 +62,24 @@ def closing_event_ms(t: BatchTiming, delay_ms: int, window_ms: int) -> int:
     return (next_watermark_ms(t, delay_ms) // window_ms + 1) * window_ms + delay_ms
 
 
+def live_lag_ms(t: BatchTiming, trigger_ms: int) -> int | None:
+    """How far the newest event the batch read trailed its planning, by the wall clock, when that is under half an
+    interval (a live stream); None when it read no event or trails by more (a backlog, a replay, producers far
+    behind: there it is the cadence that paces, with neither a chase nor a lead batch)."""
+    if t.max_event_ms is None:
+        return None
+    lag = t.batch_ts_ms - t.max_event_ms
+    return lag if lag < trigger_ms // 2 else None
+
+
 def chase_at_ms(t: BatchTiming, trigger_ms: int, delay_ms: int, window_ms: int, margin_ms: int) -> int | None:
     """When to plan a batch for a closing event still on its way (see the module's docstring), or None: the batch
-    was planned before the closing moment, read no event, or its stream trails the wall clock by half an interval or
-    more (a backlog, a replay, producers far behind: there it is the cadence that paces)."""
-    if t.max_event_ms is None or closes_windows(t, delay_ms, window_ms):
+    was planned before the closing moment, or its stream is not live (live_lag_ms)."""
+    lag = live_lag_ms(t, trigger_ms)
+    if lag is None or closes_windows(t, delay_ms, window_ms):
         return None
     closing = closing_event_ms(t, delay_ms, window_ms)
-    lag = t.batch_ts_ms - t.max_event_ms  # how far the newest event it read trailed its planning, by the wall clock
-    if t.batch_ts_ms < closing or lag >= trigger_ms // 2:
+    if t.batch_ts_ms < closing:
         return None
     return closing + lag + margin_ms
 
@@ -88,14 +97,13 @@ def lead_at_ms(
     t: BatchTiming, boundary_ms: int, trigger_ms: int, delay_ms: int, window_ms: int, lead: Lead
 ) -> int | None:
     """When to plan a lead batch ahead of the batch planned at `boundary_ms`, or None: the lead is off or the rate
-    unknown; the batch read no event or its stream trails the wall clock by half an interval or more (a backlog, a
-    replay: there the cadence paces, as for the chase); the batch at `boundary_ms` will not read a window's closing
+    unknown; the stream is not live (live_lag_ms); the batch at `boundary_ms` will not read a window's closing
     event (windows longer than the trigger); or the lead batch would read fewer than `lead.min_records` records
     (a quiet stream: a batch's fixed cost for nothing)."""
     lead_ms = min(lead.lead_ms, trigger_ms // 2)
-    if lead_ms <= 0 or lead.records_per_s is None or t.max_event_ms is None:
+    if lead_ms <= 0 or lead.records_per_s is None or live_lag_ms(t, trigger_ms) is None:
         return None
-    if t.batch_ts_ms - t.max_event_ms >= trigger_ms // 2 or closing_event_ms(t, delay_ms, window_ms) > boundary_ms:
+    if closing_event_ms(t, delay_ms, window_ms) > boundary_ms:
         return None
     at = boundary_ms - lead_ms
     if at <= t.batch_ts_ms or lead.records_per_s * (at - t.batch_ts_ms) / 1000 < lead.min_records:
